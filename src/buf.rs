@@ -1,0 +1,343 @@
+//! Byte cursors for the trace's primitive encodings (FORMAT.md §1).
+//!
+//! [`WriteBuf`] is a fixed-size output buffer with a write position; it never grows, and a
+//! write that does not fit sets a sticky overflow flag instead of panicking, so the writer
+//! can check once per event. [`ReadCursor`] walks a byte slice; every read is bounds-checked
+//! and running out of bytes is an [`Error`] carrying the absolute offset in the file.
+
+use crate::error::{Error, ErrorKind, Result};
+
+/// A fixed-capacity little-endian output buffer (upstream `Buf.Write`).
+#[derive(Debug, Clone)]
+pub struct WriteBuf {
+    bytes: Box<[u8]>,
+    pos: usize,
+    overflowed: bool,
+}
+
+impl WriteBuf {
+    /// A buffer of exactly `capacity` bytes, empty.
+    pub fn with_capacity(capacity: usize) -> WriteBuf {
+        WriteBuf { bytes: vec![0; capacity].into_boxed_slice(), pos: 0, overflowed: false }
+    }
+
+    /// The bytes written so far.
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.bytes[..self.pos]
+    }
+
+    /// The write position (number of bytes written).
+    pub fn position(&self) -> usize {
+        self.pos
+    }
+
+    /// Bytes that can still be written.
+    pub fn remaining(&self) -> usize {
+        self.bytes.len() - self.pos
+    }
+
+    /// The buffer's fixed size.
+    pub fn capacity(&self) -> usize {
+        self.bytes.len()
+    }
+
+    /// True once any write did not fit (the bytes of that write were not stored).
+    pub fn overflowed(&self) -> bool {
+        self.overflowed
+    }
+
+    /// Forget everything written, keeping the storage.
+    pub fn clear(&mut self) {
+        self.pos = 0;
+        self.overflowed = false;
+    }
+
+    /// Append raw bytes.
+    #[inline]
+    pub fn put_bytes(&mut self, data: &[u8]) {
+        match self.bytes.get_mut(self.pos..self.pos + data.len()) {
+            Some(dst) => {
+                dst.copy_from_slice(data);
+                self.pos += data.len();
+            }
+            None => self.overflowed = true,
+        }
+    }
+
+    /// Append one byte (the low 8 bits of the value).
+    #[inline]
+    pub fn put_u8(&mut self, v: u8) {
+        self.put_bytes(&[v]);
+    }
+
+    /// Append a little-endian u16.
+    #[inline]
+    pub fn put_u16(&mut self, v: u16) {
+        self.put_bytes(&v.to_le_bytes());
+    }
+
+    /// Append a little-endian u32.
+    #[inline]
+    pub fn put_u32(&mut self, v: u32) {
+        self.put_bytes(&v.to_le_bytes());
+    }
+
+    /// Append a little-endian u64.
+    #[inline]
+    pub fn put_u64(&mut self, v: u64) {
+        self.put_bytes(&v.to_le_bytes());
+    }
+
+    /// Append an IEEE-754 binary64 as its little-endian bit pattern.
+    pub fn put_f64(&mut self, v: f64) {
+        self.put_u64(v.to_bits());
+    }
+
+    /// Append a vint (FORMAT.md §1.3): the first matching form of 1, 3, 5 or 9 bytes.
+    #[inline]
+    pub fn put_vint(&mut self, v: i64) {
+        if (0..=252).contains(&v) {
+            self.put_u8(v as u8);
+        } else if (253..=0xFFFF).contains(&v) {
+            self.put_u8(0xFD);
+            self.put_u16(v as u16);
+        } else if i32::try_from(v).is_ok() {
+            self.put_u8(0xFE);
+            self.put_u32(v as i32 as u32);
+        } else {
+            self.put_u8(0xFF);
+            self.put_u64(v as u64);
+        }
+    }
+
+    /// Append a string: its bytes up to the first NUL, then a NUL terminator (§1.4).
+    pub fn put_string(&mut self, s: &[u8]) {
+        let end = s.iter().position(|&b| b == 0).unwrap_or(s.len());
+        self.put_bytes(&s[..end]);
+        self.put_u8(0);
+    }
+
+    /// Reserve `n` bytes to be patched later; returns their position.
+    pub fn reserve(&mut self, n: usize) -> usize {
+        let at = self.pos;
+        if self.remaining() >= n {
+            self.pos += n;
+        } else {
+            self.overflowed = true;
+        }
+        at
+    }
+
+    fn patch(&mut self, at: usize, data: &[u8]) {
+        match self.bytes.get_mut(at..at + data.len()) {
+            Some(dst) if at + data.len() <= self.pos => dst.copy_from_slice(data),
+            _ => self.overflowed = true,
+        }
+    }
+
+    /// Overwrite an already written u8 at `at`.
+    pub fn patch_u8(&mut self, at: usize, v: u8) {
+        self.patch(at, &[v]);
+    }
+
+    /// Overwrite an already written u16 at `at`.
+    pub fn patch_u16(&mut self, at: usize, v: u16) {
+        self.patch(at, &v.to_le_bytes());
+    }
+
+    /// Overwrite an already written u32 at `at`.
+    pub fn patch_u32(&mut self, at: usize, v: u32) {
+        self.patch(at, &v.to_le_bytes());
+    }
+
+    /// Overwrite an already written u64 at `at`.
+    pub fn patch_u64(&mut self, at: usize, v: u64) {
+        self.patch(at, &v.to_le_bytes());
+    }
+}
+
+/// A bounds-checked little-endian read cursor over a byte slice (upstream `Buf.Read`).
+///
+/// `base` is the absolute file offset of `data[0]`, so errors name positions in the file.
+#[derive(Debug, Clone)]
+pub struct ReadCursor<'a> {
+    data: &'a [u8],
+    pos: usize,
+    base: u64,
+}
+
+impl<'a> ReadCursor<'a> {
+    /// A cursor at the start of `data`, which begins at file offset `base`.
+    pub fn new(data: &'a [u8], base: u64) -> ReadCursor<'a> {
+        ReadCursor { data, pos: 0, base }
+    }
+
+    /// Absolute file offset of the next byte to read.
+    #[inline]
+    pub fn offset(&self) -> u64 {
+        self.base + self.pos as u64
+    }
+
+    /// Bytes left to read.
+    #[inline]
+    pub fn remaining(&self) -> usize {
+        self.data.len() - self.pos
+    }
+
+    /// True when nothing is left.
+    #[inline]
+    pub fn is_empty(&self) -> bool {
+        self.pos == self.data.len()
+    }
+
+    /// An error at the current offset.
+    pub fn error(&self, kind: ErrorKind) -> Error {
+        Error::at(self.offset(), kind)
+    }
+
+    /// Take the next `N` bytes.
+    #[inline]
+    fn take<const N: usize>(&mut self) -> Result<[u8; N]> {
+        match self.data.get(self.pos..self.pos + N) {
+            Some(bytes) => {
+                self.pos += N;
+                let mut out = [0; N];
+                out.copy_from_slice(bytes);
+                Ok(out)
+            }
+            None => Err(self.error(ErrorKind::UnexpectedEnd { needed: N - self.remaining() })),
+        }
+    }
+
+    /// Skip `n` bytes.
+    #[inline]
+    pub fn skip(&mut self, n: usize) -> Result<()> {
+        if n <= self.remaining() {
+            self.pos += n;
+            Ok(())
+        } else {
+            Err(self.error(ErrorKind::UnexpectedEnd { needed: n - self.remaining() }))
+        }
+    }
+
+    /// Read a u8.
+    #[inline]
+    pub fn get_u8(&mut self) -> Result<u8> {
+        match self.data.get(self.pos) {
+            Some(&b) => {
+                self.pos += 1;
+                Ok(b)
+            }
+            None => Err(self.error(ErrorKind::UnexpectedEnd { needed: 1 })),
+        }
+    }
+
+    /// Read a little-endian u16.
+    #[inline]
+    pub fn get_u16(&mut self) -> Result<u16> {
+        self.take().map(u16::from_le_bytes)
+    }
+
+    /// Read a little-endian u32.
+    #[inline]
+    pub fn get_u32(&mut self) -> Result<u32> {
+        self.take().map(u32::from_le_bytes)
+    }
+
+    /// Read a little-endian u64.
+    #[inline]
+    pub fn get_u64(&mut self) -> Result<u64> {
+        self.take().map(u64::from_le_bytes)
+    }
+
+    /// Read a binary64 float.
+    pub fn get_f64(&mut self) -> Result<f64> {
+        self.get_u64().map(f64::from_bits)
+    }
+
+    /// Read a vint (FORMAT.md §1.3); the 4-byte form is sign-extended.
+    #[inline]
+    pub fn get_vint(&mut self) -> Result<i64> {
+        Ok(match self.get_u8()? {
+            0xFD => self.get_u16()? as i64,
+            0xFE => self.get_u32()? as i32 as i64,
+            0xFF => self.get_u64()? as i64,
+            tag => tag as i64,
+        })
+    }
+
+    /// Read a NUL-terminated string, returning its bytes without the terminator.
+    pub fn get_string(&mut self) -> Result<&'a [u8]> {
+        let rest = &self.data[self.pos..];
+        match rest.iter().position(|&b| b == 0) {
+            Some(len) => {
+                self.pos += len + 1;
+                Ok(&rest[..len])
+            }
+            None => Err(self.error(ErrorKind::UnexpectedEnd { needed: 1 })),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vint_bytes(v: i64) -> Vec<u8> {
+        let mut b = WriteBuf::with_capacity(16);
+        b.put_vint(v);
+        b.as_bytes().to_vec()
+    }
+
+    #[test]
+    fn vint_forms_match_the_spec_examples() {
+        assert_eq!(vint_bytes(0), [0]);
+        assert_eq!(vint_bytes(252), [252]);
+        assert_eq!(vint_bytes(253), [0xFD, 253, 0]);
+        assert_eq!(vint_bytes(65535), [0xFD, 0xFF, 0xFF]);
+        assert_eq!(vint_bytes(65536), [0xFE, 0, 0, 1, 0]);
+        assert_eq!(vint_bytes(-1), [0xFE, 0xFF, 0xFF, 0xFF, 0xFF]);
+        assert_eq!(vint_bytes(0x8123_4567), [0xFF, 0x67, 0x45, 0x23, 0x81, 0, 0, 0, 0]);
+    }
+
+    #[test]
+    fn vint_round_trips_boundaries() {
+        for v in [0, 1, 252, 253, 65535, 65536, -1, i32::MIN as i64, i32::MAX as i64, i64::MIN, i64::MAX] {
+            let bytes = vint_bytes(v);
+            assert_eq!(ReadCursor::new(&bytes, 0).get_vint().unwrap(), v);
+        }
+    }
+
+    #[test]
+    fn strings_are_cut_at_the_first_nul() {
+        let mut b = WriteBuf::with_capacity(16);
+        b.put_string(b"ab\0cd");
+        assert_eq!(b.as_bytes(), b"ab\0");
+        let mut r = ReadCursor::new(b.as_bytes(), 0);
+        assert_eq!(r.get_string().unwrap(), b"ab");
+        assert!(r.is_empty());
+    }
+
+    #[test]
+    fn short_reads_are_errors_with_offsets() {
+        let mut r = ReadCursor::new(&[1, 2, 3], 100);
+        assert_eq!(r.get_u8().unwrap(), 1);
+        let e = r.get_u32().unwrap_err();
+        assert_eq!(e.offset(), Some(101));
+        assert!(matches!(e.kind(), ErrorKind::UnexpectedEnd { needed: 2 }));
+        assert!(ReadCursor::new(b"abc", 0).get_string().is_err());
+        assert!(ReadCursor::new(&[0xFD, 1], 0).get_vint().is_err());
+    }
+
+    #[test]
+    fn overflow_is_sticky_and_stores_nothing() {
+        let mut b = WriteBuf::with_capacity(3);
+        b.put_u16(7);
+        b.put_u16(8);
+        assert!(b.overflowed());
+        assert_eq!(b.as_bytes(), [7, 0]);
+        let at = b.reserve(1);
+        b.patch_u8(at, 9);
+        assert_eq!(b.as_bytes(), [7, 0, 9]);
+    }
+}
