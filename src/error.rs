@@ -50,6 +50,8 @@ pub enum ErrorKind {
     BadAllocation(&'static str),
     /// The trace writer was asked to do something the format cannot express.
     Unsupported(&'static str),
+    /// The trace uses more distinct domains than the reader supports (128).
+    TooManyDomains,
     /// The process id changed since the writer was created (we are a forked child).
     PidChanged,
 }
@@ -120,6 +122,7 @@ impl fmt::Display for ErrorKind {
             BadMtfIndex(i) => write!(f, "location record refers to empty table slot {i}"),
             BadAllocation(what) => write!(f, "bad allocation event: {what}"),
             Unsupported(what) => write!(f, "unsupported: {what}"),
+            TooManyDomains => write!(f, "more than 128 domains"),
             PidChanged => write!(f, "pid changed (forked child): not writing to the parent's trace"),
         }
     }

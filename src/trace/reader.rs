@@ -29,6 +29,9 @@ use crate::location_codec::{self, Location};
 /// Largest packet the reader accepts. Writers produce at most 32 KiB; this leaves room for
 /// other writers while bounding the memory a corrupt size field can claim.
 const MAX_PACKET_SIZE: usize = 1 << 20;
+/// Most distinct domains a trace may use (OCaml 5's default limit). Each costs a 160 KiB
+/// backtrace cache, so a corrupt file must not be able to create them without bound.
+const MAX_DOMAINS: usize = 128;
 
 /// One traced event, with the absolute time it happened and the domain that recorded it.
 #[derive(Debug, Clone, Copy)]
@@ -321,10 +324,11 @@ impl<R: Read> Reader<R> {
         }
         let domain_index = match self.domains.iter().position(|d| d.domain == header.domain) {
             Some(i) => i,
-            None => {
+            None if self.domains.len() < MAX_DOMAINS => {
                 self.domains.push(DomainState::new(header.domain, self.info.start_time));
                 self.domains.len() - 1
             }
+            None => return Err(Error::at(start + 38, ErrorKind::TooManyDomains)),
         };
         if self.decode_backtraces && !self.domains[domain_index].backtraces.check_cache_verifier(&header.verifier) {
             return Err(Error::at(start + 40, ErrorKind::CacheVerification { index: header.verifier.index }));
