@@ -361,7 +361,7 @@ mod tests {
     #[test]
     fn recursion_and_repeats_round_trip() {
         let deep: Vec<u64> = (0..2000).map(|i| 0x1000 + (i % 3) as u64 * 16).collect();
-        let mixed: Vec<u64> = (0..700).map(|i| 0x40_0000 + i as u64 * 8).collect();
+        let mixed: Vec<u64> = (0..300).map(|i| 0x40_0000 + i as u64 * 8).collect();
         let stacks = vec![deep.clone(), mixed.clone(), deep.clone(), vec![], vec![7; 600]];
         let out = round_trip(&stacks);
         for (s, o) in stacks.iter().zip(&out) {

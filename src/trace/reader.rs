@@ -289,7 +289,7 @@ impl<R: Read> Reader<R> {
                 let kind = match kind {
                     ParsedKind::Alloc { id, length, nsamples, source, common_prefix } => {
                         let backtrace = if self.decode_backtraces {
-                            &self.domains[self.packet.domain_index].backtraces.last_backtrace()[..]
+                            self.domains[self.packet.domain_index].backtraces.last_backtrace()
                         } else {
                             &[]
                         };

@@ -1,0 +1,293 @@
+//! Cost of the sampling allocator: `cargo bench --bench alloc`.
+//!
+//! A process has one global allocator, so each configuration runs in a child process (this
+//! binary re-executed with `MEMTRACE_BENCH_MODE` set). The global allocator of every child is
+//! the same thin dispatcher, switched once at start-up, so all configurations pay the same
+//! (perfectly predicted) dispatch branch. Configurations run interleaved, several rounds, and
+//! the best round of each is kept. Prints one table.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::hint::black_box;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::time::{Duration, Instant};
+
+use memtrace_rs::trace::{EventKind, Reader};
+use memtrace_rs::{start_tracing, MemtraceAllocator, TraceConfig};
+
+const MODE_VAR: &str = "MEMTRACE_BENCH_MODE";
+const THREADS: usize = 2;
+/// Allocations per thread in the workload (dhat runs a fraction of them: it is far slower).
+const OPS_PER_THREAD: usize = 10_000_000;
+const DHAT_DIVISOR: usize = 40;
+/// Live blocks per thread; each operation frees one and allocates its replacement.
+const LIVE: usize = 512;
+const ROUNDS: usize = 3;
+/// Stack depth and iterations of the sampled-allocation measurement.
+const DEPTH: usize = 30;
+const SAMPLED_ITERS: usize = 100_000;
+
+const SYSTEM: u8 = 0;
+const MEMTRACE: u8 = 1;
+const DHAT: u8 = 2;
+static ALLOCATOR: AtomicU8 = AtomicU8::new(MEMTRACE);
+static MEMTRACE_ALLOC: MemtraceAllocator = MemtraceAllocator::system();
+static DHAT_ALLOC: dhat::Alloc = dhat::Alloc;
+
+/// Dispatches to the allocator chosen at start-up.
+struct Bench;
+
+macro_rules! dispatch {
+    ($method:ident($($arg:expr),*)) => {
+        match ALLOCATOR.load(Ordering::Relaxed) {
+            SYSTEM => System.$method($($arg),*),
+            DHAT => DHAT_ALLOC.$method($($arg),*),
+            _ => MEMTRACE_ALLOC.$method($($arg),*),
+        }
+    };
+}
+
+// SAFETY: forwards every call unchanged to one allocator, chosen before any allocation that
+// could be freed by another (the mode is set first thing in `main` and never changes).
+unsafe impl GlobalAlloc for Bench {
+    #[inline]
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        // SAFETY: forwarded under the caller's contract.
+        unsafe { dispatch!(alloc(layout)) }
+    }
+    #[inline]
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        // SAFETY: forwarded under the caller's contract.
+        unsafe { dispatch!(alloc_zeroed(layout)) }
+    }
+    #[inline]
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: forwarded under the caller's contract.
+        unsafe { dispatch!(dealloc(ptr, layout)) }
+    }
+    #[inline]
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        // SAFETY: forwarded under the caller's contract.
+        unsafe { dispatch!(realloc(ptr, layout, new_size)) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Bench = Bench;
+
+/// The configurations of the throughput table.
+const CONFIGS: [(&str, &str); 5] = [
+    ("system", "System"),
+    ("off", "MemtraceAllocator, tracing off"),
+    ("1e-5", "MemtraceAllocator, rate 1e-5"),
+    ("1e-4", "MemtraceAllocator, rate 1e-4"),
+    ("dhat", "dhat heap profiler"),
+];
+
+fn main() {
+    match std::env::var(MODE_VAR) {
+        Ok(mode) => child(&mode),
+        Err(_) => parent(),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Children
+
+fn child(mode: &str) {
+    ALLOCATOR.store(
+        match mode {
+            "system" => SYSTEM,
+            "dhat" => DHAT,
+            _ => MEMTRACE,
+        },
+        Ordering::Relaxed,
+    );
+    let trace = trace_path(mode);
+    match mode {
+        "sampled" | "unsampled" => {
+            let guard = (mode == "sampled").then(|| start(&trace, 1.0));
+            let ns = at_depth(DEPTH, sampled_loop);
+            drop(guard);
+            let samples = if mode == "sampled" { trace_stats(&trace).1 } else { 0 };
+            println!("{ns} {samples} 0");
+        }
+        "dhat" => {
+            let profiler = dhat::Profiler::builder().file_name(&trace).build();
+            let ns = workload(OPS_PER_THREAD / DHAT_DIVISOR);
+            drop(profiler);
+            println!("{ns} 0 0");
+        }
+        "system" | "off" => println!("{} 0 0", workload(OPS_PER_THREAD)),
+        rate => {
+            let guard = start(&trace, rate.parse().expect("rate"));
+            let ns = workload(OPS_PER_THREAD);
+            drop(guard);
+            let (bytes, samples) = trace_stats(&trace);
+            println!("{ns} {samples} {bytes}");
+        }
+    }
+    let _ = std::fs::remove_file(&trace);
+}
+
+fn trace_path(mode: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("memtrace-bench-{}-{mode}.out", std::process::id()))
+}
+
+fn start(path: &Path, rate: f64) -> memtrace_rs::TraceGuard {
+    let mut config = TraceConfig::new(path);
+    config.rate = rate;
+    start_tracing(config).expect("start tracing")
+}
+
+/// Run `ops` allocation/free pairs on each of [`THREADS`] threads; ns per operation.
+fn workload(ops: usize) -> f64 {
+    // Warm up (allocator arenas; with tracing, the first symbolizations) before timing.
+    churn(0, ops / 20);
+    // Let a tracer's writer finish symbolizing the call sites seen so far.
+    std::thread::sleep(Duration::from_millis(300));
+    let start = cpu_ns(libc::CLOCK_PROCESS_CPUTIME_ID);
+    std::thread::scope(|s| {
+        for t in 0..THREADS {
+            s.spawn(move || churn(t as u64 + 1, ops));
+        }
+    });
+    (cpu_ns(libc::CLOCK_PROCESS_CPUTIME_ID) - start) as f64 / (ops * THREADS) as f64
+}
+
+/// CPU time used so far by the process (`CLOCK_PROCESS_CPUTIME_ID`: all its threads, the
+/// trace writer included) or by the calling thread (`CLOCK_THREAD_CPUTIME_ID`), in ns. CPU
+/// time rather than wall-clock time, so that other processes on a shared machine disturb less.
+fn cpu_ns(clock: libc::clockid_t) -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `ts` is a valid, writable timespec.
+    unsafe { libc::clock_gettime(clock, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// Mixed sizes from 8 B to 64 KiB, mostly small: 90 % under 256 B, 9 % under 4 KiB.
+fn size(r: u64) -> usize {
+    let r = r as usize;
+    match r % 100 {
+        0 => 4096 + (r >> 8) % (60 << 10),
+        1..=9 => 256 + (r >> 8) % 3840,
+        _ => 8 + (r >> 8) % 248,
+    }
+}
+
+/// Replace random live blocks `ops` times.
+#[inline(never)]
+fn churn(seed: u64, ops: usize) {
+    let mut live: Vec<Vec<u8>> = (0..LIVE).map(|_| Vec::new()).collect();
+    let mut r = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    for _ in 0..ops {
+        r ^= r << 13;
+        r ^= r >> 7;
+        r ^= r << 17;
+        // Like most programs, initialise what was allocated.
+        let block = vec![r as u8; size(r)];
+        live[(r >> 40) as usize % LIVE] = block;
+    }
+    black_box(live);
+}
+
+/// Call `f` with `depth` more frames on the stack.
+#[inline(never)]
+fn at_depth(depth: usize, f: fn() -> f64) -> f64 {
+    if depth == 0 {
+        f()
+    } else {
+        black_box(at_depth(black_box(depth - 1), f))
+    }
+}
+
+/// CPU ns of the calling thread per 8-byte allocation + free.
+#[inline(never)]
+fn sampled_loop() -> f64 {
+    let layout = Layout::new::<u64>();
+    let start = cpu_ns(libc::CLOCK_THREAD_CPUTIME_ID);
+    for _ in 0..SAMPLED_ITERS {
+        // SAFETY: nonzero-size layout, freed with the same layout.
+        unsafe {
+            let p = black_box(std::alloc::alloc(layout));
+            std::alloc::dealloc(p, layout);
+        }
+    }
+    (cpu_ns(libc::CLOCK_THREAD_CPUTIME_ID) - start) as f64 / SAMPLED_ITERS as f64
+}
+
+/// (bytes of event packets, excluding the trace-info and location packets; alloc events).
+fn trace_stats(path: &Path) -> (u64, u64) {
+    let data = std::fs::read(path).expect("read trace");
+    let mut bytes = 0;
+    let mut at = 0;
+    let mut first = true;
+    while at + 72 <= data.len() {
+        let size = u32::from_le_bytes(data[at + 4..at + 8].try_into().unwrap()) as usize / 8;
+        let first_event = u32::from_le_bytes(data[at + 68..at + 72].try_into().unwrap()) >> 25;
+        if !first && first_event != 1 {
+            bytes += size as u64;
+        }
+        first = false;
+        at += size.max(1);
+    }
+    let mut reader = Reader::open(path).expect("open trace");
+    let mut allocs = 0;
+    while let Some(event) = reader.next_event().expect("read trace") {
+        if let EventKind::Alloc(_) = event.kind {
+            allocs += 1;
+        }
+    }
+    (bytes, allocs)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Parent
+
+/// (ns per op, samples, event bytes) of one child run.
+fn run_child(mode: &str) -> (f64, u64, u64) {
+    let out = Command::new(std::env::current_exe().unwrap()).env(MODE_VAR, mode).output().expect("spawn child");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{mode}: {}{}", stdout, String::from_utf8_lossy(&out.stderr));
+    let fields: Vec<&str> = stdout.split_whitespace().collect();
+    (fields[0].parse().unwrap(), fields[1].parse().unwrap(), fields[2].parse().unwrap())
+}
+
+fn parent() {
+    let started = Instant::now();
+    let mut best = [(f64::INFINITY, 0, 0); CONFIGS.len()];
+    for _ in 0..ROUNDS {
+        for (i, (mode, _)) in CONFIGS.iter().enumerate() {
+            let run = run_child(mode);
+            if run.0 < best[i].0 {
+                best[i] = run;
+            }
+        }
+    }
+    let sampled = (0..ROUNDS).map(|_| run_child("sampled")).min_by(|a, b| a.0.total_cmp(&b.0)).unwrap();
+    let unsampled = (0..ROUNDS).map(|_| run_child("unsampled")).min_by(|a, b| a.0.total_cmp(&b.0)).unwrap();
+
+    let system = best[0].0;
+    println!(
+        "alloc benchmark: {THREADS} threads x {OPS_PER_THREAD} alloc+free (8 B-64 KiB; dhat: 1/{DHAT_DIVISOR} of \
+         that), best of {ROUNDS}"
+    );
+    println!("{:<34} {:>10} {:>9} {:>10} {:>14}", "configuration", "CPU ns/op", "vs System", "samples", "bytes/sample");
+    for ((_, name), (ns, samples, bytes)) in CONFIGS.iter().zip(best) {
+        let per_sample = if samples > 0 { format!("{:.1}", bytes as f64 / samples as f64) } else { "-".into() };
+        println!("{name:<34} {ns:>10.2} {:>8.3}x {samples:>10} {per_sample:>14}", ns / system);
+    }
+    println!(
+        "{:<34} {:>10.0} {:>9} {:>10} {:>14}",
+        format!("one sampled alloc+free, {DEPTH} frames deep"),
+        sampled.0 - unsampled.0,
+        "ns",
+        sampled.1,
+        "-"
+    );
+    println!(
+        "(total {:.0?}; bytes/sample = event packets, collects included, location packets excluded)",
+        Duration::from_secs(started.elapsed().as_secs())
+    );
+}

@@ -1,0 +1,149 @@
+//! [`MemtraceAllocator`], the `#[global_allocator]` wrapper, and its hot path.
+//!
+//! Every call forwards to the inner allocator. While tracing is off that is all it does, after
+//! one relaxed load and a well-predicted branch. While tracing is on:
+//!
+//! - `alloc`/`alloc_zeroed`: the thread's byte countdown ([`crate::sampler`]) is decremented;
+//!   when it crosses a sample point the block is recorded ([`crate::tracer`] captures the
+//!   stack, notes the block in [`crate::sampled_set`] and sends an alloc message) **before**
+//!   the pointer is returned.
+//! - `dealloc`: one cache-line read of the sampled-block table; for a sampled block the entry
+//!   is removed and the free message sent **before** the inner `dealloc`, so that a reuse of
+//!   the address can never reach the writer ahead of the free.
+//! - `realloc` stays the inner `realloc` (never alloc + copy + free). For the trace it counts
+//!   as the old block being collected (if it was sampled; reported before the inner call, as
+//!   for `dealloc`) and the new block being allocated, sampled on its new size. If the inner
+//!   `realloc` fails, the old block — still alive — is no longer tracked: the trace shows it
+//!   collected at the failed call.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+
+use crate::sampled_set;
+use crate::sampler;
+use crate::tracer;
+
+/// Which allocator entry point made a sample: the stack frames the tracer must drop to reach
+/// the caller's code differ between them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Entry {
+    /// `GlobalAlloc::alloc`.
+    Alloc = 0,
+    /// `GlobalAlloc::alloc_zeroed`.
+    AllocZeroed = 1,
+    /// `GlobalAlloc::realloc`.
+    Realloc = 2,
+}
+
+/// A global allocator that forwards to `A` and, while a trace is running, samples allocations
+/// into a memtrace trace.
+///
+/// ```no_run
+/// use memtrace_rs::MemtraceAllocator;
+///
+/// #[global_allocator]
+/// static GLOBAL: MemtraceAllocator = MemtraceAllocator::system();
+///
+/// fn main() {
+///     let _trace = memtrace_rs::trace_if_requested();
+///     // ... the program ...
+/// }
+/// ```
+#[derive(Debug, Default)]
+pub struct MemtraceAllocator<A: GlobalAlloc = System> {
+    inner: A,
+}
+
+impl<A: GlobalAlloc> MemtraceAllocator<A> {
+    /// Wrap the allocator `inner`.
+    pub const fn new(inner: A) -> Self {
+        MemtraceAllocator { inner }
+    }
+}
+
+impl MemtraceAllocator<System> {
+    /// Wrap the system allocator.
+    pub const fn system() -> Self {
+        MemtraceAllocator { inner: System }
+    }
+}
+
+/// Run the inner allocation `inner` of `size` bytes through the sampler.
+///
+/// # Safety
+/// `inner` must be a call of the inner allocator that is sound for the caller's arguments.
+#[inline(always)]
+unsafe fn sampled(size: usize, entry: Entry, inner: impl FnOnce() -> *mut u8) -> *mut u8 {
+    let nsamples = sampler::take(size);
+    let ptr = inner();
+    if nsamples != 0 && !ptr.is_null() {
+        record_alloc(ptr, size, nsamples, entry);
+    }
+    ptr
+}
+
+/// Record a sampled block (never panics, never recurses into sampling).
+#[cold]
+#[inline(never)]
+fn record_alloc(ptr: *mut u8, size: usize, nsamples: u64, entry: Entry) {
+    sampler::in_tracer(|| tracer::sampled_alloc(ptr as usize, size, nsamples, entry));
+}
+
+/// Report the end of sampled block `ptr`.
+#[cold]
+#[inline(never)]
+fn record_free(ptr: *mut u8) {
+    sampler::in_tracer(|| tracer::sampled_free(ptr as usize));
+}
+
+/// For a block about to be freed: if it was sampled, forget it and report its end.
+#[inline(always)]
+fn forget_block(ptr: *mut u8) {
+    if sampled_set::remove(ptr as usize) {
+        record_free(ptr);
+    }
+}
+
+// SAFETY: every method forwards to the inner allocator with the caller's arguments unchanged
+// and returns its result unchanged, so `A`'s guarantees carry over; the bookkeeping around the
+// calls never touches the memory of the blocks.
+unsafe impl<A: GlobalAlloc> GlobalAlloc for MemtraceAllocator<A> {
+    #[inline]
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        if !tracer::enabled() {
+            // SAFETY: forwarded under the caller's contract.
+            return unsafe { self.inner.alloc(layout) };
+        }
+        // SAFETY: the closure is the inner call under the caller's contract.
+        unsafe { sampled(layout.size(), Entry::Alloc, || self.inner.alloc(layout)) }
+    }
+
+    #[inline]
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        if !tracer::enabled() {
+            // SAFETY: forwarded under the caller's contract.
+            return unsafe { self.inner.alloc_zeroed(layout) };
+        }
+        // SAFETY: the closure is the inner call under the caller's contract.
+        unsafe { sampled(layout.size(), Entry::AllocZeroed, || self.inner.alloc_zeroed(layout)) }
+    }
+
+    #[inline]
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        if tracer::enabled() {
+            forget_block(ptr);
+        }
+        // SAFETY: forwarded under the caller's contract.
+        unsafe { self.inner.dealloc(ptr, layout) }
+    }
+
+    #[inline]
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        if !tracer::enabled() {
+            // SAFETY: forwarded under the caller's contract.
+            return unsafe { self.inner.realloc(ptr, layout, new_size) };
+        }
+        forget_block(ptr);
+        // SAFETY: the closure is the inner call under the caller's contract.
+        unsafe { sampled(new_size, Entry::Realloc, || self.inner.realloc(ptr, layout, new_size)) }
+    }
+}

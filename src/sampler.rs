@@ -1,0 +1,296 @@
+//! Per-thread sampling decisions: the byte countdown to the next sample point, the geometric
+//! draw that refills it (FORMAT.md §12.1) and the small PRNG behind it, plus the thread-local
+//! "inside the tracer" flag that makes the tracer's own allocations bypass sampling.
+//!
+//! Every 8-byte word allocated is a sample point with probability `rate`, independently, so
+//! the distance in words between two sample points is geometric with mean `1 / rate`. Each
+//! thread keeps a countdown of the bytes left before its next sample point; an allocation of
+//! `n` bytes subtracts `n`, and when the countdown reaches zero or below the allocation is
+//! sampled, with `nsamples` = the number of sample points it covers (upstream's external
+//! allocation sampler, §12.3). Because sample points form a Bernoulli process over the
+//! thread's stream of bytes, `Σ nsamples × 8 / rate` is an unbiased estimate of the bytes
+//! allocated, for every subset of the allocations (a call site, a thread, ...).
+//!
+//! The thread state is a `const`-initialised set of [`Cell`]s with no destructor, so
+//! touching it never allocates, never registers a TLS destructor and cannot fail except
+//! during thread teardown, where `try_with` makes "TLS gone" mean "not sampled".
+
+use std::cell::Cell;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+/// Bytes per word: sample points are counted in 8-byte words.
+pub const WORD_BYTES: u64 = 8;
+
+/// The largest countdown a single draw may produce (keeps `countdown + draw` far from
+/// overflowing even for absurdly small rates).
+const MAX_DRAW_WORDS: u64 = 1 << 56;
+
+/// Identifies the current tracing session's sampling parameters. A thread whose countdown was
+/// drawn for another session redraws it on its next sample point.
+static EPOCH: AtomicU32 = AtomicU32::new(0);
+/// `1 / ln(1 − rate)` of the current session as f64 bits (0.0 when `rate ≥ 1`).
+static LOG_SCALE: AtomicU64 = AtomicU64::new(0);
+/// Distinguishes the seeds of threads started in the same nanosecond.
+static SEED_COUNTER: AtomicU64 = AtomicU64::new(0);
+
+/// One thread's sampling state.
+struct ThreadState {
+    /// Bytes left before the next sample point; ≤ 0 means a sample point was reached.
+    countdown: Cell<i64>,
+    /// PRNG state (splitmix64); 0 until the thread is first seeded.
+    rng: Cell<u64>,
+    /// The [`EPOCH`] the countdown was drawn for.
+    epoch: Cell<u32>,
+    /// Set while the thread runs tracer code (capture, hand-off) or is the writer thread:
+    /// its allocations are never sampled.
+    in_tracer: Cell<bool>,
+    /// Set by [`force_sample`]: the next sample on this thread is a calibration capture.
+    calibrating: Cell<bool>,
+}
+
+thread_local! {
+    static THREAD: ThreadState = const {
+        ThreadState {
+            countdown: Cell::new(0),
+            rng: Cell::new(0),
+            epoch: Cell::new(0),
+            in_tracer: Cell::new(false),
+            calibrating: Cell::new(false),
+        }
+    };
+}
+
+/// Start a new sampling session at `rate` (0 < rate ≤ 1): every thread redraws its countdown
+/// at its next sample point.
+pub(crate) fn configure(rate: f64) {
+    LOG_SCALE.store(log_scale(rate).to_bits(), Ordering::Relaxed);
+    EPOCH.fetch_add(1, Ordering::Release);
+}
+
+/// `1 / ln(1 − rate)` (negative), or 0 when every word is sampled.
+pub fn log_scale(rate: f64) -> f64 {
+    if rate >= 1.0 {
+        0.0
+    } else {
+        1.0 / (-rate).ln_1p()
+    }
+}
+
+/// Account for an allocation of `bytes` on this thread and return how many sample points it
+/// covers: 0 (not sampled; the overwhelmingly common case) or more.
+///
+/// Hot path: one thread-local decrement and a branch. Returns 0 while the thread is inside
+/// the tracer or its thread-local storage is gone.
+#[inline(always)]
+pub(crate) fn take(bytes: usize) -> u64 {
+    THREAD
+        .try_with(|t| {
+            let left = t.countdown.get().wrapping_sub(bytes as i64);
+            t.countdown.set(left);
+            if left > 0 {
+                0
+            } else {
+                t.sample_point(left, bytes)
+            }
+        })
+        .unwrap_or(0)
+}
+
+impl ThreadState {
+    /// The countdown reached `left ≤ 0` during an allocation of `bytes`: count the sample
+    /// points and refill the countdown.
+    #[cold]
+    #[inline(never)]
+    fn sample_point(&self, mut left: i64, bytes: usize) -> u64 {
+        let mut rng = self.rng.get();
+        if rng == 0 {
+            rng = seed(self as *const ThreadState as u64);
+        }
+        let scale = f64::from_bits(LOG_SCALE.load(Ordering::Relaxed));
+        let epoch = EPOCH.load(Ordering::Acquire);
+        if self.epoch.get() != epoch {
+            // The countdown belongs to an earlier session (maybe another rate): start afresh,
+            // as if this allocation were the thread's first.
+            self.epoch.set(epoch);
+            left = (draw_words(&mut rng, scale) * WORD_BYTES) as i64 - bytes as i64;
+        }
+        let (left, nsamples) = count_sample_points(left, &mut rng, scale);
+        self.countdown.set(left);
+        self.rng.set(rng);
+        if self.in_tracer.get() {
+            0
+        } else {
+            nsamples
+        }
+    }
+}
+
+/// Refill a countdown that reached `left ≤ 0`, returning the new countdown (> 0) and the
+/// number of sample points crossed (0 when `left > 0`).
+pub fn count_sample_points(mut left: i64, rng: &mut u64, scale: f64) -> (i64, u64) {
+    if left > 0 {
+        return (left, 0);
+    }
+    if scale == 0.0 {
+        // rate 1: every word is a sample point.
+        let words = (-left) as u64 / WORD_BYTES + 1;
+        return (left + (words * WORD_BYTES) as i64, words);
+    }
+    let mut nsamples = 0;
+    while left <= 0 {
+        left += (draw_words(rng, scale) * WORD_BYTES) as i64;
+        nsamples += 1;
+    }
+    (left, nsamples)
+}
+
+/// A geometric draw (support 1, 2, ...; mean `1 / rate`): the distance in words to the next
+/// sample point. `scale` is [`log_scale`] of the rate.
+pub fn draw_words(rng: &mut u64, scale: f64) -> u64 {
+    if scale == 0.0 {
+        return 1;
+    }
+    // Uniform in (0, 1]: P(u ≤ x) = x, so P(draw > m) = P(ln u ≤ m·ln(1 − rate)) = (1 − rate)^m.
+    let u = ((next_u64(rng) >> 11) + 1) as f64 * (1.0 / (1u64 << 53) as f64);
+    let words = u.ln() * scale;
+    if words >= MAX_DRAW_WORDS as f64 {
+        MAX_DRAW_WORDS
+    } else {
+        1 + words as u64
+    }
+}
+
+/// splitmix64: a small, fast generator that is good for any state, including 0.
+pub fn next_u64(state: &mut u64) -> u64 {
+    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    let mut z = *state;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// A nonzero per-thread seed from the thread's TLS address, the clock and a global counter.
+fn seed(thread_address: u64) -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `ts` is a valid, writable timespec; clock_gettime does not allocate.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    let mut s = thread_address
+        ^ (ts.tv_sec as u64).rotate_left(32)
+        ^ ts.tv_nsec as u64
+        ^ SEED_COUNTER.fetch_add(1, Ordering::Relaxed).rotate_left(48);
+    next_u64(&mut s) | 1
+}
+
+/// Run `f` with this thread marked "inside the tracer", so that allocations made by `f`
+/// (the unwinder, the channel) are not sampled. Returns `None` when the thread-local state is
+/// gone (thread teardown).
+#[inline]
+pub(crate) fn in_tracer<R>(f: impl FnOnce() -> R) -> Option<R> {
+    let was = THREAD.try_with(|t| t.in_tracer.replace(true)).ok()?;
+    let r = f();
+    let _ = THREAD.try_with(|t| t.in_tracer.set(was));
+    Some(r)
+}
+
+/// Mark this thread as permanently inside the tracer (the writer thread), and move its
+/// countdown out of reach so that its allocations never take the sampling slow path.
+pub(crate) fn enter_tracer_forever() {
+    let _ = THREAD.try_with(|t| {
+        t.in_tracer.set(true);
+        t.countdown.set(i64::MAX);
+        t.epoch.set(u32::MAX);
+    });
+}
+
+/// Make the next allocation on this thread a sample point and mark the capture it produces as
+/// a calibration capture (see [`take_calibration_flag`]).
+pub(crate) fn force_sample() {
+    let _ = THREAD.try_with(|t| {
+        t.countdown.set(0);
+        t.epoch.set(EPOCH.load(Ordering::Acquire));
+        t.calibrating.set(true);
+    });
+}
+
+/// Whether this thread's current sample was forced by [`force_sample`]; clears the flag.
+pub(crate) fn take_calibration_flag() -> bool {
+    THREAD.try_with(|t| t.calibrating.replace(false)).unwrap_or(false)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Simulate `count` allocations with sizes from `size` at `rate`; return (bytes, samples).
+    fn simulate(rate: f64, count: usize, mut size: impl FnMut(&mut u64) -> u64) -> (u64, u64) {
+        let scale = log_scale(rate);
+        let mut rng = 12345;
+        let mut sizes = 999;
+        let mut left = (draw_words(&mut rng, scale) * WORD_BYTES) as i64;
+        let (mut bytes, mut samples) = (0, 0);
+        for _ in 0..count {
+            let n = size(&mut sizes);
+            bytes += n;
+            let (l, s) = count_sample_points(left - n as i64, &mut rng, scale);
+            left = l;
+            samples += s;
+        }
+        (bytes, samples)
+    }
+
+    fn assert_unbiased(rate: f64, bytes: u64, samples: u64) {
+        let estimate = samples as f64 * WORD_BYTES as f64 / rate;
+        // Relative standard error of a Poisson count is 1/sqrt(n); allow 5 of them.
+        let tolerance = 5.0 / (samples as f64).sqrt();
+        let error = (estimate - bytes as f64).abs() / bytes as f64;
+        assert!(error < tolerance, "rate {rate}: estimated {estimate}, actual {bytes} ({error} ≥ {tolerance})");
+    }
+
+    #[test]
+    fn estimate_is_unbiased_for_mixed_sizes() {
+        let (bytes, samples) = simulate(1e-3, 2_000_000, |s| 1 + next_u64(s) % 4096);
+        assert!(samples > 100_000);
+        assert_unbiased(1e-3, bytes, samples);
+    }
+
+    #[test]
+    fn estimate_is_unbiased_for_sub_word_sizes() {
+        let (bytes, samples) = simulate(0.05, 1_000_000, |_| 3);
+        assert_unbiased(0.05, bytes, samples);
+    }
+
+    #[test]
+    fn estimate_is_unbiased_for_large_blocks() {
+        let (bytes, samples) = simulate(1e-4, 20_000, |s| 65_536 + next_u64(s) % 1_000_000);
+        assert_unbiased(1e-4, bytes, samples);
+    }
+
+    #[test]
+    fn draws_have_geometric_mean() {
+        let scale = log_scale(0.01);
+        let mut rng = 7;
+        let n = 200_000;
+        let total: u64 = (0..n).map(|_| draw_words(&mut rng, scale)).sum();
+        let mean = total as f64 / n as f64;
+        assert!((mean - 100.0).abs() < 1.5, "mean {mean}");
+        assert!((0..10_000).all(|_| draw_words(&mut rng, scale) >= 1));
+    }
+
+    #[test]
+    fn rate_one_samples_every_word() {
+        let mut rng = 1;
+        assert_eq!(count_sample_points(8 - 64, &mut rng, log_scale(1.0)), (8, 8));
+        assert_eq!(count_sample_points(8 - 8, &mut rng, log_scale(1.0)), (8, 1));
+        assert_eq!(count_sample_points(5, &mut rng, log_scale(1.0)), (5, 0));
+    }
+
+    #[test]
+    fn tiny_rates_do_not_overflow() {
+        let mut rng = 3;
+        let scale = log_scale(1e-300);
+        let w = draw_words(&mut rng, scale);
+        assert!(w <= MAX_DRAW_WORDS);
+        let (left, n) = count_sample_points(0, &mut rng, scale);
+        assert!(left > 0 && n == 1);
+    }
+}

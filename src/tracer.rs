@@ -1,0 +1,832 @@
+//! Starting and stopping traces: configuration and environment variables, the trace file,
+//! the start-up calibration of the stack capture, the hand-off of samples to the writer
+//! thread, the writer thread itself, and the process hooks (`atexit`, `pthread_atfork`).
+//!
+//! # Threads and ordering
+//! Application threads never wait for the writer: a sampled allocation captures its stack
+//! into a fixed array and sends it over an unbounded crossbeam channel (whose occasional
+//! block allocations are made "inside the tracer", so they are not sampled). The writer
+//! thread owns the [`Writer`], assigns object ids, keeps the address → id map, symbolizes
+//! new frame addresses once, and flushes at least once a second. A queue bound and the
+//! sampled-block table are the only places a sample can be dropped; drops are counted and
+//! reported on stderr when tracing stops.
+//!
+//! Each session gets its own channel, leaked when the session ends (a few hundred bytes), so
+//! a thread still finishing a send for an old session can never reach a new session's writer
+//! and a forked child that starts tracing never shares a channel with its parent's threads.
+
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::fmt;
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::fd::AsRawFd;
+use std::os::unix::ffi::OsStringExt;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::{Arc, Once};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, Sender};
+use parking_lot::Mutex;
+
+use crate::allocator::Entry;
+use crate::error::ErrorKind;
+use crate::location_codec::Location;
+use crate::sampled_set;
+use crate::sampler::{self, WORD_BYTES};
+use crate::symbolize;
+use crate::trace::{AllocSource, Info, NewAlloc, ObjectId, Timestamp, Writer};
+
+/// Default sampling rate: the probability that any one 8-byte word allocated is sampled.
+pub const DEFAULT_RATE: f64 = 1e-5;
+/// Default number of stack frames recorded per sample.
+pub const DEFAULT_FRAME_CAP: usize = 64;
+/// Largest frame cap [`TraceConfig::frame_cap`] accepts.
+pub const MAX_FRAMES: usize = 128;
+/// Environment variable naming the trace file.
+pub const FILE_VAR: &str = "MEMTRACE_FILE";
+/// Upstream's name for [`FILE_VAR`], also accepted.
+pub const UPSTREAM_FILE_VAR: &str = "MEMTRACE";
+/// Environment variable holding the sampling rate.
+pub const RATE_VAR: &str = "MEMTRACE_RATE";
+/// Environment variable holding the trace's free-form context string.
+pub const CONTEXT_VAR: &str = "MEMTRACE_CONTEXT";
+
+/// Messages queued for the writer beyond which new samples are dropped (the writer is far
+/// behind). Frees are never dropped.
+const QUEUE_LIMIT: usize = 1 << 17;
+/// The writer flushes at least this often.
+const FLUSH_INTERVAL: Duration = Duration::from_secs(1);
+/// How long the writer sleeps when it finds the channel empty.
+const POLL_INTERVAL: Duration = Duration::from_millis(10);
+/// Messages the writer handles between two checks of the flush deadline.
+const POLL_BATCH: usize = 4096;
+/// Domain of every event.
+const DOMAIN: u16 = 0;
+
+const OFF: u8 = 0;
+const ON: u8 = 1;
+/// Start-up calibration: sampled allocations only feed the calibration.
+const CALIBRATING: u8 = 2;
+
+/// Whether the allocator takes the tracing path (`OFF`, `ON` or `CALIBRATING`).
+static STATE: AtomicU8 = AtomicU8::new(OFF);
+/// The current session's channel (leaked, never freed); null before the first session.
+static CHANNEL: AtomicPtr<Channel> = AtomicPtr::new(std::ptr::null_mut());
+/// Samples dropped since the current session started because the writer was far behind.
+static DROPPED_QUEUE: AtomicU64 = AtomicU64::new(0);
+/// Samples dropped since the current session started because the sampled-block table
+/// bucket was full.
+static DROPPED_TABLE: AtomicU64 = AtomicU64::new(0);
+/// Per [`Entry`]: leading captured frames that belong to the tracer, the unwinder and the
+/// allocator shims (measured by [`calibrate`]).
+static SKIP: [AtomicUsize; 3] = [AtomicUsize::new(0), AtomicUsize::new(0), AtomicUsize::new(0)];
+/// Frames recorded per sample in the current session.
+static FRAME_CAP: AtomicUsize = AtomicUsize::new(DEFAULT_FRAME_CAP);
+/// Whether [`SKIP`] has been measured in this process.
+static CALIBRATED: AtomicBool = AtomicBool::new(false);
+/// Whether the sampled-block table may hold entries of an earlier session.
+static TABLE_USED: AtomicBool = AtomicBool::new(false);
+/// The captures made by the calibration markers, per [`Entry`].
+static CALIBRATION: Mutex<[(usize, [u64; MAX_FRAMES]); 3]> = parking_lot::const_mutex([(0, [0; MAX_FRAMES]); 3]);
+/// The running session; held while starting and stopping (and across `fork`).
+static SESSION: Mutex<Option<Session>> = parking_lot::const_mutex(None);
+/// Registers the process hooks once.
+static HOOKS: Once = Once::new();
+
+/// True while allocations go through the sampling path.
+#[inline(always)]
+pub(crate) fn enabled() -> bool {
+    STATE.load(Ordering::Relaxed) != OFF
+}
+
+/// Whether a trace is being recorded right now.
+pub fn currently_tracing() -> bool {
+    STATE.load(Ordering::Relaxed) == ON
+}
+
+/// A session's hand-off queue.
+struct Channel {
+    tx: Sender<Msg>,
+    rx: Receiver<Msg>,
+    /// Messages sent and not yet received.
+    queued: AtomicUsize,
+}
+
+impl Channel {
+    fn send(&self, msg: Msg) -> bool {
+        self.queued.fetch_add(1, Ordering::Relaxed);
+        let sent = self.tx.send(msg).is_ok();
+        if !sent {
+            self.queued.fetch_sub(1, Ordering::Relaxed);
+        }
+        sent
+    }
+}
+
+/// What application threads tell the writer.
+///
+/// The frames travel inline, so that a sample needs no allocation of its own; every variant
+/// therefore takes a channel slot of the largest one's size.
+#[allow(clippy::large_enum_variant)]
+enum Msg {
+    /// A sampled block was allocated at `addr`.
+    Alloc {
+        addr: usize,
+        time: Timestamp,
+        /// Size in words.
+        length: u64,
+        nsamples: u64,
+        /// Frame addresses, innermost first; only the first `nframes` are meaningful.
+        frames: [u64; MAX_FRAMES],
+        nframes: usize,
+    },
+    /// The sampled block at `addr` was freed.
+    Free { addr: usize, time: Timestamp },
+    /// Close the trace and exit.
+    Stop,
+}
+
+/// The current session's channel, if tracing.
+fn channel() -> Option<&'static Channel> {
+    // SAFETY: CHANNEL is null or points to a leaked `Channel` that is never freed.
+    unsafe { CHANNEL.load(Ordering::Acquire).as_ref() }
+}
+
+/// Called (inside the tracer) for a sampled block of `size` bytes just allocated at `addr`.
+pub(crate) fn sampled_alloc(addr: usize, size: usize, nsamples: u64, entry: Entry) {
+    let calibration = sampler::take_calibration_flag();
+    match STATE.load(Ordering::Relaxed) {
+        ON => {}
+        CALIBRATING if calibration => {
+            let mut frames = [0; MAX_FRAMES];
+            let n = capture(0, MAX_FRAMES, &mut frames);
+            CALIBRATION.lock()[entry as usize] = (n, frames);
+            return;
+        }
+        _ => return,
+    }
+    let Some(channel) = channel() else { return };
+    if channel.queued.load(Ordering::Relaxed) >= QUEUE_LIMIT {
+        DROPPED_QUEUE.fetch_add(1, Ordering::Relaxed);
+        return;
+    }
+    if !sampled_set::insert(addr) {
+        DROPPED_TABLE.fetch_add(1, Ordering::Relaxed);
+        return;
+    }
+    let mut frames = [0; MAX_FRAMES];
+    let nframes = capture(SKIP[entry as usize].load(Ordering::Relaxed), FRAME_CAP.load(Ordering::Relaxed), &mut frames);
+    let length = (size as u64).div_ceil(WORD_BYTES);
+    if !channel.send(Msg::Alloc { addr, time: now_us(), length, nsamples, frames, nframes }) {
+        sampled_set::remove(addr);
+        DROPPED_QUEUE.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Called (inside the tracer) when the sampled block at `addr` is about to be freed.
+pub(crate) fn sampled_free(addr: usize) {
+    if let Some(channel) = channel() {
+        channel.send(Msg::Free { addr, time: now_us() });
+    }
+}
+
+/// Record up to `cap` frame addresses, innermost first, after skipping `skip` frames.
+/// Allocation-free; returns the number of frames written.
+fn capture(skip: usize, cap: usize, frames: &mut [u64; MAX_FRAMES]) -> usize {
+    let cap = cap.min(MAX_FRAMES);
+    let mut seen = 0;
+    let mut n = 0;
+    // SAFETY: on Unix the unwinder (libgcc `_Unwind_Backtrace`) is thread-safe; the
+    // synchronized `trace` only adds a process-wide lock, which must not be taken inside an
+    // allocator (ALLOCATOR-PITFALLS §2). The callback only writes into `frames`.
+    unsafe {
+        backtrace::trace_unsynchronized(|frame| {
+            let ip = frame.ip() as u64;
+            if ip == 0 {
+                // The end of the stack.
+                return false;
+            }
+            if seen >= skip {
+                if let Some(slot) = frames.get_mut(n) {
+                    *slot = ip;
+                    n += 1;
+                }
+            }
+            seen += 1;
+            n < cap
+        });
+    }
+    n
+}
+
+/// Microseconds since the Unix epoch (no allocation).
+pub(crate) fn now_us() -> Timestamp {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `ts` is a valid, writable timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut ts) };
+    (ts.tv_sec as u64).saturating_mul(1_000_000).saturating_add(ts.tv_nsec as u64 / 1000)
+}
+
+fn getpid() -> u32 {
+    // SAFETY: getpid has no preconditions.
+    unsafe { libc::getpid() as u32 }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Configuration and errors
+
+/// How to trace: see [`start_tracing`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct TraceConfig {
+    /// The trace file; created (mode 0600) or truncated.
+    pub path: PathBuf,
+    /// Probability that any one 8-byte word allocated is sampled, in (0, 1].
+    pub rate: f64,
+    /// A free-form description stored in the trace info.
+    pub context: Option<String>,
+    /// Stack frames recorded per sample, from 1 to [`MAX_FRAMES`].
+    pub frame_cap: usize,
+}
+
+impl TraceConfig {
+    /// A configuration writing to `path` with the default rate and frame cap and no context.
+    pub fn new(path: impl Into<PathBuf>) -> TraceConfig {
+        TraceConfig { path: path.into(), rate: DEFAULT_RATE, context: None, frame_cap: DEFAULT_FRAME_CAP }
+    }
+}
+
+/// Why tracing did not start.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum StartError {
+    /// A trace is already being recorded in this process.
+    AlreadyTracing,
+    /// The rate is not in (0, 1].
+    InvalidRate(f64),
+    /// An environment variable has a value that cannot be used.
+    InvalidVariable {
+        /// The variable.
+        var: &'static str,
+        /// Its value.
+        value: String,
+    },
+    /// The frame cap is not in 1..=[`MAX_FRAMES`].
+    InvalidFrameCap(usize),
+    /// Allocations do not reach a [`crate::MemtraceAllocator`]: it is not the
+    /// `#[global_allocator]`.
+    NotGlobalAllocator,
+    /// The trace file could not be opened.
+    Open {
+        /// The trace file.
+        path: PathBuf,
+        /// Why.
+        source: io::Error,
+    },
+    /// The trace file is locked by another process.
+    Locked {
+        /// The trace file.
+        path: PathBuf,
+    },
+    /// Writing the start of the trace failed.
+    Write {
+        /// The trace file.
+        path: PathBuf,
+        /// Why.
+        source: crate::Error,
+    },
+    /// The writer thread could not be started.
+    Spawn(io::Error),
+}
+
+impl fmt::Display for StartError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            StartError::AlreadyTracing => write!(f, "a trace is already being recorded"),
+            StartError::InvalidRate(rate) => write!(f, "sampling rate must be in (0, 1], got {rate}"),
+            StartError::InvalidVariable { var, value } => {
+                write!(f, "{var} must be a sampling rate in (0, 1], got {value:?}; not tracing")
+            }
+            StartError::InvalidFrameCap(cap) => write!(f, "frame cap must be between 1 and {MAX_FRAMES}, got {cap}"),
+            StartError::NotGlobalAllocator => {
+                write!(f, "MemtraceAllocator is not the #[global_allocator]; not tracing")
+            }
+            StartError::Open { path, source } => {
+                write!(f, "cannot open trace file {}: {source}; not tracing", path.display())
+            }
+            StartError::Locked { path } => {
+                write!(f, "trace file {} is locked: is another process using it? Not tracing", path.display())
+            }
+            StartError::Write { path, source } => {
+                write!(f, "cannot write trace file {}: {source}; not tracing", path.display())
+            }
+            StartError::Spawn(e) => write!(f, "cannot start the trace writer thread: {e}; not tracing"),
+        }
+    }
+}
+
+impl std::error::Error for StartError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            StartError::Open { source, .. } => Some(source),
+            StartError::Write { source, .. } => Some(source),
+            StartError::Spawn(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Starting and stopping
+
+/// A running trace; dropping it stops tracing and flushes the trace.
+#[must_use = "tracing stops when the guard is dropped"]
+#[derive(Debug)]
+pub struct TraceGuard {
+    session: u64,
+}
+
+impl Drop for TraceGuard {
+    fn drop(&mut self) {
+        stop_session(Some(self.session));
+    }
+}
+
+/// The state of the running session.
+struct Session {
+    id: u64,
+    /// The process that started it (a forked child must not touch the writer).
+    pid: u32,
+    channel: &'static Channel,
+    writer: JoinHandle<()>,
+}
+
+/// Start tracing if the environment asks for it: `MEMTRACE_FILE` (or upstream's `MEMTRACE`)
+/// names the trace file, `MEMTRACE_RATE` the sampling rate (default 1e-5), and
+/// `MEMTRACE_CONTEXT` an optional description.
+///
+/// The file variables are removed from the environment, so that child processes are not
+/// traced into the same file. Problems (a malformed rate, an unwritable or locked file) are
+/// reported on stderr in one line starting with `memtrace: `, and the program runs on
+/// untraced. Returns `None` when not tracing; keep the guard alive for as long as the program
+/// should be traced.
+#[must_use = "tracing stops when the guard is dropped"]
+pub fn trace_if_requested() -> Option<TraceGuard> {
+    let path = [FILE_VAR, UPSTREAM_FILE_VAR].iter().find_map(|var| std::env::var_os(var).filter(|p| !p.is_empty()))?;
+    std::env::remove_var(FILE_VAR);
+    std::env::remove_var(UPSTREAM_FILE_VAR);
+    let mut config = TraceConfig::new(path);
+    match rate_from_env(std::env::var_os(RATE_VAR).as_deref()) {
+        Ok(Some(rate)) => config.rate = rate,
+        Ok(None) => {}
+        Err(e) => {
+            eprintln!("memtrace: {e}");
+            return None;
+        }
+    }
+    config.context = std::env::var(CONTEXT_VAR).ok().filter(|c| !c.is_empty());
+    match start_tracing(config) {
+        Ok(guard) => Some(guard),
+        Err(e) => {
+            eprintln!("memtrace: {e}");
+            None
+        }
+    }
+}
+
+/// The rate given by the value of [`RATE_VAR`]: `None` when unset or empty.
+fn rate_from_env(value: Option<&OsStr>) -> Result<Option<f64>, StartError> {
+    let Some(value) = value.filter(|v| !v.is_empty()) else { return Ok(None) };
+    match value.to_str().and_then(|v| v.trim().parse::<f64>().ok()) {
+        Some(rate) if valid_rate(rate) => Ok(Some(rate)),
+        _ => Err(StartError::InvalidVariable { var: RATE_VAR, value: value.to_string_lossy().into_owned() }),
+    }
+}
+
+fn valid_rate(rate: f64) -> bool {
+    rate > 0.0 && rate <= 1.0
+}
+
+/// Start recording a trace as `config` says. Tracing stops when the returned guard is
+/// dropped, when [`stop_tracing`] is called, or at process exit.
+///
+/// Only one trace can be recorded at a time. The file is created with mode 0600 (or
+/// truncated), after taking an exclusive `lockf` lock on it: a file another process is
+/// tracing into gives [`StartError::Locked`]. The first call in a process also calibrates the
+/// stack capture, which requires [`crate::MemtraceAllocator`] to be the global allocator.
+pub fn start_tracing(config: TraceConfig) -> Result<TraceGuard, StartError> {
+    if !valid_rate(config.rate) {
+        return Err(StartError::InvalidRate(config.rate));
+    }
+    if !(1..=MAX_FRAMES).contains(&config.frame_cap) {
+        return Err(StartError::InvalidFrameCap(config.frame_cap));
+    }
+    HOOKS.call_once(register_hooks);
+    let mut current = SESSION.lock();
+    if let Some(session) = current.take() {
+        if session.pid == getpid() && currently_tracing() {
+            *current = Some(session);
+            return Err(StartError::AlreadyTracing);
+        }
+        // A session whose writer failed, or our parent's session: end it quietly.
+        finish(session);
+    }
+    calibrate()?;
+    let file = open_locked(&config.path)?;
+    let start_time = now_us();
+    let info = Info {
+        sample_rate: config.rate,
+        word_size: 64,
+        executable_name: std::env::current_exe().map(|p| p.into_os_string().into_vec()).unwrap_or_default(),
+        host_name: host_name(),
+        runtime_params: runtime_params(config.frame_cap).into_bytes(),
+        pid: getpid() as u64,
+        initial_domain: DOMAIN,
+        start_time,
+        context: config.context.map(String::into_bytes),
+    };
+    let write_error = |source| StartError::Write { path: config.path.clone(), source };
+    let writer = Writer::new(file, &info).map_err(write_error)?.check_pid_on_flush(true);
+
+    let (tx, rx) = crossbeam_channel::unbounded();
+    let channel: &'static Channel = Box::leak(Box::new(Channel { tx, rx, queued: AtomicUsize::new(0) }));
+    let (ready_tx, ready_rx) = crossbeam_channel::bounded(1);
+    let path = config.path.clone();
+    let writer = std::thread::Builder::new()
+        .name("memtrace-writer".into())
+        .spawn(move || {
+            sampler::enter_tracer_forever();
+            let _ = ready_tx.send(());
+            write_trace(channel, writer, &path, start_time);
+        })
+        .map_err(StartError::Spawn)?;
+    let _ = ready_rx.recv();
+
+    if TABLE_USED.swap(true, Ordering::Relaxed) {
+        sampled_set::clear();
+    }
+    DROPPED_QUEUE.store(0, Ordering::Relaxed);
+    DROPPED_TABLE.store(0, Ordering::Relaxed);
+    sampler::configure(config.rate);
+    FRAME_CAP.store(config.frame_cap, Ordering::Relaxed);
+    CHANNEL.store(channel as *const Channel as *mut Channel, Ordering::Release);
+    STATE.store(ON, Ordering::Release);
+    let id = NEXT_SESSION.fetch_add(1, Ordering::Relaxed);
+    *current = Some(Session { id, pid: getpid(), channel, writer });
+    Ok(TraceGuard { session: id })
+}
+
+/// Session ids, so that a guard only stops its own session.
+static NEXT_SESSION: AtomicU64 = AtomicU64::new(1);
+
+/// Stop the running trace, if any, and flush it. Blocks still alive are not reported as
+/// collected.
+pub fn stop_tracing() {
+    stop_session(None);
+}
+
+/// Stop the running session if it is `only` (or any session for `None`).
+fn stop_session(only: Option<u64>) {
+    let mut current = SESSION.lock();
+    if current.as_ref().is_some_and(|s| only.map_or(true, |id| id == s.id)) {
+        if let Some(session) = current.take() {
+            finish(session);
+        }
+    }
+}
+
+/// End `session`: stop sampling, let the writer drain and close the trace, report drops.
+fn finish(session: Session) {
+    if session.pid != getpid() {
+        // Forked child: the writer thread does not exist here; never touch the parent's trace.
+        std::mem::forget(session.writer);
+        return;
+    }
+    STATE.store(OFF, Ordering::SeqCst);
+    CHANNEL.store(std::ptr::null_mut(), Ordering::Release);
+    session.channel.send(Msg::Stop);
+    let _ = session.writer.join();
+    let behind = DROPPED_QUEUE.swap(0, Ordering::Relaxed);
+    let full = DROPPED_TABLE.swap(0, Ordering::Relaxed);
+    if behind + full > 0 {
+        eprintln!(
+            "memtrace: {} samples were dropped ({behind} with the trace writer too far behind, {full} with the \
+             sampled-block table full)",
+            behind + full
+        );
+    }
+}
+
+/// Create or open `path` for writing (mode 0600), lock it, then truncate it.
+fn open_locked(path: &Path) -> Result<File, StartError> {
+    let file = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .open(path)
+        .map_err(|source| StartError::Open { path: path.to_owned(), source })?;
+    // SAFETY: `file` is an open descriptor for the duration of the call.
+    if unsafe { libc::lockf(file.as_raw_fd(), libc::F_TLOCK, 0) } != 0 {
+        let e = io::Error::last_os_error();
+        if matches!(e.raw_os_error(), Some(libc::EAGAIN) | Some(libc::EACCES)) {
+            return Err(StartError::Locked { path: path.to_owned() });
+        }
+        // Other failures (a device such as /dev/null that cannot be locked): go on unlocked.
+    }
+    // Errors ignored, as upstream does: devices cannot be truncated.
+    let _ = file.set_len(0);
+    Ok(file)
+}
+
+fn host_name() -> Vec<u8> {
+    let mut buf = [0u8; 256];
+    // SAFETY: `buf` is writable for `buf.len()` bytes.
+    if unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) } != 0 {
+        return Vec::new();
+    }
+    buf.split(|&b| b == 0).next().unwrap_or_default().to_vec()
+}
+
+fn runtime_params(frame_cap: usize) -> String {
+    let unwinder = if cfg!(target_vendor = "apple") { "libunwind" } else { "libgcc" };
+    format!("memtrace-rs={},unwinder={unwinder},frames={frame_cap}", env!("CARGO_PKG_VERSION"))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Calibration
+
+/// Measure, once per process, how many leading captured frames belong to the tracer, the
+/// unwinder and the allocator shims for each entry point, so that the innermost frame kept is
+/// the code that called into the global allocator.
+///
+/// A forced sample is taken from an `#[inline(never)]` marker function per entry point; the
+/// frames below the marker are resolved once, and everything up to the last one that is ours
+/// (`memtrace_rs::`, `backtrace::`, `__rust_alloc`, `__rg_`, `_Unwind_`, ...) is skipped.
+/// This also warms up the unwinder before any real sample is taken. Called with [`SESSION`]
+/// held and tracing off.
+fn calibrate() -> Result<(), StartError> {
+    if CALIBRATED.load(Ordering::Relaxed) {
+        return Ok(());
+    }
+    let markers: [(Entry, fn(), &str); 3] = [
+        (Entry::Alloc, marker_alloc, "marker_alloc"),
+        (Entry::AllocZeroed, marker_alloc_zeroed, "marker_alloc_zeroed"),
+        (Entry::Realloc, marker_realloc, "marker_realloc"),
+    ];
+    *CALIBRATION.lock() = [(0, [0; MAX_FRAMES]); 3];
+    STATE.store(CALIBRATING, Ordering::SeqCst);
+    for (_, marker, _) in &markers {
+        marker();
+    }
+    STATE.store(OFF, Ordering::SeqCst);
+    let captures = *CALIBRATION.lock();
+    if captures.iter().any(|&(n, _)| n == 0) {
+        return Err(StartError::NotGlobalAllocator);
+    }
+    for (entry, _, name) in markers {
+        let (n, frames) = &captures[entry as usize];
+        SKIP[entry as usize].store(tracer_frames(&frames[..*n], name), Ordering::Relaxed);
+    }
+    CALIBRATED.store(true, Ordering::Relaxed);
+    Ok(())
+}
+
+/// The number of leading `frames` (innermost first) that are tracer or allocator machinery,
+/// given that the frame of the function named `marker` called into the global allocator.
+/// 0 when the marker cannot be found (no symbols): then nothing is skipped.
+fn tracer_frames(frames: &[u64], marker: &str) -> usize {
+    const OURS: [&str; 9] = [
+        "memtrace_rs::",
+        "backtrace::",
+        "__rust_alloc",
+        "__rust_realloc",
+        "__rust_dealloc",
+        "__rust_alloc_zeroed",
+        "__rg_",
+        "__rustc::",
+        "_Unwind_",
+    ];
+    let names: Vec<Vec<String>> = frames.iter().map(|&ip| symbolize::function_names(ip)).collect();
+    let Some(marker_at) = names.iter().position(|n| n.iter().any(|n| n.ends_with(marker))) else { return 0 };
+    names[..marker_at]
+        .iter()
+        .rposition(|n| n.iter().any(|n| OURS.iter().any(|ours| n.contains(ours))))
+        .map_or(0, |last| last + 1)
+}
+
+const MARKER_LAYOUT: std::alloc::Layout = std::alloc::Layout::new::<[u64; 4]>();
+
+#[inline(never)]
+fn marker_alloc() {
+    sampler::force_sample();
+    // SAFETY: the layout has a nonzero size; the block is freed with the same layout.
+    unsafe {
+        let p = std::hint::black_box(std::alloc::alloc(MARKER_LAYOUT));
+        if !p.is_null() {
+            std::alloc::dealloc(p, MARKER_LAYOUT);
+        }
+    }
+}
+
+#[inline(never)]
+fn marker_alloc_zeroed() {
+    sampler::force_sample();
+    // SAFETY: the layout has a nonzero size; the block is freed with the same layout.
+    unsafe {
+        let p = std::hint::black_box(std::alloc::alloc_zeroed(MARKER_LAYOUT));
+        if !p.is_null() {
+            std::alloc::dealloc(p, MARKER_LAYOUT);
+        }
+    }
+}
+
+#[inline(never)]
+fn marker_realloc() {
+    // SAFETY: the layouts have nonzero sizes; `realloc` gets a live block with its layout
+    // and a nonzero new size, and each block is freed once with its current layout.
+    unsafe {
+        let p = std::hint::black_box(std::alloc::alloc(MARKER_LAYOUT));
+        if p.is_null() {
+            return;
+        }
+        sampler::force_sample();
+        let new_size = 2 * MARKER_LAYOUT.size();
+        let q = std::hint::black_box(std::alloc::realloc(p, MARKER_LAYOUT, new_size));
+        if q.is_null() {
+            std::alloc::dealloc(p, MARKER_LAYOUT);
+        } else {
+            std::alloc::dealloc(q, std::alloc::Layout::from_size_align_unchecked(new_size, MARKER_LAYOUT.align()));
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The writer thread
+
+/// The writer thread's state.
+struct TraceWriter {
+    writer: Writer<File>,
+    /// Object id of each live sampled block, by address.
+    ids: HashMap<usize, ObjectId>,
+    /// Symbolized frame addresses.
+    locations: HashMap<u64, Arc<[Location]>>,
+    /// Time of the last event: event times never decrease.
+    last_time: Timestamp,
+}
+
+/// The writer thread's body: record messages until `Stop`, then close the trace. A write
+/// error stops tracing with one message on stderr (none in a forked child).
+fn write_trace(channel: &'static Channel, writer: Writer<File>, path: &Path, start_time: Timestamp) {
+    let mut state = TraceWriter { writer, ids: HashMap::new(), locations: HashMap::new(), last_time: start_time };
+    let result = state.run(channel).and_then(|()| state.writer.close().map(drop));
+    if let Err(e) = result {
+        STATE.store(OFF, Ordering::SeqCst);
+        if !matches!(e.kind(), ErrorKind::PidChanged) {
+            eprintln!("memtrace: error writing trace file {}: {e}; tracing stopped", path.display());
+        }
+    }
+}
+
+impl TraceWriter {
+    /// Poll the channel rather than block on it: a receiver blocked in the channel would make
+    /// every sampled allocation pay a futex wake-up (a system call) on its send.
+    fn run(&mut self, channel: &Channel) -> crate::Result<()> {
+        let mut next_flush = Instant::now() + FLUSH_INTERVAL;
+        loop {
+            let mut received = 0;
+            while received < POLL_BATCH {
+                let Ok(msg) = channel.rx.try_recv() else { break };
+                received += 1;
+                channel.queued.fetch_sub(1, Ordering::Relaxed);
+                match msg {
+                    Msg::Alloc { addr, time, length, nsamples, frames, nframes } => {
+                        self.alloc(addr, time, length, nsamples, &frames[..nframes.min(MAX_FRAMES)])?
+                    }
+                    Msg::Free { addr, time } => self.free(addr, time)?,
+                    Msg::Stop => return Ok(()),
+                }
+            }
+            let now = Instant::now();
+            if now >= next_flush {
+                if self.writer.has_unflushed_events() {
+                    self.writer.flush()?;
+                }
+                next_flush = now + FLUSH_INTERVAL;
+            }
+            if received < POLL_BATCH {
+                std::thread::sleep(POLL_INTERVAL);
+            }
+        }
+    }
+
+    fn time(&mut self, time: Timestamp) -> Timestamp {
+        self.last_time = self.last_time.max(time);
+        self.last_time
+    }
+
+    fn alloc(&mut self, addr: usize, time: Timestamp, length: u64, nsamples: u64, frames: &[u64]) -> crate::Result<()> {
+        let time = self.time(time);
+        let alloc = NewAlloc { length, nsamples, source: AllocSource::External, callstack: frames, drop: 0 };
+        let locations = &mut self.locations;
+        let id = self.writer.put_alloc(DOMAIN, time, &alloc, |code| {
+            locations.entry(code).or_insert_with(|| symbolize::symbolize(code)).clone()
+        })?;
+        self.ids.insert(addr, id);
+        Ok(())
+    }
+
+    fn free(&mut self, addr: usize, time: Timestamp) -> crate::Result<()> {
+        match self.ids.remove(&addr) {
+            Some(id) => {
+                let time = self.time(time);
+                self.writer.put_collect(DOMAIN, time, id)
+            }
+            // A block of an earlier session, or a stale table entry: not in this trace.
+            None => Ok(()),
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Process hooks
+
+fn register_hooks() {
+    // SAFETY: the handlers are `extern "C"` functions that live for the whole process.
+    unsafe {
+        libc::atexit(at_exit);
+        libc::pthread_atfork(Some(before_fork), Some(after_fork_in_parent), Some(after_fork_in_child));
+    }
+}
+
+/// Flush a trace whose guard was never dropped (`std::process::exit`, or `main` returning
+/// with the guard leaked).
+extern "C" fn at_exit() {
+    stop_session(None);
+}
+
+/// Hold the session lock across `fork`, so that the child never inherits it locked by a
+/// thread that does not exist there.
+extern "C" fn before_fork() {
+    std::mem::forget(SESSION.lock());
+}
+
+extern "C" fn after_fork_in_parent() {
+    // SAFETY: `before_fork` locked SESSION on this thread and forgot the guard.
+    unsafe { SESSION.force_unlock() };
+}
+
+/// The child never traces into its parent's file: stop sampling at once; the parent's
+/// session is forgotten (without touching its writer) when the child stops or restarts.
+extern "C" fn after_fork_in_child() {
+    STATE.store(OFF, Ordering::SeqCst);
+    CHANNEL.store(std::ptr::null_mut(), Ordering::Release);
+    // SAFETY: `before_fork` locked SESSION in the parent on the thread that is the child's
+    // only thread, and forgot the guard.
+    unsafe { SESSION.force_unlock() };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rate_variable_parsing() {
+        assert!(rate_from_env(None).unwrap().is_none());
+        assert!(rate_from_env(Some(OsStr::new(""))).unwrap().is_none());
+        assert_eq!(rate_from_env(Some(OsStr::new("1e-3"))).unwrap(), Some(1e-3));
+        assert_eq!(rate_from_env(Some(OsStr::new("1"))).unwrap(), Some(1.0));
+        for bad in ["0", "-0.1", "1.5", "abc", "NaN", "inf"] {
+            let e = rate_from_env(Some(OsStr::new(bad))).unwrap_err();
+            assert!(e.to_string().contains(RATE_VAR), "{e}");
+        }
+    }
+
+    #[test]
+    fn invalid_configs_are_rejected_before_anything_starts() {
+        let mut config = TraceConfig::new("/nonexistent/never-created.ctf");
+        config.rate = 0.0;
+        assert!(matches!(start_tracing(config.clone()), Err(StartError::InvalidRate(_))));
+        config.rate = f64::NAN;
+        assert!(matches!(start_tracing(config.clone()), Err(StartError::InvalidRate(_))));
+        config.rate = 0.5;
+        config.frame_cap = MAX_FRAMES + 1;
+        assert!(matches!(start_tracing(config), Err(StartError::InvalidFrameCap(_))));
+    }
+
+    #[test]
+    fn not_the_global_allocator() {
+        // The library's unit tests run on the system allocator.
+        let e = start_tracing(TraceConfig::new("/nonexistent/never-created.ctf")).unwrap_err();
+        assert!(matches!(e, StartError::NotGlobalAllocator), "{e}");
+        assert!(!currently_tracing());
+    }
+
+    #[test]
+    fn runtime_params_name_the_crate() {
+        assert_eq!(runtime_params(64), format!("memtrace-rs={},unwinder=libgcc,frames=64", env!("CARGO_PKG_VERSION")));
+    }
+}

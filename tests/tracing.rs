@@ -1,0 +1,603 @@
+//! End-to-end tests of the sampling allocator: each test re-runs this binary as a child
+//! process (`MEMTRACE_TEST_ROLE` selects what the child does, through the `child_role` test),
+//! with the tracing variables set, then reads the trace back.
+
+use std::collections::{HashMap, HashSet};
+use std::hint::black_box;
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use memtrace_rs::location_codec::Location;
+use memtrace_rs::trace::reader::{EventKind, Warning};
+use memtrace_rs::trace::{Info, ObjectId, Reader};
+use memtrace_rs::{currently_tracing, start_tracing, stop_tracing, trace_if_requested, MemtraceAllocator};
+
+#[global_allocator]
+static GLOBAL: MemtraceAllocator = MemtraceAllocator::system();
+
+const ROLE_VAR: &str = "MEMTRACE_TEST_ROLE";
+/// Where a child writes a second trace (the `api` role).
+const SECOND_FILE_VAR: &str = "MEMTRACE_TEST_SECOND_FILE";
+
+// ---------------------------------------------------------------------------------------------
+// The known program: allocation sites with known sizes, lines and fates.
+
+const KEPT_COUNT: usize = 400;
+const KEPT_SIZE: usize = 10_000;
+const KEPT_LINE: u32 = line!() + 5;
+#[inline(never)]
+fn site_kept() -> Vec<Vec<u8>> {
+    let mut out = Vec::with_capacity(KEPT_COUNT);
+    for _ in 0..KEPT_COUNT {
+        let v: Vec<u8> = Vec::with_capacity(KEPT_SIZE);
+        out.push(black_box(v));
+    }
+    out
+}
+
+const FREED_COUNT: usize = 4_000;
+const FREED_SIZE: usize = 1_000;
+const FREED_LINE: u32 = line!() + 4;
+#[inline(never)]
+fn site_freed() -> u64 {
+    for _ in 0..FREED_COUNT {
+        let v = vec![0u8; FREED_SIZE];
+        black_box(&v);
+    }
+    (FREED_COUNT * FREED_SIZE) as u64
+}
+
+/// Grows vectors by pushing (one alloc, then reallocs); returns the bytes of every block
+/// requested (the new size of each realloc).
+#[inline(never)]
+fn site_grown() -> u64 {
+    let mut bytes = 0;
+    for _ in 0..100 {
+        let mut v: Vec<u64> = Vec::new();
+        let mut capacity = 0;
+        for i in 0..8192 {
+            v.push(i);
+            if v.capacity() != capacity {
+                capacity = v.capacity();
+                bytes += (capacity * 8) as u64;
+            }
+        }
+        black_box(&v);
+    }
+    bytes
+}
+
+const DIRECT_COUNT: usize = 2_000;
+const DIRECT_LAYOUT: std::alloc::Layout = std::alloc::Layout::new::<[u8; 2048]>();
+#[inline(never)]
+fn site_direct() -> u64 {
+    for _ in 0..DIRECT_COUNT {
+        // SAFETY: nonzero-size layout; the block is freed with the same layout.
+        unsafe {
+            let p = black_box(std::alloc::alloc(DIRECT_LAYOUT));
+            assert!(!p.is_null());
+            std::alloc::dealloc(p, DIRECT_LAYOUT);
+        }
+    }
+    (DIRECT_COUNT * DIRECT_LAYOUT.size()) as u64
+}
+
+#[inline(never)]
+fn fork_child_site() {
+    for _ in 0..20_000 {
+        black_box(vec![1u8; 500]);
+    }
+}
+
+#[inline(never)]
+fn stress_site(size: usize) -> Vec<u8> {
+    vec![7u8; size]
+}
+
+// ---------------------------------------------------------------------------------------------
+// Child roles
+
+/// Runs the role named by `MEMTRACE_TEST_ROLE` in a child process; does nothing otherwise.
+#[test]
+fn child_role() {
+    let Ok(role) = std::env::var(ROLE_VAR) else { return };
+    match role.as_str() {
+        "known" => {
+            let guard = trace_if_requested();
+            assert!(guard.is_some() && currently_tracing());
+            assert!(std::env::var_os("MEMTRACE_FILE").is_none(), "variable not cleared");
+            let kept = site_kept();
+            site_freed();
+            site_grown();
+            site_direct();
+            drop(guard);
+            drop(kept);
+        }
+        "stress" => {
+            let _guard = trace_if_requested();
+            stress(8, Duration::from_millis(2000));
+        }
+        "fork" => {
+            let _guard = trace_if_requested();
+            site_freed();
+            // SAFETY: the child only allocates and exits.
+            let pid = unsafe { libc::fork() };
+            assert!(pid >= 0);
+            if pid == 0 {
+                fork_child_site();
+                std::process::exit(if currently_tracing() { 3 } else { 0 });
+            }
+            let mut status = 0;
+            // SAFETY: waiting for our own child.
+            unsafe { libc::waitpid(pid, &mut status, 0) };
+            assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "fork child failed: {status}");
+            assert!(currently_tracing());
+            site_direct();
+        }
+        "exit" => {
+            let _guard = trace_if_requested();
+            let kept = site_kept();
+            black_box(&kept);
+            std::process::exit(0);
+        }
+        "panic" => {
+            let _guard = trace_if_requested();
+            site_freed();
+            panic!("deliberate panic");
+        }
+        "loop" => {
+            let _guard = trace_if_requested();
+            let end = Instant::now() + Duration::from_secs(20);
+            while Instant::now() < end {
+                site_freed();
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        "untraced" => {
+            let guard = trace_if_requested();
+            assert!(guard.is_none());
+            assert!(!currently_tracing());
+            assert!(std::env::var_os("MEMTRACE_FILE").is_none(), "variable not cleared");
+            site_freed();
+            assert!(writer_threads() == 0, "a writer thread is running");
+        }
+        "write_error" => {
+            let limit = libc::rlimit { rlim_cur: 48 << 10, rlim_max: 48 << 10 };
+            // SAFETY: plain syscalls on this process.
+            unsafe {
+                libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+                libc::setrlimit(libc::RLIMIT_FSIZE, &limit);
+            }
+            let _guard = trace_if_requested();
+            assert!(currently_tracing());
+            let end = Instant::now() + Duration::from_secs(10);
+            while currently_tracing() && Instant::now() < end {
+                site_freed();
+                site_grown();
+            }
+            assert!(!currently_tracing(), "write error did not stop tracing");
+            site_freed();
+        }
+        "api" => {
+            let first = PathBuf::from(std::env::var_os("MEMTRACE_FILE").unwrap());
+            let second = PathBuf::from(std::env::var_os(SECOND_FILE_VAR).unwrap());
+            let mut config = memtrace_rs::TraceConfig::new(&first);
+            config.rate = 0.01;
+            config.context = Some("api".into());
+            let g1 = start_tracing(config.clone()).unwrap();
+            assert!(currently_tracing());
+            assert!(matches!(start_tracing(config.clone()), Err(memtrace_rs::StartError::AlreadyTracing)));
+            site_freed();
+            stop_tracing();
+            assert!(!currently_tracing());
+            config.path = second;
+            let g2 = start_tracing(config).unwrap();
+            drop(g1); // a stale guard must not stop the new session
+            assert!(currently_tracing());
+            let kept = site_kept();
+            drop(g2);
+            assert!(!currently_tracing());
+            drop(kept);
+        }
+        other => panic!("unknown role {other}"),
+    }
+}
+
+/// Threads allocating, passing half of their blocks to the next thread to free.
+fn stress(threads: usize, duration: Duration) {
+    let channels: Vec<_> = (0..threads).map(|_| crossbeam_channel::unbounded::<Vec<u8>>()).collect();
+    let end = Instant::now() + duration;
+    std::thread::scope(|s| {
+        for t in 0..threads {
+            let tx = channels[(t + 1) % threads].0.clone();
+            let rx = channels[t].1.clone();
+            s.spawn(move || {
+                let mut local: Vec<Vec<u8>> = Vec::with_capacity(64);
+                let mut i = t;
+                while Instant::now() < end {
+                    // Leave the (unoptimised, in tests) writer thread some of the 2 cores.
+                    std::thread::sleep(Duration::from_micros(500));
+                    for _ in 0..256 {
+                        i = i.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                        let block = stress_site(16 + (i >> 33) % 256);
+                        if i & (1 << 40) != 0 {
+                            let _ = tx.send(block);
+                        } else if local.len() < 64 {
+                            local.push(block);
+                        } else {
+                            local[(i >> 20) % 64] = block;
+                        }
+                    }
+                    while let Ok(block) = rx.try_recv() {
+                        drop(block);
+                    }
+                }
+                drop(tx);
+            });
+        }
+    });
+    // Every block sent and not yet received is freed here, with the channels.
+    drop(channels);
+}
+
+fn writer_threads() -> usize {
+    std::fs::read_dir("/proc/self/task")
+        .map(|tasks| {
+            tasks
+                .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+                .filter(|comm| comm.trim() == "memtrace-writer")
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Parent side
+
+fn temp_path(name: &str) -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("memtrace-tests");
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(format!("{name}-{}.ctf", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    path
+}
+
+fn child(role: &str, env: &[(&str, &str)]) -> Command {
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.args(["child_role", "--exact", "--nocapture", "--test-threads=1", "-q"]);
+    for var in ["MEMTRACE_FILE", "MEMTRACE", "MEMTRACE_RATE", "MEMTRACE_CONTEXT"] {
+        cmd.env_remove(var);
+    }
+    cmd.env(ROLE_VAR, role).env("RUST_BACKTRACE", "0").stdout(std::process::Stdio::null());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd
+}
+
+fn run(role: &str, env: &[(&str, &str)]) -> Output {
+    let out = child(role, env).output().unwrap();
+    eprintln!("--- child {role} stderr:\n{}", String::from_utf8_lossy(&out.stderr));
+    out
+}
+
+/// The `memtrace: ` lines a child printed.
+fn memtrace_messages(out: &Output) -> Vec<String> {
+    String::from_utf8_lossy(&out.stderr).lines().filter(|l| l.starts_with("memtrace: ")).map(str::to_owned).collect()
+}
+
+struct Allocation {
+    nsamples: u64,
+    /// Location codes, outermost frame first.
+    codes: Vec<u64>,
+}
+
+struct Trace {
+    info: Info,
+    allocs: HashMap<ObjectId, Allocation>,
+    collected: HashSet<ObjectId>,
+    /// Each code's locations (outermost inlined function first).
+    locations: HashMap<u64, Vec<Location>>,
+    warnings: Vec<Warning>,
+}
+
+impl Trace {
+    fn read(path: &Path) -> Trace {
+        let mut reader = Reader::open(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let info = reader.info().clone();
+        let mut allocs = HashMap::new();
+        let mut collected = HashSet::new();
+        while let Some(event) = reader.next_event().unwrap_or_else(|e| panic!("{}: {e}", path.display())) {
+            assert_eq!(event.domain, 0);
+            match event.kind {
+                EventKind::Alloc(a) => {
+                    assert_eq!(a.source, memtrace_rs::trace::AllocSource::External);
+                    assert!(a.nsamples >= 1);
+                    for &code in a.backtrace {
+                        event.locations.get(code).unwrap();
+                    }
+                    let alloc = Allocation { nsamples: a.nsamples, codes: a.backtrace.to_vec() };
+                    assert!(allocs.insert(a.id, alloc).is_none());
+                }
+                EventKind::Collect { id } => {
+                    assert!(allocs.contains_key(&id), "collect of unknown object {id}");
+                    assert!(collected.insert(id), "object {id} collected twice");
+                }
+                EventKind::Promote { .. } => panic!("promote event in a Rust trace"),
+            }
+        }
+        let locations = reader.locations().iter().map(|(code, l)| (code, l.to_vec())).collect();
+        let warnings = reader.warnings().to_vec();
+        Trace { info, allocs, collected, locations, warnings }
+    }
+
+    /// The locations of each frame of `a`, outermost frame first.
+    fn frames<'a>(&'a self, a: &'a Allocation) -> impl Iterator<Item = &'a [Location]> + 'a {
+        a.codes.iter().map(|code| &self.locations[code][..])
+    }
+
+    fn has_function(&self, a: &Allocation, suffix: &str) -> bool {
+        self.frames(a).flatten().any(|l| l.defname_str().ends_with(suffix))
+    }
+
+    fn at_site<'a>(&'a self, site: &'a str) -> impl Iterator<Item = (&'a ObjectId, &'a Allocation)> + 'a {
+        self.allocs.iter().filter(move |(_, a)| self.has_function(a, site))
+    }
+
+    fn estimated_bytes(&self, site: &str) -> f64 {
+        self.at_site(site).map(|(_, a)| self.info.bytes_for_samples(a.nsamples)).sum()
+    }
+}
+
+fn assert_close(site: &str, estimated: f64, actual: u64) {
+    let error = (estimated - actual as f64).abs() / actual as f64;
+    assert!(error < 0.10, "{site}: estimated {estimated:.0} bytes, allocated {actual} ({:.1} % off)", error * 100.0);
+}
+
+#[test]
+fn known_program_trace() {
+    let path = temp_path("known");
+    let out = run(
+        "known",
+        &[("MEMTRACE_FILE", path.to_str().unwrap()), ("MEMTRACE_RATE", "0.05"), ("MEMTRACE_CONTEXT", "ctx-test")],
+    );
+    assert!(out.status.success());
+    assert!(memtrace_messages(&out).is_empty());
+    let trace = Trace::read(&path);
+    assert!(trace.warnings.is_empty(), "{:?}", trace.warnings);
+
+    // Trace info.
+    assert_eq!(trace.info.sample_rate, 0.05);
+    assert_eq!(trace.info.word_size, 64);
+    assert_eq!(trace.info.context.as_deref(), Some(&b"ctx-test"[..]));
+    let params = String::from_utf8_lossy(&trace.info.runtime_params).into_owned();
+    assert!(params.starts_with(&format!("memtrace-rs={},unwinder=", env!("CARGO_PKG_VERSION"))), "{params}");
+    assert!(params.ends_with("frames=64"), "{params}");
+    assert!(String::from_utf8_lossy(&trace.info.executable_name).contains("tracing"));
+    assert!(!trace.info.host_name.is_empty());
+
+    // Functions, files and lines.
+    for (site, line) in [("::site_kept", KEPT_LINE), ("::site_freed", FREED_LINE)] {
+        let found = trace.at_site(site).any(|(_, a)| {
+            trace.frames(a).flatten().any(|l| {
+                l.defname_str().ends_with(site) && l.filename_str().ends_with("tests/tracing.rs") && l.line == line
+            })
+        });
+        assert!(found, "no frame of {site} at tests/tracing.rs:{line}");
+    }
+
+    // No tracer, unwinder or allocator-shim frame is left at the inner end.
+    for a in trace.allocs.values() {
+        let innermost = trace.frames(a).last().expect("empty backtrace");
+        for l in innermost {
+            let name = l.defname_str();
+            for ours in ["memtrace_rs::", "backtrace::", "__rust_alloc", "__rust_realloc", "__rg_", "__rustc::"] {
+                assert!(!name.contains(ours), "tracer frame {name} kept as the allocation site");
+            }
+        }
+    }
+    // A direct call of std::alloc::alloc: the innermost frame is that call.
+    for (_, a) in trace.at_site("::site_direct") {
+        let innermost = trace.frames(a).last().unwrap();
+        assert!(
+            innermost
+                .iter()
+                .any(|l| l.defname_str() == "alloc::alloc::alloc" || l.defname_str().ends_with("::site_direct")),
+            "{innermost:?}"
+        );
+    }
+
+    // Estimates per call site.
+    assert_close("site_kept", trace.estimated_bytes("::site_kept"), (KEPT_COUNT * KEPT_SIZE) as u64);
+    assert_close("site_freed", trace.estimated_bytes("::site_freed"), site_freed());
+    assert_close("site_grown", trace.estimated_bytes("::site_grown"), site_grown());
+    assert_close("site_direct", trace.estimated_bytes("::site_direct"), site_direct());
+
+    // Freed blocks are collected, kept blocks are not.
+    for site in ["::site_freed", "::site_grown", "::site_direct"] {
+        assert!(trace.at_site(site).count() > 100, "{site}");
+        for (id, _) in trace.at_site(site) {
+            assert!(trace.collected.contains(id), "{site}: object {id} never collected");
+        }
+    }
+    assert!(trace.at_site("::site_kept").count() > 100);
+    for (id, _) in trace.at_site("::site_kept") {
+        assert!(!trace.collected.contains(id), "kept object {id} collected");
+    }
+    // Growth goes through realloc, and is traced as such.
+    let reallocs = trace.at_site("::site_grown").filter(|(_, a)| trace.has_function(a, "realloc")).count();
+    assert!(reallocs > 10, "only {reallocs} realloc samples");
+    let _ = std::fs::remove_file(&path);
+}
+
+#[test]
+fn eight_threads_freeing_each_others_blocks() {
+    let path = temp_path("stress");
+    let out = run("stress", &[("MEMTRACE_FILE", path.to_str().unwrap()), ("MEMTRACE_RATE", "1e-3")]);
+    assert!(out.status.success());
+    assert!(memtrace_messages(&out).is_empty(), "{:?}", memtrace_messages(&out));
+    let trace = Trace::read(&path);
+    assert!(trace.warnings.is_empty(), "{:?}", trace.warnings);
+    let sampled: Vec<_> = trace.at_site("::stress_site").collect();
+    assert!(sampled.len() > 1000, "only {} samples", sampled.len());
+    for (id, _) in sampled {
+        assert!(trace.collected.contains(id), "stress object {id} never collected");
+    }
+    let _ = std::fs::remove_file(&path);
+}
+
+#[test]
+fn forked_child_never_writes_to_the_parents_trace() {
+    let path = temp_path("fork");
+    let out = run("fork", &[("MEMTRACE_FILE", path.to_str().unwrap()), ("MEMTRACE_RATE", "0.01")]);
+    assert!(out.status.success());
+    assert!(memtrace_messages(&out).is_empty(), "{:?}", memtrace_messages(&out));
+    let trace = Trace::read(&path);
+    assert!(trace.warnings.is_empty(), "{:?}", trace.warnings);
+    assert_eq!(trace.at_site("::fork_child_site").count(), 0);
+    assert!(trace.at_site("::site_freed").count() > 10);
+    assert!(trace.at_site("::site_direct").count() > 10, "parent stopped tracing after fork");
+    let _ = std::fs::remove_file(&path);
+}
+
+#[test]
+fn process_exit_flushes_the_trace() {
+    let path = temp_path("exit");
+    let out = run("exit", &[("MEMTRACE_FILE", path.to_str().unwrap()), ("MEMTRACE_RATE", "0.01")]);
+    assert!(out.status.success());
+    let trace = Trace::read(&path);
+    assert!(trace.warnings.is_empty(), "{:?}", trace.warnings);
+    assert!(trace.at_site("::site_kept").count() > 10);
+    let _ = std::fs::remove_file(&path);
+}
+
+#[test]
+fn panic_flushes_the_trace() {
+    let path = temp_path("panic");
+    let out = run("panic", &[("MEMTRACE_FILE", path.to_str().unwrap()), ("MEMTRACE_RATE", "0.01")]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("deliberate panic")
+            || String::from_utf8_lossy(&out.stderr).contains("deliberate panic")
+    );
+    let trace = Trace::read(&path);
+    assert!(trace.warnings.is_empty(), "{:?}", trace.warnings);
+    let freed: Vec<_> = trace.at_site("::site_freed").collect();
+    assert!(freed.len() > 10);
+    assert!(freed.iter().all(|(id, _)| trace.collected.contains(id)));
+    let _ = std::fs::remove_file(&path);
+}
+
+#[test]
+fn kill_9_leaves_a_trace_readable_up_to_the_last_flush() {
+    let path = temp_path("kill");
+    let mut child =
+        child("loop", &[("MEMTRACE_FILE", path.to_str().unwrap()), ("MEMTRACE_RATE", "0.01")]).spawn().unwrap();
+    // The trace-info packet is written at start; wait for a periodic flush after it.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let mut first_size = None;
+    loop {
+        assert!(Instant::now() < deadline, "no periodic flush seen");
+        let size = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+        match first_size {
+            None if size > 0 => first_size = Some(size),
+            Some(first) if size > first => break,
+            _ => {}
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let trace = Trace::read(&path);
+    assert!(trace.warnings.iter().all(|w| matches!(w, Warning::TruncatedPacket { .. })), "{:?}", trace.warnings);
+    assert!(trace.at_site("::site_freed").count() > 0);
+    let _ = std::fs::remove_file(&path);
+}
+
+#[test]
+fn no_variable_means_no_file_and_no_thread() {
+    let out = run("untraced", &[]);
+    assert!(out.status.success());
+    assert!(out.stderr.is_empty(), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// Runs the `untraced` role with `env` and checks its single message.
+fn assert_runs_untraced_with_one_message(env: &[(&str, &str)], mentions: &str) {
+    let out = run("untraced", env);
+    assert!(out.status.success());
+    let messages = memtrace_messages(&out);
+    assert_eq!(messages.len(), 1, "{messages:?}");
+    assert!(messages[0].contains(mentions), "{messages:?} should mention {mentions}");
+}
+
+#[test]
+fn bad_rate_is_reported_and_ignored() {
+    let path = temp_path("badrate");
+    for rate in ["abc", "0", "2", "-1e-3"] {
+        assert_runs_untraced_with_one_message(
+            &[("MEMTRACE_FILE", path.to_str().unwrap()), ("MEMTRACE_RATE", rate)],
+            "MEMTRACE_RATE",
+        );
+        assert!(!path.exists());
+    }
+}
+
+#[test]
+fn unwritable_path_is_reported_and_ignored() {
+    let path = temp_path("dir").with_extension("").join("no-such-dir/trace.ctf");
+    assert_runs_untraced_with_one_message(&[("MEMTRACE", path.to_str().unwrap())], path.to_str().unwrap());
+}
+
+#[test]
+fn dev_full_is_reported_and_ignored() {
+    assert_runs_untraced_with_one_message(&[("MEMTRACE_FILE", "/dev/full")], "/dev/full");
+}
+
+#[test]
+fn locked_file_is_reported_and_left_alone() {
+    let path = temp_path("locked");
+    std::fs::write(&path, b"another tracer's data").unwrap();
+    let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    // SAFETY: locking an open descriptor of ours.
+    assert_eq!(unsafe { libc::lockf(file.as_raw_fd(), libc::F_TLOCK, 0) }, 0);
+    assert_runs_untraced_with_one_message(&[("MEMTRACE_FILE", path.to_str().unwrap())], "locked");
+    assert_eq!(std::fs::read(&path).unwrap(), b"another tracer's data");
+    drop(file);
+    let _ = std::fs::remove_file(&path);
+}
+
+#[test]
+fn write_error_mid_trace_stops_tracing_with_one_message() {
+    let path = temp_path("fsize");
+    let out = run("write_error", &[("MEMTRACE_FILE", path.to_str().unwrap()), ("MEMTRACE_RATE", "0.01")]);
+    assert!(out.status.success());
+    let messages = memtrace_messages(&out);
+    assert_eq!(messages.len(), 1, "{messages:?}");
+    assert!(messages[0].contains("error writing"), "{messages:?}");
+    let _ = std::fs::remove_file(&path);
+}
+
+#[test]
+fn explicit_api_sessions() {
+    let first = temp_path("api1");
+    let second = temp_path("api2");
+    let out = run("api", &[("MEMTRACE_FILE", first.to_str().unwrap()), (SECOND_FILE_VAR, second.to_str().unwrap())]);
+    assert!(out.status.success());
+    assert!(memtrace_messages(&out).is_empty());
+    let one = Trace::read(&first);
+    assert_eq!(one.info.context.as_deref(), Some(&b"api"[..]));
+    let freed: Vec<_> = one.at_site("::site_freed").collect();
+    assert!(freed.len() > 10 && freed.iter().all(|(id, _)| one.collected.contains(id)));
+    let two = Trace::read(&second);
+    assert!(two.at_site("::site_kept").count() > 10);
+    assert_eq!(two.at_site("::site_freed").count(), 0);
+    assert!(
+        two.collected.is_empty() || two.collected.iter().all(|id| !two.at_site("::site_kept").any(|(k, _)| k == id))
+    );
+    let mode = std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&first).unwrap().permissions());
+    assert_eq!(mode & 0o777, 0o600);
+    let _ = std::fs::remove_file(&first);
+    let _ = std::fs::remove_file(&second);
+}
