@@ -31,3 +31,34 @@ fn copies_of_older_versions_read_back_to_the_same_dump() {
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
+
+#[test]
+fn location_code_zero_gets_a_location_event() {
+    use memtrace_rs::location_codec::Location;
+    use memtrace_rs::trace::{AllocSource, EventKind, Info, NewAlloc, Writer};
+    use std::sync::Arc;
+
+    let info = Info {
+        sample_rate: 1e-3,
+        word_size: 64,
+        executable_name: b"test".to_vec(),
+        host_name: b"host".to_vec(),
+        runtime_params: Vec::new(),
+        pid: 1,
+        initial_domain: 0,
+        start_time: 1_000_000,
+        context: None,
+    };
+    let site =
+        Location { filename: b"zero.rs".to_vec(), line: 7, start_char: 1, end_char: 2, defname: b"zero".to_vec() };
+    let mut w = Writer::new(Vec::new(), &info).unwrap();
+    let alloc = NewAlloc { length: 4, nsamples: 1, source: AllocSource::External, callstack: &[0, 42], drop: 0 };
+    w.put_alloc(0, 1_000_001, &alloc, |code| if code == 0 { Arc::from(vec![site.clone()]) } else { Arc::from(vec![]) })
+        .unwrap();
+    let bytes = w.close().unwrap();
+    let mut r = Reader::new(&bytes[..]).unwrap();
+    let ev = r.next_event().unwrap().unwrap();
+    let EventKind::Alloc(a) = ev.kind else { panic!("expected an alloc") };
+    assert_eq!(a.backtrace, &[42, 0]);
+    assert_eq!(ev.locations.get(0).unwrap(), &[site][..]);
+}

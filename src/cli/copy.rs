@@ -15,8 +15,9 @@ use crate::Result;
 
 /// Read the trace at `input` and write it again to `output`.
 pub fn run(input: &Path, output: &Path) -> Result<()> {
+    let reader = Reader::open(input)?;
     let out = BufWriter::new(File::create(output)?);
-    copy(Reader::open(input)?, out)?.flush()?;
+    copy(reader, out)?.flush()?;
     Ok(())
 }
 

@@ -1,15 +1,38 @@
-//! The `memtrace` command line: argument parsing here, one module per subcommand.
+//! The `memtrace` command line: argument parsing, file handling and error reporting here,
+//! one module per subcommand, and the modules they share ([`analysis`] for the streaming
+//! pass, [`sites`] for grouping stacks into sites, [`format`](mod@format) for text, [`progress`] for the
+//! progress bar).
 
+pub mod analysis;
 pub mod copy;
+pub mod diff;
 pub mod dump;
+pub mod flamegraph;
+pub mod format;
+pub mod hotspots;
+pub mod info;
+pub mod pprof;
+pub mod profile_proto;
+pub mod progress;
+pub mod report;
+pub mod sites;
+pub mod timeline;
 
-use std::io::{self, Write};
-use std::path::PathBuf;
+use std::fmt;
+use std::fs::File;
+use std::io::{self, BufWriter, Write};
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+use crate::trace::Warning;
+use analysis::{Analysis, Options as AnalysisOptions};
+
 /// Analyse memtrace traces (from this crate's allocator or from OCaml's memtrace).
+///
+/// Byte figures are estimates: each sample of an allocation stands for
+/// word_size / 8 / sample_rate bytes.
 #[derive(Debug, Parser)]
 #[command(name = "memtrace", version, about)]
 pub struct Cli {
@@ -19,6 +42,11 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Show the trace's metadata, event counts and estimated allocated, live and peak bytes.
+    Info {
+        /// The trace file.
+        file: PathBuf,
+    },
     /// Print every event, exactly as upstream's `dump_trace` does.
     Dump {
         /// The trace file.
@@ -31,34 +59,169 @@ enum Command {
         /// Where to write the copy.
         output: PathBuf,
     },
+    /// Rank allocation sites (or whole stacks) by estimated bytes.
+    Hotspots {
+        /// The trace file.
+        file: PathBuf,
+        #[command(flatten)]
+        options: hotspots::Options,
+    },
+    /// Draw a flame graph (SVG) of estimated bytes, or write folded stacks.
+    Flamegraph {
+        /// The trace file.
+        file: PathBuf,
+        /// Where to write the SVG (or the folded stacks).
+        #[arg(short, long)]
+        output: PathBuf,
+        #[command(flatten)]
+        options: flamegraph::Options,
+    },
+    /// Write a gzipped pprof heap profile (alloc_objects, alloc_space, inuse_objects, inuse_space).
+    Pprof {
+        /// The trace file.
+        file: PathBuf,
+        /// Where to write the profile (conventionally *.pb.gz).
+        #[arg(short, long)]
+        output: PathBuf,
+    },
+    /// Chart the estimated live heap and allocation rate over time (SVG, or CSV for *.csv).
+    Timeline {
+        /// The trace file.
+        file: PathBuf,
+        /// Where to write the chart: *.csv for CSV, anything else for SVG.
+        #[arg(short, long)]
+        output: PathBuf,
+    },
+    /// Show the sites whose estimated bytes changed most between two traces.
+    Diff {
+        /// The baseline trace.
+        base: PathBuf,
+        /// The trace to compare with it.
+        new: PathBuf,
+        #[command(flatten)]
+        options: diff::Options,
+    },
+    /// Write a self-contained HTML report: summary, live-heap chart, top sites, flame graph.
+    Report {
+        /// The trace file.
+        file: PathBuf,
+        /// Where to write the HTML page.
+        #[arg(short, long)]
+        output: PathBuf,
+        #[command(flatten)]
+        options: report::Options,
+    },
 }
+
+/// A failed command: what went wrong, and the file it concerns.
+#[derive(Debug)]
+pub struct Failure {
+    path: PathBuf,
+    error: crate::Error,
+}
+
+impl Failure {
+    fn new(path: &Path, error: impl Into<crate::Error>) -> Failure {
+        Failure { path: path.to_path_buf(), error: error.into() }
+    }
+
+    fn is_broken_pipe(&self) -> bool {
+        matches!(self.error.kind(), crate::ErrorKind::Io(e) if e.kind() == io::ErrorKind::BrokenPipe)
+    }
+}
+
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.path.display(), self.error)
+    }
+}
+
+impl std::error::Error for Failure {}
 
 /// Run the command line with the process's arguments; returns the exit status.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
+        Err(e) if e.is_broken_pipe() => ExitCode::SUCCESS,
         Err(e) => {
-            if let crate::ErrorKind::Io(io) = e.kind() {
-                if io.kind() == io::ErrorKind::BrokenPipe {
-                    return ExitCode::SUCCESS;
-                }
-            }
             eprintln!("memtrace: {e}");
             ExitCode::FAILURE
         }
     }
 }
 
-fn run(cli: Cli) -> crate::Result<()> {
+fn run(cli: Cli) -> Result<(), Failure> {
     match cli.command {
+        Command::Info { file } => {
+            let analysis = analyse(&file, AnalysisOptions::default())?;
+            to_stdout(|out| info::write(&analysis, &file.display().to_string(), out))
+        }
         Command::Dump { file } => {
             let stdout = io::stdout();
             let mut out = io::BufWriter::with_capacity(1 << 16, stdout.lock());
-            dump::run(&file, &mut out, &mut io::stderr())?;
-            out.flush()?;
+            dump::run(&file, &mut out, &mut io::stderr())
+                .and_then(|()| Ok(out.flush()?))
+                .map_err(|e| Failure::new(&file, e))
         }
-        Command::Copy { input, output } => copy::run(&input, &output)?,
+        Command::Copy { input, output } => copy::run(&input, &output).map_err(|e| Failure::new(&input, e)),
+        Command::Hotspots { file, options } => {
+            let analysis = analyse(&file, AnalysisOptions { stacks: true, live_at: None })?;
+            to_stdout(|out| hotspots::write(&analysis, &file.display().to_string(), &options, out))
+        }
+        Command::Flamegraph { file, output, options } => {
+            let analysis = analyse(&file, options.weight.analysis_options())?;
+            to_file(&output, |out| flamegraph::write(&analysis, &options, out))
+        }
+        Command::Pprof { file, output } => {
+            let analysis = analyse(&file, AnalysisOptions { stacks: true, live_at: None })?;
+            to_file(&output, |out| pprof::write(&analysis, out))
+        }
+        Command::Timeline { file, output } => {
+            let analysis = analyse(&file, AnalysisOptions::default())?;
+            let csv = output.extension().is_some_and(|e| e.eq_ignore_ascii_case("csv"));
+            to_file(&output, |out| timeline::write(&analysis, csv, out))
+        }
+        Command::Diff { base, new, options } => {
+            let stacks = AnalysisOptions { stacks: true, live_at: None };
+            let (a, b) = (analyse(&base, stacks)?, analyse(&new, stacks)?);
+            let names = (base.display().to_string(), new.display().to_string());
+            to_stdout(|out| diff::write(&a, &b, (&names.0, &names.1), &options, out))
+        }
+        Command::Report { file, output, options } => {
+            let analysis = analyse(&file, AnalysisOptions { stacks: true, live_at: None })?;
+            to_file(&output, |out| report::write(&analysis, &file.display().to_string(), &options, out))
+        }
     }
-    Ok(())
+}
+
+/// Analyse the trace at `path`, printing the reader's warnings to stderr.
+fn analyse(path: &Path, options: AnalysisOptions) -> Result<Analysis, Failure> {
+    let analysis = Analysis::run(path, &options).map_err(|e| Failure::new(path, e))?;
+    for warning in &analysis.warnings {
+        eprintln!("memtrace: warning: {}: {}", path.display(), describe(warning));
+    }
+    Ok(analysis)
+}
+
+/// A warning with its position, as shown on stderr.
+fn describe(warning: &Warning) -> String {
+    match warning {
+        Warning::TruncatedPacket { offset } => {
+            format!("at byte {offset}: {warning}: the trace is cut there and was analysed up to the cut")
+        }
+        Warning::WrongPid { offset, .. } => format!("at byte {offset}: {warning}"),
+    }
+}
+
+/// Run `write` on a buffered stdout.
+fn to_stdout(write: impl FnOnce(&mut BufWriter<io::StdoutLock<'static>>) -> io::Result<()>) -> Result<(), Failure> {
+    let mut out = BufWriter::new(io::stdout().lock());
+    write(&mut out).and_then(|()| out.flush()).map_err(|e| Failure::new(Path::new("<stdout>"), e))
+}
+
+/// Create the file at `path` and run `write` on it, buffered.
+fn to_file(path: &Path, write: impl FnOnce(&mut BufWriter<File>) -> io::Result<()>) -> Result<(), Failure> {
+    let mut out = BufWriter::new(File::create(path).map_err(|e| Failure::new(path, e))?);
+    write(&mut out).and_then(|()| out.flush()).map_err(|e| Failure::new(path, e))
 }

@@ -60,6 +60,10 @@ struct DomainWriter {
     pending_locations: Vec<(u64, Arc<[Location]>)>,
     prev_callstack: Vec<u64>,
     prev_drop: usize,
+    /// Whether the location of code 0 was written. Every cache bucket starts out holding
+    /// code 0, so that code "hits" without ever missing (§7.1) and would otherwise never get
+    /// a location event. Upstream never meets code 0; a writer fed arbitrary codes can.
+    zero_code_bound: bool,
     next_id: ObjectId,
     chunk_end: ObjectId,
     packet_first_id: ObjectId,
@@ -247,6 +251,7 @@ impl DomainWriter {
             pending_locations: Vec::new(),
             prev_callstack: Vec::new(),
             prev_drop: 0,
+            zero_code_bound: false,
             next_id: first_id,
             chunk_end: first_id + IDS_PER_CHUNK,
             packet_first_id: first_id,
@@ -313,6 +318,11 @@ impl DomainWriter {
             self.packet.put_vint(common as i64);
             self.packet.reserve(2)
         };
+        let encoded = &stack[drop.min(new_len)..new_len];
+        if !self.zero_code_bound && encoded.contains(&0) {
+            self.zero_code_bound = true;
+            self.pending_locations.push((0, locations(0)));
+        }
         let pending = &mut self.pending_locations;
         let nencoded =
             self.backtraces.put_backtrace(&mut self.packet, id, stack, drop, new_len.saturating_sub(drop), |index| {

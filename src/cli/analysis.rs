@@ -1,0 +1,668 @@
+//! The one streaming pass every analysing subcommand is built on.
+//!
+//! [`Analysis::run`] reads a trace event by event and keeps only what grows with the
+//! program's structure, never with the trace's length:
+//! - distinct stacks, interned by their location codes, each with its allocation totals and
+//!   its live estimate (at the end, at the peak of the total live estimate, and at an
+//!   optional chosen time);
+//! - the live set: every sampled object not yet collected, with its stack and samples;
+//! - event counts and the total live estimate with its peak;
+//! - a [`Timeline`] of fixed size, whose buckets widen as the trace gets longer.
+//!
+//! At the end the location codes of the stacks are resolved once each into [`Frame`]s.
+//! Estimates follow the trace's rate and word size ([`Info::bytes_for_samples`]); the number
+//! of objects an allocation of `length` words with `nsamples` samples stands for is
+//! estimated as `nsamples / (length × rate)`, whose expectation is one.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+use std::io::Read;
+use std::path::Path;
+
+use super::progress::Progress;
+use crate::location_codec::Location;
+use crate::trace::{AllocSource, EventKind, Info, LocationTable, ObjectId, Reader, Timestamp, Warning};
+use crate::Result;
+
+/// Events between two progress updates.
+const PROGRESS_EVERY: u64 = 1 << 14;
+/// Most buckets a [`Timeline`] holds; adjacent buckets are merged when it would overflow.
+const TIMELINE_BUCKETS: usize = 1024;
+
+/// What the pass must collect beyond the totals.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Options {
+    /// Decode backtraces and keep per-stack figures (otherwise every allocation is counted
+    /// under one empty stack, which is faster).
+    pub stacks: bool,
+    /// Also record each stack's live estimate at this time (µs after the trace start).
+    pub live_at: Option<u64>,
+}
+
+/// A sample count with the number of objects it is estimated to stand for.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Tally {
+    /// Sampled words.
+    pub samples: u64,
+    /// Estimated number of objects.
+    pub objects: f64,
+}
+
+impl Tally {
+    fn add(&mut self, samples: u64, objects: f64) {
+        self.samples += samples;
+        self.objects += objects;
+    }
+
+    fn sub(&mut self, samples: u64, objects: f64) {
+        self.samples -= samples;
+        self.objects = (self.objects - objects).max(0.0);
+    }
+}
+
+/// Which figure of a stack to rank or draw by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Measure {
+    /// Everything allocated over the whole trace.
+    Allocated,
+    /// What is still live at the end of the trace.
+    LiveEnd,
+    /// What is live when the total live estimate peaks.
+    LivePeak,
+    /// What is live at [`Options::live_at`].
+    LiveAt,
+}
+
+/// The figures of one stack.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct StackStats {
+    /// Allocation events.
+    pub allocs: u64,
+    /// Everything allocated.
+    pub allocated: Tally,
+    /// Live at the end of the trace.
+    pub live_end: Tally,
+    /// Live at the peak of the total live estimate.
+    pub live_peak: Tally,
+    /// Live at [`Options::live_at`] (zero when no time was asked for).
+    pub live_at: Tally,
+}
+
+impl StackStats {
+    /// The figure for `measure`.
+    pub fn get(&self, measure: Measure) -> Tally {
+        match measure {
+            Measure::Allocated => self.allocated,
+            Measure::LiveEnd => self.live_end,
+            Measure::LivePeak => self.live_peak,
+            Measure::LiveAt => self.live_at,
+        }
+    }
+
+    /// Add `other`'s figures to these.
+    pub fn add(&mut self, other: &StackStats) {
+        self.allocs += other.allocs;
+        for (a, b) in [
+            (&mut self.allocated, other.allocated),
+            (&mut self.live_end, other.live_end),
+            (&mut self.live_peak, other.live_peak),
+            (&mut self.live_at, other.live_at),
+        ] {
+            a.add(b.samples, b.objects);
+        }
+    }
+}
+
+/// A distinct backtrace and its figures.
+#[derive(Debug, Clone)]
+pub struct Stack {
+    /// Location codes, outermost caller first (empty when backtraces were not decoded).
+    pub codes: Box<[u64]>,
+    /// The stack's figures.
+    pub stats: StackStats,
+}
+
+/// One source frame: a function at a line of a file.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Frame {
+    /// The function (or definition) name; for a code without locations, the code in hex.
+    pub function: String,
+    /// The source file (empty when unknown).
+    pub file: String,
+    /// The line (0 when unknown).
+    pub line: u32,
+}
+
+impl Frame {
+    /// `function (file:line)`, or just the function when the file is unknown. Machine-specific
+    /// path prefixes are left out (see [`short_path`]), so labels match across machines.
+    pub fn label(&self) -> String {
+        if self.file.is_empty() {
+            self.function.clone()
+        } else {
+            format!("{} ({}:{})", self.function, short_path(&self.file), self.line)
+        }
+    }
+}
+
+/// `path` without the prefixes that depend on the machine or toolchain that built the
+/// program: `/rustc/<commit>/` of the standard library's sources, and everything up to the
+/// registry directory of crates from crates.io (`…/registry/src/index.crates.io-<hash>/`).
+pub fn short_path(path: &str) -> &str {
+    if let Some(rest) = path.strip_prefix("/rustc/") {
+        if let Some((commit, tail)) = rest.split_once('/') {
+            if commit.len() == 40 && commit.bytes().all(|b| b.is_ascii_hexdigit()) {
+                return tail;
+            }
+        }
+    }
+    if let Some(i) = path.find("/registry/src/") {
+        let rest = &path[i + "/registry/src/".len()..];
+        if let Some((_, tail)) = rest.split_once('/') {
+            return tail;
+        }
+    }
+    path
+}
+
+/// Index of a [`Frame`] in [`Analysis::frames`].
+pub type FrameId = usize;
+
+/// Event counts by kind.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counts {
+    /// Allocation, promote and collect events.
+    pub events: u64,
+    /// Allocations on the OCaml minor heap.
+    pub allocs_minor: u64,
+    /// Allocations on the OCaml major heap.
+    pub allocs_major: u64,
+    /// External allocations (every allocation of a Rust trace).
+    pub allocs_external: u64,
+    /// Promote events.
+    pub promotes: u64,
+    /// Collect events.
+    pub collects: u64,
+    /// Samples of all allocations.
+    pub samples: u64,
+    /// Words of all sampled allocations.
+    pub words: u64,
+}
+
+impl Counts {
+    /// All allocation events.
+    pub fn allocs(&self) -> u64 {
+        self.allocs_minor + self.allocs_major + self.allocs_external
+    }
+}
+
+/// One time slice of a [`Timeline`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Bucket {
+    /// Samples allocated during the slice.
+    pub allocated: u64,
+    /// Highest live sample count during the slice.
+    pub live_max: u64,
+    /// Live sample count at the end of the slice.
+    pub live_end: u64,
+}
+
+/// The live estimate and allocation volume over time, in at most 1024 equal slices.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Timeline {
+    /// Width of each bucket in µs.
+    pub width: u64,
+    /// Buckets from the trace start on; bucket `i` covers `[i × width, (i + 1) × width)` µs.
+    pub buckets: Vec<Bucket>,
+}
+
+impl Timeline {
+    fn new() -> Timeline {
+        Timeline { width: 1, buckets: Vec::new() }
+    }
+
+    /// Record that at `at` µs after the start, `allocated` samples were allocated and
+    /// `live` samples are live afterwards.
+    fn record(&mut self, at: u64, allocated: u64, live: u64) {
+        let mut index = at / self.width;
+        while index >= TIMELINE_BUCKETS as u64 {
+            self.halve();
+            index = at / self.width;
+        }
+        let index = index as usize;
+        let carried = self.buckets.last().map_or(0, |b| b.live_end);
+        if index >= self.buckets.len() {
+            self.buckets.resize(index + 1, Bucket { allocated: 0, live_max: carried, live_end: carried });
+        }
+        let bucket = &mut self.buckets[index];
+        bucket.allocated += allocated;
+        bucket.live_max = bucket.live_max.max(live);
+        bucket.live_end = live;
+    }
+
+    /// Merge adjacent buckets pairwise, doubling the width.
+    fn halve(&mut self) {
+        let merged = self
+            .buckets
+            .chunks(2)
+            .map(|pair| Bucket {
+                allocated: pair.iter().map(|b| b.allocated).sum(),
+                live_max: pair.iter().map(|b| b.live_max).max().unwrap_or(0),
+                live_end: pair[pair.len() - 1].live_end,
+            })
+            .collect();
+        self.buckets = merged;
+        self.width *= 2;
+    }
+}
+
+/// The total live estimate at its highest.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Peak {
+    /// Live samples at the peak.
+    pub samples: u64,
+    /// When the peak was first reached (µs since the Unix epoch).
+    pub time: Timestamp,
+}
+
+/// Everything the subcommands report about one trace.
+#[derive(Debug, Clone)]
+pub struct Analysis {
+    /// The trace's metadata.
+    pub info: Info,
+    /// Event counts.
+    pub counts: Counts,
+    /// Time of the last event (the start time if there is none).
+    pub end_time: Timestamp,
+    /// Live samples at the end.
+    pub live_end: u64,
+    /// The peak of the live estimate.
+    pub peak: Peak,
+    /// Distinct domains that recorded events.
+    pub domains: usize,
+    /// Location codes defined in the trace.
+    pub location_codes: usize,
+    /// Distinct locations among them.
+    pub distinct_locations: usize,
+    /// What the reader skipped (a truncated last packet, foreign packets).
+    pub warnings: Vec<Warning>,
+    /// The live estimate over time.
+    pub timeline: Timeline,
+    /// Every distinct stack.
+    pub stacks: Vec<Stack>,
+    /// Every distinct frame of the stacks.
+    pub frames: Vec<Frame>,
+    /// The frames of each location code of the stacks, outermost first.
+    pub code_frames: HashMap<u64, Vec<FrameId>>,
+}
+
+/// Per-stack state while reading.
+#[derive(Debug, Default)]
+struct StackState {
+    allocs: u64,
+    allocated: Tally,
+    live: Tally,
+    /// `live` at the most recent peak, valid when `stamp` is that peak's number.
+    at_peak: Tally,
+    stamp: u64,
+    at_time: Tally,
+}
+
+/// A sampled object not yet collected.
+#[derive(Debug, Clone, Copy)]
+struct LiveObject {
+    stack: u32,
+    samples: u64,
+    objects: f64,
+}
+
+/// The state of the pass.
+struct Pass {
+    start: Timestamp,
+    rate: f64,
+    index: HashMap<Box<[u64]>, u32, FxBuild>,
+    /// The id of the empty stack, kept out of `index`.
+    empty_stack: Option<u32>,
+    stacks: Vec<StackState>,
+    live: HashMap<ObjectId, LiveObject, FxBuild>,
+    live_total: u64,
+    peak: Peak,
+    /// Number of times the peak was raised; stamps [`StackState::at_peak`].
+    peaks: u64,
+    live_at: Option<u64>,
+    snapshot_taken: bool,
+    counts: Counts,
+    domains: Vec<u16>,
+    end_time: Timestamp,
+    timeline: Timeline,
+}
+
+impl Pass {
+    fn stack_id(&mut self, codes: &[u64]) -> u32 {
+        // The empty stack (every allocation when backtraces are not decoded) has its own
+        // slot: looking it up would memcmp two dangling pointers, and glibc's AVX-512
+        // memcmp makes that slow even for zero bytes (a masked load from page zero).
+        if codes.is_empty() {
+            if let Some(id) = self.empty_stack {
+                return id;
+            }
+        } else if let Some(&id) = self.index.get(codes) {
+            return id;
+        }
+        let id = self.stacks.len() as u32;
+        if codes.is_empty() {
+            self.empty_stack = Some(id);
+        } else {
+            self.index.insert(codes.into(), id);
+        }
+        self.stacks.push(StackState::default());
+        id
+    }
+
+    /// Save the stack's live figure for the current peak before it changes.
+    fn touch(&mut self, stack: u32) -> &mut StackState {
+        let state = &mut self.stacks[stack as usize];
+        if state.stamp != self.peaks {
+            state.at_peak = state.live;
+            state.stamp = self.peaks;
+        }
+        state
+    }
+
+    fn snapshot_live_at(&mut self) {
+        for s in &mut self.stacks {
+            s.at_time = s.live;
+        }
+        self.snapshot_taken = true;
+    }
+
+    fn alloc(&mut self, id: ObjectId, length: u64, samples: u64, codes: &[u64]) {
+        let stack = self.stack_id(codes);
+        let objects = samples as f64 / (length.max(1) as f64 * self.rate);
+        let state = self.touch(stack);
+        state.allocs += 1;
+        state.allocated.add(samples, objects);
+        state.live.add(samples, objects);
+        if let Some(old) = self.live.insert(id, LiveObject { stack, samples, objects }) {
+            // A reused id: the old object is gone.
+            self.free(old);
+        }
+        self.live_total += samples;
+    }
+
+    fn collect(&mut self, id: ObjectId) {
+        if let Some(object) = self.live.remove(&id) {
+            self.free(object);
+        }
+    }
+
+    fn free(&mut self, object: LiveObject) {
+        self.touch(object.stack).live.sub(object.samples, object.objects);
+        self.live_total -= object.samples;
+    }
+
+    fn after_event(&mut self, time: Timestamp, allocated: u64) {
+        if self.live_total > self.peak.samples {
+            self.peak = Peak { samples: self.live_total, time };
+            self.peaks += 1;
+        }
+        self.timeline.record(time.saturating_sub(self.start), allocated, self.live_total);
+        self.end_time = time;
+    }
+
+    fn finish(mut self, info: Info, locations: &LocationTable, warnings: Vec<Warning>) -> Analysis {
+        if self.live_at.is_some() && !self.snapshot_taken {
+            self.snapshot_live_at();
+        }
+        // Ids missing from `index` keep the empty stack.
+        let mut codes_by_id: Vec<Box<[u64]>> = vec![Box::default(); self.stacks.len()];
+        for (codes, id) in self.index {
+            codes_by_id[id as usize] = codes;
+        }
+        let mut frames = FrameTable::default();
+        let mut stacks = Vec::with_capacity(self.stacks.len());
+        for (codes, s) in codes_by_id.into_iter().zip(self.stacks) {
+            for &code in codes.iter() {
+                frames.resolve(code, locations);
+            }
+            let live_peak = if s.stamp == self.peaks { s.at_peak } else { s.live };
+            let stats = StackStats {
+                allocs: s.allocs,
+                allocated: s.allocated,
+                live_end: s.live,
+                live_peak,
+                live_at: s.at_time,
+            };
+            stacks.push(Stack { codes, stats });
+        }
+        let distinct: std::collections::HashSet<&Location> = locations.iter().flat_map(|(_, l)| l).collect();
+        Analysis {
+            counts: self.counts,
+            end_time: self.end_time,
+            live_end: self.live_total,
+            peak: self.peak,
+            domains: self.domains.len(),
+            location_codes: locations.len(),
+            distinct_locations: distinct.len(),
+            warnings,
+            timeline: self.timeline,
+            stacks,
+            frames: frames.frames,
+            code_frames: frames.by_code,
+            info,
+        }
+    }
+}
+
+/// Frames interned by content, and the frames of each location code.
+#[derive(Default)]
+struct FrameTable {
+    frames: Vec<Frame>,
+    by_frame: HashMap<Frame, FrameId>,
+    by_code: HashMap<u64, Vec<FrameId>>,
+}
+
+impl FrameTable {
+    fn resolve(&mut self, code: u64, locations: &LocationTable) {
+        if self.by_code.contains_key(&code) {
+            return;
+        }
+        // A code with no location list (or none at all: code 0 can hit the writer's
+        // zero-initialised backtrace cache without ever being defined) is shown as itself.
+        let list = locations.get(code).unwrap_or_default();
+        let frames: Vec<Frame> = if list.is_empty() {
+            vec![Frame { function: format!("{code:#x}"), file: String::new(), line: 0 }]
+        } else {
+            list.iter()
+                .map(|l| Frame {
+                    function: l.defname_str().into_owned(),
+                    file: l.filename_str().into_owned(),
+                    line: l.line,
+                })
+                .collect()
+        };
+        let ids = frames
+            .into_iter()
+            .map(|f| {
+                let next = self.frames.len();
+                *self.by_frame.entry(f).or_insert_with_key(|f| {
+                    self.frames.push(f.clone());
+                    next
+                })
+            })
+            .collect();
+        self.by_code.insert(code, ids);
+    }
+}
+
+impl Analysis {
+    /// Read the trace at `path`, with a progress bar on a terminal.
+    pub fn run(path: &Path, options: &Options) -> Result<Analysis> {
+        let size = std::fs::metadata(path)?.len();
+        let label = path.file_name().map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+        let mut progress = Progress::new(size, &label);
+        let analysis = Analysis::from_reader(Reader::open(path)?, options, &mut progress);
+        progress.finish();
+        analysis
+    }
+
+    /// Read every event of `reader`.
+    pub fn from_reader<R: Read>(mut reader: Reader<R>, options: &Options, progress: &mut Progress) -> Result<Analysis> {
+        reader.set_decode_backtraces(options.stacks);
+        let info = reader.info().clone();
+        let mut pass = Pass {
+            start: info.start_time,
+            rate: info.sample_rate,
+            index: HashMap::default(),
+            empty_stack: None,
+            stacks: Vec::new(),
+            live: HashMap::default(),
+            live_total: 0,
+            peak: Peak { samples: 0, time: info.start_time },
+            peaks: 0,
+            live_at: options.live_at,
+            snapshot_taken: false,
+            counts: Counts::default(),
+            domains: Vec::new(),
+            end_time: info.start_time,
+            timeline: Timeline::new(),
+        };
+        while let Some(event) = reader.next_event()? {
+            if let Some(at) = pass.live_at {
+                if !pass.snapshot_taken && event.time.saturating_sub(pass.start) > at {
+                    pass.snapshot_live_at();
+                }
+            }
+            if !pass.domains.contains(&event.domain) {
+                pass.domains.push(event.domain);
+            }
+            pass.counts.events += 1;
+            let mut allocated = 0;
+            match event.kind {
+                EventKind::Alloc(a) => {
+                    let c = &mut pass.counts;
+                    match a.source {
+                        AllocSource::Minor => c.allocs_minor += 1,
+                        AllocSource::Major => c.allocs_major += 1,
+                        AllocSource::External => c.allocs_external += 1,
+                    }
+                    c.samples += a.nsamples;
+                    c.words += a.length;
+                    allocated = a.nsamples;
+                    pass.alloc(a.id, a.length, a.nsamples, a.backtrace);
+                }
+                EventKind::Promote { .. } => pass.counts.promotes += 1,
+                EventKind::Collect { id } => {
+                    pass.counts.collects += 1;
+                    pass.collect(id);
+                }
+            }
+            pass.after_event(event.time, allocated);
+            if pass.counts.events % PROGRESS_EVERY == 0 {
+                progress.update(reader.bytes_read());
+            }
+        }
+        let warnings = reader.take_warnings();
+        Ok(pass.finish(info, reader.locations(), warnings))
+    }
+
+    /// Estimated bytes for `samples` at this trace's rate and word size.
+    pub fn bytes(&self, samples: u64) -> f64 {
+        self.info.bytes_for_samples(samples)
+    }
+
+    /// Time from the trace start to its last event, in µs.
+    pub fn duration(&self) -> u64 {
+        self.end_time.saturating_sub(self.info.start_time)
+    }
+
+    /// True when the file ended inside a packet.
+    pub fn is_truncated(&self) -> bool {
+        self.warnings.iter().any(|w| matches!(w, Warning::TruncatedPacket { .. }))
+    }
+
+    /// The frames of `stack`, outermost first (inlined frames expanded).
+    pub fn stack_frames<'a>(&'a self, stack: &'a Stack) -> impl DoubleEndedIterator<Item = FrameId> + 'a {
+        stack.codes.iter().flat_map(|code| self.code_frames.get(code).into_iter().flatten().copied())
+    }
+
+    /// The sum of the figures of all stacks.
+    pub fn totals(&self) -> StackStats {
+        let mut total = StackStats::default();
+        for s in &self.stacks {
+            total.add(&s.stats);
+        }
+        total
+    }
+}
+
+/// A fast hasher for integer keys and code slices (the multiply-rotate hash of rustc's
+/// `FxHasher`); the keys are not attacker-chosen in a way that matters for a local tool.
+#[derive(Default, Clone, Copy)]
+struct FxHasher {
+    hash: u64,
+}
+
+type FxBuild = BuildHasherDefault<FxHasher>;
+
+impl FxHasher {
+    fn mix(&mut self, word: u64) {
+        self.hash = (self.hash.rotate_left(5) ^ word).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+}
+
+impl Hasher for FxHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        let mut words = bytes.chunks_exact(8);
+        for word in &mut words {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(word);
+            self.mix(u64::from_le_bytes(w));
+        }
+        for &b in words.remainder() {
+            self.mix(u64::from(b));
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.mix(n);
+    }
+
+    fn write_usize(&mut self, n: usize) {
+        self.mix(n as u64);
+    }
+
+    fn finish(&self) -> u64 {
+        self.hash
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn machine_specific_path_prefixes_are_dropped() {
+        let commit = "59807616e1fa2540724bfbac14d7976d7e4a3860";
+        assert_eq!(short_path(&format!("/rustc/{commit}/library/alloc/src/alloc.rs")), "library/alloc/src/alloc.rs");
+        assert_eq!(
+            short_path("/home/u/.cargo/registry/src/index.crates.io-1949cf8c6b5b557f/hashbrown-0.15.2/src/raw/mod.rs"),
+            "hashbrown-0.15.2/src/raw/mod.rs"
+        );
+        assert_eq!(short_path("/rustc/abc/x.rs"), "/rustc/abc/x.rs");
+        assert_eq!(short_path("src/main.rs"), "src/main.rs");
+    }
+
+    #[test]
+    fn timeline_widens_and_carries_the_live_figure() {
+        let mut t = Timeline::new();
+        t.record(0, 5, 5);
+        t.record(3, 1, 6);
+        assert_eq!(t.buckets.len(), 4);
+        assert_eq!(t.buckets[1], Bucket { allocated: 0, live_max: 5, live_end: 5 });
+        t.record(5000, 0, 2);
+        assert!(t.buckets.len() <= TIMELINE_BUCKETS && t.width == 8);
+        assert_eq!(t.buckets[0], Bucket { allocated: 6, live_max: 6, live_end: 6 });
+        assert_eq!(t.buckets.last(), Some(&Bucket { allocated: 0, live_max: 6, live_end: 2 }));
+    }
+}

@@ -1,0 +1,69 @@
+//! `memtrace info`: the trace's metadata and its headline figures, one per line.
+
+use std::io::{self, Write};
+
+use super::analysis::Analysis;
+use super::format;
+
+/// One `name: value` line of the summary.
+pub type Line = (&'static str, String);
+
+/// The summary as `(name, value)` pairs, shared by `info` and the HTML report. `name` is
+/// the trace's name as shown to the user.
+pub fn summary(analysis: &Analysis, name: &str) -> Vec<Line> {
+    let info = &analysis.info;
+    let c = &analysis.counts;
+    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    let peak_offset = analysis.peak.time.saturating_sub(info.start_time);
+    vec![
+        ("File", name.to_string()),
+        ("Executable", text(&info.executable_name)),
+        ("Host", text(&info.host_name)),
+        ("PID", info.pid.to_string()),
+        ("Start time", format::utc(info.start_time)),
+        ("Sample rate", format!("{:e}", info.sample_rate)),
+        ("Word size", format!("{} bits", info.word_size)),
+        ("Runtime params", text(&info.runtime_params)),
+        ("Context", info.context.as_deref().map_or_else(|| "(none)".to_string(), text)),
+        ("Duration", format::seconds(analysis.duration())),
+        ("Events", c.events.to_string()),
+        (
+            "Allocations",
+            format!(
+                "{} ({} minor, {} major, {} external)",
+                c.allocs(),
+                c.allocs_minor,
+                c.allocs_major,
+                c.allocs_external
+            ),
+        ),
+        ("Promotions", c.promotes.to_string()),
+        ("Collections", c.collects.to_string()),
+        ("Domains", analysis.domains.to_string()),
+        ("Samples", c.samples.to_string()),
+        ("Sampled words", c.words.to_string()),
+        ("Allocated (est.)", estimate(analysis, c.samples)),
+        ("Live at end (est.)", estimate(analysis, analysis.live_end)),
+        (
+            "Peak live (est.)",
+            format!("{} at {}", estimate(analysis, analysis.peak.samples), format::seconds(peak_offset)),
+        ),
+        ("Location codes", analysis.location_codes.to_string()),
+        ("Distinct locations", analysis.distinct_locations.to_string()),
+        ("Truncated", if analysis.is_truncated() { "yes (analysed up to the cut)" } else { "no" }.to_string()),
+    ]
+}
+
+/// `1.5 MiB (1572864 bytes, 42 samples)`.
+fn estimate(analysis: &Analysis, samples: u64) -> String {
+    let bytes = analysis.bytes(samples);
+    format!("{} ({:.0} bytes, {} samples)", format::bytes(bytes), bytes, samples)
+}
+
+/// Print the summary of `analysis` for the trace called `name`.
+pub fn write(analysis: &Analysis, name: &str, out: &mut impl Write) -> io::Result<()> {
+    for (key, value) in summary(analysis, name) {
+        writeln!(out, "{:<20}{value}", format!("{key}:"))?;
+    }
+    Ok(())
+}

@@ -1,0 +1,210 @@
+//! The streaming analysis against traces whose true answer is worked out by hand (see
+//! `cli_support::known_trace`), site selection, and bounded growth on long traces.
+#![cfg(feature = "cli")]
+
+mod cli_support;
+
+use cli_support::*;
+use memtrace_rs::cli::analysis::{Measure, Options};
+use memtrace_rs::cli::sites::{self, is_allocator_frame, Grouping};
+
+const STACKS: Options = Options { stacks: true, live_at: None };
+
+/// `(label, bytes)` of the ranked sites.
+fn ranked(trace: &[u8], options: Options, grouping: Grouping, measure: Measure) -> Vec<(String, f64)> {
+    let a = analyse(trace, options);
+    sites::ranked(&a, grouping, measure).iter().map(|s| (s.label(&a), a.bytes(s.stats.get(measure).samples))).collect()
+}
+
+fn owned(v: &[(&str, f64)]) -> Vec<(String, f64)> {
+    v.iter().map(|(s, b)| (s.to_string(), *b)).collect()
+}
+
+#[test]
+fn totals_live_and_peak_match_the_hand_computed_answer() {
+    let a = analyse(&known_trace(), STACKS);
+    assert_eq!(a.counts.events, 7);
+    assert_eq!(a.counts.allocs(), 4);
+    assert_eq!(a.counts.allocs_external, 4);
+    assert_eq!(a.counts.collects, 3);
+    assert_eq!(a.counts.samples, 11);
+    assert_eq!(a.bytes(a.counts.samples), 11.0 * SAMPLE_BYTES);
+    assert_eq!(a.live_end, 1);
+    assert_eq!(a.bytes(a.live_end), 800.0);
+    assert_eq!(a.peak.samples, 8);
+    assert_eq!(a.bytes(a.peak.samples), 6400.0);
+    assert_eq!(a.peak.time, START + 40);
+    assert_eq!(a.duration(), 70);
+    assert!(!a.is_truncated());
+    let totals = a.totals();
+    assert_eq!(totals.allocated.samples, 11);
+    assert_eq!(totals.live_peak.samples, 8, "per-stack figures at the peak add up to the peak");
+    assert_eq!(totals.live_end.samples, 1);
+    // Every allocation has length == nsamples at rate 0.01, so each stands for 100 objects.
+    assert!((totals.allocated.objects - 400.0).abs() < 1e-9);
+    assert!((totals.live_end.objects - 100.0).abs() < 1e-9);
+}
+
+#[test]
+fn sites_skip_allocator_frames() {
+    let t = known_trace();
+    let g = Grouping::default();
+    let parse = "app::parse (src/app.rs:40)";
+    let load = "app::load (src/app.rs:30)";
+    assert_eq!(ranked(&t, STACKS, g, Measure::Allocated), owned(&[(parse, 5600.0), (load, 3200.0)]));
+    assert_eq!(ranked(&t, STACKS, g, Measure::LivePeak), owned(&[(parse, 4000.0), (load, 2400.0)]));
+    assert_eq!(ranked(&t, STACKS, g, Measure::LiveEnd), owned(&[(load, 800.0)]));
+}
+
+#[test]
+fn allocator_frames_can_be_kept() {
+    let g = Grouping { stacks: false, keep_allocator_frames: true };
+    assert_eq!(
+        ranked(&known_trace(), STACKS, g, Measure::Allocated),
+        owned(&[
+            ("__rust_alloc (src/app.rs:60)", 5600.0),
+            ("<alloc::string::String as core::clone::Clone>::clone (src/app.rs:70)", 2400.0),
+            ("hashbrown::raw::RawTable<T,A>::reserve_rehash (src/app.rs:80)", 800.0),
+        ])
+    );
+}
+
+#[test]
+fn whole_stacks_are_trimmed_and_merged() {
+    let a = analyse(&known_trace(), STACKS);
+    let g = Grouping { stacks: true, keep_allocator_frames: false };
+    let keys: Vec<(String, u64)> =
+        sites::ranked(&a, g, Measure::Allocated).iter().map(|s| (s.key(&a), s.stats.allocated.samples)).collect();
+    assert_eq!(
+        keys,
+        vec![
+            ("app::parse (src/app.rs:40) <- app::run (src/app.rs:20) <- main (src/app.rs:10)".to_string(), 7),
+            ("app::load (src/app.rs:30) <- app::run (src/app.rs:20) <- main (src/app.rs:10)".to_string(), 4),
+        ]
+    );
+}
+
+#[test]
+fn live_at_a_chosen_time() {
+    let t = known_trace();
+    let parse = "app::parse (src/app.rs:40)";
+    let load = "app::load (src/app.rs:30)";
+    let at = |us| Options { stacks: true, live_at: Some(us) };
+    let g = Grouping::default();
+    assert_eq!(ranked(&t, at(35), g, Measure::LiveAt), owned(&[(load, 2400.0)]));
+    assert_eq!(ranked(&t, at(40), g, Measure::LiveAt), owned(&[(parse, 4000.0), (load, 2400.0)]));
+    assert_eq!(ranked(&t, at(1_000_000), g, Measure::LiveAt), owned(&[(load, 800.0)]));
+    assert_eq!(ranked(&t, at(0), g, Measure::LiveAt), vec![]);
+}
+
+#[test]
+fn without_backtraces_the_totals_are_the_same() {
+    let t = known_trace();
+    let fast = analyse(&t, Options::default());
+    let full = analyse(&t, STACKS);
+    assert_eq!((fast.counts, fast.live_end, fast.peak), (full.counts, full.live_end, full.peak));
+    assert_eq!(fast.stacks.len(), 1, "all allocations under the empty stack");
+    assert_eq!(fast.timeline, full.timeline);
+}
+
+#[test]
+fn timeline_follows_the_live_estimate() {
+    let a = analyse(&known_trace(), Options::default());
+    let t = &a.timeline;
+    assert_eq!(t.width, 1);
+    assert_eq!(t.buckets.len(), 71);
+    assert_eq!(t.buckets[40].live_max, 8);
+    assert_eq!(t.buckets[45].live_end, 8, "the live figure carries over quiet buckets");
+    assert_eq!(t.buckets[70].live_end, 1);
+    assert_eq!(t.buckets.iter().map(|b| b.allocated).sum::<u64>(), 11);
+    assert_eq!(t.buckets.iter().map(|b| b.live_max).max(), Some(a.peak.samples));
+}
+
+#[test]
+fn upstream_counts_match_their_stat_files() {
+    for name in UPSTREAM {
+        let a = upstream(name);
+        let stat = std::fs::read_to_string(data(&format!("{name}.stat.txt"))).unwrap();
+        let field = |key: &str| -> u64 {
+            let line = stat.lines().find(|l| l.starts_with(&format!("{key}: "))).unwrap();
+            line[key.len() + 2..].parse().unwrap()
+        };
+        let c = &a.counts;
+        assert_eq!(c.events, field("events"), "{name}");
+        assert_eq!(c.allocs(), field("alloc_events"), "{name}");
+        assert_eq!(c.allocs_minor, field("alloc_minor"), "{name}");
+        assert_eq!(c.allocs_major, field("alloc_major"), "{name}");
+        assert_eq!(c.allocs_external, field("alloc_ext"), "{name}");
+        assert_eq!(c.promotes, field("promote"), "{name}");
+        assert_eq!(c.collects, field("collect"), "{name}");
+        assert_eq!(c.samples, field("total_samples"), "{name}");
+        assert_eq!(c.words, field("total_length_words"), "{name}");
+        assert_eq!(a.location_codes as u64, field("distinct_location_codes"), "{name}");
+        assert_eq!(a.distinct_locations as u64, field("distinct_locations"), "{name}");
+        assert_eq!(a.duration(), field("last_event_time_us"), "{name}");
+        assert!(a.peak.samples >= a.live_end && a.peak.samples <= c.samples, "{name}");
+        assert_eq!(a.totals().live_peak.samples, a.peak.samples, "{name}");
+    }
+}
+
+#[test]
+fn allocator_machinery_patterns() {
+    for f in [
+        "alloc::raw_vec::RawVec<T,A>::grow_one",
+        "<alloc::vec::Vec<T> as core::clone::Clone>::clone",
+        "<str as alloc::string::ToString>::to_string",
+        "std::alloc::System::alloc",
+        "__rust_alloc",
+        "__rdl_alloc",
+        "hashbrown::raw::RawTable<T,A>::reserve_rehash",
+        "core::alloc::layout::Layout::array",
+        "malloc",
+    ] {
+        assert!(is_allocator_frame(f, "src/x.rs"), "{f}");
+    }
+    for f in ["main", "app::parse", "Stdlib__list.map", "my_alloc::helper", "mallocator"] {
+        assert!(!is_allocator_frame(f, "src/main.rs"), "{f}");
+    }
+    // Inlined frames have short names: their source file tells.
+    let rustc = "/rustc/59807616e1fa2540724bfbac14d7976d7e4a3860/library";
+    for file in [
+        format!("{rustc}/alloc/src/raw_vec/mod.rs"),
+        format!("{rustc}/alloc/src/alloc.rs"),
+        format!("{rustc}/core/src/alloc/layout.rs"),
+        format!("{rustc}/std/src/alloc.rs"),
+        format!("{rustc}/core/src/fmt/mod.rs"),
+        format!("{rustc}/core/src/iter/traits/iterator.rs"),
+        format!("{rustc}/core/src/option.rs"),
+        format!("{rustc}/std/src/collections/hash/map.rs"),
+        "/rust/deps/hashbrown-0.16.1/src/map.rs".to_string(),
+        "/rust/deps/hashbrown-0.16.1/src/raw/alloc.rs".to_string(),
+        "/home/u/.cargo/registry/src/index.crates.io-1949cf8c6b5b557f/hashbrown-0.15.2/src/raw/mod.rs".to_string(),
+    ] {
+        assert!(is_allocator_frame("allocate", &file), "{file}");
+    }
+    for file in [format!("{rustc}/std/src/rt.rs"), format!("{rustc}/std/src/io/mod.rs"), "src/alloc.rs".to_string()] {
+        assert!(!is_allocator_frame("f", &file), "{file}");
+    }
+}
+
+/// Memory grows with distinct stacks and live objects, not with events: 200k allocations
+/// from 16 stacks, each freed 100 allocations later.
+#[test]
+fn long_traces_keep_bounded_state() {
+    let mut t = TraceBuilder::new();
+    let mut live = std::collections::VecDeque::new();
+    for i in 0..200_000u64 {
+        let stack = [6, 5, 100 + i % 16, 2, 1];
+        live.push_back(t.alloc(i, 1, &stack));
+        if live.len() > 100 {
+            let id = live.pop_front().unwrap();
+            t.free(i, id);
+        }
+    }
+    let a = analyse(&t.finish(), STACKS);
+    assert_eq!(a.counts.events, 200_000 + 199_900);
+    assert_eq!(a.stacks.len(), 16);
+    assert_eq!(a.live_end, 100);
+    assert!(a.timeline.buckets.len() <= 1024);
+    assert_eq!(a.peak.samples, 101, "an allocation is recorded before the free that follows it");
+}

@@ -1,0 +1,162 @@
+//! The `memtrace` binary end to end: `--help` everywhere, exit codes and one-line messages
+//! for missing, corrupt and truncated files, and every subcommand writing its output.
+#![cfg(feature = "cli")]
+
+mod cli_support;
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use cli_support::*;
+
+fn memtrace(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_memtrace")).args(args).output().unwrap()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+const SUBCOMMANDS: [&str; 9] =
+    ["info", "dump", "copy", "hotspots", "flamegraph", "pprof", "timeline", "diff", "report"];
+
+#[test]
+fn every_subcommand_has_help() {
+    let top = memtrace(&["--help"]);
+    assert!(top.status.success());
+    let text = String::from_utf8_lossy(&top.stdout).into_owned();
+    for sub in SUBCOMMANDS {
+        assert!(text.contains(sub), "{sub} missing from --help");
+        let o = memtrace(&[sub, "--help"]);
+        assert!(o.status.success(), "{sub} --help");
+        assert!(String::from_utf8_lossy(&o.stdout).contains("Usage: memtrace"), "{sub} --help");
+    }
+}
+
+/// Run `args` with `{}` replaced by `path` and expect exit code 1 with one line on stderr
+/// containing every one of `needles`.
+fn expect_failure(args: &[&str], path: &Path, needles: &[&str]) {
+    let path = path.to_str().unwrap();
+    let args: Vec<&str> = args.iter().map(|a| if *a == "{}" { path } else { a }).collect();
+    let o = memtrace(&args);
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(1), "{args:?}: {err}");
+    assert_eq!(err.lines().count(), 1, "{args:?}: one line expected: {err}");
+    for n in needles.iter().chain([&path]) {
+        assert!(err.contains(n), "{args:?}: {n:?} not in {err:?}");
+    }
+}
+
+fn all_commands(out: &str) -> Vec<Vec<&str>> {
+    vec![
+        vec!["info", "{}"],
+        vec!["dump", "{}"],
+        vec!["copy", "{}", out],
+        vec!["hotspots", "{}"],
+        vec!["flamegraph", "{}", "-o", out],
+        vec!["pprof", "{}", "-o", out],
+        vec!["timeline", "{}", "-o", out],
+        vec!["diff", "{}", "{}"],
+        vec!["report", "{}", "-o", out],
+    ]
+}
+
+#[test]
+fn missing_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let missing = dir.path().join("no-such-trace.ctf");
+    for args in all_commands(out.to_str().unwrap()) {
+        expect_failure(&args, &missing, &["No such file"]);
+    }
+}
+
+#[test]
+fn corrupt_files_name_the_byte_offset() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let garbage = dir.path().join("garbage.ctf");
+    std::fs::write(&garbage, vec![0x5a; 200]).unwrap();
+    let empty = dir.path().join("empty.ctf");
+    std::fs::write(&empty, b"").unwrap();
+    // A bad magic number in the second packet of a real trace.
+    let mut trace = std::fs::read(data("lists_and_sets-v1.ctf")).unwrap();
+    let second = u32::from_le_bytes(trace[4..8].try_into().unwrap()) as usize / 8;
+    trace[second] ^= 0xff;
+    let damaged = dir.path().join("damaged.ctf");
+    std::fs::write(&damaged, &trace).unwrap();
+    for args in all_commands(out.to_str().unwrap()) {
+        expect_failure(&args, &garbage, &["at byte 0:", "bad packet magic"]);
+        expect_failure(&args, &empty, &["at byte 0:"]);
+        expect_failure(&args, &damaged, &[&format!("at byte {second}:"), "bad packet magic"]);
+    }
+}
+
+#[test]
+fn truncated_trace_is_analysed_up_to_the_cut() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = std::fs::read(data("ocamlopt.ctf")).unwrap();
+    let cut = dir.path().join("cut.ctf");
+    std::fs::write(&cut, &trace[..trace.len() / 2]).unwrap();
+    let o = memtrace(&["info", cut.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(err.contains("warning") && err.contains("truncated") && err.contains("at byte"), "{err}");
+    let text = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(text.contains("Truncated:          yes"), "{text}");
+    let events: u64 = text.lines().find(|l| l.starts_with("Events:")).unwrap()[20..].parse().unwrap();
+    assert!(events > 0 && events < 3499, "{events}");
+    let o = memtrace(&["hotspots", cut.to_str().unwrap()]);
+    assert!(o.status.success() && stderr(&o).contains("truncated"));
+}
+
+#[test]
+fn every_subcommand_writes_its_output() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("known.ctf");
+    std::fs::write(&trace, known_trace()).unwrap();
+    let t = trace.to_str().unwrap();
+    let file = |name: &str| dir.path().join(name).to_str().unwrap().to_string();
+    let (svg, folded, pb, chart, csv, html, copy) =
+        (file("f.svg"), file("f.txt"), file("p.pb.gz"), file("t.svg"), file("t.csv"), file("r.html"), file("c.ctf"));
+    for args in [
+        vec!["info", t],
+        vec!["dump", t],
+        vec!["copy", t, &copy],
+        vec!["hotspots", t, "--by", "live-peak", "--stacks", "--top", "3"],
+        vec!["flamegraph", t, "-o", &svg, "--live-at", "0.00004"],
+        vec!["flamegraph", t, "--folded", "--live-end", "-o", &folded],
+        vec!["pprof", t, "-o", &pb],
+        vec!["timeline", t, "-o", &chart],
+        vec!["timeline", t, "-o", &csv],
+        vec!["diff", t, &copy, "--by", "live-end"],
+        vec!["report", t, "-o", &html],
+    ] {
+        let o = memtrace(&args);
+        assert!(o.status.success(), "{args:?}: {}", stderr(&o));
+        assert!(o.stderr.is_empty(), "{args:?}: {}", stderr(&o));
+    }
+    assert!(std::fs::read_to_string(&svg).unwrap().contains("Bytes live at 0.00004 s"));
+    assert_eq!(
+        std::fs::read_to_string(&folded).unwrap(),
+        "main (src/app.rs:10);app::run (src/app.rs:20);app::load (src/app.rs:30) 800\n"
+    );
+    assert_eq!(std::fs::read(&pb).unwrap()[..2], [0x1f, 0x8b], "gzip");
+    assert!(std::fs::read_to_string(&chart).unwrap().starts_with("<svg"));
+    assert!(std::fs::read_to_string(&csv).unwrap().starts_with("time_s,"));
+    assert!(std::fs::read_to_string(&html).unwrap().starts_with("<!DOCTYPE html>"));
+    let o = memtrace(&["hotspots", t, "--top", "1"]);
+    assert!(String::from_utf8_lossy(&o.stdout).contains("app::parse (src/app.rs:40)"));
+}
+
+#[test]
+fn bad_arguments_are_usage_errors() {
+    for args in [
+        vec!["flamegraph", "x.ctf", "-o", "x.svg", "--live-end", "--allocated"],
+        vec!["flamegraph", "x.ctf", "-o", "x.svg", "--live-at", "-1"],
+        vec!["hotspots", "x.ctf", "--by", "nonsense"],
+        vec!["pprof", "x.ctf"],
+    ] {
+        assert_eq!(memtrace(&args).status.code(), Some(2), "{args:?}");
+    }
+}

@@ -1,0 +1,232 @@
+//! The SVG outputs are well-formed XML, the folded stacks are as expected, and the HTML
+//! report is self-contained (no http(s) resource) and renders in headless Chromium when it
+//! is installed (that part is skipped, with a message, where it is not).
+#![cfg(feature = "cli")]
+
+mod cli_support;
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use cli_support::*;
+use memtrace_rs::cli::analysis::{Analysis, Measure, Options};
+use memtrace_rs::cli::{flamegraph, report, timeline};
+
+const STACKS: Options = Options { stacks: true, live_at: None };
+
+/// Parse `xml` completely, checking tag nesting and attribute syntax; returns the root
+/// element's name.
+fn assert_well_formed(xml: &[u8]) -> String {
+    use quick_xml::events::Event;
+    let mut reader = quick_xml::Reader::from_reader(xml);
+    reader.config_mut().check_end_names = true;
+    let mut buf = Vec::new();
+    let (mut depth, mut root) = (0usize, None);
+    loop {
+        let event = reader.read_event_into(&mut buf);
+        let position = reader.buffer_position();
+        match event {
+            Ok(Event::Start(ref e)) | Ok(Event::Empty(ref e)) => {
+                for attr in e.attributes().with_checks(true) {
+                    attr.unwrap_or_else(|err| panic!("bad attribute at {position}: {err}"));
+                }
+                root.get_or_insert_with(|| String::from_utf8_lossy(e.name().as_ref()).into_owned());
+                if matches!(event, Ok(Event::Start(_))) {
+                    depth += 1;
+                }
+            }
+            Ok(Event::End(_)) => depth -= 1,
+            Ok(Event::Eof) => break,
+            Ok(_) => {}
+            Err(e) => panic!("malformed XML at {position}: {e}"),
+        }
+        buf.clear();
+    }
+    assert_eq!(depth, 0, "unclosed elements");
+    root.expect("a root element")
+}
+
+fn flamegraph_svg(a: &Analysis, weight: flamegraph::Weight) -> Vec<u8> {
+    let options = flamegraph::Options { weight, folded: false, keep_allocator_frames: false };
+    let mut out = Vec::new();
+    flamegraph::write(a, &options, &mut out).unwrap();
+    out
+}
+
+#[test]
+fn folded_stacks_of_the_known_trace() {
+    let a = analyse(&known_trace(), Options { stacks: true, live_at: Some(45) });
+    let folded = |m, keep| flamegraph::folded(&a, m, keep);
+    assert_eq!(
+        folded(Measure::Allocated, false),
+        [
+            "main (src/app.rs:10);app::run (src/app.rs:20);app::parse (src/app.rs:40) 5600",
+            "main (src/app.rs:10);app::run (src/app.rs:20);app::load (src/app.rs:30) 3200",
+        ]
+    );
+    assert_eq!(
+        folded(Measure::LiveEnd, false),
+        ["main (src/app.rs:10);app::run (src/app.rs:20);app::load (src/app.rs:30) 800"]
+    );
+    assert_eq!(folded(Measure::LiveAt, false).len(), 2);
+    assert_eq!(
+        folded(Measure::LiveEnd, true),
+        ["main (src/app.rs:10);app::run (src/app.rs:20);app::load (src/app.rs:30);hashbrown::raw::RawTable<T,A>::reserve_rehash (src/app.rs:80) 800"]
+    );
+}
+
+#[test]
+fn svgs_are_well_formed() {
+    let known = analyse(&known_trace(), STACKS);
+    let ocamlopt = upstream("ocamlopt");
+    let empty = analyse(&TraceBuilder::new().finish(), STACKS);
+    for a in [&known, ocamlopt, &empty] {
+        for weight in [
+            flamegraph::Weight::default(),
+            flamegraph::Weight { live_end: true, ..Default::default() },
+            flamegraph::Weight { live_peak: true, ..Default::default() },
+        ] {
+            assert_eq!(assert_well_formed(&flamegraph_svg(a, weight)), "svg");
+        }
+        assert_eq!(assert_well_formed(timeline::svg(a).as_bytes()), "svg");
+    }
+    let svg = String::from_utf8(flamegraph_svg(&known, flamegraph::Weight::default())).unwrap();
+    assert!(svg.contains("app::parse (src/app.rs:40)") && svg.contains("bytes"));
+    let chart = timeline::svg(&known);
+    assert!(chart.contains("peak 6.2 KiB at 0.000040 s"), "the peak is marked");
+}
+
+#[test]
+fn timeline_csv() {
+    let a = analyse(&known_trace(), Options::default());
+    let mut out = Vec::new();
+    timeline::write_csv(&a, &mut out).unwrap();
+    let csv = String::from_utf8(out).unwrap();
+    let lines: Vec<&str> = csv.lines().collect();
+    assert_eq!(lines[0], "time_s,live_bytes,live_max_bytes,alloc_rate_bytes_per_s");
+    assert_eq!(lines.len(), 1 + 71);
+    assert_eq!(lines[1 + 40], "0.000040,6400,6400,4000000000", "5 samples of 800 bytes in 1 µs");
+    assert_eq!(lines[1 + 70], "0.000070,800,800,800000000");
+}
+
+/// Every `http://` or `https://` in `html` outside XML namespace declarations, comments
+/// and scripts, with some context. (Scripts are checked separately for ways to load.)
+fn resource_urls(html: &str) -> Vec<String> {
+    let inside =
+        |before: &str, open: &str, close: &str| before.rfind(open).is_some_and(|o| !before[o..].contains(close));
+    let mut found = Vec::new();
+    for (i, _) in html.match_indices("http") {
+        let rest = &html[i..];
+        if !(rest.starts_with("http://") || rest.starts_with("https://")) {
+            continue;
+        }
+        let before = &html[..i];
+        let namespace = ["xmlns=\"", "xmlns:xlink=\"", "xmlns:fg=\""].iter().any(|p| before.ends_with(p));
+        if !namespace && !inside(before, "<!--", "-->") && !inside(before, "<script", "</script>") {
+            found.push(html[i.saturating_sub(40)..(i + 60).min(html.len())].to_string());
+        }
+    }
+    found
+}
+
+/// The text of every `<script>` element of `html`.
+fn scripts(html: &str) -> Vec<&str> {
+    html.split("<script").skip(1).map(|s| s.split("</script>").next().unwrap_or(s)).collect()
+}
+
+fn report_html(a: &Analysis, name: &str) -> String {
+    let mut out = Vec::new();
+    report::write(a, name, &report::Options { top: 25 }, &mut out).unwrap();
+    String::from_utf8(out).unwrap()
+}
+
+#[test]
+fn report_is_self_contained() {
+    let known = analyse(&known_trace(), STACKS);
+    for (name, a) in [("known.ctf", &known), ("lists_and_sets-v1.ctf", upstream("lists_and_sets-v1"))] {
+        let html = report_html(a, name);
+        assert_eq!(resource_urls(&html), Vec::<String>::new(), "{name}");
+        for script in scripts(&html) {
+            assert!(!script.starts_with(" src") && !script.contains(" src="), "{name}: external script");
+            for loader in ["fetch(", "XMLHttpRequest", "import(", "importScripts", "WebSocket", ".src ="] {
+                assert!(!script.contains(loader), "{name}: script uses {loader}");
+            }
+        }
+        let lower = html.to_ascii_lowercase();
+        for banned in ["@import", "<link", "<script src", "<iframe", "url(http", "src=\"//", "href=\"//"] {
+            assert!(!lower.contains(banned), "{name}: {banned}");
+        }
+        for part in
+            ["<h2>Summary</h2>", "<h2>Live heap</h2>", "<h2>Top allocation sites</h2>", "data:image/svg+xml;base64,"]
+        {
+            assert!(html.contains(part), "{name}: {part}");
+        }
+        assert_eq!(html.matches("<svg").count(), html.matches("<svg id=\"frames\"").count() + 1, "one inline SVG");
+        let start = html.find("<svg").unwrap();
+        let end = html.rfind("</svg>").unwrap() + "</svg>".len();
+        assert_eq!(assert_well_formed(&html.as_bytes()[start..end]), "svg");
+    }
+    let html = report_html(&analyse(&known_trace(), STACKS), "known.ctf");
+    assert!(html.contains("app::parse (src/app.rs:40)"));
+}
+
+/// Run `command`, killing it after `limit`; its stdout, or `None` on failure or timeout.
+fn run_with_timeout(command: &mut Command, limit: Duration) -> Option<String> {
+    let mut child = command.stdout(Stdio::piped()).stderr(Stdio::null()).spawn().ok()?;
+    let mut stdout = child.stdout.take()?;
+    let reader = std::thread::spawn(move || {
+        let mut s = String::new();
+        std::io::Read::read_to_string(&mut stdout, &mut s).map(|_| s)
+    });
+    let started = Instant::now();
+    loop {
+        match child.try_wait() {
+            Ok(Some(status)) if status.success() => return reader.join().ok()?.ok(),
+            Ok(Some(_)) => return None,
+            Ok(None) if started.elapsed() < limit => std::thread::sleep(Duration::from_millis(50)),
+            _ => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return None;
+            }
+        }
+    }
+}
+
+#[test]
+fn report_renders_in_headless_chromium() {
+    let chromium = Path::new("/usr/bin/chromium");
+    if !chromium.exists() {
+        println!("skipped: /usr/bin/chromium is not installed");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let page = dir.path().join("report.html");
+    std::fs::write(&page, report_html(&analyse(&known_trace(), STACKS), "known.ctf")).unwrap();
+    let profile = dir.path().join("chromium-profile");
+    let dom = run_with_timeout(
+        Command::new(chromium)
+            .args([
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                "--no-first-run",
+            ])
+            .arg(format!("--user-data-dir={}", profile.display()))
+            .arg("--dump-dom")
+            .arg(format!("file://{}", page.display())),
+        Duration::from_secs(90),
+    )
+    .expect("chromium --dump-dom failed or timed out");
+    assert!(dom.contains("Top allocation sites"), "the page was rendered");
+    assert!(dom.contains("app::parse (src/app.rs:40)"));
+    // The flame graph's script ran: on load it makes the drawing fluid by dropping the
+    // root element's fixed width.
+    let root = &dom[dom.find("<svg").unwrap()..];
+    let root_tag = &root[..root.find('>').unwrap()];
+    assert!(root_tag.contains("onload") && !root_tag.contains(" width="), "script did not run: {root_tag}");
+}

@@ -1,0 +1,101 @@
+//! The pprof profile decodes back (with the same prost structs) into the expected samples,
+//! locations, functions and lines.
+#![cfg(feature = "cli")]
+
+mod cli_support;
+
+use std::io::Read;
+
+use cli_support::*;
+use memtrace_rs::cli::analysis::{Analysis, Options};
+use memtrace_rs::cli::pprof;
+use memtrace_rs::cli::profile_proto::Profile;
+use prost::Message;
+
+const STACKS: Options = Options { stacks: true, live_at: None };
+
+/// Write the gzipped profile, then gunzip and decode it.
+fn round_trip(a: &Analysis) -> Profile {
+    let mut gz = Vec::new();
+    pprof::write(a, &mut gz).unwrap();
+    let mut raw = Vec::new();
+    flate2::read::GzDecoder::new(&gz[..]).read_to_end(&mut raw).unwrap();
+    let profile = Profile::decode(&raw[..]).unwrap();
+    assert_eq!(profile, pprof::profile(a));
+    profile
+}
+
+fn string(p: &Profile, i: i64) -> &str {
+    &p.string_table[i as usize]
+}
+
+/// A source line as `(function, file, line)`.
+type SourceLine = (String, String, i64);
+
+/// The source lines of each location of a sample, leaf first.
+fn frames(p: &Profile, location_ids: &[u64]) -> Vec<SourceLine> {
+    location_ids
+        .iter()
+        .flat_map(|&id| &p.location.iter().find(|l| l.id == id).unwrap().line)
+        .map(|line| {
+            let f = p.function.iter().find(|f| f.id == line.function_id).unwrap();
+            (string(p, f.name).to_string(), string(p, f.filename).to_string(), line.line)
+        })
+        .collect()
+}
+
+#[test]
+fn known_trace_profile() {
+    let p = round_trip(&analyse(&known_trace(), STACKS));
+    assert_eq!(p.string_table[0], "");
+    let types: Vec<(&str, &str)> = p.sample_type.iter().map(|t| (string(&p, t.r#type), string(&p, t.unit))).collect();
+    assert_eq!(
+        types,
+        [("alloc_objects", "count"), ("alloc_space", "bytes"), ("inuse_objects", "count"), ("inuse_space", "bytes")]
+    );
+    assert_eq!(string(&p, p.default_sample_type), "inuse_space");
+    let period_type = p.period_type.as_ref().unwrap();
+    assert_eq!((string(&p, period_type.r#type), string(&p, period_type.unit), p.period), ("space", "bytes", 800));
+    assert_eq!(p.time_nanos, START as i64 * 1000);
+    assert_eq!(p.duration_nanos, 70_000);
+    assert_eq!(p.mapping.len(), 1);
+    assert_eq!(string(&p, p.mapping[0].filename), "/usr/bin/test-app");
+
+    let name = |code: u64| FUNCTIONS.iter().find(|(c, _)| *c == code).unwrap().1.to_string();
+    let expect = |stack: &[u64]| -> Vec<SourceLine> {
+        stack.iter().map(|&c| (name(c), "src/app.rs".to_string(), c as i64 * 10)).collect()
+    };
+    let samples: Vec<(Vec<SourceLine>, Vec<i64>)> =
+        p.sample.iter().map(|s| (frames(&p, &s.location_id), s.value.clone())).collect();
+    assert_eq!(
+        samples,
+        vec![
+            (expect(&PARSE), vec![200, 5600, 0, 0]),
+            (expect(&LOAD), vec![100, 2400, 0, 0]),
+            (expect(&REHASH), vec![100, 800, 100, 800]),
+        ]
+    );
+    // One location per distinct code, with the code as its address.
+    assert_eq!(p.location.len(), 8);
+    let mut addresses: Vec<u64> = p.location.iter().map(|l| l.address).collect();
+    addresses.sort();
+    assert_eq!(addresses, (1..=8).collect::<Vec<_>>());
+    assert!(p.location.iter().all(|l| l.mapping_id == 1 && l.line.len() == 1));
+}
+
+#[test]
+fn upstream_profile_keeps_totals_and_inlined_frames() {
+    let a = upstream("ocamlopt");
+    let p = round_trip(a);
+    assert_eq!(p.sample.len(), a.stacks.len());
+    let total = |i: usize| p.sample.iter().map(|s| s.value[i]).sum::<i64>();
+    assert_eq!(total(1), 670_400_000, "alloc_space: 1676 samples of 400000 bytes");
+    assert_eq!(total(3), 44_000_000, "inuse_space: 110 samples live at the end");
+    assert_eq!(p.location.len(), a.code_frames.len());
+    assert!(p.location.iter().any(|l| l.line.len() > 1), "inlined frames share a location");
+    // A sample's frames, leaf first, are the stack's frames reversed.
+    let stack = &a.stacks[0];
+    let want: Vec<String> = a.stack_frames(stack).rev().map(|f| a.frames[f].function.clone()).collect();
+    let got: Vec<String> = frames(&p, &p.sample[0].location_id).into_iter().map(|f| f.0).collect();
+    assert_eq!(got, want);
+}

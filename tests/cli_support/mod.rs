@@ -1,0 +1,165 @@
+//! Shared by the `cli_*` tests: paths of the upstream test traces, a builder of small traces
+//! with a known answer (written with the crate's `Writer`), and golden-file comparison
+//! (`UPDATE_GOLDEN=1` rewrites the expected files).
+#![allow(dead_code)]
+
+use std::io::Cursor;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use std::sync::OnceLock;
+
+use memtrace_rs::cli::analysis::{Analysis, Options};
+use memtrace_rs::cli::progress::Progress;
+use memtrace_rs::location_codec::Location;
+use memtrace_rs::trace::{AllocSource, Info, NewAlloc, ObjectId, Reader, Writer};
+
+/// The upstream traces under `tests/data`, by stem.
+pub const UPSTREAM: [&str; 3] = ["ocamlopt", "ocamlopt-v2", "lists_and_sets-v1"];
+
+/// The analysis (with stacks) of an upstream trace, computed once per test binary.
+pub fn upstream(name: &str) -> &'static Analysis {
+    static CACHE: [OnceLock<Analysis>; 3] = [OnceLock::new(), OnceLock::new(), OnceLock::new()];
+    let i = UPSTREAM.iter().position(|n| *n == name).expect("an upstream trace");
+    CACHE[i]
+        .get_or_init(|| Analysis::run(&data(&format!("{name}.ctf")), &Options { stacks: true, live_at: None }).unwrap())
+}
+
+/// Path of a file under `tests/data`.
+pub fn data(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data").join(name)
+}
+
+/// Compare `actual` with `tests/golden/<name>`, or rewrite it when `UPDATE_GOLDEN` is set.
+pub fn golden(name: &str, actual: &[u8]) {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden").join(name);
+    if std::env::var_os("UPDATE_GOLDEN").is_some() {
+        std::fs::write(&path, actual).unwrap();
+        return;
+    }
+    let expected = std::fs::read(&path)
+        .unwrap_or_else(|e| panic!("{}: {e} (run with UPDATE_GOLDEN=1 to create it)", path.display()));
+    if expected != actual {
+        panic!(
+            "{name} differs from its golden file {}\n--- expected\n{}\n--- actual\n{}",
+            path.display(),
+            String::from_utf8_lossy(&expected),
+            String::from_utf8_lossy(actual)
+        );
+    }
+}
+
+/// Trace start time of built traces.
+pub const START: u64 = 1_700_000_000_000_000;
+
+/// Info of built traces: rate 0.01 and 64-bit words, so one sample stands for 800 bytes.
+pub fn info() -> Info {
+    Info {
+        sample_rate: 0.01,
+        word_size: 64,
+        executable_name: b"/usr/bin/test-app".to_vec(),
+        host_name: b"testhost".to_vec(),
+        runtime_params: b"memtrace-rs test".to_vec(),
+        pid: 42,
+        initial_domain: 0,
+        start_time: START,
+        context: Some(b"built by the test".to_vec()),
+    }
+}
+
+/// Bytes one sample stands for in built traces.
+pub const SAMPLE_BYTES: f64 = 800.0;
+
+/// Location codes of built traces and the function each names.
+pub const FUNCTIONS: [(u64, &str); 8] = [
+    (1, "main"),
+    (2, "app::run"),
+    (3, "app::load"),
+    (4, "app::parse"),
+    (5, "alloc::raw_vec::RawVec<T,A>::grow_one"),
+    (6, "__rust_alloc"),
+    (7, "<alloc::string::String as core::clone::Clone>::clone"),
+    (8, "hashbrown::raw::RawTable<T,A>::reserve_rehash"),
+];
+
+/// The location list of a code of [`FUNCTIONS`].
+pub fn locations(code: u64) -> Arc<[Location]> {
+    let name = FUNCTIONS.iter().find(|(c, _)| *c == code).map_or("unknown", |(_, n)| n);
+    Arc::from(vec![Location {
+        filename: b"src/app.rs".to_vec(),
+        line: code as u32 * 10,
+        start_char: 5,
+        end_char: 20,
+        defname: name.as_bytes().to_vec(),
+    }])
+}
+
+/// Builds a trace event by event.
+pub struct TraceBuilder {
+    writer: Writer<Vec<u8>>,
+}
+
+impl TraceBuilder {
+    pub fn new() -> TraceBuilder {
+        TraceBuilder { writer: Writer::new(Vec::new(), &info()).unwrap() }
+    }
+
+    /// An allocation at `at` µs after the start, with `stack` innermost first.
+    pub fn alloc(&mut self, at: u64, nsamples: u64, stack: &[u64]) -> ObjectId {
+        let alloc = NewAlloc { length: nsamples, nsamples, source: AllocSource::External, callstack: stack, drop: 0 };
+        self.writer.put_alloc(0, START + at, &alloc, locations).unwrap()
+    }
+
+    /// A free at `at` µs after the start.
+    pub fn free(&mut self, at: u64, id: ObjectId) {
+        self.writer.put_collect(0, START + at, id).unwrap();
+    }
+
+    pub fn finish(self) -> Vec<u8> {
+        self.writer.close().unwrap()
+    }
+}
+
+/// Analyse a trace held in memory.
+pub fn analyse(trace: &[u8], options: Options) -> Analysis {
+    Analysis::from_reader(Reader::new(Cursor::new(trace)).unwrap(), &options, &mut Progress::hidden()).unwrap()
+}
+
+/// Stacks of the known-answer trace (innermost first).
+pub const PARSE: [u64; 5] = [6, 5, 4, 2, 1];
+pub const LOAD: [u64; 4] = [7, 3, 2, 1];
+pub const REHASH: [u64; 4] = [8, 3, 2, 1];
+
+/// The known-answer trace; see `cli_analysis.rs` for the expected figures.
+///
+/// | t (µs) | event               | live samples (parse, load) | total |
+/// |--------|---------------------|----------------------------|-------|
+/// | 10     | a = alloc 2 @ parse | 2, 0                       | 2     |
+/// | 20     | b = alloc 3 @ load  | 2, 3                       | 5     |
+/// | 30     | free a              | 0, 3                       | 3     |
+/// | 40     | c = alloc 5 @ parse | 5, 3                       | 8 (peak) |
+/// | 50     | free b              | 5, 0                       | 5     |
+/// | 60     | free c              | 0, 0                       | 0     |
+/// | 70     | d = alloc 1 @ rehash| rehash 1                   | 1     |
+pub fn known_trace() -> Vec<u8> {
+    let mut t = TraceBuilder::new();
+    let a = t.alloc(10, 2, &PARSE);
+    let b = t.alloc(20, 3, &LOAD);
+    t.free(30, a);
+    let c = t.alloc(40, 5, &PARSE);
+    t.free(50, b);
+    t.free(60, c);
+    t.alloc(70, 1, &REHASH);
+    t.finish()
+}
+
+/// A second version of the known-answer program for `diff`: `parse` allocates more, `load`
+/// stops allocating, `run` allocates directly.
+pub fn known_trace_new() -> Vec<u8> {
+    let mut t = TraceBuilder::new();
+    let a = t.alloc(10, 9, &PARSE);
+    t.alloc(20, 1, &REHASH);
+    t.alloc(30, 4, &[2, 1]);
+    t.free(40, a);
+    t.finish()
+}
