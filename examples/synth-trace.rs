@@ -29,11 +29,11 @@ fn location(code: u64) -> Arc<[Location]> {
         n => format!("synth::stack{}::level{}", n / 100 - 2, n % 100),
     };
     Arc::from(vec![Location {
-        filename: b"src/synth.rs".to_vec(),
+        filename: b"src/synth.rs".to_vec().into(),
         line: code as u32,
         start_char: 1,
         end_char: 10,
-        defname: defname.into_bytes(),
+        defname: defname.into_bytes().into(),
     }])
 }
 

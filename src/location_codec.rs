@@ -6,6 +6,7 @@
 //! [`Decoder`] own the per-writer and per-reader-domain tables.
 
 use std::borrow::Cow;
+use std::sync::Arc;
 
 use crate::buf::{ReadCursor, WriteBuf};
 use crate::error::{ErrorKind, Result};
@@ -13,11 +14,13 @@ use crate::error::{ErrorKind, Result};
 /// One source location: a position in a file and the name of the enclosing definition.
 ///
 /// Names are raw bytes, as the format stores them; use [`Location::filename_str`] and
-/// [`Location::defname_str`] for display.
+/// [`Location::defname_str`] for display. They are shared (`Arc`), so that the many
+/// locations naming one file or function cost one copy of the name: a reader's memory then
+/// stays proportional to its input even when records keep referring to long names.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Location {
     /// The source file.
-    pub filename: Vec<u8>,
+    pub filename: Arc<[u8]>,
     /// Line number (20 bits are stored; larger values are written as `0xFFFFF`).
     pub line: u32,
     /// First column (8 bits stored; larger values are written as 255).
@@ -25,13 +28,13 @@ pub struct Location {
     /// Last column (10 bits stored; larger values are written as 1023).
     pub end_char: u32,
     /// The enclosing function or definition.
-    pub defname: Vec<u8>,
+    pub defname: Arc<[u8]>,
 }
 
 impl Location {
     /// The location written in place of a list too large to encode (§5.3).
     pub fn unknown() -> Location {
-        Location { filename: b"<unknown>".to_vec(), line: 1, start_char: 1, end_char: 1, defname: b"??".to_vec() }
+        Location { filename: b"<unknown>"[..].into(), line: 1, start_char: 1, end_char: 1, defname: b"??"[..].into() }
     }
 
     /// The file name, converted lossily to UTF-8.
@@ -47,9 +50,10 @@ impl Location {
     /// The location as the encoder stores it: each field clamped to its width (§5.2), and
     /// names cut at their first NUL byte (§1.4).
     pub fn as_encoded(&self) -> Location {
-        fn cut(s: &[u8]) -> Vec<u8> {
-            s.split(|&b| b == 0).next().unwrap_or_default().to_vec()
-        }
+        let cut = |s: &Arc<[u8]>| match s.iter().position(|&b| b == 0) {
+            Some(end) => Arc::from(&s[..end]),
+            None => s.clone(),
+        };
         Location {
             filename: cut(&self.filename),
             line: clamp(self.line, MAX_LINE),
@@ -105,24 +109,15 @@ impl<T> MtfTable<T> {
 }
 
 impl<T> MtfTable<T> {
-    fn find<U: ?Sized>(&self, key: &U) -> Option<usize>
-    where
-        T: PartialEq<U>,
-    {
-        self.slots.iter().position(|e| e == key)
+    fn find(&self, matches: impl Fn(&T) -> bool) -> Option<usize> {
+        self.slots.iter().position(matches)
     }
 }
 
 #[derive(Debug, Clone)]
 struct FileEntry {
-    filename: Vec<u8>,
-    defnames: MtfTable<Vec<u8>>,
-}
-
-impl PartialEq<[u8]> for FileEntry {
-    fn eq(&self, other: &[u8]) -> bool {
-        self.filename == other
-    }
+    filename: Arc<[u8]>,
+    defnames: MtfTable<Arc<[u8]>>,
 }
 
 /// The writer side of the location codec: one per writer domain.
@@ -155,24 +150,24 @@ impl Encoder {
     pub fn put_location(&mut self, buf: &mut WriteBuf, location: &Location) {
         let filename = cut_at_nul(&location.filename);
         let defname = cut_at_nul(&location.defname);
-        let file_code = match self.files.find(filename) {
+        let file_code = match self.files.find(|e| &*e.filename == filename) {
             Some(i) => {
                 self.files.promote(i);
                 i as u8
             }
             None => {
-                self.files.push(FileEntry { filename: filename.to_vec(), defnames: MtfTable::default() });
+                self.files.push(FileEntry { filename: Arc::from(filename), defnames: MtfTable::default() });
                 NEW_NAME
             }
         };
         let defnames = &mut self.files.front_mut().defnames;
-        let def_code = match defnames.find(defname) {
+        let def_code = match defnames.find(|d| &**d == defname) {
             Some(i) => {
                 defnames.promote(i);
                 i as u8
             }
             None => {
-                defnames.push(defname.to_vec());
+                defnames.push(Arc::from(defname));
                 NEW_NAME
             }
         };
@@ -251,7 +246,7 @@ impl Decoder {
         let file_code = ((packed >> 38) & 0x1F) as u8;
         let def_code = ((packed >> 43) & 0x1F) as u8;
         if file_code == NEW_NAME {
-            let filename = r.get_string()?.to_vec();
+            let filename = Arc::from(r.get_string()?);
             let recycled = if self.files.slots.len() == MTF_SLOTS { self.files.slots.pop() } else { None };
             let defnames = recycled.map(|e| e.defnames).unwrap_or_default();
             self.files.push(FileEntry { filename, defnames });
@@ -262,7 +257,7 @@ impl Decoder {
         }
         let defnames = &mut self.files.front_mut().defnames;
         if def_code == NEW_NAME {
-            defnames.push(r.get_string()?.to_vec());
+            defnames.push(Arc::from(r.get_string()?));
         } else if (def_code as usize) < defnames.slots.len() {
             defnames.promote(def_code as usize);
         } else {
@@ -284,7 +279,7 @@ mod tests {
     use super::*;
 
     fn loc(file: &str, line: u32, def: &str) -> Location {
-        Location { filename: file.into(), line, start_char: 3, end_char: 9, defname: def.into() }
+        Location { filename: file.as_bytes().into(), line, start_char: 3, end_char: 9, defname: def.as_bytes().into() }
     }
 
     fn round_trip(lists: &[Vec<Location>]) -> Vec<Vec<Location>> {
@@ -311,11 +306,11 @@ mod tests {
         bytes.extend_from_slice(b"trace_ocamlopt/main.ml\0Main.Options\0");
         let got = Decoder::new().get_location(&mut ReadCursor::new(&bytes, 0)).unwrap();
         let want = Location {
-            filename: b"trace_ocamlopt/main.ml".to_vec(),
+            filename: b"trace_ocamlopt/main.ml"[..].into(),
             line: 46,
             start_char: 17,
             end_char: 75,
-            defname: b"Main.Options".to_vec(),
+            defname: b"Main.Options"[..].into(),
         };
         assert_eq!(got, want);
         let mut buf = WriteBuf::with_capacity(100);
@@ -343,7 +338,13 @@ mod tests {
 
     #[test]
     fn fields_are_clamped() {
-        let l = Location { filename: "f".into(), line: 1 << 21, start_char: 300, end_char: 5000, defname: "d".into() };
+        let l = Location {
+            filename: b"f"[..].into(),
+            line: 1 << 21,
+            start_char: 300,
+            end_char: 5000,
+            defname: b"d"[..].into(),
+        };
         assert_eq!(round_trip(&[vec![l.clone()]])[0], vec![l.as_encoded()]);
         assert_eq!(l.as_encoded().start_char, 255);
     }

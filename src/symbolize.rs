@@ -23,20 +23,20 @@ pub fn symbolize(addr: u64) -> Arc<[Location]> {
     resolve(addr, |name, symbol| {
         let column = symbol.colno().unwrap_or(0);
         locations.push(Location {
-            filename: symbol.filename().map_or_else(|| b"<unknown>".to_vec(), |f| f.as_os_str().as_bytes().to_vec()),
+            filename: symbol.filename().map_or_else(|| b"<unknown>".to_vec(), |f| f.as_os_str().as_bytes().to_vec()).into(),
             line: symbol.lineno().unwrap_or(0),
             start_char: column,
             end_char: column,
-            defname: name.into_bytes(),
+            defname: name.into_bytes().into(),
         });
     });
     if locations.is_empty() {
         locations.push(Location {
-            filename: b"<unknown>".to_vec(),
+            filename: b"<unknown>"[..].into(),
             line: 0,
             start_char: 0,
             end_char: 0,
-            defname: format!("{addr:#x}").into_bytes(),
+            defname: format!("{addr:#x}").into_bytes().into(),
         });
     }
     // backtrace::resolve reports the innermost inlined function first.

@@ -50,7 +50,7 @@ fn location_code_zero_gets_a_location_event() {
         context: None,
     };
     let site =
-        Location { filename: b"zero.rs".to_vec(), line: 7, start_char: 1, end_char: 2, defname: b"zero".to_vec() };
+        Location { filename: b"zero.rs"[..].into(), line: 7, start_char: 1, end_char: 2, defname: b"zero"[..].into() };
     let mut w = Writer::new(Vec::new(), &info).unwrap();
     let alloc = NewAlloc { length: 4, nsamples: 1, source: AllocSource::External, callstack: &[0, 42], drop: 0 };
     w.put_alloc(0, 1_000_001, &alloc, |code| if code == 0 { Arc::from(vec![site.clone()]) } else { Arc::from(vec![]) })

@@ -14,7 +14,8 @@ pub fn run(path: &std::path::Path, out: &mut impl Write, warn: &mut impl Write) 
     let mut warned = 0;
     while let Some(event) = reader.next_event()? {
         line.clear();
-        put_padded(&mut line, event.time as i64 - start as i64, 10);
+        // Wrapping, like upstream's Int64.sub: a corrupt time must not overflow.
+        put_padded(&mut line, (event.time as i64).wrapping_sub(start as i64), 10);
         line.push(b' ');
         match event.kind {
             EventKind::Alloc(alloc) => {

@@ -353,7 +353,8 @@ impl<R: Read> Reader<R> {
         if low < header.time_begin & TIME_MASK {
             low += TIME_MASK + 1;
         }
-        let time = (header.time_begin & !TIME_MASK) + low;
+        // Wrapping: a corrupt `time_begin` near 2^64 must fail the bounds check below, not overflow.
+        let time = (header.time_begin & !TIME_MASK).wrapping_add(low);
         if time < header.time_begin || time > header.time_end {
             return Err(Error::at(event_offset, ErrorKind::TimeOutOfPacket { time }));
         }
@@ -545,7 +546,9 @@ fn parse_header(raw: &[u8], start: u64) -> Result<PacketHeader> {
     if (time_begin as i64) > (time_end as i64) {
         return Err(Error::at(start + 8, ErrorKind::BadPacketTimes { begin: time_begin, end: time_end }));
     }
-    if (alloc_id_begin as i64) > (alloc_id_end as i64) {
+    // Ids are compared as i64, as upstream does; a negative first id is corrupt (and would
+    // let the running id overflow).
+    if (alloc_id_begin as i64) < 0 || (alloc_id_begin as i64) > (alloc_id_end as i64) {
         return Err(Error::at(start + 52, ErrorKind::BadPacketIds { begin: alloc_id_begin, end: alloc_id_end }));
     }
     Ok(PacketHeader { size_bits, time_begin, time_end, version, pid, domain, verifier, alloc_id_begin, alloc_id_end })

@@ -86,11 +86,11 @@ pub const FUNCTIONS: [(u64, &str); 8] = [
 pub fn locations(code: u64) -> Arc<[Location]> {
     let name = FUNCTIONS.iter().find(|(c, _)| *c == code).map_or("unknown", |(_, n)| n);
     Arc::from(vec![Location {
-        filename: b"src/app.rs".to_vec(),
+        filename: b"src/app.rs".to_vec().into(),
         line: code as u32 * 10,
         start_char: 5,
         end_char: 20,
-        defname: name.as_bytes().to_vec(),
+        defname: name.as_bytes().to_vec().into(),
     }])
 }
 
