@@ -15,6 +15,8 @@ use crate::error::{ErrorKind, Result};
 
 const CACHE_SIZE: usize = 1 << 14;
 const BUCKET_MASK: u64 = CACHE_SIZE as u64 - 1;
+/// [`BUCKET_MASK`] for indexing: masking proves indexes in range, so no bounds checks.
+const MASK: usize = CACHE_SIZE - 1;
 /// The largest bytes of one codeword: a u16 tag and a u64 code.
 const MAX_CODEWORD: usize = 2 + 8;
 /// Bucket index written in the header when a packet carries no verifier.
@@ -41,11 +43,11 @@ fn hash2(code: u64) -> usize {
 
 /// Encoder state for writing backtraces: one per writer domain.
 pub struct Writer {
-    code: Box<[u64]>,
-    next: Box<[u16]>,
+    code: Box<[u64; CACHE_SIZE]>,
+    next: Box<[u16; CACHE_SIZE]>,
     /// Id of the allocation that last inserted or hit each bucket; the older of a code's
     /// two buckets is evicted on a miss.
-    date: Box<[u64]>,
+    date: Box<[u64; CACHE_SIZE]>,
     verify_ix: u16,
 }
 
@@ -68,9 +70,9 @@ impl Writer {
     /// A new encoder with an empty cache.
     pub fn new() -> Writer {
         Writer {
-            code: vec![0; CACHE_SIZE].into_boxed_slice(),
-            next: vec![0; CACHE_SIZE].into_boxed_slice(),
-            date: vec![0; CACHE_SIZE].into_boxed_slice(),
+            code: Box::new([0; CACHE_SIZE]),
+            next: Box::new([0; CACHE_SIZE]),
+            date: Box::new([0; CACHE_SIZE]),
             verify_ix: FIRST_VERIFY_INDEX,
         }
     }
@@ -198,8 +200,8 @@ pub fn get_cache_verifier(r: &mut ReadCursor<'_>) -> Result<CacheVerifier> {
 
 /// Decoder state for reading backtraces: one per reader domain.
 pub struct Reader {
-    code: Box<[u64]>,
-    pred: Box<[u16]>,
+    code: Box<[u64; CACHE_SIZE]>,
+    pred: Box<[u16; CACHE_SIZE]>,
     /// The previous backtrace (file orientation), which the next one extends.
     last: Vec<u64>,
     /// Where codewords are decoded when their result is discarded (§7.7).
@@ -222,8 +224,8 @@ impl Reader {
     /// A new decoder with an empty cache.
     pub fn new() -> Reader {
         Reader {
-            code: vec![0; CACHE_SIZE].into_boxed_slice(),
-            pred: vec![0; CACHE_SIZE].into_boxed_slice(),
+            code: Box::new([0; CACHE_SIZE]),
+            pred: Box::new([0; CACHE_SIZE]),
             last: Vec::new(),
             scratch: Vec::new(),
         }
@@ -267,51 +269,81 @@ impl Reader {
     }
 }
 
+/// Extra bytes after a codeword's u16, by tag: hit0, hit1, hitN (u8 count), miss (u64 code).
+const EXTRA_BYTES: [usize; 4] = [0, 0, 1, 8];
+
 /// Move past `nencoded` codewords without touching any decoder state.
 pub fn skip_backtrace(r: &mut ReadCursor<'_>, nencoded: usize) -> Result<()> {
+    let data = r.rest();
+    let mut pos = 0;
     for _ in 0..nencoded {
-        match r.get_u16()? & 3 {
-            TAG_HITN => r.skip(1)?,
-            TAG_MISS => r.skip(8)?,
-            _ => {}
+        if pos + 2 > data.len() {
+            return Err(r.error_at(pos, ErrorKind::UnexpectedEnd { needed: pos + 2 - data.len() }));
         }
+        // The tag is in the low bits of the little-endian u16, i.e. of its first byte.
+        pos += 2 + EXTRA_BYTES[(data[pos] & 3) as usize];
     }
-    Ok(())
+    if pos > data.len() {
+        return Err(r.error_at(data.len(), ErrorKind::UnexpectedEnd { needed: pos - data.len() }));
+    }
+    r.skip(pos)
 }
 
+/// Decode `nencoded` codewords, appending the frames to `out` (§7.6).
+///
+/// This is the reader's inner loop, so it works on the raw bytes with one bounds check per
+/// field, and the cache indexes are masked to 14 bits so the table accesses need none.
 #[inline]
 fn decode(
-    code: &mut [u64],
-    pred: &mut [u16],
+    code: &mut [u64; CACHE_SIZE],
+    pred: &mut [u16; CACHE_SIZE],
     r: &mut ReadCursor<'_>,
     nencoded: usize,
     out: &mut Vec<u64>,
 ) -> Result<()> {
+    let data = r.rest();
+    let mut pos = 0;
     let mut prev = 0usize;
     for _ in 0..nencoded {
-        let word = r.get_u16()?;
-        let bucket = (word >> 2) as usize;
+        let Some(word) = data.get(pos..pos + 2) else {
+            return Err(r.error_at(pos, ErrorKind::UnexpectedEnd { needed: 2 }));
+        };
+        let word = u16::from_le_bytes([word[0], word[1]]);
+        pos += 2;
+        let bucket = (word >> 2) as usize & MASK;
         pred[prev] = bucket as u16;
         let predicted = match word & 3 {
             TAG_MISS => {
-                code[bucket] = r.get_u64()?;
+                let Some(bytes) = data.get(pos..pos + 8) else {
+                    return Err(r.error_at(pos, ErrorKind::UnexpectedEnd { needed: 8 }));
+                };
+                let mut x = [0; 8];
+                x.copy_from_slice(bytes);
+                code[bucket] = u64::from_le_bytes(x);
+                pos += 8;
                 0
             }
             TAG_HIT0 => 0,
             TAG_HIT1 => 1,
-            _ => r.get_u8()? as usize,
+            _ => {
+                let Some(&n) = data.get(pos) else {
+                    return Err(r.error_at(pos, ErrorKind::UnexpectedEnd { needed: 1 }));
+                };
+                pos += 1;
+                n as usize
+            }
         };
         if out.len() + 1 + predicted > MAX_DECODED_FRAMES {
-            return Err(r.error(ErrorKind::BadAllocation("backtrace longer than 2^20 frames")));
+            return Err(r.error_at(pos, ErrorKind::BadAllocation("backtrace longer than 2^20 frames")));
         }
         out.push(code[bucket]);
         prev = bucket;
-        for _ in 0..predicted {
-            prev = pred[prev] as usize;
-            out.push(code[prev]);
-        }
+        out.extend((0..predicted).map(|_| {
+            prev = pred[prev] as usize & MASK;
+            code[prev]
+        }));
     }
-    Ok(())
+    r.skip(pos)
 }
 
 #[cfg(test)]

@@ -195,6 +195,17 @@ impl<'a> ReadCursor<'a> {
         Error::at(self.offset(), kind)
     }
 
+    /// An error `ahead` bytes past the current offset (for callers parsing [`Self::rest`]).
+    pub fn error_at(&self, ahead: usize, kind: ErrorKind) -> Error {
+        Error::at(self.offset() + ahead as u64, kind)
+    }
+
+    /// The bytes not yet read, for tight loops that parse in place and then [`Self::skip`].
+    #[inline]
+    pub fn rest(&self) -> &'a [u8] {
+        &self.data[self.pos..]
+    }
+
     /// Take the next `N` bytes.
     #[inline]
     fn take<const N: usize>(&mut self) -> Result<[u8; N]> {

@@ -13,6 +13,7 @@ pub mod allocator;
 pub mod backtrace_codec;
 pub mod buf;
 pub mod error;
+mod hash;
 pub mod location_codec;
 mod sampled_set;
 pub mod sampler;
@@ -25,4 +26,6 @@ pub mod cli;
 
 pub use allocator::MemtraceAllocator;
 pub use error::{Error, ErrorKind, Result};
-pub use tracer::{currently_tracing, start_tracing, stop_tracing, trace_if_requested, StartError, TraceConfig, TraceGuard};
+pub use tracer::{
+    currently_tracing, start_tracing, stop_tracing, trace_if_requested, StartError, TraceConfig, TraceGuard, Unwinder,
+};

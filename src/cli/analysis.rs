@@ -15,11 +15,11 @@
 //! estimated as `nsamples / (length × rate)`, whose expectation is one.
 
 use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
 use std::io::Read;
 use std::path::Path;
 
 use super::progress::Progress;
+use crate::hash::FastMap;
 use crate::location_codec::Location;
 use crate::trace::{AllocSource, EventKind, Info, LocationTable, ObjectId, Reader, Timestamp, Warning};
 use crate::Result;
@@ -320,11 +320,11 @@ struct LiveObject {
 struct Pass {
     start: Timestamp,
     rate: f64,
-    index: HashMap<Box<[u64]>, u32, FxBuild>,
+    index: FastMap<Box<[u64]>, u32>,
     /// The id of the empty stack, kept out of `index`.
     empty_stack: Option<u32>,
     stacks: Vec<StackState>,
-    live: HashMap<ObjectId, LiveObject, FxBuild>,
+    live: FastMap<ObjectId, LiveObject>,
     live_total: u64,
     peak: Peak,
     /// Number of times the peak was raised; stamps [`StackState::at_peak`].
@@ -513,10 +513,10 @@ impl Analysis {
         let mut pass = Pass {
             start: info.start_time,
             rate: info.sample_rate,
-            index: HashMap::default(),
+            index: FastMap::default(),
             empty_stack: None,
             stacks: Vec::new(),
-            live: HashMap::default(),
+            live: FastMap::default(),
             live_total: 0,
             peak: Peak { samples: 0, time: info.start_time },
             peaks: 0,
@@ -593,47 +593,6 @@ impl Analysis {
             total.add(&s.stats);
         }
         total
-    }
-}
-
-/// A fast hasher for integer keys and code slices (the multiply-rotate hash of rustc's
-/// `FxHasher`); the keys are not attacker-chosen in a way that matters for a local tool.
-#[derive(Default, Clone, Copy)]
-struct FxHasher {
-    hash: u64,
-}
-
-type FxBuild = BuildHasherDefault<FxHasher>;
-
-impl FxHasher {
-    fn mix(&mut self, word: u64) {
-        self.hash = (self.hash.rotate_left(5) ^ word).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
-    }
-}
-
-impl Hasher for FxHasher {
-    fn write(&mut self, bytes: &[u8]) {
-        let mut words = bytes.chunks_exact(8);
-        for word in &mut words {
-            let mut w = [0u8; 8];
-            w.copy_from_slice(word);
-            self.mix(u64::from_le_bytes(w));
-        }
-        for &b in words.remainder() {
-            self.mix(u64::from(b));
-        }
-    }
-
-    fn write_u64(&mut self, n: u64) {
-        self.mix(n);
-    }
-
-    fn write_usize(&mut self, n: usize) {
-        self.mix(n as u64);
-    }
-
-    fn finish(&self) -> u64 {
-        self.hash
     }
 }
 

@@ -2,6 +2,8 @@
 
 use std::io::{self, Write};
 
+use crate::hash::FastMap;
+use crate::location_codec::Location;
 use crate::trace::{AllocSource, EventKind, Reader};
 use crate::Result;
 
@@ -11,6 +13,8 @@ pub fn run(path: &std::path::Path, out: &mut impl Write, warn: &mut impl Write) 
     let mut reader = Reader::open(path)?;
     let start = reader.info().start_time;
     let mut line = Vec::with_capacity(4096);
+    // Each code's text, formatted once: a frame then costs one copy.
+    let mut frame_text: FastMap<u64, Box<[u8]>> = FastMap::default();
     let mut warned = 0;
     while let Some(event) = reader.next_event()? {
         line.clear();
@@ -34,23 +38,11 @@ pub fn run(path: &std::path::Path, out: &mut impl Write, warn: &mut impl Write) 
                 put_space_padded(&mut line, alloc.common_prefix as i64, 4);
                 line.push(b':');
                 for &code in alloc.backtrace {
-                    let locations = event.locations.get(code)?;
-                    if locations.is_empty() {
-                        line.extend_from_slice(b" $");
-                        put_int(&mut line, code as i64);
-                    }
-                    for l in locations {
-                        line.push(b' ');
-                        line.extend_from_slice(&l.defname);
-                        line.push(b'@');
-                        line.extend_from_slice(&l.filename);
-                        line.push(b':');
-                        put_int(&mut line, l.line as i64);
-                        line.push(b':');
-                        put_int(&mut line, l.start_char as i64);
-                        line.push(b'-');
-                        put_int(&mut line, l.end_char as i64);
-                    }
+                    let text = match frame_text.get(&code) {
+                        Some(text) => text,
+                        None => frame_text.entry(code).or_insert(format_frame(code, event.locations.get(code)?)),
+                    };
+                    line.extend_from_slice(text);
                 }
             }
             EventKind::Promote { id } => {
@@ -69,6 +61,29 @@ pub fn run(path: &std::path::Path, out: &mut impl Write, warn: &mut impl Write) 
     report_warnings(&reader, &mut warned, warn)?;
     out.flush()?;
     Ok(())
+}
+
+/// The text of one backtrace frame: ` $code` for a code without locations, else
+/// ` defname@filename:line:start-end` for each location.
+fn format_frame(code: u64, locations: &[Location]) -> Box<[u8]> {
+    let mut text = Vec::new();
+    if locations.is_empty() {
+        text.extend_from_slice(b" $");
+        put_uint(&mut text, code);
+    }
+    for l in locations {
+        text.push(b' ');
+        text.extend_from_slice(&l.defname);
+        text.push(b'@');
+        text.extend_from_slice(&l.filename);
+        text.push(b':');
+        put_uint(&mut text, l.line.into());
+        text.push(b':');
+        put_uint(&mut text, l.start_char.into());
+        text.push(b'-');
+        put_uint(&mut text, l.end_char.into());
+    }
+    text.into_boxed_slice()
 }
 
 fn report_warnings<R: io::Read>(reader: &Reader<R>, reported: &mut usize, warn: &mut impl Write) -> io::Result<()> {

@@ -11,7 +11,6 @@
 //! [`Warning::TruncatedPacket`] is recorded — upstream's behaviour, except that upstream
 //! treats a cut inside a header as fatal.
 
-use std::collections::HashMap;
 use std::fmt;
 use std::fs::File;
 use std::io::{self, BufReader, Read};
@@ -24,6 +23,7 @@ use super::{
 use crate::backtrace_codec::{self, CacheVerifier};
 use crate::buf::ReadCursor;
 use crate::error::{Error, ErrorKind, Result};
+use crate::hash::FastMap;
 use crate::location_codec::{self, Location};
 
 /// Largest packet the reader accepts. Writers produce at most 32 KiB; this leaves room for
@@ -49,7 +49,7 @@ pub struct Event<'a> {
 /// Location lists by location code, shared by all domains (§5.5).
 #[derive(Debug, Default)]
 pub struct LocationTable {
-    map: HashMap<u64, Arc<[Location]>>,
+    map: FastMap<u64, Arc<[Location]>>,
 }
 
 impl LocationTable {
@@ -438,6 +438,7 @@ enum ParsedKind {
     Collect(ObjectId),
 }
 
+#[inline]
 fn get_count(r: &mut ReadCursor<'_>, what: &'static str) -> Result<u64> {
     let offset = r.offset();
     let v = r.get_vint()?;
