@@ -8,20 +8,14 @@ use std::io::{self, Write};
 
 use super::analysis::Analysis;
 use super::format;
-use super::sites::{self, By, Grouping};
+use super::sites::{self, Ranking};
 
 /// Options of `memtrace diff`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct Options {
-    /// Number of sites to show.
-    #[arg(long, default_value_t = 20)]
-    pub top: usize,
-    /// The figure to compare.
-    #[arg(long, value_enum, default_value_t = By::Allocated)]
-    pub by: By,
-    /// How stacks are grouped into sites.
+    /// Which sites, by what figure.
     #[command(flatten)]
-    pub grouping: Grouping,
+    pub ranking: Ranking,
 }
 
 /// One site's figure in both traces.
@@ -44,10 +38,10 @@ impl Change {
 
 /// Every site whose figure differs, largest change (in absolute value) first.
 pub fn changes(base: &Analysis, new: &Analysis, options: &Options) -> Vec<Change> {
-    let measure = options.by.measure();
+    let measure = options.ranking.by.measure();
     let mut by_site: HashMap<String, Change> = HashMap::new();
     for (analysis, is_new) in [(base, false), (new, true)] {
-        for site in sites::ranked(analysis, options.grouping, measure) {
+        for site in sites::ranked(analysis, options.ranking.grouping, measure) {
             let key = site.key(analysis);
             let bytes = analysis.bytes(site.stats.get(measure).samples);
             let change = by_site.entry(key).or_insert_with_key(|k| Change { site: k.clone(), base: 0.0, new: 0.0 });
@@ -63,7 +57,7 @@ pub fn changes(base: &Analysis, new: &Analysis, options: &Options) -> Vec<Change
     changes
 }
 
-/// Print the `options.top` largest changes from `base` to `new` (traces named by the
+/// Print the `options.ranking.top` largest changes from `base` to `new` (traces named by the
 /// `names` pair).
 pub fn write(
     base: &Analysis,
@@ -72,14 +66,14 @@ pub fn write(
     options: &Options,
     out: &mut impl Write,
 ) -> io::Result<()> {
-    let measure = options.by.measure();
+    let measure = options.ranking.by.measure();
     let total_base = base.bytes(base.totals().get(measure).samples);
     let total_new = new.bytes(new.totals().get(measure).samples);
     let changes = changes(base, new, options);
     writeln!(
         out,
         "Changes in {} (estimated) from {} to {}: total {} -> {} ({}, {} sites changed)",
-        options.by.describe(),
+        options.ranking.by.describe(),
         names.0,
         names.1,
         format::bytes(total_base),
@@ -88,7 +82,7 @@ pub fn write(
         changes.len()
     )?;
     writeln!(out, "{:>12} {:>12} {:>12}  site", "base", "new", "change")?;
-    for c in changes.iter().take(options.top) {
+    for c in changes.iter().take(options.ranking.top) {
         writeln!(
             out,
             "{:>12} {:>12} {:>12}  {}",

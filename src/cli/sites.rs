@@ -58,6 +58,20 @@ pub fn is_allocator_frame(function: &str, file: &str) -> bool {
         || ALLOCATOR_FILES.iter().any(|p| file.contains(p))
 }
 
+/// Which sites to list and by what figure (flags shared by `hotspots` and `diff`).
+#[derive(Debug, Clone, Copy, clap::Args)]
+pub struct Ranking {
+    /// Number of sites to show.
+    #[arg(long, default_value_t = 20)]
+    pub top: usize,
+    /// The figure to rank (or compare) by.
+    #[arg(long, value_enum, default_value_t = By::Allocated)]
+    pub by: By,
+    /// How stacks are grouped into sites.
+    #[command(flatten)]
+    pub grouping: Grouping,
+}
+
 /// How stacks are grouped into sites (command-line flags shared by several subcommands).
 #[derive(Debug, Clone, Copy, Default, clap::Args)]
 pub struct Grouping {
