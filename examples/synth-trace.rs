@@ -9,8 +9,6 @@
 //! `write` records the given number of allocations (each freed 1000 allocations later, so
 //! the trace has about twice as many events) from 64 distinct 24-frame stacks whose two
 //! innermost frames are allocator machinery.
-//! (Location code 0 is avoided: it can hit the writer's zero-initialised backtrace cache and
-//! then never gets a location event.)
 
 use std::io::BufWriter;
 use std::sync::Arc;
@@ -78,15 +76,25 @@ fn write(path: &str, allocs: u64) -> memtrace_rs::Result<()> {
 }
 
 fn read(path: &str) -> memtrace_rs::Result<()> {
+    let started = std::time::Instant::now();
     let mut reader = Reader::open(path)?;
-    let (mut events, mut frames) = (0u64, 0u64);
+    let (mut events, mut allocs, mut frames, mut new_frames) = (0u64, 0u64, 0u64, 0u64);
     while let Some(event) = reader.next_event()? {
         events += 1;
         if let EventKind::Alloc(a) = event.kind {
+            allocs += 1;
             frames += a.backtrace.len() as u64;
+            new_frames += (a.backtrace.len() as u64).saturating_sub(a.common_prefix);
         }
     }
-    println!("{events} events, {frames} frames");
+    let seconds = started.elapsed().as_secs_f64();
+    let per_alloc = |n: u64| n as f64 / allocs.max(1) as f64;
+    println!(
+        "{events} events, {frames} frames ({:.1} per alloc, {:.1} new per alloc) in {seconds:.3} s: {:.1} M events/s",
+        per_alloc(frames),
+        per_alloc(new_frames),
+        events as f64 / seconds / 1e6
+    );
     Ok(())
 }
 
