@@ -14,16 +14,16 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::{Duration, Instant};
 
 use memtrace_rs::trace::{EventKind, Reader};
-use memtrace_rs::{start_tracing, MemtraceAllocator, TraceConfig};
+use memtrace_rs::{start_tracing, MemtraceAllocator, TraceConfig, Unwinder};
 
 const MODE_VAR: &str = "MEMTRACE_BENCH_MODE";
 const THREADS: usize = 2;
 /// Allocations per thread in the workload (dhat runs a fraction of them: it is far slower).
-const OPS_PER_THREAD: usize = 10_000_000;
+const OPS_PER_THREAD: usize = 5_000_000;
 const DHAT_DIVISOR: usize = 40;
 /// Live blocks per thread; each operation frees one and allocates its replacement.
 const LIVE: usize = 512;
-const ROUNDS: usize = 3;
+const ROUNDS: usize = 5;
 /// Stack depth and iterations of the sampled-allocation measurement.
 const DEPTH: usize = 30;
 const SAMPLED_ITERS: usize = 100_000;
@@ -77,10 +77,11 @@ unsafe impl GlobalAlloc for Bench {
 static GLOBAL: Bench = Bench;
 
 /// The configurations of the throughput table.
-const CONFIGS: [(&str, &str); 5] = [
+const CONFIGS: [(&str, &str); 6] = [
     ("system", "System"),
     ("off", "MemtraceAllocator, tracing off"),
     ("1e-5", "MemtraceAllocator, rate 1e-5"),
+    ("1e-5-fp", "rate 1e-5, frame pointers"),
     ("1e-4", "MemtraceAllocator, rate 1e-4"),
     ("dhat", "dhat heap profiler"),
 ];
@@ -105,11 +106,22 @@ fn child(mode: &str) {
         Ordering::Relaxed,
     );
     let trace = trace_path(mode);
+    let (mode, unwinder) = match mode.strip_suffix("-fp") {
+        Some(mode) => (mode, Unwinder::FramePointers),
+        None => (mode, Unwinder::Dwarf),
+    };
     match mode {
         "sampled" | "unsampled" => {
-            let guard = (mode == "sampled").then(|| start(&trace, 1.0));
-            let ns = at_depth(DEPTH, sampled_loop);
+            let guard = (mode == "sampled").then(|| start(&trace, 1.0, unwinder));
+            // Warm up: the writer symbolizes this stack's frames once.
+            at_depth(DEPTH, &|| sampled_loop(SAMPLED_ITERS / 100));
+            std::thread::sleep(Duration::from_millis(300));
+            // The whole process's CPU time, the writer's included, until the writer has
+            // written every sample (dropping the guard waits for it).
+            let start = cpu_ns(libc::CLOCK_PROCESS_CPUTIME_ID);
+            at_depth(DEPTH, &|| sampled_loop(SAMPLED_ITERS));
             drop(guard);
+            let ns = (cpu_ns(libc::CLOCK_PROCESS_CPUTIME_ID) - start) as f64 / SAMPLED_ITERS as f64;
             let samples = if mode == "sampled" { trace_stats(&trace).1 } else { 0 };
             println!("{ns} {samples} 0");
         }
@@ -121,7 +133,7 @@ fn child(mode: &str) {
         }
         "system" | "off" => println!("{} 0 0", workload(OPS_PER_THREAD)),
         rate => {
-            let guard = start(&trace, rate.parse().expect("rate"));
+            let guard = start(&trace, rate.parse().expect("rate"), unwinder);
             let ns = workload(OPS_PER_THREAD);
             drop(guard);
             let (bytes, samples) = trace_stats(&trace);
@@ -135,25 +147,35 @@ fn trace_path(mode: &str) -> PathBuf {
     std::env::temp_dir().join(format!("memtrace-bench-{}-{mode}.out", std::process::id()))
 }
 
-fn start(path: &Path, rate: f64) -> memtrace_rs::TraceGuard {
+fn start(path: &Path, rate: f64, unwinder: Unwinder) -> memtrace_rs::TraceGuard {
     let mut config = TraceConfig::new(path);
     config.rate = rate;
+    config.unwinder = unwinder;
     start_tracing(config).expect("start tracing")
 }
 
 /// Run `ops` allocation/free pairs on each of [`THREADS`] threads; ns per operation.
 fn workload(ops: usize) -> f64 {
-    // Warm up (allocator arenas; with tracing, the first symbolizations) before timing.
-    churn(0, ops / 20);
+    // Warm up (allocator arenas; with tracing, the first symbolizations) before timing, on
+    // threads started by the same code as the timed ones: their stacks (thread start-up,
+    // scope closure) are the call sites the writer must symbolize once, a one-off cost of
+    // milliseconds that would otherwise land in the timed run.
+    on_threads(ops / 20);
     // Let a tracer's writer finish symbolizing the call sites seen so far.
     std::thread::sleep(Duration::from_millis(300));
     let start = cpu_ns(libc::CLOCK_PROCESS_CPUTIME_ID);
+    on_threads(ops);
+    (cpu_ns(libc::CLOCK_PROCESS_CPUTIME_ID) - start) as f64 / (ops * THREADS) as f64
+}
+
+/// [`churn`] `ops` times on each of [`THREADS`] threads.
+#[inline(never)]
+fn on_threads(ops: usize) {
     std::thread::scope(|s| {
         for t in 0..THREADS {
             s.spawn(move || churn(t as u64 + 1, ops));
         }
     });
-    (cpu_ns(libc::CLOCK_PROCESS_CPUTIME_ID) - start) as f64 / (ops * THREADS) as f64
 }
 
 /// CPU time used so far by the process (`CLOCK_PROCESS_CPUTIME_ID`: all its threads, the
@@ -194,27 +216,26 @@ fn churn(seed: u64, ops: usize) {
 
 /// Call `f` with `depth` more frames on the stack.
 #[inline(never)]
-fn at_depth(depth: usize, f: fn() -> f64) -> f64 {
+fn at_depth(depth: usize, f: &dyn Fn()) {
     if depth == 0 {
         f()
     } else {
-        black_box(at_depth(black_box(depth - 1), f))
+        at_depth(black_box(depth - 1), f);
+        black_box(());
     }
 }
 
-/// CPU ns of the calling thread per 8-byte allocation + free.
+/// `iters` 8-byte allocations + frees.
 #[inline(never)]
-fn sampled_loop() -> f64 {
+fn sampled_loop(iters: usize) {
     let layout = Layout::new::<u64>();
-    let start = cpu_ns(libc::CLOCK_THREAD_CPUTIME_ID);
-    for _ in 0..SAMPLED_ITERS {
+    for _ in 0..iters {
         // SAFETY: nonzero-size layout, freed with the same layout.
         unsafe {
             let p = black_box(std::alloc::alloc(layout));
             std::alloc::dealloc(p, layout);
         }
     }
-    (cpu_ns(libc::CLOCK_THREAD_CPUTIME_ID) - start) as f64 / SAMPLED_ITERS as f64
 }
 
 /// (bytes of event packets, excluding the trace-info and location packets; alloc events).
@@ -257,16 +278,21 @@ fn run_child(mode: &str) -> (f64, u64, u64) {
 fn parent() {
     let started = Instant::now();
     let mut best = [(f64::INFINITY, 0, 0); CONFIGS.len()];
-    for _ in 0..ROUNDS {
-        for (i, (mode, _)) in CONFIGS.iter().enumerate() {
-            let run = run_child(mode);
+    // Short runs, interleaved, in a rotating order, keeping each configuration's best round:
+    // on a shared machine the noise (other processes' load, heap layout) only ever adds time.
+    for round in 0..ROUNDS {
+        for j in 0..CONFIGS.len() {
+            let i = (round + j) % CONFIGS.len();
+            let run = run_child(CONFIGS[i].0);
             if run.0 < best[i].0 {
                 best[i] = run;
             }
         }
     }
-    let sampled = (0..ROUNDS).map(|_| run_child("sampled")).min_by(|a, b| a.0.total_cmp(&b.0)).unwrap();
-    let unsampled = (0..ROUNDS).map(|_| run_child("unsampled")).min_by(|a, b| a.0.total_cmp(&b.0)).unwrap();
+    let best_of = |mode: &str| (0..ROUNDS).map(|_| run_child(mode)).min_by(|a, b| a.0.total_cmp(&b.0)).unwrap();
+    let sampled = best_of("sampled");
+    let sampled_fp = best_of("sampled-fp");
+    let unsampled = best_of("unsampled");
 
     let system = best[0].0;
     println!(
@@ -278,14 +304,16 @@ fn parent() {
         let per_sample = if samples > 0 { format!("{:.1}", bytes as f64 / samples as f64) } else { "-".into() };
         println!("{name:<34} {ns:>10.2} {:>8.3}x {samples:>10} {per_sample:>14}", ns / system);
     }
-    println!(
-        "{:<34} {:>10.0} {:>9} {:>10} {:>14}",
-        format!("one sampled alloc+free, {DEPTH} frames deep"),
-        sampled.0 - unsampled.0,
-        "ns",
-        sampled.1,
-        "-"
-    );
+    for (name, run) in [("", sampled), (", frame pointers", sampled_fp)] {
+        println!(
+            "{:<34} {:>10.0} {:>9} {:>10} {:>14}",
+            format!("one sampled alloc+free, {DEPTH} frames deep{name}"),
+            run.0 - unsampled.0,
+            "ns",
+            run.1,
+            "-"
+        );
+    }
     println!(
         "(total {:.0?}; bytes/sample = event packets, collects included, location packets excluded)",
         Duration::from_secs(started.elapsed().as_secs())

@@ -23,7 +23,10 @@ pub fn symbolize(addr: u64) -> Arc<[Location]> {
     resolve(addr, |name, symbol| {
         let column = symbol.colno().unwrap_or(0);
         locations.push(Location {
-            filename: symbol.filename().map_or_else(|| b"<unknown>".to_vec(), |f| f.as_os_str().as_bytes().to_vec()).into(),
+            filename: symbol
+                .filename()
+                .map_or_else(|| b"<unknown>".to_vec(), |f| f.as_os_str().as_bytes().to_vec())
+                .into(),
             line: symbol.lineno().unwrap_or(0),
             start_char: column,
             end_char: column,

@@ -4,8 +4,12 @@
 //!
 //! # Threads and ordering
 //! Application threads never wait for the writer: a sampled allocation captures its stack
-//! into a fixed array and sends it over an unbounded crossbeam channel (whose occasional
-//! block allocations are made "inside the tracer", so they are not sampled). The writer
+//! into a frame buffer taken from a lock-free pool of recycled buffers (a new one is allocated
+//! when the pool is empty) and sends a small message owning that buffer over an unbounded
+//! crossbeam channel. The channel's occasional block allocations and any new buffer are made
+//! "inside the tracer", so they are not sampled; the writer returns each buffer to the pool
+//! once the sample is encoded (or frees it when the pool is full). Nothing on the sampled path
+//! blocks or takes a lock. The writer
 //! thread owns the [`Writer`], assigns object ids, keeps the address → id map, symbolizes
 //! new frame addresses once, and flushes at least once a second. A queue bound and the
 //! sampled-block table are the only places a sample can be dropped; drops are counted and
@@ -15,10 +19,12 @@
 //! a thread still finishing a send for an old session can never reach a new session's writer
 //! and a forked child that starts tracing never shares a channel with its parent's threads.
 
+use std::cell::Cell;
 use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::fmt;
 use std::fs::{File, OpenOptions};
+use std::hash::{BuildHasherDefault, Hasher};
 use std::io;
 use std::os::fd::AsRawFd;
 use std::os::unix::ffi::OsStringExt;
@@ -55,6 +61,12 @@ pub const RATE_VAR: &str = "MEMTRACE_RATE";
 /// Environment variable holding the trace's free-form context string.
 pub const CONTEXT_VAR: &str = "MEMTRACE_CONTEXT";
 
+/// Environment variable choosing the stack unwinder: `dwarf` (default) or `frame-pointers`.
+pub const UNWINDER_VAR: &str = "MEMTRACE_UNWINDER";
+
+/// Frame buffers the pool of a session can hold (and is prefilled with).
+const POOL_SIZE: usize = 512;
+
 /// Messages queued for the writer beyond which new samples are dropped (the writer is far
 /// behind). Frees are never dropped.
 const QUEUE_LIMIT: usize = 1 << 17;
@@ -81,13 +93,19 @@ static DROPPED_QUEUE: AtomicU64 = AtomicU64::new(0);
 /// Samples dropped since the current session started because the sampled-block table
 /// bucket was full.
 static DROPPED_TABLE: AtomicU64 = AtomicU64::new(0);
-/// Per [`Entry`]: leading captured frames that belong to the tracer, the unwinder and the
-/// allocator shims (measured by [`calibrate`]).
-static SKIP: [AtomicUsize; 3] = [AtomicUsize::new(0), AtomicUsize::new(0), AtomicUsize::new(0)];
+/// Per [`Unwinder`] and [`Entry`]: leading captured frames that belong to the tracer, the
+/// unwinder and the allocator shims (measured by [`calibrate`]).
+#[allow(clippy::declare_interior_mutable_const)] // Only used to initialise `SKIP`.
+const NO_SKIP: [AtomicUsize; 3] = [AtomicUsize::new(0), AtomicUsize::new(0), AtomicUsize::new(0)];
+static SKIP: [[AtomicUsize; 3]; 2] = [NO_SKIP, NO_SKIP];
 /// Frames recorded per sample in the current session.
 static FRAME_CAP: AtomicUsize = AtomicUsize::new(DEFAULT_FRAME_CAP);
-/// Whether [`SKIP`] has been measured in this process.
-static CALIBRATED: AtomicBool = AtomicBool::new(false);
+/// The unwinder of the current session (or of the calibration under way), as `Unwinder as u8`.
+static UNWINDER: AtomicU8 = AtomicU8::new(Unwinder::Dwarf as u8);
+/// Per [`Unwinder`]: whether its [`SKIP`] has been measured in this process.
+static CALIBRATED: [AtomicBool; 2] = [AtomicBool::new(false), AtomicBool::new(false)];
+/// Whether frame-pointer unwinding was found not to work in this process (no frame chain).
+static FRAME_POINTERS_BROKEN: AtomicBool = AtomicBool::new(false);
 /// Whether the sampled-block table may hold entries of an earlier session.
 static TABLE_USED: AtomicBool = AtomicBool::new(false);
 /// The captures made by the calibration markers, per [`Entry`].
@@ -108,12 +126,18 @@ pub fn currently_tracing() -> bool {
     STATE.load(Ordering::Relaxed) == ON
 }
 
-/// A session's hand-off queue.
+/// A captured stack: frame addresses, innermost first.
+type Frames = Box<[u64; MAX_FRAMES]>;
+
+/// A session's hand-off queue, and its pool of frame buffers.
 struct Channel {
     tx: Sender<Msg>,
     rx: Receiver<Msg>,
     /// Messages sent and not yet received.
     queued: AtomicUsize,
+    /// Recycled frame buffers (a bounded, lock-free array queue).
+    pool_tx: Sender<Frames>,
+    pool_rx: Receiver<Frames>,
 }
 
 impl Channel {
@@ -125,13 +149,37 @@ impl Channel {
         }
         sent
     }
+
+    /// A frame buffer from the pool, or a new one when the pool is empty (callers are inside
+    /// the tracer, so the allocation is not sampled).
+    #[inline]
+    fn take_frames(&self) -> Frames {
+        self.pool_rx.try_recv().unwrap_or_else(|_| new_frames())
+    }
+
+    /// Give a frame buffer back to the pool; it is freed when the pool is full.
+    fn recycle(&self, frames: Frames) {
+        let _ = self.pool_tx.try_send(frames);
+    }
+
+    fn new() -> Channel {
+        let (tx, rx) = crossbeam_channel::unbounded();
+        let (pool_tx, pool_rx) = crossbeam_channel::bounded(POOL_SIZE);
+        for _ in 0..POOL_SIZE {
+            let _ = pool_tx.try_send(new_frames());
+        }
+        Channel { tx, rx, queued: AtomicUsize::new(0), pool_tx, pool_rx }
+    }
 }
 
-/// What application threads tell the writer.
-///
-/// The frames travel inline, so that a sample needs no allocation of its own; every variant
-/// therefore takes a channel slot of the largest one's size.
-#[allow(clippy::large_enum_variant)]
+#[cold]
+#[inline(never)]
+fn new_frames() -> Frames {
+    Box::new([0; MAX_FRAMES])
+}
+
+/// What application threads tell the writer: a few words, so that the channel's blocks stay
+/// small (the frames travel in a pooled buffer).
 enum Msg {
     /// A sampled block was allocated at `addr`.
     Alloc {
@@ -141,8 +189,8 @@ enum Msg {
         length: u64,
         nsamples: u64,
         /// Frame addresses, innermost first; only the first `nframes` are meaningful.
-        frames: [u64; MAX_FRAMES],
-        nframes: usize,
+        frames: Frames,
+        nframes: u32,
     },
     /// The sampled block at `addr` was freed.
     Free { addr: usize, time: Timestamp },
@@ -163,7 +211,7 @@ pub(crate) fn sampled_alloc(addr: usize, size: usize, nsamples: u64, entry: Entr
         ON => {}
         CALIBRATING if calibration => {
             let mut frames = [0; MAX_FRAMES];
-            let n = capture(0, MAX_FRAMES, &mut frames);
+            let n = capture(entry, true, &mut frames);
             CALIBRATION.lock()[entry as usize] = (n, frames);
             return;
         }
@@ -178,9 +226,10 @@ pub(crate) fn sampled_alloc(addr: usize, size: usize, nsamples: u64, entry: Entr
         DROPPED_TABLE.fetch_add(1, Ordering::Relaxed);
         return;
     }
-    let mut frames = [0; MAX_FRAMES];
-    let nframes = capture(SKIP[entry as usize].load(Ordering::Relaxed), FRAME_CAP.load(Ordering::Relaxed), &mut frames);
+    let mut frames = channel.take_frames();
+    let nframes = capture(entry, false, &mut frames);
     let length = (size as u64).div_ceil(WORD_BYTES);
+    let nframes = nframes as u32;
     if !channel.send(Msg::Alloc { addr, time: now_us(), length, nsamples, frames, nframes }) {
         sampled_set::remove(addr);
         DROPPED_QUEUE.fetch_add(1, Ordering::Relaxed);
@@ -194,9 +243,32 @@ pub(crate) fn sampled_free(addr: usize) {
     }
 }
 
-/// Record up to `cap` frame addresses, innermost first, after skipping `skip` frames.
-/// Allocation-free; returns the number of frames written.
-fn capture(skip: usize, cap: usize, frames: &mut [u64; MAX_FRAMES]) -> usize {
+/// Record the stack of a sample taken in `entry` with the session's unwinder into `frames`,
+/// innermost first, without the tracer's own frames (all frames, up to [`MAX_FRAMES`], for a
+/// calibration capture). Returns the number of frames written. Allocation-free, except that
+/// the first frame-pointer capture on a thread asks for the thread's stack bounds.
+#[inline(always)]
+fn capture(entry: Entry, calibrating: bool, frames: &mut [u64; MAX_FRAMES]) -> usize {
+    let cap = if calibrating { MAX_FRAMES } else { FRAME_CAP.load(Ordering::Relaxed) };
+    let skip = |unwinder: Unwinder| {
+        if calibrating {
+            0
+        } else {
+            SKIP[unwinder as usize][entry as usize].load(Ordering::Relaxed)
+        }
+    };
+    if UNWINDER.load(Ordering::Relaxed) == Unwinder::FramePointers as u8 {
+        if let Some(bounds) = frame_pointers::stack_bounds() {
+            return frame_pointers::capture(skip(Unwinder::FramePointers), cap, frames, bounds);
+        }
+        // Stack bounds unknown on this thread: DWARF unwinding instead.
+    }
+    capture_dwarf(skip(Unwinder::Dwarf), cap, frames)
+}
+
+/// [`capture`] with libgcc's DWARF unwinder: up to `cap` frame addresses after skipping `skip`.
+#[inline(never)]
+fn capture_dwarf(skip: usize, cap: usize, frames: &mut [u64; MAX_FRAMES]) -> usize {
     let cap = cap.min(MAX_FRAMES);
     let mut seen = 0;
     let mut n = 0;
@@ -221,6 +293,143 @@ fn capture(skip: usize, cap: usize, frames: &mut [u64; MAX_FRAMES]) -> usize {
         });
     }
     n
+}
+
+/// Stack capture by walking the frame-pointer chain (ALLOCATOR-PITFALLS §10): no DWARF
+/// tables, no loader lock, no unwinder lock, safe next to signal-based profilers.
+///
+/// Each frame that keeps a frame pointer stores the record `[caller's frame pointer, return
+/// address]` at its frame pointer (x86_64 `rbp`, aarch64 `x29`). The walk follows the records
+/// and stops at the first one that fails a check: every record must lie within this thread's
+/// stack, above the current stack pointer (so it is mapped and readable: the walk never
+/// faults), 8-byte aligned, and strictly above the previous record (so the walk ends). The
+/// stack bounds come from `pthread_getattr_np` once per thread and are cached in
+/// `const`-initialised thread-local cells; a thread whose bounds are unknown (or a sample
+/// taken on another stack, such as a signal stack) falls back to DWARF unwinding.
+///
+/// The chain is only complete if every function between `main` and the allocator keeps frame
+/// pointers: build the program with `-C force-frame-pointers=yes` (Rust's precompiled std
+/// keeps them since 1.79). A chain broken by a function without one ends the walk early (a
+/// truncated stack); it cannot go wrong in any other way.
+mod frame_pointers {
+    use super::*;
+
+    /// Whether this target has a frame-pointer walker.
+    pub(super) const SUPPORTED: bool = cfg!(all(
+        any(target_arch = "x86_64", target_arch = "aarch64"),
+        any(target_os = "linux", target_os = "android")
+    ));
+
+    /// `hi` values with a special meaning in [`STACK`].
+    const UNKNOWN: usize = 0;
+    const UNAVAILABLE: usize = 1;
+
+    thread_local! {
+        /// This thread's stack as `(lowest address, end)`; `end` is [`UNKNOWN`] until asked
+        /// for, [`UNAVAILABLE`] when it cannot be known.
+        static STACK: (Cell<usize>, Cell<usize>) = const { (Cell::new(0), Cell::new(UNKNOWN)) };
+    }
+
+    /// This thread's stack bounds, asked for on the first call (callers are inside the tracer:
+    /// `pthread_getattr_np` may allocate, reading `/proc/self/maps` for the main thread).
+    #[inline]
+    pub(super) fn stack_bounds() -> Option<(usize, usize)> {
+        STACK
+            .try_with(|(lo, hi)| {
+                if hi.get() == UNKNOWN {
+                    let (l, h) = query_stack_bounds().unwrap_or((0, UNAVAILABLE));
+                    lo.set(l);
+                    hi.set(h);
+                }
+                (hi.get() != UNAVAILABLE).then(|| (lo.get(), hi.get()))
+            })
+            .ok()
+            .flatten()
+    }
+
+    #[cfg(any(target_os = "linux", target_os = "android"))]
+    fn query_stack_bounds() -> Option<(usize, usize)> {
+        // SAFETY: `attr` is initialised by pthread_getattr_np before use and destroyed after;
+        // the out-pointers are valid for writes.
+        unsafe {
+            let mut attr: libc::pthread_attr_t = std::mem::zeroed();
+            if libc::pthread_getattr_np(libc::pthread_self(), &mut attr) != 0 {
+                return None;
+            }
+            let mut addr: *mut libc::c_void = std::ptr::null_mut();
+            let mut size: libc::size_t = 0;
+            let result = libc::pthread_attr_getstack(&attr, &mut addr, &mut size);
+            libc::pthread_attr_destroy(&mut attr);
+            let lo = addr as usize;
+            (result == 0 && lo > UNAVAILABLE && size > 0).then(|| (lo, lo.saturating_add(size)))
+        }
+    }
+
+    #[cfg(not(any(target_os = "linux", target_os = "android")))]
+    fn query_stack_bounds() -> Option<(usize, usize)> {
+        None
+    }
+
+    /// The current `(frame pointer, stack pointer)`.
+    #[inline(always)]
+    fn registers() -> (usize, usize) {
+        let (fp, sp): (usize, usize);
+        // SAFETY: reads two registers; no memory access.
+        #[cfg(target_arch = "x86_64")]
+        unsafe {
+            std::arch::asm!("mov {fp}, rbp", "mov {sp}, rsp", fp = out(reg) fp, sp = out(reg) sp,
+                options(nomem, nostack, preserves_flags));
+        }
+        // SAFETY: reads two registers; no memory access.
+        #[cfg(target_arch = "aarch64")]
+        unsafe {
+            std::arch::asm!("mov {fp}, x29", "mov {sp}, sp", fp = out(reg) fp, sp = out(reg) sp,
+                options(nomem, nostack, preserves_flags));
+        }
+        #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+        {
+            (fp, sp) = (0, 0);
+        }
+        (fp, sp)
+    }
+
+    /// Up to `cap` return addresses, innermost first, after skipping `skip`; `stack` is this
+    /// thread's `(lowest address, end)`. Returns the number written; 0 when the sample was
+    /// not taken on the thread's stack.
+    #[inline(never)]
+    pub(super) fn capture(skip: usize, cap: usize, frames: &mut [u64; MAX_FRAMES], stack: (usize, usize)) -> usize {
+        const WORD: usize = std::mem::size_of::<usize>();
+        let cap = cap.min(MAX_FRAMES);
+        let (mut fp, sp) = registers();
+        let (lo, hi) = stack;
+        if sp < lo || sp >= hi {
+            // Another stack (a signal stack, a coroutine): nothing to walk.
+            return 0;
+        }
+        let mut n = 0;
+        let mut seen = 0;
+        // Every record read is within [sp, hi): the live part of this thread's stack.
+        while n < cap && fp >= sp && fp % WORD == 0 && fp <= hi - 2 * WORD {
+            // SAFETY: `[fp, fp + 16)` is inside the mapped, live part of this thread's stack
+            // (checked above) and aligned; volatile reads of plain words, never dereferenced.
+            let (next, ret) = unsafe {
+                (std::ptr::read_volatile(fp as *const usize), std::ptr::read_volatile((fp + WORD) as *const usize))
+            };
+            if ret == 0 {
+                break;
+            }
+            if seen >= skip {
+                frames[n] = ret as u64;
+                n += 1;
+            }
+            seen += 1;
+            if next <= fp {
+                break;
+            }
+            fp = next;
+        }
+        n
+    }
 }
 
 /// Microseconds since the Unix epoch (no allocation).
@@ -250,12 +459,47 @@ pub struct TraceConfig {
     pub context: Option<String>,
     /// Stack frames recorded per sample, from 1 to [`MAX_FRAMES`].
     pub frame_cap: usize,
+    /// How sampled stacks are captured.
+    pub unwinder: Unwinder,
 }
 
 impl TraceConfig {
-    /// A configuration writing to `path` with the default rate and frame cap and no context.
+    /// A configuration writing to `path` with the default rate, frame cap and unwinder and no
+    /// context.
     pub fn new(path: impl Into<PathBuf>) -> TraceConfig {
-        TraceConfig { path: path.into(), rate: DEFAULT_RATE, context: None, frame_cap: DEFAULT_FRAME_CAP }
+        TraceConfig {
+            path: path.into(),
+            rate: DEFAULT_RATE,
+            context: None,
+            frame_cap: DEFAULT_FRAME_CAP,
+            unwinder: Unwinder::default(),
+        }
+    }
+}
+
+/// How a sampled allocation's stack is captured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Unwinder {
+    /// libgcc's DWARF unwinder (`_Unwind_Backtrace`): works for any program with unwind
+    /// tables (Rust's default), costs a few µs per sample. The default.
+    #[default]
+    Dwarf = 0,
+    /// Walk the frame-pointer chain: several times cheaper, and never touches the dynamic
+    /// loader or an unwinder lock. Needs the program built with `-C force-frame-pointers=yes`
+    /// (e.g. `RUSTFLAGS="-C force-frame-pointers=yes"`; the precompiled std keeps frame
+    /// pointers since Rust 1.79); a function without one truncates the stacks that pass
+    /// through it. x86_64 and aarch64 Linux only; elsewhere, or when start-up calibration
+    /// finds no usable frame chain, tracing uses [`Unwinder::Dwarf`] and says so on stderr.
+    FramePointers = 1,
+}
+
+impl Unwinder {
+    /// The name used by [`UNWINDER_VAR`] and in the trace's runtime parameters.
+    pub fn name(self) -> &'static str {
+        match self {
+            Unwinder::Dwarf => "dwarf",
+            Unwinder::FramePointers => "frame-pointers",
+        }
     }
 }
 
@@ -307,6 +551,9 @@ impl fmt::Display for StartError {
         match self {
             StartError::AlreadyTracing => write!(f, "a trace is already being recorded"),
             StartError::InvalidRate(rate) => write!(f, "sampling rate must be in (0, 1], got {rate}"),
+            StartError::InvalidVariable { var, value } if *var == UNWINDER_VAR => {
+                write!(f, "{var} must be `dwarf` or `frame-pointers`, got {value:?}; not tracing")
+            }
             StartError::InvalidVariable { var, value } => {
                 write!(f, "{var} must be a sampling rate in (0, 1], got {value:?}; not tracing")
             }
@@ -387,6 +634,14 @@ pub fn trace_if_requested() -> Option<TraceGuard> {
             return None;
         }
     }
+    match unwinder_from_env(std::env::var_os(UNWINDER_VAR).as_deref()) {
+        Ok(Some(unwinder)) => config.unwinder = unwinder,
+        Ok(None) => {}
+        Err(e) => {
+            eprintln!("memtrace: {e}");
+            return None;
+        }
+    }
     config.context = std::env::var(CONTEXT_VAR).ok().filter(|c| !c.is_empty());
     match start_tracing(config) {
         Ok(guard) => Some(guard),
@@ -404,6 +659,17 @@ fn rate_from_env(value: Option<&OsStr>) -> Result<Option<f64>, StartError> {
         Some(rate) if valid_rate(rate) => Ok(Some(rate)),
         _ => Err(StartError::InvalidVariable { var: RATE_VAR, value: value.to_string_lossy().into_owned() }),
     }
+}
+
+/// The unwinder named by the value of [`UNWINDER_VAR`]: `None` when unset or empty.
+fn unwinder_from_env(value: Option<&OsStr>) -> Result<Option<Unwinder>, StartError> {
+    let Some(value) = value.filter(|v| !v.is_empty()) else { return Ok(None) };
+    let name = value.to_str().map(str::trim);
+    [Unwinder::Dwarf, Unwinder::FramePointers]
+        .into_iter()
+        .find(|u| Some(u.name()) == name)
+        .map(Some)
+        .ok_or_else(|| StartError::InvalidVariable { var: UNWINDER_VAR, value: value.to_string_lossy().into_owned() })
 }
 
 fn valid_rate(rate: f64) -> bool {
@@ -434,7 +700,7 @@ pub fn start_tracing(config: TraceConfig) -> Result<TraceGuard, StartError> {
         // A session whose writer failed, or our parent's session: end it quietly.
         finish(session);
     }
-    calibrate()?;
+    let unwinder = calibrate(config.unwinder)?;
     let file = open_locked(&config.path)?;
     let start_time = now_us();
     let info = Info {
@@ -442,7 +708,7 @@ pub fn start_tracing(config: TraceConfig) -> Result<TraceGuard, StartError> {
         word_size: 64,
         executable_name: std::env::current_exe().map(|p| p.into_os_string().into_vec()).unwrap_or_default(),
         host_name: host_name(),
-        runtime_params: runtime_params(config.frame_cap).into_bytes(),
+        runtime_params: runtime_params(config.frame_cap, unwinder).into_bytes(),
         pid: getpid() as u64,
         initial_domain: DOMAIN,
         start_time,
@@ -451,8 +717,7 @@ pub fn start_tracing(config: TraceConfig) -> Result<TraceGuard, StartError> {
     let write_error = |source| StartError::Write { path: config.path.clone(), source };
     let writer = Writer::new(file, &info).map_err(write_error)?.check_pid_on_flush(true);
 
-    let (tx, rx) = crossbeam_channel::unbounded();
-    let channel: &'static Channel = Box::leak(Box::new(Channel { tx, rx, queued: AtomicUsize::new(0) }));
+    let channel: &'static Channel = Box::leak(Box::new(Channel::new()));
     let (ready_tx, ready_rx) = crossbeam_channel::bounded(1);
     let path = config.path.clone();
     let writer = std::thread::Builder::new()
@@ -472,6 +737,7 @@ pub fn start_tracing(config: TraceConfig) -> Result<TraceGuard, StartError> {
     DROPPED_TABLE.store(0, Ordering::Relaxed);
     sampler::configure(config.rate);
     FRAME_CAP.store(config.frame_cap, Ordering::Relaxed);
+    UNWINDER.store(unwinder as u8, Ordering::Relaxed);
     CHANNEL.store(channel as *const Channel as *mut Channel, Ordering::Release);
     STATE.store(ON, Ordering::Release);
     let id = NEXT_SESSION.fetch_add(1, Ordering::Relaxed);
@@ -509,6 +775,9 @@ fn finish(session: Session) {
     CHANNEL.store(std::ptr::null_mut(), Ordering::Release);
     session.channel.send(Msg::Stop);
     let _ = session.writer.join();
+    // The channel is leaked; free the pooled buffers (a thread still finishing a sample of
+    // this session may take one, or allocate one that is never received: a few KiB at most).
+    while session.channel.pool_rx.try_recv().is_ok() {}
     let behind = DROPPED_QUEUE.swap(0, Ordering::Relaxed);
     let full = DROPPED_TABLE.swap(0, Ordering::Relaxed);
     if behind + full > 0 {
@@ -551,8 +820,12 @@ fn host_name() -> Vec<u8> {
     buf.split(|&b| b == 0).next().unwrap_or_default().to_vec()
 }
 
-fn runtime_params(frame_cap: usize) -> String {
-    let unwinder = if cfg!(target_vendor = "apple") { "libunwind" } else { "libgcc" };
+fn runtime_params(frame_cap: usize, unwinder: Unwinder) -> String {
+    let unwinder = match unwinder {
+        Unwinder::FramePointers => "frame-pointers",
+        Unwinder::Dwarf if cfg!(target_vendor = "apple") => "libunwind",
+        Unwinder::Dwarf => "libgcc",
+    };
     format!("memtrace-rs={},unwinder={unwinder},frames={frame_cap}", env!("CARGO_PKG_VERSION"))
 }
 
@@ -568,9 +841,39 @@ fn runtime_params(frame_cap: usize) -> String {
 /// (`memtrace_rs::`, `backtrace::`, `__rust_alloc`, `__rg_`, `_Unwind_`, ...) is skipped.
 /// This also warms up the unwinder before any real sample is taken. Called with [`SESSION`]
 /// held and tracing off.
-fn calibrate() -> Result<(), StartError> {
-    if CALIBRATED.load(Ordering::Relaxed) {
-        return Ok(());
+///
+/// DWARF unwinding is always calibrated (it is also the fallback of frame-pointer unwinding);
+/// frame pointers only when asked for. Returns the unwinder to use: [`Unwinder::Dwarf`], with
+/// a note on stderr, when frame pointers are asked for but cannot be walked here.
+fn calibrate(wanted: Unwinder) -> Result<Unwinder, StartError> {
+    calibrate_unwinder(Unwinder::Dwarf)?;
+    if wanted == Unwinder::Dwarf {
+        return Ok(Unwinder::Dwarf);
+    }
+    let why = if !frame_pointers::SUPPORTED {
+        Some("is not supported on this platform")
+    } else if frame_pointers::stack_bounds().is_none() {
+        Some("cannot find this thread's stack")
+    } else if calibrate_unwinder(Unwinder::FramePointers)? {
+        None
+    } else {
+        Some("finds no frame chain (build with -C force-frame-pointers=yes)")
+    };
+    match why {
+        None => Ok(Unwinder::FramePointers),
+        Some(why) => {
+            eprintln!("memtrace: frame-pointer unwinding {why}; using DWARF unwinding");
+            Ok(Unwinder::Dwarf)
+        }
+    }
+}
+
+/// Calibrate `unwinder` (once per process). Returns whether its captures reach the marker
+/// functions: when they do not, nothing is skipped.
+fn calibrate_unwinder(unwinder: Unwinder) -> Result<bool, StartError> {
+    let u = unwinder as usize;
+    if CALIBRATED[u].load(Ordering::Relaxed) {
+        return Ok(unwinder == Unwinder::Dwarf || !FRAME_POINTERS_BROKEN.load(Ordering::Relaxed));
     }
     let markers: [(Entry, fn(), &str); 3] = [
         (Entry::Alloc, marker_alloc, "marker_alloc"),
@@ -578,27 +881,35 @@ fn calibrate() -> Result<(), StartError> {
         (Entry::Realloc, marker_realloc, "marker_realloc"),
     ];
     *CALIBRATION.lock() = [(0, [0; MAX_FRAMES]); 3];
+    UNWINDER.store(u as u8, Ordering::Relaxed);
     STATE.store(CALIBRATING, Ordering::SeqCst);
     for (_, marker, _) in &markers {
         marker();
     }
     STATE.store(OFF, Ordering::SeqCst);
+    UNWINDER.store(Unwinder::Dwarf as u8, Ordering::Relaxed);
     let captures = *CALIBRATION.lock();
-    if captures.iter().any(|&(n, _)| n == 0) {
+    if unwinder == Unwinder::Dwarf && captures.iter().any(|&(n, _)| n == 0) {
         return Err(StartError::NotGlobalAllocator);
     }
+    let mut found = true;
     for (entry, _, name) in markers {
         let (n, frames) = &captures[entry as usize];
-        SKIP[entry as usize].store(tracer_frames(&frames[..*n], name), Ordering::Relaxed);
+        let skip = tracer_frames(&frames[..*n], name);
+        found &= skip.is_some();
+        SKIP[u][entry as usize].store(skip.unwrap_or(0), Ordering::Relaxed);
     }
-    CALIBRATED.store(true, Ordering::Relaxed);
-    Ok(())
+    if unwinder == Unwinder::FramePointers {
+        FRAME_POINTERS_BROKEN.store(!found, Ordering::Relaxed);
+    }
+    CALIBRATED[u].store(true, Ordering::Relaxed);
+    Ok(unwinder == Unwinder::Dwarf || found)
 }
 
 /// The number of leading `frames` (innermost first) that are tracer or allocator machinery,
 /// given that the frame of the function named `marker` called into the global allocator.
-/// 0 when the marker cannot be found (no symbols): then nothing is skipped.
-fn tracer_frames(frames: &[u64], marker: &str) -> usize {
+/// `None` when the marker cannot be found (no symbols, or a broken frame chain).
+fn tracer_frames(frames: &[u64], marker: &str) -> Option<usize> {
     const OURS: [&str; 9] = [
         "memtrace_rs::",
         "backtrace::",
@@ -611,11 +922,12 @@ fn tracer_frames(frames: &[u64], marker: &str) -> usize {
         "_Unwind_",
     ];
     let names: Vec<Vec<String>> = frames.iter().map(|&ip| symbolize::function_names(ip)).collect();
-    let Some(marker_at) = names.iter().position(|n| n.iter().any(|n| n.ends_with(marker))) else { return 0 };
-    names[..marker_at]
+    let marker_at = names.iter().position(|n| n.iter().any(|n| n.ends_with(marker)))?;
+    let skip = names[..marker_at]
         .iter()
         .rposition(|n| n.iter().any(|n| OURS.iter().any(|ours| n.contains(ours))))
-        .map_or(0, |last| last + 1)
+        .map_or(0, |last| last + 1);
+    Some(skip)
 }
 
 const MARKER_LAYOUT: std::alloc::Layout = std::alloc::Layout::new::<[u64; 4]>();
@@ -667,13 +979,47 @@ fn marker_realloc() {
 // ---------------------------------------------------------------------------------------------
 // The writer thread
 
+/// A hash map with [`FxHasher`] (the writer's maps are keyed by addresses).
+type FastMap<K, V> = HashMap<K, V, BuildHasherDefault<FxHasher>>;
+
+/// A hasher for integer keys: one folded 64 × 64 → 128-bit multiply per word (as in foldhash),
+/// far cheaper than SipHash and well spread for aligned addresses; the keys are addresses,
+/// not attacker-chosen.
+#[derive(Default, Clone, Copy)]
+struct FxHasher(u64);
+
+impl Hasher for FxHasher {
+    #[inline]
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(b as u64);
+        }
+    }
+
+    #[inline]
+    fn write_u64(&mut self, v: u64) {
+        let product = ((self.0 ^ v ^ 0x243f_6a88_85a3_08d3) as u128) * 0xf135_7aea_2e62_a9c5;
+        self.0 = product as u64 ^ (product >> 64) as u64;
+    }
+
+    #[inline]
+    fn write_usize(&mut self, v: usize) {
+        self.write_u64(v as u64);
+    }
+
+    #[inline]
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
 /// The writer thread's state.
 struct TraceWriter {
     writer: Writer<File>,
     /// Object id of each live sampled block, by address.
-    ids: HashMap<usize, ObjectId>,
+    ids: FastMap<usize, ObjectId>,
     /// Symbolized frame addresses.
-    locations: HashMap<u64, Arc<[Location]>>,
+    locations: FastMap<u64, Arc<[Location]>>,
     /// Time of the last event: event times never decrease.
     last_time: Timestamp,
 }
@@ -681,7 +1027,8 @@ struct TraceWriter {
 /// The writer thread's body: record messages until `Stop`, then close the trace. A write
 /// error stops tracing with one message on stderr (none in a forked child).
 fn write_trace(channel: &'static Channel, writer: Writer<File>, path: &Path, start_time: Timestamp) {
-    let mut state = TraceWriter { writer, ids: HashMap::new(), locations: HashMap::new(), last_time: start_time };
+    let mut state =
+        TraceWriter { writer, ids: FastMap::default(), locations: FastMap::default(), last_time: start_time };
     let result = state.run(channel).and_then(|()| state.writer.close().map(drop));
     if let Err(e) = result {
         STATE.store(OFF, Ordering::SeqCst);
@@ -704,7 +1051,10 @@ impl TraceWriter {
                 channel.queued.fetch_sub(1, Ordering::Relaxed);
                 match msg {
                     Msg::Alloc { addr, time, length, nsamples, frames, nframes } => {
-                        self.alloc(addr, time, length, nsamples, &frames[..nframes.min(MAX_FRAMES)])?
+                        let result =
+                            self.alloc(addr, time, length, nsamples, &frames[..(nframes as usize).min(MAX_FRAMES)]);
+                        channel.recycle(frames);
+                        result?
                     }
                     Msg::Free { addr, time } => self.free(addr, time)?,
                     Msg::Stop => return Ok(()),
@@ -791,6 +1141,8 @@ extern "C" fn after_fork_in_child() {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::HashSet;
+
     use super::*;
 
     #[test]
@@ -803,6 +1155,35 @@ mod tests {
             let e = rate_from_env(Some(OsStr::new(bad))).unwrap_err();
             assert!(e.to_string().contains(RATE_VAR), "{e}");
         }
+    }
+
+    #[test]
+    fn unwinder_variable_parsing() {
+        assert!(unwinder_from_env(None).unwrap().is_none());
+        assert!(unwinder_from_env(Some(OsStr::new(""))).unwrap().is_none());
+        assert_eq!(unwinder_from_env(Some(OsStr::new("dwarf"))).unwrap(), Some(Unwinder::Dwarf));
+        assert_eq!(unwinder_from_env(Some(OsStr::new("frame-pointers"))).unwrap(), Some(Unwinder::FramePointers));
+        for bad in ["fp", "DWARF", "frame_pointers", "x"] {
+            let e = unwinder_from_env(Some(OsStr::new(bad))).unwrap_err();
+            assert!(e.to_string().contains(UNWINDER_VAR) && e.to_string().contains("frame-pointers"), "{e}");
+        }
+    }
+
+    #[test]
+    fn frame_pointer_walk_stays_on_the_stack() {
+        if !frame_pointers::SUPPORTED {
+            return;
+        }
+        let bounds = frame_pointers::stack_bounds().expect("stack bounds");
+        let local = 0u64;
+        let here = std::ptr::addr_of!(local) as usize;
+        assert!(bounds.0 <= here && here < bounds.1, "{bounds:x?} {here:x}");
+        let mut frames = [0; MAX_FRAMES];
+        // Whatever the build flags, the walk ends without faulting and within the cap.
+        let n = frame_pointers::capture(0, 5, &mut frames, bounds);
+        assert!(n <= 5);
+        // Bounds that exclude the current stack: nothing is walked.
+        assert_eq!(frame_pointers::capture(0, 5, &mut frames, (1 << 20, 2 << 20)), 0);
     }
 
     #[test]
@@ -826,7 +1207,25 @@ mod tests {
     }
 
     #[test]
+    fn messages_are_small() {
+        assert!(std::mem::size_of::<Msg>() <= 48, "{}", std::mem::size_of::<Msg>());
+    }
+
+    #[test]
+    fn fx_hasher_spreads_aligned_addresses() {
+        let build = BuildHasherDefault::<FxHasher>::default();
+        let low: HashSet<u64> =
+            (0..1024u64).map(|i| std::hash::BuildHasher::hash_one(&build, 0x7f00_0000_0000 + i * 16) & 1023).collect();
+        assert!(low.len() > 550, "{}", low.len());
+    }
+
+    #[test]
     fn runtime_params_name_the_crate() {
-        assert_eq!(runtime_params(64), format!("memtrace-rs={},unwinder=libgcc,frames=64", env!("CARGO_PKG_VERSION")));
+        let version = env!("CARGO_PKG_VERSION");
+        assert_eq!(runtime_params(64, Unwinder::Dwarf), format!("memtrace-rs={version},unwinder=libgcc,frames=64"));
+        assert_eq!(
+            runtime_params(64, Unwinder::FramePointers),
+            format!("memtrace-rs={version},unwinder=frame-pointers,frames=64")
+        );
     }
 }

@@ -267,7 +267,7 @@ fn temp_path(name: &str) -> PathBuf {
 fn child(role: &str, env: &[(&str, &str)]) -> Command {
     let mut cmd = Command::new(std::env::current_exe().unwrap());
     cmd.args(["child_role", "--exact", "--nocapture", "--test-threads=1", "-q"]);
-    for var in ["MEMTRACE_FILE", "MEMTRACE", "MEMTRACE_RATE", "MEMTRACE_CONTEXT"] {
+    for var in ["MEMTRACE_FILE", "MEMTRACE", "MEMTRACE_RATE", "MEMTRACE_CONTEXT", "MEMTRACE_UNWINDER"] {
         cmd.env_remove(var);
     }
     cmd.env(ROLE_VAR, role).env("RUST_BACKTRACE", "0").stdout(std::process::Stdio::null());
@@ -358,13 +358,89 @@ fn assert_close(site: &str, estimated: f64, actual: u64) {
 
 #[test]
 fn known_program_trace() {
-    let path = temp_path("known");
+    check_known_program("dwarf", "libgcc");
+}
+
+/// The known program traced with frame-pointer unwinding. This repository builds with
+/// `-C force-frame-pointers=yes` (`.cargo/config.toml`), so the walk must find everything
+/// DWARF unwinding finds. Built without frame pointers (a `RUSTFLAGS` override), the tracer
+/// falls back to DWARF with one note; then only that and a valid trace are checked.
+#[test]
+fn known_program_trace_with_frame_pointers() {
+    if !frame_pointers_walkable() {
+        let path = temp_path("known-fp-fallback");
+        let out = run("known", &[("MEMTRACE_FILE", path.to_str().unwrap()), ("MEMTRACE_UNWINDER", "frame-pointers")]);
+        assert!(out.status.success());
+        let messages = memtrace_messages(&out);
+        assert!(messages.len() == 1 && messages[0].contains("frame-pointer"), "{messages:?}");
+        let trace = Trace::read(&path);
+        assert!(trace.warnings.is_empty() && !trace.allocs.is_empty(), "{:?}", trace.warnings);
+        eprintln!("this test binary has no frame pointers: checked the DWARF fallback only");
+        let _ = std::fs::remove_file(&path);
+        return;
+    }
+    check_known_program("frame-pointers", "frame-pointers");
+}
+
+#[test]
+fn bad_unwinder_is_reported_and_ignored() {
+    let path = temp_path("badunwinder");
+    for unwinder in ["fp", "libgcc", "FRAME-POINTERS"] {
+        assert_runs_untraced_with_one_message(
+            &[("MEMTRACE_FILE", path.to_str().unwrap()), ("MEMTRACE_UNWINDER", unwinder)],
+            "MEMTRACE_UNWINDER",
+        );
+        assert!(!path.exists());
+    }
+}
+
+/// Whether this binary keeps frame pointers: the frame record of a non-inlined function
+/// holds a return address into its caller.
+fn frame_pointers_walkable() -> bool {
+    #[inline(never)]
+    fn callee() -> u64 {
+        let fp: usize;
+        // SAFETY: reads a register.
+        #[cfg(target_arch = "x86_64")]
+        unsafe {
+            std::arch::asm!("mov {}, rbp", out(reg) fp, options(nomem, nostack, preserves_flags))
+        };
+        // SAFETY: reads a register.
+        #[cfg(target_arch = "aarch64")]
+        unsafe {
+            std::arch::asm!("mov {}, x29", out(reg) fp, options(nomem, nostack, preserves_flags))
+        };
+        #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+        return 0;
+        // Only dereferenced when it looks like a frame on this stack, near this frame.
+        let here = std::ptr::addr_of!(fp) as usize;
+        if fp % 8 != 0 || fp < here || fp > here + 4096 {
+            return 0;
+        }
+        // SAFETY: an aligned address a little above a local of this frame: on this stack.
+        black_box(unsafe { std::ptr::read_volatile((fp + 8) as *const usize) } as u64)
+    }
+    #[inline(never)]
+    fn fp_probe_caller() -> u64 {
+        black_box(callee())
+    }
+    let ret = fp_probe_caller();
+    ret != 0 && memtrace_rs::symbolize::function_names(ret).iter().any(|n| n.ends_with("fp_probe_caller"))
+}
+
+fn check_known_program(unwinder: &str, params_unwinder: &str) {
+    let path = temp_path(&format!("known-{unwinder}"));
     let out = run(
         "known",
-        &[("MEMTRACE_FILE", path.to_str().unwrap()), ("MEMTRACE_RATE", "0.05"), ("MEMTRACE_CONTEXT", "ctx-test")],
+        &[
+            ("MEMTRACE_FILE", path.to_str().unwrap()),
+            ("MEMTRACE_RATE", "0.05"),
+            ("MEMTRACE_CONTEXT", "ctx-test"),
+            ("MEMTRACE_UNWINDER", unwinder),
+        ],
     );
     assert!(out.status.success());
-    assert!(memtrace_messages(&out).is_empty());
+    assert!(memtrace_messages(&out).is_empty(), "{:?}", memtrace_messages(&out));
     let trace = Trace::read(&path);
     assert!(trace.warnings.is_empty(), "{:?}", trace.warnings);
 
@@ -373,7 +449,8 @@ fn known_program_trace() {
     assert_eq!(trace.info.word_size, 64);
     assert_eq!(trace.info.context.as_deref(), Some(&b"ctx-test"[..]));
     let params = String::from_utf8_lossy(&trace.info.runtime_params).into_owned();
-    assert!(params.starts_with(&format!("memtrace-rs={},unwinder=", env!("CARGO_PKG_VERSION"))), "{params}");
+    let expected = format!("memtrace-rs={},unwinder={params_unwinder},", env!("CARGO_PKG_VERSION"));
+    assert!(params.starts_with(&expected), "{params}");
     assert!(params.ends_with("frames=64"), "{params}");
     assert!(String::from_utf8_lossy(&trace.info.executable_name).contains("tracing"));
     assert!(!trace.info.host_name.is_empty());
