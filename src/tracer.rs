@@ -20,11 +20,9 @@
 //! and a forked child that starts tracing never shares a channel with its parent's threads.
 
 use std::cell::Cell;
-use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::fmt;
 use std::fs::{File, OpenOptions};
-use std::hash::{BuildHasherDefault, Hasher};
 use std::io;
 use std::os::fd::AsRawFd;
 use std::os::unix::ffi::OsStringExt;
@@ -40,6 +38,7 @@ use parking_lot::Mutex;
 
 use crate::allocator::Entry;
 use crate::error::ErrorKind;
+use crate::hash::FastMap;
 use crate::location_codec::Location;
 use crate::sampled_set;
 use crate::sampler::{self, WORD_BYTES};
@@ -979,40 +978,6 @@ fn marker_realloc() {
 // ---------------------------------------------------------------------------------------------
 // The writer thread
 
-/// A hash map with [`FxHasher`] (the writer's maps are keyed by addresses).
-type FastMap<K, V> = HashMap<K, V, BuildHasherDefault<FxHasher>>;
-
-/// A hasher for integer keys: one folded 64 × 64 → 128-bit multiply per word (as in foldhash),
-/// far cheaper than SipHash and well spread for aligned addresses; the keys are addresses,
-/// not attacker-chosen.
-#[derive(Default, Clone, Copy)]
-struct FxHasher(u64);
-
-impl Hasher for FxHasher {
-    #[inline]
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.write_u64(b as u64);
-        }
-    }
-
-    #[inline]
-    fn write_u64(&mut self, v: u64) {
-        let product = ((self.0 ^ v ^ 0x243f_6a88_85a3_08d3) as u128) * 0xf135_7aea_2e62_a9c5;
-        self.0 = product as u64 ^ (product >> 64) as u64;
-    }
-
-    #[inline]
-    fn write_usize(&mut self, v: usize) {
-        self.write_u64(v as u64);
-    }
-
-    #[inline]
-    fn finish(&self) -> u64 {
-        self.0
-    }
-}
-
 /// The writer thread's state.
 struct TraceWriter {
     writer: Writer<File>,
@@ -1141,7 +1106,6 @@ extern "C" fn after_fork_in_child() {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::HashSet;
 
     use super::*;
 
@@ -1209,14 +1173,6 @@ mod tests {
     #[test]
     fn messages_are_small() {
         assert!(std::mem::size_of::<Msg>() <= 48, "{}", std::mem::size_of::<Msg>());
-    }
-
-    #[test]
-    fn fx_hasher_spreads_aligned_addresses() {
-        let build = BuildHasherDefault::<FxHasher>::default();
-        let low: HashSet<u64> =
-            (0..1024u64).map(|i| std::hash::BuildHasher::hash_one(&build, 0x7f00_0000_0000 + i * 16) & 1023).collect();
-        assert!(low.len() > 550, "{}", low.len());
     }
 
     #[test]
