@@ -278,7 +278,8 @@ pub fn skip_backtrace(r: &mut ReadCursor<'_>, nencoded: usize) -> Result<()> {
     let mut pos = 0;
     for _ in 0..nencoded {
         if pos + 2 > data.len() {
-            return Err(r.error_at(pos, ErrorKind::UnexpectedEnd { needed: pos + 2 - data.len() }));
+            // `pos` may already be past the end (after a miss's 8 bytes): report the end.
+            return Err(r.error_at(data.len(), ErrorKind::UnexpectedEnd { needed: pos + 2 - data.len() }));
         }
         // The tag is in the low bits of the little-endian u16, i.e. of its first byte.
         pos += 2 + EXTRA_BYTES[(data[pos] & 3) as usize];
