@@ -131,29 +131,49 @@ fn read_trace(bytes: &[u8], decode: bool) -> u64 {
     let mut sum = 0u64;
     while let Some(event) = reader.next_event().unwrap() {
         sum = sum.wrapping_add(match event.kind {
-            EventKind::Alloc(a) => a.id ^ a.backtrace.iter().fold(0, |s, &c| s ^ c),
+            // Touch the backtrace without walking it: walking is the consumer's cost.
+            EventKind::Alloc(a) => a.id ^ a.backtrace.len() as u64 ^ a.backtrace.last().copied().unwrap_or(0),
             EventKind::Promote { id } | EventKind::Collect { id } => id,
         });
     }
     sum
 }
 
+/// Frames decoded anew per trace (backtrace length minus the common prefix), summed.
+fn new_frames(bytes: &[u8]) -> u64 {
+    let mut reader = Reader::new(bytes).unwrap();
+    let mut frames = 0;
+    while let Some(event) = reader.next_event().unwrap() {
+        if let EventKind::Alloc(a) = event.kind {
+            frames += (a.backtrace.len() as u64).saturating_sub(a.common_prefix);
+        }
+    }
+    frames
+}
+
 fn bench_read(c: &mut Criterion) {
     let trace = generate_trace(&TraceSpec::large(EVENTS));
-    println!(
-        "trace: {} events ({} allocs), {} distinct stacks, {} location codes, {} bytes ({:.2} bytes per event)",
-        trace.events,
-        trace.allocs,
-        trace.stacks.len(),
-        trace.locations.len(),
-        trace.bytes.len(),
-        trace.bytes.len() as f64 / trace.events as f64
-    );
+    let hot = generate_trace(&TraceSpec::large_with_hot_sites(EVENTS));
+    for (name, t) in [("trace", &trace), ("hot-sites trace", &hot)] {
+        println!(
+            "{name}: {} events ({} allocs, {:.1} new frames per alloc), {} distinct stacks, {} location codes, \
+             {} bytes ({:.2} bytes per event)",
+            t.events,
+            t.allocs,
+            new_frames(&t.bytes) as f64 / t.allocs as f64,
+            t.stacks.len(),
+            t.locations.len(),
+            t.bytes.len(),
+            t.bytes.len() as f64 / t.events as f64
+        );
+    }
     let mut group = c.benchmark_group("read");
     group.sample_size(20);
     group.throughput(Throughput::Elements(trace.events));
     group.bench_function("decode_backtraces", |b| b.iter(|| black_box(read_trace(&trace.bytes, true))));
     group.bench_function("skip_backtraces", |b| b.iter(|| black_box(read_trace(&trace.bytes, false))));
+    group.throughput(Throughput::Elements(hot.events));
+    group.bench_function("decode_backtraces_hot_sites", |b| b.iter(|| black_box(read_trace(&hot.bytes, true))));
     group.finish();
 
     #[cfg(feature = "cli")]

@@ -69,17 +69,28 @@ pub struct TraceSpec {
     /// (in percent). A switch flushes the previous domain's packet.
     pub domains: u16,
     pub switch_percent: u64,
+    /// Chance (in percent) that an allocation comes from the same stack as the previous one,
+    /// as when one hot site dominates (traces of this crate's sample app repeat the previous
+    /// stack so often that an allocation brings 0.5 new frames on average).
+    pub repeat_percent: u64,
 }
 
 impl TraceSpec {
     /// A small trace with many packets (three domains, frequent switches), for mutating.
     pub fn small(seed: u64) -> TraceSpec {
-        TraceSpec { seed, events: 150, stacks: 12, domains: 3, switch_percent: 8 }
+        TraceSpec { seed, events: 150, stacks: 12, domains: 3, switch_percent: 8, repeat_percent: 0 }
     }
 
-    /// The benchmark's trace: a few hundred stacks of depth 10–40, one domain.
+    /// The benchmark's trace: a few hundred stacks of depth 10–40, one domain; about 18 new
+    /// frames per allocation, like upstream's OCaml traces (`ocamlopt.ctf` has 24).
     pub fn large(events: usize) -> TraceSpec {
-        TraceSpec { seed: 42, events, stacks: 400, domains: 1, switch_percent: 0 }
+        TraceSpec { seed: 42, events, stacks: 400, domains: 1, switch_percent: 0, repeat_percent: 0 }
+    }
+
+    /// [`TraceSpec::large`] with the locality of this crate's own traces: most allocations
+    /// repeat the previous allocation's stack.
+    pub fn large_with_hot_sites(events: usize) -> TraceSpec {
+        TraceSpec { repeat_percent: 90, ..TraceSpec::large(events) }
     }
 }
 
@@ -181,6 +192,7 @@ pub fn generate_trace(spec: &TraceSpec) -> Generated {
     let mut live_domain: HashMap<ObjectId, u16> = HashMap::new();
     let mut now = start;
     let mut domain = 0u16;
+    let mut stack_index = 0;
     let (mut events, mut allocs) = (0u64, 0u64);
     while (events as usize) < spec.events {
         now += rng.below(50);
@@ -190,8 +202,11 @@ pub fn generate_trace(spec: &TraceSpec) -> Generated {
         let r = rng.below(100);
         if r < 55 || live.is_empty() {
             // Skewed choice: low-numbered stacks are hot.
-            let a = rng.index(stacks.len());
-            let stack = &stacks[rng.index(a + 1)];
+            if spec.repeat_percent == 0 || !rng.percent(spec.repeat_percent) {
+                let a = rng.index(stacks.len());
+                stack_index = rng.index(a + 1);
+            }
+            let stack = &stacks[stack_index];
             let (length, nsamples, source) = match rng.below(10) {
                 0..=5 => (1 + rng.below(16), 1, AllocSource::Minor),
                 6 => (17 + rng.below(2000), 1 + rng.below(3), AllocSource::Major),
