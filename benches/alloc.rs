@@ -5,6 +5,14 @@
 //! the same thin dispatcher, switched once at start-up, so all configurations pay the same
 //! (perfectly predicted) dispatch branch. Configurations run interleaved, several rounds, and
 //! the best round of each is kept. Prints one table.
+//!
+//! Every child turns off glibc's heap trimming (`M_TRIM_THRESHOLD`; set `MEMTRACE_BENCH_TRIM`
+//! to keep glibc's default). With it on, this workload's arenas hover around the trim
+//! threshold, and whether glibc gives pages back (`madvise`) and the workload faults them in
+//! again is chaotic: one extra small allocation on a thread, or another workload seed, moves
+//! System between about 42 and 96 thousand page faults and 56 and 71 ns per operation, which
+//! swamped the tracer's own cost. The "faults" column counts the minor page faults of the
+//! timed run, so that a change in how the tracer disturbs the heap stays visible.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::hint::black_box;
@@ -17,6 +25,8 @@ use memtrace_rs::trace::{EventKind, Reader};
 use memtrace_rs::{start_tracing, MemtraceAllocator, TraceConfig, Unwinder};
 
 const MODE_VAR: &str = "MEMTRACE_BENCH_MODE";
+/// Set to keep glibc's default heap trimming in the children.
+const TRIM_VAR: &str = "MEMTRACE_BENCH_TRIM";
 const THREADS: usize = 2;
 /// Allocations per thread in the workload (dhat runs a fraction of them: it is far slower).
 const OPS_PER_THREAD: usize = 5_000_000;
@@ -97,6 +107,11 @@ fn main() {
 // Children
 
 fn child(mode: &str) {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    if std::env::var_os(TRIM_VAR).is_none() {
+        // SAFETY: mallopt only changes glibc's tuning; called before any thread is started.
+        unsafe { libc::mallopt(libc::M_TRIM_THRESHOLD, 1 << 30) };
+    }
     ALLOCATOR.store(
         match mode {
             "system" => SYSTEM,
@@ -123,21 +138,24 @@ fn child(mode: &str) {
             drop(guard);
             let ns = (cpu_ns(libc::CLOCK_PROCESS_CPUTIME_ID) - start) as f64 / SAMPLED_ITERS as f64;
             let samples = if mode == "sampled" { trace_stats(&trace).1 } else { 0 };
-            println!("{ns} {samples} 0");
+            println!("{ns} {samples} 0 0");
         }
         "dhat" => {
             let profiler = dhat::Profiler::builder().file_name(&trace).build();
-            let ns = workload(OPS_PER_THREAD / DHAT_DIVISOR);
+            let (ns, faults) = workload(OPS_PER_THREAD / DHAT_DIVISOR);
             drop(profiler);
-            println!("{ns} 0 0");
+            println!("{ns} 0 0 {faults}");
         }
-        "system" | "off" => println!("{} 0 0", workload(OPS_PER_THREAD)),
+        "system" | "off" => {
+            let (ns, faults) = workload(OPS_PER_THREAD);
+            println!("{ns} 0 0 {faults}");
+        }
         rate => {
             let guard = start(&trace, rate.parse().expect("rate"), unwinder);
-            let ns = workload(OPS_PER_THREAD);
+            let (ns, faults) = workload(OPS_PER_THREAD);
             drop(guard);
             let (bytes, samples) = trace_stats(&trace);
-            println!("{ns} {samples} {bytes}");
+            println!("{ns} {samples} {bytes} {faults}");
         }
     }
     let _ = std::fs::remove_file(&trace);
@@ -154,8 +172,9 @@ fn start(path: &Path, rate: f64, unwinder: Unwinder) -> memtrace_rs::TraceGuard 
     start_tracing(config).expect("start tracing")
 }
 
-/// Run `ops` allocation/free pairs on each of [`THREADS`] threads; ns per operation.
-fn workload(ops: usize) -> f64 {
+/// Run `ops` allocation/free pairs on each of [`THREADS`] threads; ns per operation and the
+/// minor page faults of the timed run.
+fn workload(ops: usize) -> (f64, u64) {
     // Warm up (allocator arenas; with tracing, the first symbolizations) before timing, on
     // threads started by the same code as the timed ones: their stacks (thread start-up,
     // scope closure) are the call sites the writer must symbolize once, a one-off cost of
@@ -164,8 +183,19 @@ fn workload(ops: usize) -> f64 {
     // Let a tracer's writer finish symbolizing the call sites seen so far.
     std::thread::sleep(Duration::from_millis(300));
     let start = cpu_ns(libc::CLOCK_PROCESS_CPUTIME_ID);
+    let faults = minor_faults();
     on_threads(ops);
-    (cpu_ns(libc::CLOCK_PROCESS_CPUTIME_ID) - start) as f64 / (ops * THREADS) as f64
+    let faults = minor_faults() - faults;
+    ((cpu_ns(libc::CLOCK_PROCESS_CPUTIME_ID) - start) as f64 / (ops * THREADS) as f64, faults)
+}
+
+/// Minor page faults of the process so far.
+fn minor_faults() -> u64 {
+    // SAFETY: an all-zero rusage is valid; getrusage writes it.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `usage` is a valid, writable rusage.
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) };
+    usage.ru_minflt as u64
 }
 
 /// [`churn`] `ops` times on each of [`THREADS`] threads.
@@ -266,18 +296,18 @@ fn trace_stats(path: &Path) -> (u64, u64) {
 // ---------------------------------------------------------------------------------------------
 // Parent
 
-/// (ns per op, samples, event bytes) of one child run.
-fn run_child(mode: &str) -> (f64, u64, u64) {
+/// (ns per op, samples, event bytes, minor page faults) of one child run.
+fn run_child(mode: &str) -> (f64, u64, u64, u64) {
     let out = Command::new(std::env::current_exe().unwrap()).env(MODE_VAR, mode).output().expect("spawn child");
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{mode}: {}{}", stdout, String::from_utf8_lossy(&out.stderr));
     let fields: Vec<&str> = stdout.split_whitespace().collect();
-    (fields[0].parse().unwrap(), fields[1].parse().unwrap(), fields[2].parse().unwrap())
+    (fields[0].parse().unwrap(), fields[1].parse().unwrap(), fields[2].parse().unwrap(), fields[3].parse().unwrap())
 }
 
 fn parent() {
     let started = Instant::now();
-    let mut best = [(f64::INFINITY, 0, 0); CONFIGS.len()];
+    let mut best = [(f64::INFINITY, 0, 0, 0); CONFIGS.len()];
     // Short runs, interleaved, in a rotating order, keeping each configuration's best round:
     // on a shared machine the noise (other processes' load, heap layout) only ever adds time.
     for round in 0..ROUNDS {
@@ -295,14 +325,18 @@ fn parent() {
     let unsampled = best_of("unsampled");
 
     let system = best[0].0;
+    let trim = if std::env::var_os(TRIM_VAR).is_some() { "glibc's default trimming" } else { "heap trimming off" };
     println!(
         "alloc benchmark: {THREADS} threads x {OPS_PER_THREAD} alloc+free (8 B-64 KiB; dhat: 1/{DHAT_DIVISOR} of \
-         that), best of {ROUNDS}"
+         that), best of {ROUNDS}, {trim}"
     );
-    println!("{:<34} {:>10} {:>9} {:>10} {:>14}", "configuration", "CPU ns/op", "vs System", "samples", "bytes/sample");
-    for ((_, name), (ns, samples, bytes)) in CONFIGS.iter().zip(best) {
+    println!(
+        "{:<34} {:>10} {:>9} {:>10} {:>14} {:>8}",
+        "configuration", "CPU ns/op", "vs System", "samples", "bytes/sample", "faults"
+    );
+    for ((_, name), (ns, samples, bytes, faults)) in CONFIGS.iter().zip(best) {
         let per_sample = if samples > 0 { format!("{:.1}", bytes as f64 / samples as f64) } else { "-".into() };
-        println!("{name:<34} {ns:>10.2} {:>8.3}x {samples:>10} {per_sample:>14}", ns / system);
+        println!("{name:<34} {ns:>10.2} {:>8.3}x {samples:>10} {per_sample:>14} {faults:>8}", ns / system);
     }
     for (name, run) in [("", sampled), (", frame pointers", sampled_fp)] {
         println!(

@@ -13,6 +13,7 @@ pub mod allocator;
 pub mod backtrace_codec;
 pub mod buf;
 pub mod error;
+mod handoff;
 mod hash;
 pub mod location_codec;
 mod sampled_set;
@@ -20,6 +21,7 @@ pub mod sampler;
 pub mod symbolize;
 pub mod trace;
 pub mod tracer;
+mod unwind;
 
 #[cfg(feature = "cli")]
 pub mod cli;

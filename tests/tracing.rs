@@ -117,7 +117,8 @@ fn child_role() {
         }
         "stress" => {
             let _guard = trace_if_requested();
-            stress(8, Duration::from_millis(2000));
+            let threads = std::env::var("MEMTRACE_TEST_THREADS").map_or(8, |t| t.parse().unwrap());
+            stress(threads, Duration::from_millis(2000));
         }
         "fork" => {
             let _guard = trace_if_requested();
@@ -414,7 +415,7 @@ fn frame_pointers_walkable() -> bool {
         return 0;
         // Only dereferenced when it looks like a frame on this stack, near this frame.
         let here = std::ptr::addr_of!(fp) as usize;
-        if fp % 8 != 0 || fp < here || fp > here + 4096 {
+        if !fp.is_multiple_of(8) || fp < here || fp > here + 4096 {
             return 0;
         }
         // SAFETY: an aligned address a little above a local of this frame: on this stack.
@@ -511,8 +512,25 @@ fn check_known_program(unwinder: &str, params_unwinder: &str) {
 
 #[test]
 fn eight_threads_freeing_each_others_blocks() {
-    let path = temp_path("stress");
-    let out = run("stress", &[("MEMTRACE_FILE", path.to_str().unwrap()), ("MEMTRACE_RATE", "1e-3")]);
+    check_stress("stress", &[("MEMTRACE_RATE", "1e-3")]);
+}
+
+/// The hand-off queue is bounded: sixteen threads sampling with the cheap unwinder must still
+/// lose no sample and no free.
+#[test]
+fn sixteen_threads_with_frame_pointers_lose_nothing() {
+    let mut env = vec![("MEMTRACE_RATE", "1e-3"), ("MEMTRACE_TEST_THREADS", "16")];
+    if frame_pointers_walkable() {
+        env.push(("MEMTRACE_UNWINDER", "frame-pointers"));
+    }
+    check_stress("stress16", &env);
+}
+
+fn check_stress(name: &str, env: &[(&str, &str)]) {
+    let path = temp_path(name);
+    let mut env = env.to_vec();
+    env.push(("MEMTRACE_FILE", path.to_str().unwrap()));
+    let out = run("stress", &env);
     assert!(out.status.success());
     assert!(memtrace_messages(&out).is_empty(), "{:?}", memtrace_messages(&out));
     let trace = Trace::read(&path);

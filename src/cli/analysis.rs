@@ -558,7 +558,7 @@ impl Analysis {
                 }
             }
             pass.after_event(event.time, allocated);
-            if pass.counts.events % PROGRESS_EVERY == 0 {
+            if pass.counts.events.is_multiple_of(PROGRESS_EVERY) {
                 progress.update(reader.bytes_read());
             }
         }

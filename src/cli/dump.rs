@@ -123,7 +123,7 @@ fn put_padded(out: &mut Vec<u8>, v: i64, width: usize) {
     if v < 0 {
         out.push(b'-');
     }
-    out.extend(std::iter::repeat(b'0').take(width.saturating_sub(digits)));
+    out.extend(std::iter::repeat_n(b'0', width.saturating_sub(digits)));
     put_uint(out, v.unsigned_abs());
 }
 
@@ -131,7 +131,7 @@ fn put_padded(out: &mut Vec<u8>, v: i64, width: usize) {
 /// right-aligned to `width`.
 fn put_space_padded(out: &mut Vec<u8>, v: i64, width: usize) {
     let digits = decimal_len(v.unsigned_abs()) + 1;
-    out.extend(std::iter::repeat(b' ').take(width.saturating_sub(digits)));
+    out.extend(std::iter::repeat_n(b' ', width.saturating_sub(digits)));
     out.push(if v < 0 { b'-' } else { b' ' });
     put_uint(out, v.unsigned_abs());
 }

@@ -1,0 +1,240 @@
+//! The hand-off of samples from application threads to the writer thread: one process-wide,
+//! bounded, lock-free queue of small messages, and the pool of frame buffers that alloc
+//! messages carry.
+//!
+//! Application threads never wait here, and in the steady state never allocate: the queue is
+//! a crossbeam array channel allocated once per process, and frame buffers come from a pool
+//! filled at the same time (a new buffer is allocated, inside the tracer, only while the
+//! writer is more than [`POOL_SIZE`] samples behind; the writer frees the surplus). Memory
+//! allocated on an application thread lands in that thread's malloc arena, and the blocks of
+//! an unbounded channel, freed by the writer up to a poll interval later, kept chunks of the
+//! arena pinned: glibc then trimmed and re-grew the arenas differently, and the program paid
+//! in `madvise` calls and page faults in its own code.
+//!
+//! The queue is bounded. An alloc sample is only sent while fewer than [`ALLOC_LIMIT`]
+//! messages wait (half the capacity: the writer is far behind), so that frees of sampled
+//! blocks have the other half; a free that still finds the queue full is not waited for (the
+//! writer may need the loader lock, to symbolize, that an application thread in `dlclose`
+//! holds) but counted by the caller and reported: its block then looks alive in the trace.
+//!
+//! Sessions share the queue. Every message carries its session's id, and the writer ignores
+//! the messages of other sessions (sent by a thread that was still finishing a sample when
+//! its session stopped); a new session also starts by draining what an earlier one left. A
+//! forked child that starts tracing makes a new queue: a thread of the parent may have been
+//! half-way through a send when the process forked.
+
+use std::sync::atomic::{AtomicPtr, AtomicU32, Ordering};
+
+use crossbeam_channel::{Receiver, Sender, TrySendError};
+
+use crate::trace::Timestamp;
+use crate::tracer::MAX_FRAMES;
+
+/// Messages the queue holds: 128 Ki × 56 bytes (a message and its slot's stamp), allocated
+/// once per process.
+pub(crate) const CAPACITY: usize = 1 << 17;
+/// Messages waiting beyond which alloc samples are dropped (the writer is far behind).
+pub(crate) const ALLOC_LIMIT: usize = CAPACITY / 2;
+/// Frame buffers the pool holds (and is filled with when the queue is made).
+const POOL_SIZE: usize = 512;
+
+/// A captured stack: frame addresses, innermost first.
+pub(crate) type Frames = Box<[u64; MAX_FRAMES]>;
+
+/// What application threads tell the writer: a few words, so that the queue stays small (the
+/// frames travel in a pooled buffer). `session` is the id of the session that sent it.
+pub(crate) enum Msg {
+    /// A sampled block was allocated at `addr`.
+    Alloc {
+        session: u32,
+        /// Frame addresses, innermost first; only the first `nframes` are meaningful.
+        nframes: u16,
+        addr: usize,
+        time: Timestamp,
+        /// Size in words.
+        length: u64,
+        nsamples: u64,
+        frames: Frames,
+    },
+    /// The sampled block at `addr` was freed.
+    Free { session: u32, addr: usize, time: Timestamp },
+    /// Close the trace and exit.
+    Stop { session: u32 },
+}
+
+impl Msg {
+    /// The session that sent the message.
+    pub(crate) fn session(&self) -> u32 {
+        match *self {
+            Msg::Alloc { session, .. } | Msg::Free { session, .. } | Msg::Stop { session } => session,
+        }
+    }
+}
+
+/// The process's queue and pool of frame buffers.
+pub(crate) struct Channel {
+    /// The process that made it (a forked child makes its own).
+    pid: u32,
+    tx: Sender<Msg>,
+    rx: Receiver<Msg>,
+    /// Recycled frame buffers (a bounded, lock-free array queue).
+    pool_tx: Sender<Frames>,
+    pool_rx: Receiver<Frames>,
+}
+
+/// The process's channel (leaked, never freed); null before the first session.
+static PROCESS: AtomicPtr<Channel> = AtomicPtr::new(std::ptr::null_mut());
+/// The id of the running session, which the sampled path sends to [`PROCESS`]; 0 when no
+/// session is running. One word, so that a message is never sent with another session's id.
+static RUNNING: AtomicU32 = AtomicU32::new(0);
+
+impl Channel {
+    fn new(pid: u32) -> Channel {
+        let (tx, rx) = crossbeam_channel::bounded(CAPACITY);
+        let (pool_tx, pool_rx) = crossbeam_channel::bounded(POOL_SIZE);
+        for _ in 0..POOL_SIZE {
+            let _ = pool_tx.try_send(new_frames());
+        }
+        Channel { pid, tx, rx, pool_tx, pool_rx }
+    }
+
+    /// Whether the writer is so far behind that alloc samples are dropped.
+    #[inline]
+    pub(crate) fn behind(&self) -> bool {
+        self.tx.len() >= ALLOC_LIMIT
+    }
+
+    /// Queue `msg` without waiting; false when the queue is full. A full queue gives the
+    /// message back to be dropped here, which only frees a frame buffer (inside the tracer).
+    pub(crate) fn try_send(&self, msg: Msg) -> bool {
+        match self.tx.try_send(msg) {
+            Ok(()) => true,
+            Err(TrySendError::Full(msg) | TrySendError::Disconnected(msg)) => {
+                self.dispose(msg);
+                false
+            }
+        }
+    }
+
+    /// The next message, if any (writer side).
+    pub(crate) fn try_recv(&self) -> Option<Msg> {
+        self.rx.try_recv().ok()
+    }
+
+    /// Queue `Stop` for `session`, waiting for room while `alive` says the writer is still
+    /// draining the queue. Only called by the thread stopping a session.
+    pub(crate) fn send_stop(&self, session: u32, alive: impl Fn() -> bool) {
+        let mut msg = Msg::Stop { session };
+        loop {
+            match self.tx.try_send(msg) {
+                Err(TrySendError::Full(m)) if alive() => {
+                    msg = m;
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                }
+                _ => return,
+            }
+        }
+    }
+
+    /// A frame buffer from the pool, or a new one when the pool is empty (callers are inside
+    /// the tracer, so the allocation is not sampled).
+    #[inline]
+    pub(crate) fn take_frames(&self) -> Frames {
+        self.pool_rx.try_recv().unwrap_or_else(|_| new_frames())
+    }
+
+    /// Give a frame buffer back to the pool; it is freed when the pool is full.
+    pub(crate) fn recycle(&self, frames: Frames) {
+        let _ = self.pool_tx.try_send(frames);
+    }
+
+    /// Drop a message that will not be recorded, keeping its frame buffer.
+    pub(crate) fn dispose(&self, msg: Msg) {
+        if let Msg::Alloc { frames, .. } = msg {
+            self.recycle(frames);
+        }
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn new_frames() -> Frames {
+    Box::new([0; MAX_FRAMES])
+}
+
+/// The running session's channel and id, if tracing.
+#[inline]
+pub(crate) fn current() -> Option<(&'static Channel, u32)> {
+    let session = RUNNING.load(Ordering::Acquire);
+    if session == 0 {
+        return None;
+    }
+    // SAFETY: PROCESS is null or points to a leaked `Channel` that is never freed.
+    let channel = unsafe { PROCESS.load(Ordering::Acquire).as_ref() }?;
+    Some((channel, session))
+}
+
+/// The id messages of the session numbered `id` carry (never 0).
+pub(crate) fn session_tag(id: u64) -> u32 {
+    (id as u32).max(1)
+}
+
+/// The channel for a new session of process `pid`: the process's channel (made on the first
+/// call, or anew in a forked child), emptied of what earlier sessions left. Called by the
+/// tracer with its session lock held and no session running, before the writer starts;
+/// [`publish`] then lets the sampled path send to it.
+pub(crate) fn open(pid: u32) -> &'static Channel {
+    // SAFETY: PROCESS is null or points to a leaked `Channel` that is never freed.
+    let channel = match unsafe { PROCESS.load(Ordering::Acquire).as_ref() } {
+        Some(channel) if channel.pid == pid => channel,
+        // None, or our parent's (leaked: a parent's thread may have been half-way through a
+        // send when it forked, so the child never reads it).
+        _ => {
+            let channel: &'static Channel = Box::leak(Box::new(Channel::new(pid)));
+            PROCESS.store(channel as *const Channel as *mut Channel, Ordering::Release);
+            channel
+        }
+    };
+    while let Some(msg) = channel.try_recv() {
+        channel.dispose(msg);
+    }
+    channel
+}
+
+/// Let the sampled path send messages tagged `session` (the session is running).
+pub(crate) fn publish(session: u32) {
+    RUNNING.store(session, Ordering::Release);
+}
+
+/// Stop the sampled path from sending (the session stops, or a forked child starts).
+pub(crate) fn unpublish() {
+    RUNNING.store(0, Ordering::Release);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_are_small() {
+        assert!(std::mem::size_of::<Msg>() <= 48, "{}", std::mem::size_of::<Msg>());
+        const { assert!(MAX_FRAMES <= u16::MAX as usize) };
+    }
+
+    #[test]
+    fn a_full_queue_refuses_without_waiting_and_keeps_frame_buffers() {
+        let channel = Channel::new(0);
+        let frames = channel.take_frames();
+        let alloc = |frames| Msg::Alloc { session: 1, nframes: 0, addr: 8, time: 0, length: 1, nsamples: 1, frames };
+        assert!(channel.try_send(alloc(frames)));
+        for _ in 1..CAPACITY {
+            assert!(channel.try_send(Msg::Free { session: 1, addr: 8, time: 0 }));
+        }
+        assert!(channel.behind());
+        let pooled = channel.pool_rx.len();
+        assert!(!channel.try_send(alloc(channel.take_frames())));
+        assert_eq!(channel.pool_rx.len(), pooled, "the refused message's buffer went back to the pool");
+        assert!(!channel.try_send(Msg::Free { session: 1, addr: 8, time: 0 }));
+        assert!(matches!(channel.try_recv(), Some(Msg::Alloc { session: 1, .. })));
+    }
+}

@@ -1,0 +1,417 @@
+//! Capturing the stack of a sampled allocation: the two unwinders (libgcc's DWARF unwinder and
+//! a frame-pointer walk), the per-unwinder, per-entry-point counts of leading frames that
+//! belong to the tracer, and the start-up calibration that measures them.
+//!
+//! Everything here runs inside the tracer (allocations are not sampled) and, on the sampled
+//! path, allocates nothing.
+
+use std::cell::Cell;
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
+
+use parking_lot::Mutex;
+
+use crate::allocator::Entry;
+use crate::sampler;
+use crate::symbolize;
+use crate::tracer::{StartError, CALIBRATING, DEFAULT_FRAME_CAP, MAX_FRAMES, OFF, STATE};
+
+/// Per [`Unwinder`] and [`Entry`]: leading captured frames that belong to the tracer, the
+/// unwinder and the allocator shims (measured by [`calibrate`]).
+#[allow(clippy::declare_interior_mutable_const)] // Only used to initialise `SKIP`.
+const NO_SKIP: [AtomicUsize; 3] = [AtomicUsize::new(0), AtomicUsize::new(0), AtomicUsize::new(0)];
+static SKIP: [[AtomicUsize; 3]; 2] = [NO_SKIP, NO_SKIP];
+/// Frames recorded per sample in the current session.
+pub(crate) static FRAME_CAP: AtomicUsize = AtomicUsize::new(DEFAULT_FRAME_CAP);
+/// The unwinder of the current session (or of the calibration under way), as `Unwinder as u8`.
+pub(crate) static UNWINDER: AtomicU8 = AtomicU8::new(Unwinder::Dwarf as u8);
+/// Per [`Unwinder`]: whether its [`SKIP`] has been measured in this process.
+static CALIBRATED: [AtomicBool; 2] = [AtomicBool::new(false), AtomicBool::new(false)];
+/// Whether frame-pointer unwinding was found not to work in this process (no frame chain).
+static FRAME_POINTERS_BROKEN: AtomicBool = AtomicBool::new(false);
+/// The captures made by the calibration markers, per [`Entry`].
+pub(crate) static CALIBRATION: Mutex<[(usize, [u64; MAX_FRAMES]); 3]> =
+    parking_lot::const_mutex([(0, [0; MAX_FRAMES]); 3]);
+
+/// How a sampled allocation's stack is captured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Unwinder {
+    /// libgcc's DWARF unwinder (`_Unwind_Backtrace`): works for any program with unwind
+    /// tables (Rust's default), costs a few µs per sample. The default.
+    #[default]
+    Dwarf = 0,
+    /// Walk the frame-pointer chain: several times cheaper, and never touches the dynamic
+    /// loader or an unwinder lock. Needs the program built with `-C force-frame-pointers=yes`
+    /// (e.g. `RUSTFLAGS="-C force-frame-pointers=yes"`; the precompiled std keeps frame
+    /// pointers since Rust 1.79); a function without one truncates the stacks that pass
+    /// through it. x86_64 and aarch64 Linux only; elsewhere, or when start-up calibration
+    /// finds no usable frame chain, tracing uses [`Unwinder::Dwarf`] and says so on stderr.
+    FramePointers = 1,
+}
+
+impl Unwinder {
+    /// The name used by [`UNWINDER_VAR`](crate::tracer::UNWINDER_VAR) and in the trace's runtime parameters.
+    pub fn name(self) -> &'static str {
+        match self {
+            Unwinder::Dwarf => "dwarf",
+            Unwinder::FramePointers => "frame-pointers",
+        }
+    }
+}
+
+/// Record the stack of a sample taken in `entry` with the session's unwinder into `frames`,
+/// innermost first, without the tracer's own frames (all frames, up to [`MAX_FRAMES`], for a
+/// calibration capture). Returns the number of frames written. Allocation-free, except that
+/// the first frame-pointer capture on a thread asks for the thread's stack bounds.
+#[inline(always)]
+pub(crate) fn capture(entry: Entry, calibrating: bool, frames: &mut [u64; MAX_FRAMES]) -> usize {
+    let cap = if calibrating { MAX_FRAMES } else { FRAME_CAP.load(Ordering::Relaxed) };
+    let skip = |unwinder: Unwinder| {
+        if calibrating {
+            0
+        } else {
+            SKIP[unwinder as usize][entry as usize].load(Ordering::Relaxed)
+        }
+    };
+    if UNWINDER.load(Ordering::Relaxed) == Unwinder::FramePointers as u8 {
+        if let Some(bounds) = frame_pointers::stack_bounds() {
+            return frame_pointers::capture(skip(Unwinder::FramePointers), cap, frames, bounds);
+        }
+        // Stack bounds unknown on this thread: DWARF unwinding instead.
+    }
+    capture_dwarf(skip(Unwinder::Dwarf), cap, frames)
+}
+
+/// [`capture`] with libgcc's DWARF unwinder: up to `cap` frame addresses after skipping `skip`.
+#[inline(never)]
+fn capture_dwarf(skip: usize, cap: usize, frames: &mut [u64; MAX_FRAMES]) -> usize {
+    let cap = cap.min(MAX_FRAMES);
+    let mut seen = 0;
+    let mut n = 0;
+    // SAFETY: on Unix the unwinder (libgcc `_Unwind_Backtrace`) is thread-safe; the
+    // synchronized `trace` only adds a process-wide lock, which must not be taken inside an
+    // allocator (ALLOCATOR-PITFALLS §2). The callback only writes into `frames`.
+    unsafe {
+        backtrace::trace_unsynchronized(|frame| {
+            let ip = frame.ip() as u64;
+            if ip == 0 {
+                // The end of the stack.
+                return false;
+            }
+            if seen >= skip {
+                if let Some(slot) = frames.get_mut(n) {
+                    *slot = ip;
+                    n += 1;
+                }
+            }
+            seen += 1;
+            n < cap
+        });
+    }
+    n
+}
+
+/// Stack capture by walking the frame-pointer chain (ALLOCATOR-PITFALLS §10): no DWARF
+/// tables, no loader lock, no unwinder lock, safe next to signal-based profilers.
+///
+/// Each frame that keeps a frame pointer stores the record `[caller's frame pointer, return
+/// address]` at its frame pointer (x86_64 `rbp`, aarch64 `x29`). The walk follows the records
+/// and stops at the first one that fails a check: every record must lie within this thread's
+/// stack, above the current stack pointer (so it is mapped and readable: the walk never
+/// faults), 8-byte aligned, and strictly above the previous record (so the walk ends). The
+/// stack bounds come from `pthread_getattr_np` once per thread and are cached in
+/// `const`-initialised thread-local cells; a thread whose bounds are unknown (or a sample
+/// taken on another stack, such as a signal stack) falls back to DWARF unwinding.
+///
+/// The chain is only complete if every function between `main` and the allocator keeps frame
+/// pointers: build the program with `-C force-frame-pointers=yes` (Rust's precompiled std
+/// keeps them since 1.79). A chain broken by a function without one ends the walk early (a
+/// truncated stack); it cannot go wrong in any other way.
+mod frame_pointers {
+    use super::*;
+
+    /// Whether this target has a frame-pointer walker.
+    pub(super) const SUPPORTED: bool = cfg!(all(
+        any(target_arch = "x86_64", target_arch = "aarch64"),
+        any(target_os = "linux", target_os = "android")
+    ));
+
+    /// `hi` values with a special meaning in [`STACK`].
+    const UNKNOWN: usize = 0;
+    const UNAVAILABLE: usize = 1;
+
+    thread_local! {
+        /// This thread's stack as `(lowest address, end)`; `end` is [`UNKNOWN`] until asked
+        /// for, [`UNAVAILABLE`] when it cannot be known.
+        static STACK: (Cell<usize>, Cell<usize>) = const { (Cell::new(0), Cell::new(UNKNOWN)) };
+    }
+
+    /// This thread's stack bounds, asked for on the first call (callers are inside the tracer:
+    /// `pthread_getattr_np` may allocate, reading `/proc/self/maps` for the main thread).
+    #[inline]
+    pub(super) fn stack_bounds() -> Option<(usize, usize)> {
+        STACK
+            .try_with(|(lo, hi)| {
+                if hi.get() == UNKNOWN {
+                    let (l, h) = query_stack_bounds().unwrap_or((0, UNAVAILABLE));
+                    lo.set(l);
+                    hi.set(h);
+                }
+                (hi.get() != UNAVAILABLE).then(|| (lo.get(), hi.get()))
+            })
+            .ok()
+            .flatten()
+    }
+
+    #[cfg(any(target_os = "linux", target_os = "android"))]
+    fn query_stack_bounds() -> Option<(usize, usize)> {
+        // SAFETY: `attr` is initialised by pthread_getattr_np before use and destroyed after;
+        // the out-pointers are valid for writes.
+        unsafe {
+            let mut attr: libc::pthread_attr_t = std::mem::zeroed();
+            if libc::pthread_getattr_np(libc::pthread_self(), &mut attr) != 0 {
+                return None;
+            }
+            let mut addr: *mut libc::c_void = std::ptr::null_mut();
+            let mut size: libc::size_t = 0;
+            let result = libc::pthread_attr_getstack(&attr, &mut addr, &mut size);
+            libc::pthread_attr_destroy(&mut attr);
+            let lo = addr as usize;
+            (result == 0 && lo > UNAVAILABLE && size > 0).then(|| (lo, lo.saturating_add(size)))
+        }
+    }
+
+    #[cfg(not(any(target_os = "linux", target_os = "android")))]
+    fn query_stack_bounds() -> Option<(usize, usize)> {
+        None
+    }
+
+    /// The current `(frame pointer, stack pointer)`.
+    #[inline(always)]
+    fn registers() -> (usize, usize) {
+        let (fp, sp): (usize, usize);
+        // SAFETY: reads two registers; no memory access.
+        #[cfg(target_arch = "x86_64")]
+        unsafe {
+            std::arch::asm!("mov {fp}, rbp", "mov {sp}, rsp", fp = out(reg) fp, sp = out(reg) sp,
+                options(nomem, nostack, preserves_flags));
+        }
+        // SAFETY: reads two registers; no memory access.
+        #[cfg(target_arch = "aarch64")]
+        unsafe {
+            std::arch::asm!("mov {fp}, x29", "mov {sp}, sp", fp = out(reg) fp, sp = out(reg) sp,
+                options(nomem, nostack, preserves_flags));
+        }
+        #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+        {
+            (fp, sp) = (0, 0);
+        }
+        (fp, sp)
+    }
+
+    /// Up to `cap` return addresses, innermost first, after skipping `skip`; `stack` is this
+    /// thread's `(lowest address, end)`. Returns the number written; 0 when the sample was
+    /// not taken on the thread's stack.
+    #[inline(never)]
+    pub(super) fn capture(skip: usize, cap: usize, frames: &mut [u64; MAX_FRAMES], stack: (usize, usize)) -> usize {
+        const WORD: usize = std::mem::size_of::<usize>();
+        let cap = cap.min(MAX_FRAMES);
+        let (mut fp, sp) = registers();
+        let (lo, hi) = stack;
+        if sp < lo || sp >= hi {
+            // Another stack (a signal stack, a coroutine): nothing to walk.
+            return 0;
+        }
+        let mut n = 0;
+        let mut seen = 0;
+        // Every record read is within [sp, hi): the live part of this thread's stack.
+        while n < cap && fp >= sp && fp % WORD == 0 && fp <= hi - 2 * WORD {
+            // SAFETY: `[fp, fp + 16)` is inside the mapped, live part of this thread's stack
+            // (checked above) and aligned; volatile reads of plain words, never dereferenced.
+            let (next, ret) = unsafe {
+                (std::ptr::read_volatile(fp as *const usize), std::ptr::read_volatile((fp + WORD) as *const usize))
+            };
+            if ret == 0 {
+                break;
+            }
+            if seen >= skip {
+                frames[n] = ret as u64;
+                n += 1;
+            }
+            seen += 1;
+            if next <= fp {
+                break;
+            }
+            fp = next;
+        }
+        n
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Calibration
+
+/// Measure, once per process, how many leading captured frames belong to the tracer, the
+/// unwinder and the allocator shims for each entry point, so that the innermost frame kept is
+/// the code that called into the global allocator.
+///
+/// A forced sample is taken from an `#[inline(never)]` marker function per entry point; the
+/// frames below the marker are resolved once, and everything up to the last one that is ours
+/// (`memtrace_rs::`, `backtrace::`, `__rust_alloc`, `__rg_`, `_Unwind_`, ...) is skipped.
+/// This also warms up the unwinder before any real sample is taken. Called with the tracer's
+/// session lock held and tracing off.
+///
+/// DWARF unwinding is always calibrated (it is also the fallback of frame-pointer unwinding);
+/// frame pointers only when asked for. Returns the unwinder to use: [`Unwinder::Dwarf`], with
+/// a note on stderr, when frame pointers are asked for but cannot be walked here.
+pub(crate) fn calibrate(wanted: Unwinder) -> Result<Unwinder, StartError> {
+    calibrate_unwinder(Unwinder::Dwarf)?;
+    if wanted == Unwinder::Dwarf {
+        return Ok(Unwinder::Dwarf);
+    }
+    let why = if !frame_pointers::SUPPORTED {
+        Some("is not supported on this platform")
+    } else if frame_pointers::stack_bounds().is_none() {
+        Some("cannot find this thread's stack")
+    } else if calibrate_unwinder(Unwinder::FramePointers)? {
+        None
+    } else {
+        Some("finds no frame chain (build with -C force-frame-pointers=yes)")
+    };
+    match why {
+        None => Ok(Unwinder::FramePointers),
+        Some(why) => {
+            eprintln!("memtrace: frame-pointer unwinding {why}; using DWARF unwinding");
+            Ok(Unwinder::Dwarf)
+        }
+    }
+}
+
+/// Calibrate `unwinder` (once per process). Returns whether its captures reach the marker
+/// functions: when they do not, nothing is skipped.
+fn calibrate_unwinder(unwinder: Unwinder) -> Result<bool, StartError> {
+    let u = unwinder as usize;
+    if CALIBRATED[u].load(Ordering::Relaxed) {
+        return Ok(unwinder == Unwinder::Dwarf || !FRAME_POINTERS_BROKEN.load(Ordering::Relaxed));
+    }
+    let markers: [(Entry, fn(), &str); 3] = [
+        (Entry::Alloc, marker_alloc, "marker_alloc"),
+        (Entry::AllocZeroed, marker_alloc_zeroed, "marker_alloc_zeroed"),
+        (Entry::Realloc, marker_realloc, "marker_realloc"),
+    ];
+    *CALIBRATION.lock() = [(0, [0; MAX_FRAMES]); 3];
+    UNWINDER.store(u as u8, Ordering::Relaxed);
+    STATE.store(CALIBRATING, Ordering::SeqCst);
+    for (_, marker, _) in &markers {
+        marker();
+    }
+    STATE.store(OFF, Ordering::SeqCst);
+    UNWINDER.store(Unwinder::Dwarf as u8, Ordering::Relaxed);
+    let captures = *CALIBRATION.lock();
+    if unwinder == Unwinder::Dwarf && captures.iter().any(|&(n, _)| n == 0) {
+        return Err(StartError::NotGlobalAllocator);
+    }
+    let mut found = true;
+    for (entry, _, name) in markers {
+        let (n, frames) = &captures[entry as usize];
+        let skip = tracer_frames(&frames[..*n], name);
+        found &= skip.is_some();
+        SKIP[u][entry as usize].store(skip.unwrap_or(0), Ordering::Relaxed);
+    }
+    if unwinder == Unwinder::FramePointers {
+        FRAME_POINTERS_BROKEN.store(!found, Ordering::Relaxed);
+    }
+    CALIBRATED[u].store(true, Ordering::Relaxed);
+    Ok(unwinder == Unwinder::Dwarf || found)
+}
+
+/// The number of leading `frames` (innermost first) that are tracer or allocator machinery,
+/// given that the frame of the function named `marker` called into the global allocator.
+/// `None` when the marker cannot be found (no symbols, or a broken frame chain).
+fn tracer_frames(frames: &[u64], marker: &str) -> Option<usize> {
+    const OURS: [&str; 9] = [
+        "memtrace_rs::",
+        "backtrace::",
+        "__rust_alloc",
+        "__rust_realloc",
+        "__rust_dealloc",
+        "__rust_alloc_zeroed",
+        "__rg_",
+        "__rustc::",
+        "_Unwind_",
+    ];
+    let names: Vec<Vec<String>> = frames.iter().map(|&ip| symbolize::function_names(ip)).collect();
+    let marker_at = names.iter().position(|n| n.iter().any(|n| n.ends_with(marker)))?;
+    let skip = names[..marker_at]
+        .iter()
+        .rposition(|n| n.iter().any(|n| OURS.iter().any(|ours| n.contains(ours))))
+        .map_or(0, |last| last + 1);
+    Some(skip)
+}
+
+const MARKER_LAYOUT: std::alloc::Layout = std::alloc::Layout::new::<[u64; 4]>();
+
+#[inline(never)]
+fn marker_alloc() {
+    sampler::force_sample();
+    // SAFETY: the layout has a nonzero size; the block is freed with the same layout.
+    unsafe {
+        let p = std::hint::black_box(std::alloc::alloc(MARKER_LAYOUT));
+        if !p.is_null() {
+            std::alloc::dealloc(p, MARKER_LAYOUT);
+        }
+    }
+}
+
+#[inline(never)]
+fn marker_alloc_zeroed() {
+    sampler::force_sample();
+    // SAFETY: the layout has a nonzero size; the block is freed with the same layout.
+    unsafe {
+        let p = std::hint::black_box(std::alloc::alloc_zeroed(MARKER_LAYOUT));
+        if !p.is_null() {
+            std::alloc::dealloc(p, MARKER_LAYOUT);
+        }
+    }
+}
+
+#[inline(never)]
+fn marker_realloc() {
+    // SAFETY: the layouts have nonzero sizes; `realloc` gets a live block with its layout
+    // and a nonzero new size, and each block is freed once with its current layout.
+    unsafe {
+        let p = std::hint::black_box(std::alloc::alloc(MARKER_LAYOUT));
+        if p.is_null() {
+            return;
+        }
+        sampler::force_sample();
+        let new_size = 2 * MARKER_LAYOUT.size();
+        let q = std::hint::black_box(std::alloc::realloc(p, MARKER_LAYOUT, new_size));
+        if q.is_null() {
+            std::alloc::dealloc(p, MARKER_LAYOUT);
+        } else {
+            std::alloc::dealloc(q, std::alloc::Layout::from_size_align_unchecked(new_size, MARKER_LAYOUT.align()));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frame_pointer_walk_stays_on_the_stack() {
+        if !frame_pointers::SUPPORTED {
+            return;
+        }
+        let bounds = frame_pointers::stack_bounds().expect("stack bounds");
+        let local = 0u64;
+        let here = std::ptr::addr_of!(local) as usize;
+        assert!(bounds.0 <= here && here < bounds.1, "{bounds:x?} {here:x}");
+        let mut frames = [0; MAX_FRAMES];
+        // Whatever the build flags, the walk ends without faulting and within the cap.
+        let n = frame_pointers::capture(0, 5, &mut frames, bounds);
+        assert!(n <= 5);
+        // Bounds that exclude the current stack: nothing is walked.
+        assert_eq!(frame_pointers::capture(0, 5, &mut frames, (1 << 20, 2 << 20)), 0);
+    }
+}
