@@ -1,0 +1,71 @@
+//! The whole loop on a trace the sample app writes: the `memtrace` command line must find
+//! the same allocation sites, with the same estimates, as the sample app's own summary
+//! (written with the bare reader), and count the blocks the app reports.
+#![cfg(feature = "cli")]
+
+use std::path::PathBuf;
+use std::process::Command;
+
+/// The sample app, built by `cargo test` next to the test binaries.
+fn sample_app() -> PathBuf {
+    let deps = std::env::current_exe().unwrap().parent().unwrap().to_path_buf();
+    deps.parent().unwrap().join("examples").join("sample-app")
+}
+
+fn run(command: &mut Command) -> String {
+    let out = command.output().unwrap();
+    assert!(out.status.success(), "{command:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// The number right after `label` in `text`.
+fn number_after(text: &str, label: &str) -> u64 {
+    let rest = &text[text.find(label).unwrap_or_else(|| panic!("no {label:?} in:\n{text}")) + label.len()..];
+    rest.trim_start().split(|c: char| !c.is_ascii_digit()).next().unwrap().parse().unwrap()
+}
+
+#[test]
+fn the_cli_agrees_with_the_sample_apps_own_summary() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("trace.ctf");
+    let app = run(Command::new(sample_app()).env("MEMTRACE_FILE", &trace).env("MEMTRACE_RATE", "1e-4"));
+
+    // The app's summary: "N sampled blocks (...), M collected; ...", then one line per site:
+    // "  X MiB  name  (file:line)".
+    let counts = app.lines().find(|l| l.contains("sampled blocks")).unwrap_or_else(|| panic!("{app}"));
+    let sampled = number_after(counts, "");
+    let collected = number_after(counts, "), ");
+    let app_sites: Vec<String> = app
+        .lines()
+        .skip_while(|l| !l.starts_with("top allocation sites"))
+        .skip(1)
+        .map(|l| {
+            let fields: Vec<&str> = l.split_whitespace().collect();
+            // name and line: "sample_app::pipeline::make_message", "(sample-app.rs:113)"
+            format!("{} {}", fields[2], fields[3].trim_start_matches('(').trim_end_matches(')'))
+        })
+        .collect();
+    assert!(app_sites.len() >= 4, "{app}");
+    assert!(app_sites[0].starts_with("sample_app::pipeline::make_message sample-app.rs:"), "{app}");
+
+    let memtrace = env!("CARGO_BIN_EXE_memtrace");
+    let info = run(Command::new(memtrace).arg("info").arg(&trace));
+    assert_eq!(number_after(&info, "Allocations:"), sampled, "{info}\n{app}");
+    assert_eq!(number_after(&info, "Collections:"), collected, "{info}\n{app}");
+    assert!(info.contains("sample-app") && info.contains("Truncated:          no"), "{info}");
+
+    // The same sites in the same order (the top three have clearly distinct estimates).
+    let hotspots = run(Command::new(memtrace).args(["hotspots", "--top", "3"]).arg(&trace));
+    let cli_sites: Vec<String> = hotspots
+        .lines()
+        .skip(2)
+        .map(|l| {
+            let fields: Vec<&str> = l.split_whitespace().collect();
+            let file_line = fields[fields.len() - 1].trim_end_matches(')');
+            let file_line = file_line.rsplit('/').next().unwrap();
+            format!("{} {}", fields[fields.len() - 2], file_line)
+        })
+        .collect();
+    assert_eq!(cli_sites, app_sites[..3], "{hotspots}\n{app}");
+    assert!(hotspots.contains("sample-app.rs:113"), "{hotspots}");
+}
