@@ -335,7 +335,7 @@ fn decode(
             }
         };
         if out.len() + 1 + predicted > MAX_DECODED_FRAMES {
-            return Err(r.error_at(pos, ErrorKind::BadAllocation("backtrace longer than 2^20 frames")));
+            return Err(r.error_at(pos, ErrorKind::BacktraceTooLong));
         }
         out.push(code[bucket]);
         prev = bucket;

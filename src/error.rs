@@ -48,6 +48,10 @@ pub enum ErrorKind {
     BadMtfIndex(u8),
     /// An event's length or sample count is out of range.
     BadAllocation(&'static str),
+    /// A promote or collect refers to an object id below 0.
+    ObjectIdOutOfRange(i64),
+    /// A backtrace grew past the reader's limit (2^20 frames), which only corrupt input does.
+    BacktraceTooLong,
     /// The trace writer was asked to do something the format cannot express.
     Unsupported(&'static str),
     /// The trace uses more distinct domains than the reader supports (128).
@@ -121,6 +125,8 @@ impl fmt::Display for ErrorKind {
             UnknownLocationCode(code) => write!(f, "invalid location code {code:08x}"),
             BadMtfIndex(i) => write!(f, "location record refers to empty table slot {i}"),
             BadAllocation(what) => write!(f, "bad allocation event: {what}"),
+            ObjectIdOutOfRange(id) => write!(f, "object id {id} out of range"),
+            BacktraceTooLong => write!(f, "backtrace longer than 2^20 frames"),
             Unsupported(what) => write!(f, "unsupported: {what}"),
             TooManyDomains => write!(f, "more than 128 domains"),
             PidChanged => write!(f, "pid changed (forked child): not writing to the parent's trace"),

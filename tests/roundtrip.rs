@@ -638,8 +638,13 @@ fn bytes_with_nul() -> impl Strategy<Value = Vec<u8>> {
 
 fn info() -> impl Strategy<Value = Info> {
     (
-        any::<u64>().prop_map(f64::from_bits),
-        any::<u8>(),
+        // Rates in (0, 1] (the reader rejects others), from the tiniest subnormal up.
+        prop_oneof![
+            3 => (1u64..=(1 << 53)).prop_map(|k| k as f64 / (1u64 << 53) as f64),
+            1 => Just(1.0),
+            1 => (1u64..(0x3FF0_0000_0000_0000)).prop_map(f64::from_bits),
+        ],
+        1..=u8::MAX,
         (bytes_with_nul(), bytes_with_nul(), bytes_with_nul()),
         any::<u64>(),
         prop_oneof![3 => Just(0u16), 1 => any::<u16>()],

@@ -424,12 +424,11 @@ impl<R: Read> Reader<R> {
 
 /// The id a promote or collect with `delta` refers to, given the packet's running id (§8).
 fn object_id(next_id: ObjectId, delta: i64, offset: u64) -> Result<ObjectId> {
-    (next_id as i64)
-        .checked_sub(1)
-        .and_then(|last| last.checked_sub(delta))
-        .filter(|&id| id >= 0)
-        .map(|id| id as ObjectId)
-        .ok_or_else(|| Error::at(offset, ErrorKind::BadAllocation("object id out of range")))
+    let id = (next_id as i64).wrapping_sub(1).wrapping_sub(delta);
+    match (next_id as i64).checked_sub(1).and_then(|last| last.checked_sub(delta)) {
+        Some(id) if id >= 0 => Ok(id as ObjectId),
+        _ => Err(Error::at(offset, ErrorKind::ObjectIdOutOfRange(id))),
+    }
 }
 
 enum ParsedKind {
@@ -565,8 +564,17 @@ fn parse_info(header: &PacketHeader, content: &[u8], content_offset: u64) -> Res
     if start_time != header.time_begin {
         return Err(Error::at(content_offset, ErrorKind::BadTraceInfo("start time differs from the packet's")));
     }
+    let rate_offset = r.offset();
     let sample_rate = r.get_f64()?;
+    // Every estimate divides by the rate: anything outside (0, 1] would make them infinite
+    // or meaningless, and no writer produces it.
+    if !(sample_rate > 0.0 && sample_rate <= 1.0) {
+        return Err(Error::at(rate_offset, ErrorKind::BadTraceInfo("sample rate outside (0, 1]")));
+    }
     let word_size = r.get_u8()?;
+    if word_size == 0 {
+        return Err(Error::at(rate_offset + 8, ErrorKind::BadTraceInfo("word size 0")));
+    }
     let executable_name = r.get_string()?.to_vec();
     let host_name = r.get_string()?.to_vec();
     let runtime_params = r.get_string()?.to_vec();

@@ -110,8 +110,14 @@ impl<W: Write> std::fmt::Debug for Writer<W> {
 
 impl<W: Write> Writer<W> {
     /// Start a trace: write the trace-info packet for `info` and open the first events
-    /// packet of `info.initial_domain`.
+    /// packet of `info.initial_domain`. Fails if the sample rate is outside (0, 1] or the word
+    /// size is 0 (readers reject such traces).
     pub fn new(out: W, info: &Info) -> Result<Writer<W>> {
+        if !(info.sample_rate > 0.0 && info.sample_rate <= 1.0) || info.word_size == 0 {
+            return Err(Error::new(ErrorKind::BadTraceInfo(
+                "the sample rate must be in (0, 1] and the word size above 0",
+            )));
+        }
         let mut output = Output {
             out,
             pid: info.pid,
@@ -159,7 +165,6 @@ impl<W: Write> Writer<W> {
                 }
             };
         }
-        self.dirty = true;
         Ok(())
     }
 
@@ -179,6 +184,7 @@ impl<W: Write> Writer<W> {
             return Err(Error::new(ErrorKind::BadAllocation("nsamples must be at least 1 and sizes below 2^63")));
         }
         self.select(domain)?;
+        self.dirty = true;
         let w = &mut self.domains[self.current];
         w.put_alloc(&mut self.output, time, alloc, locations)
     }
@@ -195,6 +201,7 @@ impl<W: Write> Writer<W> {
 
     fn put_id_event(&mut self, domain: u16, time: Timestamp, id_kind: u32, id: ObjectId) -> Result<()> {
         self.select(domain)?;
+        self.dirty = true;
         let w = &mut self.domains[self.current];
         w.begin_event(&mut self.output, time, id_kind)?;
         w.packet.put_vint((w.next_id as i64).wrapping_sub(1).wrapping_sub(id as i64));
@@ -264,7 +271,7 @@ impl DomainWriter {
     /// Flush if the packet cannot take another event, then write the event header.
     fn begin_event<W: Write>(&mut self, output: &mut Output<W>, now: Timestamp, id: u32) -> Result<()> {
         if now < self.packet_time_end {
-            return Err(Error::new(ErrorKind::Unsupported("event times must not decrease within a domain")));
+            return Err(Error::new(ErrorKind::TimeWentBackwards { time: now, previous: self.packet_time_end }));
         }
         if self.packet.remaining() < MIN_FREE_BEFORE_EVENT
             || self.pending_locations.len() > MAX_PENDING_LOCATIONS
