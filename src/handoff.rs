@@ -92,8 +92,8 @@ impl Channel {
     fn new(pid: u32) -> Channel {
         let (tx, rx) = crossbeam_channel::bounded(CAPACITY);
         let (pool_tx, pool_rx) = crossbeam_channel::bounded(POOL_SIZE);
-        for _ in 0..POOL_SIZE {
-            let _ = pool_tx.try_send(new_frames());
+        for frames in (0..POOL_SIZE).map_while(|_| new_frames()) {
+            let _ = pool_tx.try_send(frames);
         }
         Channel { pid, tx, rx, pool_tx, pool_rx }
     }
@@ -137,10 +137,10 @@ impl Channel {
     }
 
     /// A frame buffer from the pool, or a new one when the pool is empty (callers are inside
-    /// the tracer, so the allocation is not sampled).
+    /// the tracer, so the allocation is not sampled); `None` when memory is exhausted.
     #[inline]
-    pub(crate) fn take_frames(&self) -> Frames {
-        self.pool_rx.try_recv().unwrap_or_else(|_| new_frames())
+    pub(crate) fn take_frames(&self) -> Option<Frames> {
+        self.pool_rx.try_recv().ok().or_else(new_frames)
     }
 
     /// Give a frame buffer back to the pool; it is freed when the pool is full.
@@ -156,10 +156,18 @@ impl Channel {
     }
 }
 
+/// A new frame buffer, or `None` when the allocator has no memory: `Box::new` would abort the
+/// process, where the program's own allocation might have coped with a null.
 #[cold]
 #[inline(never)]
-fn new_frames() -> Frames {
-    Box::new([0; MAX_FRAMES])
+fn new_frames() -> Option<Frames> {
+    let layout = std::alloc::Layout::new::<[u64; MAX_FRAMES]>();
+    // SAFETY: the layout has a nonzero size.
+    let block = unsafe { std::alloc::alloc_zeroed(layout) }.cast::<[u64; MAX_FRAMES]>();
+    // SAFETY: a non-null block is a fresh allocation from the global allocator with the layout
+    // of `[u64; MAX_FRAMES]`, zeroed (a valid value of that type), so `Box` owns it and frees
+    // it with the same layout.
+    (!block.is_null()).then(|| unsafe { Box::from_raw(block) })
 }
 
 /// The running session's channel and id, if tracing.
@@ -224,7 +232,7 @@ mod tests {
     #[test]
     fn a_full_queue_refuses_without_waiting_and_keeps_frame_buffers() {
         let channel = Channel::new(0);
-        let frames = channel.take_frames();
+        let frames = channel.take_frames().unwrap();
         let alloc = |frames| Msg::Alloc { session: 1, nframes: 0, addr: 8, time: 0, length: 1, nsamples: 1, frames };
         assert!(channel.try_send(alloc(frames)));
         for _ in 1..CAPACITY {
@@ -232,7 +240,7 @@ mod tests {
         }
         assert!(channel.behind());
         let pooled = channel.pool_rx.len();
-        assert!(!channel.try_send(alloc(channel.take_frames())));
+        assert!(!channel.try_send(alloc(channel.take_frames().unwrap())));
         assert_eq!(channel.pool_rx.len(), pooled, "the refused message's buffer went back to the pool");
         assert!(!channel.try_send(Msg::Free { session: 1, addr: 8, time: 0 }));
         assert!(matches!(channel.try_recv(), Some(Msg::Alloc { session: 1, .. })));

@@ -13,6 +13,7 @@
 //! sampled-block table are the only places a sample can be lost; losses are counted and
 //! reported on stderr when tracing stops.
 
+use std::cell::UnsafeCell;
 use std::ffi::OsStr;
 use std::fmt;
 use std::fs::{File, OpenOptions};
@@ -25,8 +26,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Once};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
-
-use parking_lot::Mutex;
 
 use crate::allocator::Entry;
 use crate::error::ErrorKind;
@@ -88,10 +87,13 @@ static DROPPED_FREES: AtomicU64 = AtomicU64::new(0);
 /// Samples dropped since the current session started because the sampled-block table
 /// bucket was full.
 static DROPPED_TABLE: AtomicU64 = AtomicU64::new(0);
+/// Samples dropped since the current session started because no memory was left for their
+/// frames.
+static DROPPED_MEMORY: AtomicU64 = AtomicU64::new(0);
 /// Whether the sampled-block table may hold entries of an earlier session.
 static TABLE_USED: AtomicBool = AtomicBool::new(false);
 /// The running session; held while starting and stopping (and across `fork`).
-static SESSION: Mutex<Option<Session>> = parking_lot::const_mutex(None);
+static SESSION: SessionSlot = SessionSlot::new();
 /// Registers the process hooks once.
 static HOOKS: Once = Once::new();
 
@@ -124,11 +126,15 @@ pub(crate) fn sampled_alloc(addr: usize, size: usize, nsamples: u64, entry: Entr
         DROPPED_QUEUE.fetch_add(1, Ordering::Relaxed);
         return;
     }
+    let Some(mut frames) = channel.take_frames() else {
+        DROPPED_MEMORY.fetch_add(1, Ordering::Relaxed);
+        return;
+    };
     if !sampled_set::insert(addr) {
+        channel.recycle(frames);
         DROPPED_TABLE.fetch_add(1, Ordering::Relaxed);
         return;
     }
-    let mut frames = channel.take_frames();
     let nframes = capture(entry, false, &mut frames);
     let length = (size as u64).div_ceil(WORD_BYTES);
     let nframes = nframes as u16;
@@ -309,36 +315,34 @@ struct Session {
 /// reported on stderr in one line starting with `memtrace: `, and the program runs on
 /// untraced. Returns `None` when not tracing; keep the guard alive for as long as the program
 /// should be traced.
+///
+/// Call it first thing in `main`, before the program starts threads: removing the variables
+/// edits the process environment, which is not thread-safe (`std::env::remove_var`).
 #[must_use = "tracing stops when the guard is dropped"]
 pub fn trace_if_requested() -> Option<TraceGuard> {
     let path = [FILE_VAR, UPSTREAM_FILE_VAR].iter().find_map(|var| std::env::var_os(var).filter(|p| !p.is_empty()))?;
     std::env::remove_var(FILE_VAR);
     std::env::remove_var(UPSTREAM_FILE_VAR);
-    let mut config = TraceConfig::new(path);
-    match rate_from_env(std::env::var_os(RATE_VAR).as_deref()) {
-        Ok(Some(rate)) => config.rate = rate,
-        Ok(None) => {}
-        Err(e) => {
-            eprintln!("memtrace: {e}");
-            return None;
-        }
-    }
-    match unwinder_from_env(std::env::var_os(UNWINDER_VAR).as_deref()) {
-        Ok(Some(unwinder)) => config.unwinder = unwinder,
-        Ok(None) => {}
-        Err(e) => {
-            eprintln!("memtrace: {e}");
-            return None;
-        }
-    }
-    config.context = std::env::var(CONTEXT_VAR).ok().filter(|c| !c.is_empty());
-    match start_tracing(config) {
+    match config_from_env(path).and_then(start_tracing) {
         Ok(guard) => Some(guard),
         Err(e) => {
             eprintln!("memtrace: {e}");
             None
         }
     }
+}
+
+/// The configuration the environment asks for, writing to `path`.
+fn config_from_env(path: std::ffi::OsString) -> Result<TraceConfig, StartError> {
+    let mut config = TraceConfig::new(path);
+    if let Some(rate) = rate_from_env(std::env::var_os(RATE_VAR).as_deref())? {
+        config.rate = rate;
+    }
+    if let Some(unwinder) = unwinder_from_env(std::env::var_os(UNWINDER_VAR).as_deref())? {
+        config.unwinder = unwinder;
+    }
+    config.context = std::env::var(CONTEXT_VAR).ok().filter(|c| !c.is_empty());
+    Ok(config)
 }
 
 /// The rate given by the value of [`RATE_VAR`]: `None` when unset or empty.
@@ -427,6 +431,7 @@ pub fn start_tracing(config: TraceConfig) -> Result<TraceGuard, StartError> {
     DROPPED_QUEUE.store(0, Ordering::Relaxed);
     DROPPED_TABLE.store(0, Ordering::Relaxed);
     DROPPED_FREES.store(0, Ordering::Relaxed);
+    DROPPED_MEMORY.store(0, Ordering::Relaxed);
     sampler::configure(config.rate);
     FRAME_CAP.store(config.frame_cap, Ordering::Relaxed);
     UNWINDER.store(unwinder as u8, Ordering::Relaxed);
@@ -470,11 +475,12 @@ fn finish(session: Session) {
     let _ = session.writer.join();
     let behind = DROPPED_QUEUE.swap(0, Ordering::Relaxed);
     let full = DROPPED_TABLE.swap(0, Ordering::Relaxed);
-    if behind + full > 0 {
+    let no_memory = DROPPED_MEMORY.swap(0, Ordering::Relaxed);
+    if behind + full + no_memory > 0 {
         eprintln!(
             "memtrace: {} samples were dropped ({behind} with the trace writer too far behind, {full} with the \
-             sampled-block table full)",
-            behind + full
+             sampled-block table full, {no_memory} with no memory left for their stacks)",
+            behind + full + no_memory
         );
     }
     let frees = DROPPED_FREES.swap(0, Ordering::Relaxed);
@@ -547,12 +553,20 @@ struct TraceWriter {
 fn write_trace(channel: &'static Channel, session: u32, writer: Writer<File>, path: &Path, start_time: Timestamp) {
     let mut state =
         TraceWriter { writer, session, ids: FastMap::default(), locations: FastMap::default(), last_time: start_time };
-    let result = state.run(channel).and_then(|()| state.writer.close().map(drop));
-    if let Err(e) = result {
-        STATE.store(OFF, Ordering::SeqCst);
-        if !matches!(e.kind(), ErrorKind::PidChanged) {
-            eprintln!("memtrace: error writing trace file {}: {e}; tracing stopped", path.display());
-        }
+    // A panic here (a bug, or in the symbolizer on odd debug info) must not leave sampling on
+    // with nobody draining the queue: it stops tracing like a write error.
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        state.run(channel).and_then(|()| state.writer.close().map(drop))
+    }));
+    let failure = match outcome {
+        Ok(Ok(())) => return,
+        Ok(Err(e)) if matches!(e.kind(), ErrorKind::PidChanged) => None,
+        Ok(Err(e)) => Some(format!("error writing trace file {}: {e}", path.display())),
+        Err(_) => Some(format!("the trace writer for {} panicked", path.display())),
+    };
+    STATE.store(OFF, Ordering::SeqCst);
+    if let Some(failure) = failure {
+        eprintln!("memtrace: {failure}; tracing stopped");
     }
 }
 
@@ -647,8 +661,8 @@ extern "C" fn before_fork() {
 }
 
 extern "C" fn after_fork_in_parent() {
-    // SAFETY: `before_fork` locked SESSION on this thread and forgot the guard.
-    unsafe { SESSION.force_unlock() };
+    // `before_fork` locked SESSION on this thread and forgot the guard.
+    SESSION.force_unlock();
 }
 
 /// The child never traces into its parent's file: stop sampling at once; the parent's
@@ -656,9 +670,74 @@ extern "C" fn after_fork_in_parent() {
 extern "C" fn after_fork_in_child() {
     STATE.store(OFF, Ordering::SeqCst);
     handoff::unpublish();
-    // SAFETY: `before_fork` locked SESSION in the parent on the thread that is the child's
-    // only thread, and forgot the guard.
-    unsafe { SESSION.force_unlock() };
+    // `before_fork` locked SESSION in the parent on the thread that is the child's only
+    // thread, and forgot the guard.
+    SESSION.force_unlock();
+}
+
+/// The running session behind a spin lock whose whole state is one atomic flag, so that the
+/// fork handlers can release it with a plain store. (parking_lot's `force_unlock` takes a slow
+/// path through a process-wide table when a waiter was parked, and in a forked child that
+/// table's lock may be held by a thread that no longer exists.) Sessions start and stop
+/// rarely, so waiting by yielding costs nothing that matters.
+struct SessionSlot {
+    locked: AtomicBool,
+    session: UnsafeCell<Option<Session>>,
+}
+
+// SAFETY: `session` is only reached through a `SessionGuard`, which exists only while its
+// creator holds `locked` (acquire on lock, release on unlock), so accesses never overlap and
+// each sees the previous one's writes; the data it guards is `Send` (asserted below).
+unsafe impl Sync for SessionSlot {}
+
+const _: fn() = || {
+    fn assert_send<T: Send>() {}
+    assert_send::<Session>();
+};
+
+impl SessionSlot {
+    const fn new() -> SessionSlot {
+        SessionSlot { locked: AtomicBool::new(false), session: UnsafeCell::new(None) }
+    }
+
+    fn lock(&self) -> SessionGuard<'_> {
+        while self.locked.compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed).is_err() {
+            std::thread::yield_now();
+        }
+        SessionGuard { slot: self }
+    }
+
+    /// Release the lock held by a guard that was forgotten (the fork handlers).
+    fn force_unlock(&self) {
+        self.locked.store(false, Ordering::Release);
+    }
+}
+
+/// Access to the running session while [`SESSION`] is locked.
+struct SessionGuard<'a> {
+    slot: &'a SessionSlot,
+}
+
+impl std::ops::Deref for SessionGuard<'_> {
+    type Target = Option<Session>;
+
+    fn deref(&self) -> &Option<Session> {
+        // SAFETY: this guard holds the lock, so no other reference to the session exists.
+        unsafe { &*self.slot.session.get() }
+    }
+}
+
+impl std::ops::DerefMut for SessionGuard<'_> {
+    fn deref_mut(&mut self) -> &mut Option<Session> {
+        // SAFETY: as for `deref`; `&mut self` makes this the only reference through the guard.
+        unsafe { &mut *self.slot.session.get() }
+    }
+}
+
+impl Drop for SessionGuard<'_> {
+    fn drop(&mut self) {
+        self.slot.force_unlock();
+    }
 }
 
 #[cfg(test)]

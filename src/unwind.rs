@@ -37,6 +37,11 @@ pub(crate) static CALIBRATION: Mutex<[(usize, [u64; MAX_FRAMES]); 3]> =
 pub enum Unwinder {
     /// libgcc's DWARF unwinder (`_Unwind_Backtrace`): works for any program with unwind
     /// tables (Rust's default), costs a few µs per sample. The default.
+    ///
+    /// It finds unwind tables with glibc's lock-free `_dl_find_object` (glibc 2.35 and later
+    /// with libgcc 12 and later). Older C libraries make it take the dynamic loader's lock,
+    /// so a sample could deadlock against a thread inside `dlopen`/`dlclose`; tracing then
+    /// says so on stderr when it starts (ALLOCATOR-PITFALLS §3).
     #[default]
     Dwarf = 0,
     /// Walk the frame-pointer chain: several times cheaper, and never touches the dynamic
@@ -73,10 +78,11 @@ pub(crate) fn capture(entry: Entry, calibrating: bool, frames: &mut [u64; MAX_FR
         }
     };
     if UNWINDER.load(Ordering::Relaxed) == Unwinder::FramePointers as u8 {
-        if let Some(bounds) = frame_pointers::stack_bounds() {
-            return frame_pointers::capture(skip(Unwinder::FramePointers), cap, frames, bounds);
+        let bounds = frame_pointers::stack_bounds();
+        if let Some(n) = bounds.and_then(|b| frame_pointers::capture(skip(Unwinder::FramePointers), cap, frames, b)) {
+            return n;
         }
-        // Stack bounds unknown on this thread: DWARF unwinding instead.
+        // Stack bounds unknown on this thread, or running on another stack: DWARF instead.
     }
     capture_dwarf(skip(Unwinder::Dwarf), cap, frames)
 }
@@ -209,17 +215,22 @@ mod frame_pointers {
     }
 
     /// Up to `cap` return addresses, innermost first, after skipping `skip`; `stack` is this
-    /// thread's `(lowest address, end)`. Returns the number written; 0 when the sample was
-    /// not taken on the thread's stack.
+    /// thread's `(lowest address, end)`. Returns the number written, or `None` when the sample
+    /// was not taken on the thread's stack (the caller then unwinds with DWARF).
     #[inline(never)]
-    pub(super) fn capture(skip: usize, cap: usize, frames: &mut [u64; MAX_FRAMES], stack: (usize, usize)) -> usize {
+    pub(super) fn capture(
+        skip: usize,
+        cap: usize,
+        frames: &mut [u64; MAX_FRAMES],
+        stack: (usize, usize),
+    ) -> Option<usize> {
         const WORD: usize = std::mem::size_of::<usize>();
         let cap = cap.min(MAX_FRAMES);
         let (mut fp, sp) = registers();
         let (lo, hi) = stack;
         if sp < lo || sp >= hi {
-            // Another stack (a signal stack, a coroutine): nothing to walk.
-            return 0;
+            // Another stack (a signal stack, a coroutine): not ours to walk.
+            return None;
         }
         let mut n = 0;
         let mut seen = 0;
@@ -243,7 +254,7 @@ mod frame_pointers {
             }
             fp = next;
         }
-        n
+        Some(n)
     }
 }
 
@@ -266,6 +277,12 @@ mod frame_pointers {
 pub(crate) fn calibrate(wanted: Unwinder) -> Result<Unwinder, StartError> {
     calibrate_unwinder(Unwinder::Dwarf)?;
     if wanted == Unwinder::Dwarf {
+        if !has_lock_free_table_lookup() {
+            eprintln!(
+                "memtrace: note: this C library has no _dl_find_object (glibc < 2.35), so DWARF unwinding \
+                 can deadlock against dlopen/dlclose; MEMTRACE_UNWINDER=frame-pointers avoids it"
+            );
+        }
         return Ok(Unwinder::Dwarf);
     }
     let why = if !frame_pointers::SUPPORTED {
@@ -284,6 +301,16 @@ pub(crate) fn calibrate(wanted: Unwinder) -> Result<Unwinder, StartError> {
             Ok(Unwinder::Dwarf)
         }
     }
+}
+
+/// Whether the C library offers `_dl_find_object`, which lets libgcc find unwind tables
+/// without the dynamic loader's lock. Assumed on C libraries other than glibc.
+fn has_lock_free_table_lookup() -> bool {
+    if !cfg!(all(target_os = "linux", target_env = "gnu")) {
+        return true;
+    }
+    // SAFETY: `dlsym` with `RTLD_DEFAULT` and a NUL-terminated name only looks the symbol up.
+    !unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"_dl_find_object".as_ptr()) }.is_null()
 }
 
 /// Calibrate `unwinder` (once per process). Returns whether its captures reach the marker
@@ -399,6 +426,16 @@ mod tests {
     use super::*;
 
     #[test]
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    fn lock_free_table_lookup_matches_the_glibc_version() {
+        // SAFETY: returns a pointer to a static NUL-terminated string.
+        let version = unsafe { std::ffi::CStr::from_ptr(libc::gnu_get_libc_version()) }.to_str().unwrap();
+        let mut parts = version.split('.').map(|p| p.parse::<u32>().unwrap());
+        let (major, minor) = (parts.next().unwrap(), parts.next().unwrap());
+        assert_eq!(has_lock_free_table_lookup(), (major, minor) >= (2, 35), "glibc {version}");
+    }
+
+    #[test]
     fn frame_pointer_walk_stays_on_the_stack() {
         if !frame_pointers::SUPPORTED {
             return;
@@ -409,9 +446,9 @@ mod tests {
         assert!(bounds.0 <= here && here < bounds.1, "{bounds:x?} {here:x}");
         let mut frames = [0; MAX_FRAMES];
         // Whatever the build flags, the walk ends without faulting and within the cap.
-        let n = frame_pointers::capture(0, 5, &mut frames, bounds);
+        let n = frame_pointers::capture(0, 5, &mut frames, bounds).expect("on this thread's stack");
         assert!(n <= 5);
-        // Bounds that exclude the current stack: nothing is walked.
-        assert_eq!(frame_pointers::capture(0, 5, &mut frames, (1 << 20, 2 << 20)), 0);
+        // Bounds that exclude the current stack: nothing is walked, and the caller falls back.
+        assert_eq!(frame_pointers::capture(0, 5, &mut frames, (1 << 20, 2 << 20)), None);
     }
 }

@@ -642,7 +642,7 @@ fn info() -> impl Strategy<Value = Info> {
         prop_oneof![
             3 => (1u64..=(1 << 53)).prop_map(|k| k as f64 / (1u64 << 53) as f64),
             1 => Just(1.0),
-            1 => (1u64..(0x3FF0_0000_0000_0000)).prop_map(f64::from_bits),
+            1 => (1u64..0x3FF0_0000_0000_0000).prop_map(f64::from_bits),
         ],
         1..=u8::MAX,
         (bytes_with_nul(), bytes_with_nul(), bytes_with_nul()),
