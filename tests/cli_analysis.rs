@@ -58,7 +58,7 @@ fn sites_skip_allocator_frames() {
 
 #[test]
 fn allocator_frames_can_be_kept() {
-    let g = Grouping { stacks: false, keep_allocator_frames: true };
+    let g = Grouping::new(false, true);
     assert_eq!(
         ranked(&known_trace(), STACKS, g, Measure::Allocated),
         owned(&[
@@ -72,7 +72,7 @@ fn allocator_frames_can_be_kept() {
 #[test]
 fn whole_stacks_are_trimmed_and_merged() {
     let a = analyse(&known_trace(), STACKS);
-    let g = Grouping { stacks: true, keep_allocator_frames: false };
+    let g = Grouping::new(true, false);
     let keys: Vec<(String, u64)> =
         sites::ranked(&a, g, Measure::Allocated).iter().map(|s| (s.key(&a), s.stats.allocated.samples)).collect();
     assert_eq!(

@@ -160,3 +160,42 @@ fn bad_arguments_are_usage_errors() {
         assert_eq!(memtrace(&args).status.code(), Some(2), "{args:?}");
     }
 }
+
+#[test]
+fn write_errors_name_the_output() {
+    if !Path::new("/dev/full").exists() {
+        eprintln!("skipped: no /dev/full");
+        return;
+    }
+    let input = data("ocamlopt.ctf");
+    let input = input.to_str().unwrap();
+    for args in [vec!["copy", input, "/dev/full"], vec!["pprof", input, "-o", "/dev/full"]] {
+        let o = memtrace(&args);
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(1), "{args:?}: {err}");
+        assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+        assert!(err.starts_with("memtrace: /dev/full: ") && !err.contains(input), "{args:?}: {err}");
+    }
+}
+
+#[test]
+fn copy_drops_collects_of_unknown_objects_with_one_warning() {
+    let mut t = TraceBuilder::new();
+    let a = t.alloc(10, 2, &PARSE);
+    let b = t.alloc(20, 1, &LOAD);
+    t.free(30, a);
+    t.free(40, a);
+    t.free(50, b);
+    t.free(60, a);
+    let dir = tempfile::tempdir().unwrap();
+    let (trace, copy) = (dir.path().join("double-free.ctf"), dir.path().join("copy.ctf"));
+    std::fs::write(&trace, t.finish()).unwrap();
+    let o = memtrace(&["copy", trace.to_str().unwrap(), copy.to_str().unwrap()]);
+    let err = stderr(&o);
+    assert!(o.status.success(), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("warning") && err.contains("dropped 2 ") && err.contains("double-free.ctf"), "{err}");
+    let dump = memtrace(&["dump", copy.to_str().unwrap()]);
+    let text = String::from_utf8_lossy(&dump.stdout).into_owned();
+    assert_eq!(text.lines().filter(|l| l.ends_with(" collect")).count(), 2, "{text}");
+}

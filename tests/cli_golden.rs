@@ -13,10 +13,7 @@ use memtrace_rs::cli::{diff, hotspots, info};
 const STACKS: Options = Options { stacks: true, live_at: None };
 
 fn hotspots_options(top: usize, by: By, stacks: bool, keep: bool) -> hotspots::Options {
-    hotspots::Options {
-        ranking: Ranking { top, by, grouping: Grouping { stacks, keep_allocator_frames: keep } },
-        frames: 6,
-    }
+    hotspots::Options { ranking: Ranking { top, by, grouping: Grouping::new(stacks, keep) }, frames: 6 }
 }
 
 fn info_text(a: &Analysis, name: &str) -> Vec<u8> {
@@ -32,8 +29,7 @@ fn hotspots_text(a: &Analysis, name: &str, options: &hotspots::Options) -> Vec<u
 }
 
 fn diff_text(base: &Analysis, new: &Analysis, names: (&str, &str), by: By, stacks: bool) -> Vec<u8> {
-    let options =
-        diff::Options { ranking: Ranking { top: 10, by, grouping: Grouping { stacks, keep_allocator_frames: false } } };
+    let options = diff::Options { ranking: Ranking { top: 10, by, grouping: Grouping::new(stacks, false) } };
     let mut out = Vec::new();
     diff::write(base, new, names, &options, &mut out).unwrap();
     out

@@ -48,7 +48,7 @@ fn assert_well_formed(xml: &[u8]) -> String {
 }
 
 fn flamegraph_svg(a: &Analysis, weight: flamegraph::Weight) -> Vec<u8> {
-    let options = flamegraph::Options { weight, folded: false, keep_allocator_frames: false };
+    let options = flamegraph::Options { weight, folded: false, trim: Default::default() };
     let mut out = Vec::new();
     flamegraph::write(a, &options, &mut out).unwrap();
     out
@@ -57,7 +57,7 @@ fn flamegraph_svg(a: &Analysis, weight: flamegraph::Weight) -> Vec<u8> {
 #[test]
 fn folded_stacks_of_the_known_trace() {
     let a = analyse(&known_trace(), Options { stacks: true, live_at: Some(45) });
-    let folded = |m, keep| flamegraph::folded(&a, m, keep);
+    let folded = |m, keep| flamegraph::folded(&a, m, keep).lines;
     assert_eq!(
         folded(Measure::Allocated, false),
         [

@@ -54,7 +54,8 @@ fn the_cli_agrees_with_the_sample_apps_own_summary() {
     assert_eq!(number_after(&info, "Collections:"), collected, "{info}\n{app}");
     assert!(info.contains("sample-app") && info.contains("Truncated:          no"), "{info}");
 
-    // The same sites in the same order (the top three have clearly distinct estimates).
+    // The same top three sites. Two sites with equal estimates may come in either order,
+    // so they are compared as sets; make_message (about 90 % of the bytes) comes first.
     let hotspots = run(Command::new(memtrace).args(["hotspots", "--top", "3"]).arg(&trace));
     let cli_sites: Vec<String> = hotspots
         .lines()
@@ -66,6 +67,10 @@ fn the_cli_agrees_with_the_sample_apps_own_summary() {
             format!("{} {}", fields[fields.len() - 2], file_line)
         })
         .collect();
-    assert_eq!(cli_sites, app_sites[..3], "{hotspots}\n{app}");
+    assert!(cli_sites.first().is_some_and(|s| s.starts_with("sample_app::pipeline::make_message ")), "{hotspots}");
+    let (mut cli_top, mut app_top) = (cli_sites.clone(), app_sites[..3].to_vec());
+    cli_top.sort();
+    app_top.sort();
+    assert_eq!(cli_top, app_top, "{hotspots}\n{app}");
     assert!(hotspots.contains("sample-app.rs:113"), "{hotspots}");
 }

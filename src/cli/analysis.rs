@@ -12,7 +12,25 @@
 //! At the end the location codes of the stacks are resolved once each into [`Frame`]s.
 //! Estimates follow the trace's rate and word size ([`Info::bytes_for_samples`]); the number
 //! of objects an allocation of `length` words with `nsamples` samples stands for is
-//! estimated as `nsamples / (length × rate)`, whose expectation is one.
+//! estimated as `nsamples / (length × rate)`, whose expectation is one when every word of
+//! the object could be sampled.
+//!
+//! # Limitation: sizes that are not whole words
+//!
+//! The format records sizes in words. This crate's allocator records a Rust allocation of
+//! `n` bytes as `length = ceil(n / 8)` words but samples only its `n` bytes (on average
+//! `nsamples = n × rate / 8`), so the object estimate of an allocation whose size is not a
+//! multiple of 8 bytes has expectation `n / (8 × length)` instead of one: object counts
+//! are under-estimated, by 7/8 for 1-byte allocations, by 7/16 for 9-byte ones, and less
+//! the larger the allocation. Byte estimates (`nsamples × word size / 8 / rate`) are
+//! unaffected. The exact size is not in the trace, so the bias cannot be corrected here.
+//! (OCaml traces allocate whole words and are not affected.)
+//!
+//! # Huge sample counts
+//!
+//! Sample and word totals saturate at `u64::MAX` instead of wrapping (a trace may hold
+//! allocations of up to `i64::MAX` samples each); the live total and each stack's live
+//! figures are kept exactly in 128 bits while reading and saturate only when reported.
 
 use std::collections::HashMap;
 use std::io::Read;
@@ -44,20 +62,47 @@ pub struct Options {
 pub struct Tally {
     /// Sampled words.
     pub samples: u64,
-    /// Estimated number of objects.
+    /// Estimated number of objects: too low for allocations whose size is not a whole
+    /// number of words (see the [module documentation](self)).
     pub objects: f64,
 }
 
 impl Tally {
+    /// Add to the tally; the sample count saturates at `u64::MAX`.
     fn add(&mut self, samples: u64, objects: f64) {
-        self.samples += samples;
+        self.samples = self.samples.saturating_add(samples);
+        self.objects += objects;
+    }
+}
+
+/// A [`Tally`] while reading: live figures go up and down, so the sample count is kept
+/// in 128 bits (2^64 allocations of `u64::MAX` samples each still fit) and never wraps.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+struct Acc {
+    samples: u128,
+    objects: f64,
+}
+
+impl Acc {
+    fn add(&mut self, samples: u64, objects: f64) {
+        self.samples = self.samples.saturating_add(u128::from(samples));
         self.objects += objects;
     }
 
     fn sub(&mut self, samples: u64, objects: f64) {
-        self.samples -= samples;
+        self.samples = self.samples.saturating_sub(u128::from(samples));
         self.objects = (self.objects - objects).max(0.0);
     }
+
+    /// The reported tally (saturating at `u64::MAX` samples).
+    fn tally(self) -> Tally {
+        Tally { samples: saturate(self.samples), objects: self.objects }
+    }
+}
+
+/// `n` as a `u64`, saturating.
+fn saturate(n: u128) -> u64 {
+    u64::try_from(n).unwrap_or(u64::MAX)
 }
 
 /// Which figure of a stack to rank or draw by.
@@ -101,7 +146,7 @@ impl StackStats {
 
     /// Add `other`'s figures to these.
     pub fn add(&mut self, other: &StackStats) {
-        self.allocs += other.allocs;
+        self.allocs = self.allocs.saturating_add(other.allocs);
         for (a, b) in [
             (&mut self.allocated, other.allocated),
             (&mut self.live_end, other.live_end),
@@ -183,20 +228,20 @@ pub struct Counts {
     pub promotes: u64,
     /// Collect events.
     pub collects: u64,
-    /// Samples of all allocations.
+    /// Samples of all allocations (saturating at `u64::MAX`).
     pub samples: u64,
-    /// Words of all sampled allocations.
+    /// Words of all sampled allocations (saturating at `u64::MAX`).
     pub words: u64,
 }
 
 impl Counts {
     /// All allocation events.
     pub fn allocs(&self) -> u64 {
-        self.allocs_minor + self.allocs_major + self.allocs_external
+        self.allocs_minor.saturating_add(self.allocs_major).saturating_add(self.allocs_external)
     }
 }
 
-/// One time slice of a [`Timeline`].
+/// One time slice of a [`Timeline`]. Sample counts saturate at `u64::MAX`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Bucket {
     /// Samples allocated during the slice.
@@ -235,7 +280,7 @@ impl Timeline {
             self.buckets.resize(index + 1, Bucket { allocated: 0, live_max: carried, live_end: carried });
         }
         let bucket = &mut self.buckets[index];
-        bucket.allocated += allocated;
+        bucket.allocated = bucket.allocated.saturating_add(allocated);
         bucket.live_max = bucket.live_max.max(live);
         bucket.live_end = live;
     }
@@ -246,7 +291,7 @@ impl Timeline {
             .buckets
             .chunks(2)
             .map(|pair| Bucket {
-                allocated: pair.iter().map(|b| b.allocated).sum(),
+                allocated: pair.iter().fold(0, |sum: u64, b| sum.saturating_add(b.allocated)),
                 live_max: pair.iter().map(|b| b.live_max).max().unwrap_or(0),
                 live_end: pair[pair.len() - 1].live_end,
             })
@@ -259,7 +304,7 @@ impl Timeline {
 /// The total live estimate at its highest.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Peak {
-    /// Live samples at the peak.
+    /// Live samples at the peak (saturating at `u64::MAX`).
     pub samples: u64,
     /// When the peak was first reached (µs since the Unix epoch).
     pub time: Timestamp,
@@ -274,7 +319,7 @@ pub struct Analysis {
     pub counts: Counts,
     /// Time of the last event (the start time if there is none).
     pub end_time: Timestamp,
-    /// Live samples at the end.
+    /// Live samples at the end (saturating at `u64::MAX`).
     pub live_end: u64,
     /// The peak of the live estimate.
     pub peak: Peak,
@@ -301,11 +346,11 @@ pub struct Analysis {
 struct StackState {
     allocs: u64,
     allocated: Tally,
-    live: Tally,
+    live: Acc,
     /// `live` at the most recent peak, valid when `stamp` is that peak's number.
-    at_peak: Tally,
+    at_peak: Acc,
     stamp: u64,
-    at_time: Tally,
+    at_time: Acc,
 }
 
 /// A sampled object not yet collected.
@@ -325,8 +370,12 @@ struct Pass {
     empty_stack: Option<u32>,
     stacks: Vec<StackState>,
     live: FastMap<ObjectId, LiveObject>,
-    live_total: u64,
-    peak: Peak,
+    /// Live samples, exact (see [`Acc`]).
+    live_total: u128,
+    /// The highest `live_total` so far.
+    peak_samples: u128,
+    /// When `peak_samples` was first reached.
+    peak_time: Timestamp,
     /// Number of times the peak was raised; stamps [`StackState::at_peak`].
     peaks: u64,
     live_at: Option<u64>,
@@ -378,16 +427,17 @@ impl Pass {
 
     fn alloc(&mut self, id: ObjectId, length: u64, samples: u64, codes: &[u64]) {
         let stack = self.stack_id(codes);
+        // Expectation one only for sizes that are whole words: see the module documentation.
         let objects = samples as f64 / (length.max(1) as f64 * self.rate);
         let state = self.touch(stack);
-        state.allocs += 1;
+        state.allocs = state.allocs.saturating_add(1);
         state.allocated.add(samples, objects);
         state.live.add(samples, objects);
         if let Some(old) = self.live.insert(id, LiveObject { stack, samples, objects }) {
             // A reused id: the old object is gone.
             self.free(old);
         }
-        self.live_total += samples;
+        self.live_total = self.live_total.saturating_add(u128::from(samples));
     }
 
     fn collect(&mut self, id: ObjectId) {
@@ -398,15 +448,16 @@ impl Pass {
 
     fn free(&mut self, object: LiveObject) {
         self.touch(object.stack).live.sub(object.samples, object.objects);
-        self.live_total -= object.samples;
+        self.live_total = self.live_total.saturating_sub(u128::from(object.samples));
     }
 
     fn after_event(&mut self, time: Timestamp, allocated: u64) {
-        if self.live_total > self.peak.samples {
-            self.peak = Peak { samples: self.live_total, time };
+        if self.live_total > self.peak_samples {
+            self.peak_samples = self.live_total;
+            self.peak_time = time;
             self.peaks += 1;
         }
-        self.timeline.record(time.saturating_sub(self.start), allocated, self.live_total);
+        self.timeline.record(time.saturating_sub(self.start), allocated, saturate(self.live_total));
         self.end_time = time;
     }
 
@@ -429,9 +480,9 @@ impl Pass {
             let stats = StackStats {
                 allocs: s.allocs,
                 allocated: s.allocated,
-                live_end: s.live,
-                live_peak,
-                live_at: s.at_time,
+                live_end: s.live.tally(),
+                live_peak: live_peak.tally(),
+                live_at: s.at_time.tally(),
             };
             stacks.push(Stack { codes, stats });
         }
@@ -439,8 +490,8 @@ impl Pass {
         Analysis {
             counts: self.counts,
             end_time: self.end_time,
-            live_end: self.live_total,
-            peak: self.peak,
+            live_end: saturate(self.live_total),
+            peak: Peak { samples: saturate(self.peak_samples), time: self.peak_time },
             domains: self.domains.len(),
             location_codes: locations.len(),
             distinct_locations: distinct.len(),
@@ -518,7 +569,8 @@ impl Analysis {
             stacks: Vec::new(),
             live: FastMap::default(),
             live_total: 0,
-            peak: Peak { samples: 0, time: info.start_time },
+            peak_samples: 0,
+            peak_time: info.start_time,
             peaks: 0,
             live_at: options.live_at,
             snapshot_taken: false,
@@ -536,7 +588,7 @@ impl Analysis {
             if !pass.domains.contains(&event.domain) {
                 pass.domains.push(event.domain);
             }
-            pass.counts.events += 1;
+            pass.counts.events = pass.counts.events.saturating_add(1);
             let mut allocated = 0;
             match event.kind {
                 EventKind::Alloc(a) => {
@@ -546,8 +598,8 @@ impl Analysis {
                         AllocSource::Major => c.allocs_major += 1,
                         AllocSource::External => c.allocs_external += 1,
                     }
-                    c.samples += a.nsamples;
-                    c.words += a.length;
+                    c.samples = c.samples.saturating_add(a.nsamples);
+                    c.words = c.words.saturating_add(a.length);
                     allocated = a.nsamples;
                     pass.alloc(a.id, a.length, a.nsamples, a.backtrace);
                 }

@@ -7,7 +7,7 @@ use std::io::{self, Write};
 
 use super::analysis::{Analysis, Measure, Options as AnalysisOptions};
 use super::format;
-use super::sites::{self, Grouping};
+use super::sites::{self, Grouping, Trim};
 
 /// Options of `memtrace flamegraph`.
 #[derive(Debug, Clone, clap::Args)]
@@ -15,12 +15,14 @@ pub struct Options {
     /// What the widths show.
     #[command(flatten)]
     pub weight: Weight,
-    /// Write folded stacks (`frame;frame;frame bytes` lines) instead of an SVG.
+    /// Write folded stacks (`frame;frame;frame bytes` lines) instead of an SVG. (Should the
+    /// estimates add up to more than 2^53 bytes, the counts are in a power of two bytes,
+    /// which a warning gives.)
     #[arg(long)]
     pub folded: bool,
-    /// Keep allocator frames at the leaves.
-    #[arg(long)]
-    pub keep_allocator_frames: bool,
+    /// Whether allocator frames are trimmed from the leaves.
+    #[command(flatten)]
+    pub trim: Trim,
 }
 
 /// The figure the flame graph shows (at most one flag; bytes allocated by default).
@@ -78,17 +80,52 @@ fn parse_seconds(s: &str) -> Result<f64, String> {
     }
 }
 
-/// The folded stacks of `analysis` for `measure`: one `outer;...;inner bytes` line per
-/// stack with a non-zero estimate, largest first.
-pub fn folded(analysis: &Analysis, measure: Measure, keep_allocator_frames: bool) -> Vec<String> {
-    let grouping = Grouping { stacks: true, keep_allocator_frames };
-    sites::ranked(analysis, grouping, measure)
-        .into_iter()
-        .filter_map(|site| {
-            let bytes = analysis.bytes(site.stats.get(measure).samples).round() as u64;
-            if bytes == 0 {
+/// Largest sum of the counts of folded stacks: flame-graph tools (inferno included) add the
+/// counts up in 64-bit integers, and an `f64` holds every whole number up to here.
+const MAX_TOTAL: f64 = (1u64 << 53) as f64;
+
+/// Folded stacks and the unit of their counts.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Folded {
+    /// One `outer;...;inner count` line per stack, largest first.
+    pub lines: Vec<String>,
+    /// The counts are in units of `2^unit_log2` bytes: 0 (bytes) unless the estimates add
+    /// up to more than 2^53 bytes (8 PiB), which only absurd estimates do.
+    pub unit_log2: u32,
+}
+
+impl Folded {
+    /// Bytes per count.
+    pub fn unit(&self) -> f64 {
+        2f64.powi(self.unit_log2 as i32)
+    }
+}
+
+/// The folded stacks of `analysis` for `measure`: one `outer;...;inner count` line per
+/// stack whose count is not zero, largest first. The counts are bytes, or units of a power
+/// of two bytes chosen so that they add up to at most 2^53 (see [`Folded::unit_log2`]).
+pub fn folded(analysis: &Analysis, measure: Measure, keep_allocator_frames: bool) -> Folded {
+    let grouping = Grouping::new(true, keep_allocator_frames);
+    let sites = sites::ranked(analysis, grouping, measure);
+    let bytes: Vec<f64> = sites.iter().map(|s| analysis.bytes(s.stats.get(measure).samples).min(f64::MAX)).collect();
+    let total = bytes.iter().sum::<f64>().min(f64::MAX);
+    let mut unit_log2 = 0;
+    while total / 2f64.powi(unit_log2 as i32) > MAX_TOTAL {
+        unit_log2 += 1;
+    }
+    let unit = 2f64.powi(unit_log2 as i32);
+    // Rounding (or a sum that reached infinity) can still push the total a little past
+    // the limit: never let it get near 2^64.
+    let mut room = 1u64 << 62;
+    let lines = sites
+        .iter()
+        .zip(bytes)
+        .filter_map(|(site, bytes)| {
+            let count = ((bytes / unit).round() as u64).min(room);
+            if count == 0 {
                 return None;
             }
+            room -= count;
             let mut line = String::new();
             if site.frames.is_empty() {
                 line.push_str(&site.label(analysis));
@@ -104,16 +141,17 @@ pub fn folded(analysis: &Analysis, measure: Measure, keep_allocator_frames: bool
                     c => c,
                 }));
             }
-            line.push_str(&format!(" {bytes}"));
+            line.push_str(&format!(" {count}"));
             Some(line)
         })
-        .collect()
+        .collect();
+    Folded { lines, unit_log2 }
 }
 
-/// Draw `lines` (folded stacks) as an interactive SVG titled `title`. With no lines, a
-/// small SVG saying there is nothing to draw.
-pub fn write_svg(title: &str, lines: &[String], out: &mut impl Write) -> io::Result<()> {
-    if lines.is_empty() {
+/// Draw `folded` as an interactive SVG titled `title`, widths and figures in bytes. With no
+/// lines, a small SVG saying there is nothing to draw.
+pub fn write_svg(title: &str, folded: &Folded, out: &mut impl Write) -> io::Result<()> {
+    if folded.lines.is_empty() {
         return writeln!(
             out,
             r#"<svg xmlns="http://www.w3.org/2000/svg" width="800" height="40"><text x="10" y="25">{}: nothing to draw</text></svg>"#,
@@ -125,7 +163,8 @@ pub fn write_svg(title: &str, lines: &[String], out: &mut impl Write) -> io::Res
     options.count_name = "bytes".to_string();
     options.colors = inferno::flamegraph::Palette::Basic(inferno::flamegraph::color::BasicPalette::Mem);
     options.deterministic = true;
-    inferno::flamegraph::from_lines(&mut options, lines.iter().map(String::as_str), out)
+    options.factor = folded.unit();
+    inferno::flamegraph::from_lines(&mut options, folded.lines.iter().map(String::as_str), out)
 }
 
 /// The title of the flame graph of `analysis` for `weight`.
@@ -133,15 +172,16 @@ pub fn title(analysis: &Analysis, weight: &Weight) -> String {
     format!("{} (estimated): {}", weight.describe(), String::from_utf8_lossy(&analysis.info.executable_name))
 }
 
-/// Write the flame graph (or the folded stacks) of `analysis` as `options` ask.
-pub fn write(analysis: &Analysis, options: &Options, out: &mut impl Write) -> io::Result<()> {
-    let lines = folded(analysis, options.weight.measure(), options.keep_allocator_frames);
+/// Write the flame graph (or the folded stacks) of `analysis` as `options` ask. Returns the
+/// unit of the folded counts as a power of two bytes (see [`Folded::unit_log2`]).
+pub fn write(analysis: &Analysis, options: &Options, out: &mut impl Write) -> io::Result<u32> {
+    let folded = folded(analysis, options.weight.measure(), options.trim.keep_allocator_frames);
     if options.folded {
-        for line in &lines {
+        for line in &folded.lines {
             writeln!(out, "{line}")?;
         }
-        Ok(())
     } else {
-        write_svg(&title(analysis, &options.weight), &lines, out)
+        write_svg(&title(analysis, &options.weight), &folded, out)?;
     }
+    Ok(folded.unit_log2)
 }

@@ -4,8 +4,16 @@
 use crate::trace::Timestamp;
 
 /// A byte count in binary units with one decimal (`0 B`, `812 B`, `1.5 KiB`, `3.2 GiB`).
+/// Beyond 1024 EiB it is written in scientific notation (`1.2e30 B`); an infinite count is
+/// `inf B` and NaN is `n/a`.
 pub fn bytes(b: f64) -> String {
     const UNITS: [&str; 6] = ["KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
+    if b.is_nan() {
+        return "n/a".to_string();
+    }
+    if b.is_infinite() {
+        return format!("{b} B");
+    }
     let magnitude = b.abs();
     if magnitude < 1024.0 {
         return format!("{:.0} B", b);
@@ -16,7 +24,20 @@ pub fn bytes(b: f64) -> String {
         value /= 1024.0;
         unit += 1;
     }
+    if value.abs() >= 1024.0 {
+        return format!("{b:.1e} B");
+    }
     format!("{value:.1} {}", UNITS[unit])
+}
+
+/// An estimate as a whole number (`1572864`), in scientific notation from 10^18 on
+/// (`1.2e300`) so that absurd estimates stay short; `inf` when infinite, `NaN` for NaN.
+pub fn whole(v: f64) -> String {
+    if v.is_finite() && v.abs() >= 1e18 {
+        format!("{v:e}")
+    } else {
+        format!("{v:.0}")
+    }
 }
 
 /// A signed byte difference: `+1.5 KiB`, `-812 B`, `0 B`.
@@ -28,12 +49,14 @@ pub fn signed_bytes(b: f64) -> String {
     }
 }
 
-/// `part` as a percentage of `whole` with two decimals; `-` when `whole` is zero.
+/// `part` as a percentage of `whole` with two decimals; `-` when `whole` is zero or the
+/// ratio is not a finite number (e.g. both infinite).
 pub fn percent(part: f64, whole: f64) -> String {
-    if whole == 0.0 {
+    let ratio = 100.0 * (part / whole);
+    if whole == 0.0 || !ratio.is_finite() {
         "-".to_string()
     } else {
-        format!("{:.2}%", 100.0 * part / whole)
+        format!("{ratio:.2}%")
     }
 }
 
@@ -98,6 +121,17 @@ mod tests {
         assert_eq!(bytes(3.0 * 1024.0 * 1024.0 * 1024.0), "3.0 GiB");
         assert_eq!(signed_bytes(-2048.0), "-2.0 KiB");
         assert_eq!(signed_bytes(2048.0), "+2.0 KiB");
+        assert_eq!(bytes(1023.0 * 1024f64.powi(6)), "1023.0 EiB");
+        assert_eq!(bytes(2e30), "2.0e30 B");
+        assert_eq!(bytes(-2e30), "-2.0e30 B");
+        assert_eq!(bytes(f64::MAX), "1.8e308 B");
+        assert_eq!(bytes(f64::INFINITY), "inf B");
+        assert_eq!(signed_bytes(f64::INFINITY), "+inf B");
+        assert_eq!(bytes(f64::NEG_INFINITY), "-inf B");
+        assert_eq!(bytes(f64::NAN), "n/a");
+        assert_eq!(whole(1_572_864.4), "1572864");
+        assert_eq!(whole(1.5e300), "1.5e300");
+        assert_eq!(whole(f64::INFINITY), "inf");
     }
 
     #[test]
@@ -108,6 +142,8 @@ mod tests {
         assert_eq!(seconds(851_795), "0.851795 s");
         assert_eq!(percent(1.0, 0.0), "-");
         assert_eq!(percent(1.0, 3.0), "33.33%");
+        assert_eq!(percent(f64::INFINITY, f64::INFINITY), "-");
+        assert_eq!(percent(1.0, 1e-320), "-");
     }
 
     #[test]

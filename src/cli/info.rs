@@ -57,7 +57,7 @@ pub fn summary(analysis: &Analysis, name: &str) -> Vec<Line> {
 /// `1.5 MiB (1572864 bytes, 42 samples)`.
 fn estimate(analysis: &Analysis, samples: u64) -> String {
     let bytes = analysis.bytes(samples);
-    format!("{} ({:.0} bytes, {} samples)", format::bytes(bytes), bytes, samples)
+    format!("{} ({} bytes, {} samples)", format::bytes(bytes), format::whole(bytes), samples)
 }
 
 /// Print the summary of `analysis` for the trace called `name`.

@@ -18,11 +18,13 @@ pub mod report;
 pub mod sites;
 pub mod timeline;
 
+use std::cell::Cell;
 use std::fmt;
 use std::fs::File;
 use std::io::{self, BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::rc::Rc;
 
 use clap::{Parser, Subcommand};
 
@@ -158,20 +160,43 @@ fn run(cli: Cli) -> Result<(), Failure> {
             to_stdout(|out| info::write(&analysis, &file.display().to_string(), out))
         }
         Command::Dump { file } => {
-            let stdout = io::stdout();
-            let mut out = io::BufWriter::with_capacity(1 << 16, stdout.lock());
-            dump::run(&file, &mut out, &mut io::stderr())
-                .and_then(|()| Ok(out.flush()?))
-                .map_err(|e| Failure::new(&file, e))
+            let (stdout, failed) = Watched::new(io::stdout().lock());
+            let mut out = io::BufWriter::with_capacity(1 << 16, stdout);
+            dump::run(&file, &mut out, &mut io::stderr()).and_then(|()| Ok(out.flush()?)).map_err(|e| {
+                let path = if failed.get() { Path::new("<stdout>") } else { file.as_path() };
+                Failure::new(path, e)
+            })
         }
-        Command::Copy { input, output } => copy::run(&input, &output).map_err(|e| Failure::new(&input, e)),
+        Command::Copy { input, output } => {
+            let dropped = copy::run(&input, &output)?;
+            if dropped > 0 {
+                eprintln!(
+                    "memtrace: warning: {}: dropped {dropped} promote or collect events of objects whose allocation \
+                     is not in the trace",
+                    input.display()
+                );
+            }
+            Ok(())
+        }
         Command::Hotspots { file, options } => {
             let analysis = analyse(&file, AnalysisOptions { stacks: true, live_at: None })?;
             to_stdout(|out| hotspots::write(&analysis, &file.display().to_string(), &options, out))
         }
         Command::Flamegraph { file, output, options } => {
             let analysis = analyse(&file, options.weight.analysis_options())?;
-            to_file(&output, |out| flamegraph::write(&analysis, &options, out))
+            let mut unit_log2 = 0;
+            to_file(&output, |out| {
+                unit_log2 = flamegraph::write(&analysis, &options, out)?;
+                Ok(())
+            })?;
+            if options.folded && unit_log2 > 0 {
+                eprintln!(
+                    "memtrace: warning: {}: the estimates add up to more than 2^53 bytes: the folded counts are in \
+                     units of 2^{unit_log2} bytes",
+                    output.display()
+                );
+            }
+            Ok(())
         }
         Command::Pprof { file, output } => {
             let analysis = analyse(&file, AnalysisOptions { stacks: true, live_at: None })?;
@@ -211,6 +236,41 @@ fn describe(warning: &Warning) -> String {
             format!("at byte {offset}: {warning}: the trace is cut there and was analysed up to the cut")
         }
         Warning::WrongPid { offset, .. } => format!("at byte {offset}: {warning}"),
+    }
+}
+
+/// A writer that notes when a write to it failed, so that an error can be blamed on the
+/// output rather than on the input being read at the same time.
+struct Watched<W> {
+    inner: W,
+    failed: Rc<Cell<bool>>,
+}
+
+impl<W: Write> Watched<W> {
+    /// `inner`, watched, and the flag set when a write or flush of it fails.
+    fn new(inner: W) -> (Watched<W>, Rc<Cell<bool>>) {
+        let failed = Rc::new(Cell::new(false));
+        (Watched { inner, failed: Rc::clone(&failed) }, failed)
+    }
+
+    fn watch<T>(&self, result: io::Result<T>) -> io::Result<T> {
+        // An interrupted write is retried, so it is no failure.
+        if matches!(&result, Err(e) if e.kind() != io::ErrorKind::Interrupted) {
+            self.failed.set(true);
+        }
+        result
+    }
+}
+
+impl<W: Write> Write for Watched<W> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let result = self.inner.write(buf);
+        self.watch(result)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        let result = self.inner.flush();
+        self.watch(result)
     }
 }
 

@@ -5,6 +5,18 @@
 //! is one sample, leaf first, with all its frames. Each location code becomes one pprof
 //! location whose lines are its inlined frames, so `go tool pprof` and profiling services
 //! that ingest pprof show functions, files and lines without symbolizing anything.
+//!
+//! Values are rounded to whole numbers and saturate at `i64::MAX`.
+//!
+//! # Limitation: object counts
+//!
+//! `alloc_objects` and `inuse_objects` are the analysis's object estimates
+//! (`nsamples / (length × rate)`, see [`analysis`](super::analysis)), which under-count
+//! allocations whose size is not a multiple of the word size: Rust traces record an
+//! allocation of `n` bytes as `ceil(n / 8)` words while sampling only its `n` bytes. The
+//! trace format cannot carry exact byte sizes, so the profile cannot either (each sample
+//! holds one stack's totals, not sizes of single allocations) and the bias cannot be
+//! corrected here. The `*_space` values are unaffected.
 
 use std::collections::HashMap;
 use std::io::{self, Write};

@@ -56,9 +56,9 @@ pub fn write(analysis: &Analysis, name: &str, options: &Options, out: &mut impl 
     write_sites(analysis, options.top, out)?;
     writeln!(out, "<h2>Flame graph of bytes allocated</h2>\n<div class=\"flamegraph\">")?;
     let weight = flamegraph::Weight::default();
-    let lines = flamegraph::folded(analysis, Measure::Allocated, false);
+    let folded = flamegraph::folded(analysis, Measure::Allocated, false);
     let mut svg = Vec::new();
-    flamegraph::write_svg(&flamegraph::title(analysis, &weight), &lines, &mut svg)?;
+    flamegraph::write_svg(&flamegraph::title(analysis, &weight), &folded, &mut svg)?;
     out.write_all(inline_svg(&svg))?;
     writeln!(out, "</div>\n</body></html>")
 }

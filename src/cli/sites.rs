@@ -78,8 +78,25 @@ pub struct Grouping {
     /// Rank whole stacks instead of single allocation sites.
     #[arg(long)]
     pub stacks: bool,
-    /// Keep allocator frames (alloc::, RawVec, __rust_alloc, ...): the site is then the
-    /// innermost frame whatever it is.
+    /// Whether allocator frames are trimmed.
+    #[command(flatten)]
+    pub trim: Trim,
+}
+
+impl Grouping {
+    /// Whole stacks when `stacks`, allocator frames kept when `keep_allocator_frames`.
+    pub fn new(stacks: bool, keep_allocator_frames: bool) -> Grouping {
+        Grouping { stacks, trim: Trim { keep_allocator_frames } }
+    }
+}
+
+/// Whether allocator frames are trimmed from the inner end of stacks (the flag shared by
+/// [`Grouping`] and `flamegraph`).
+#[derive(Debug, Clone, Copy, Default, clap::Args)]
+pub struct Trim {
+    /// Keep allocator frames (alloc::, RawVec, __rust_alloc, ...) instead of trimming them
+    /// from the inner end of each stack: a site (a flame graph's leaf) is then the innermost
+    /// frame whatever it is.
     #[arg(long)]
     pub keep_allocator_frames: bool,
 }
@@ -116,7 +133,7 @@ pub fn ranked(analysis: &Analysis, grouping: Grouping, measure: Measure) -> Vec<
     let mut by_frames: HashMap<Vec<FrameId>, StackStats> = HashMap::new();
     for stack in &analysis.stacks {
         let mut frames: Vec<FrameId> = analysis.stack_frames(stack).rev().collect();
-        if !grouping.keep_allocator_frames {
+        if !grouping.trim.keep_allocator_frames {
             // Trim machinery from the inner end, unless the whole stack is machinery.
             if let Some(first) =
                 frames.iter().position(|&f| !is_allocator_frame(&analysis.frames[f].function, &analysis.frames[f].file))

@@ -16,6 +16,8 @@ const LIVE_HEIGHT: f64 = 260.0;
 const RATE_TOP: f64 = 350.0;
 const RATE_HEIGHT: f64 = 110.0;
 const HEIGHT: f64 = 500.0;
+/// Most intervals between tick marks on an axis (there are about four).
+const MAX_TICKS: usize = 10;
 
 /// One row per timeline bucket, from the trace start on.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -50,44 +52,71 @@ pub fn points(analysis: &Analysis) -> Vec<Point> {
 pub fn write_csv(analysis: &Analysis, out: &mut impl Write) -> io::Result<()> {
     writeln!(out, "time_s,live_bytes,live_max_bytes,alloc_rate_bytes_per_s")?;
     for p in points(analysis) {
-        writeln!(out, "{:.6},{:.0},{:.0},{:.0}", p.time, p.live, p.live_max, p.alloc_rate)?;
+        let (live, live_max, rate) = (format::whole(p.live), format::whole(p.live_max), format::whole(p.alloc_rate));
+        writeln!(out, "{:.6},{live},{live_max},{rate}", p.time)?;
     }
     Ok(())
 }
 
-/// A round step that cuts `0..max` into about four intervals.
+/// `v` as a value that can be drawn: NaN and negative values are 0, infinity the largest
+/// finite value.
+fn drawable(v: f64) -> f64 {
+    if v.is_nan() || v <= 0.0 {
+        0.0
+    } else {
+        v.min(f64::MAX)
+    }
+}
+
+/// A round step that cuts `0..max` into about four intervals: always positive and finite
+/// (1 when `max` is not a positive finite number, `max` itself when no round step fits).
 fn tick_step(max: f64) -> f64 {
-    if max <= 0.0 || !max.is_finite() {
+    if !(max > 0.0 && max.is_finite()) {
         return 1.0;
     }
     let rough = max / 4.0;
     let magnitude = 10f64.powf(rough.log10().floor());
     let step = [1.0, 2.0, 5.0, 10.0].into_iter().map(|m| m * magnitude).find(|s| *s >= rough);
-    step.unwrap_or(10.0 * magnitude)
+    let step = step.unwrap_or(10.0 * magnitude);
+    // Subnormal or huge `max`: the magnitude underflows to 0 or the step overflows.
+    if step > 0.0 && step.is_finite() {
+        step
+    } else {
+        max
+    }
+}
+
+/// The tick values `0, step, 2 × step, …` up to `max`: at most `MAX_TICKS + 1` of them,
+/// all finite, whatever `max` and `step` are.
+fn ticks(max: f64, step: f64) -> impl Iterator<Item = f64> {
+    (0..=MAX_TICKS).map(move |i| i as f64 * step).take_while(move |&v| v.is_finite() && v / 1.000_001 <= max)
 }
 
 /// A panel: its vertical position and value range.
 struct Panel {
     top: f64,
     height: f64,
+    /// The top of the value range: positive and finite.
     max: f64,
 }
 
 impl Panel {
     fn new(top: f64, height: f64, max: f64) -> Panel {
+        let max = drawable(max);
         let step = tick_step(max);
-        Panel { top, height, max: (max / step).ceil().max(1.0) * step }
+        let rounded = (max / step).ceil().max(1.0) * step;
+        // Rounding up can overflow a huge maximum: keep it unrounded then.
+        let max = if rounded.is_finite() { rounded } else { max };
+        Panel { top, height, max }
     }
 
     fn y(&self, v: f64) -> f64 {
-        self.top + self.height * (1.0 - v / self.max)
+        self.top + self.height * (1.0 - drawable(v) / self.max)
     }
 
     /// Horizontal grid lines with value labels, and the panel's title.
     fn axes(&self, svg: &mut String, title: &str, label: impl Fn(f64) -> String) {
-        let step = tick_step(self.max);
-        let mut v = 0.0;
-        while v <= self.max * 1.000_001 {
+        for v in ticks(self.max, tick_step(self.max)) {
             let y = self.y(v);
             let _ = write!(
                 svg,
@@ -97,7 +126,6 @@ impl Panel {
                 y + 4.0,
                 format::escape_markup(&label(v))
             );
-            v += step;
         }
         let _ = write!(
             svg,
@@ -112,7 +140,8 @@ impl Panel {
 pub fn svg(analysis: &Analysis) -> String {
     let points = points(analysis);
     let t = &analysis.timeline;
-    let span = ((t.buckets.len() as u64 * t.width) as f64 / 1e6).max(1e-6);
+    // In floating point: 1024 buckets of the widest width overflow a u64 of µs.
+    let span = (t.buckets.len() as f64 * t.width as f64 / 1e6).max(1e-6);
     let x = |time: f64| LEFT + (WIDTH - LEFT - RIGHT) * time / span;
     let peak_bytes = analysis.bytes(analysis.peak.samples);
     let live = Panel::new(LIVE_TOP, LIVE_HEIGHT, peak_bytes);
@@ -147,9 +176,7 @@ pub fn svg(analysis: &Analysis) -> String {
         }
     }
     // Time axis, under each panel.
-    let step = tick_step(span);
-    let mut s = 0.0;
-    while s <= span * 1.000_001 {
+    for s in ticks(span, tick_step(span)) {
         for panel in [&live, &rate] {
             let _ = write!(
                 svg,
@@ -159,7 +186,6 @@ pub fn svg(analysis: &Analysis) -> String {
                 trim_float(s)
             );
         }
-        s += step;
     }
     // The peak.
     let peak_us = analysis.peak.time.saturating_sub(analysis.info.start_time);
@@ -179,8 +205,12 @@ pub fn svg(analysis: &Analysis) -> String {
     svg
 }
 
-/// `0.5`, `2`, `0.25`: a tick value without trailing zeros.
+/// `0.5`, `2`, `0.25`: a tick value without trailing zeros (scientific notation from
+/// 10^15 s on, which no real trace reaches).
 fn trim_float(v: f64) -> String {
+    if v >= 1e15 {
+        return format!("{v:e}");
+    }
     let s = format!("{v:.6}");
     s.trim_end_matches('0').trim_end_matches('.').to_string()
 }
@@ -191,5 +221,39 @@ pub fn write(analysis: &Analysis, csv: bool, out: &mut impl Write) -> io::Result
         write_csv(analysis, out)
     } else {
         out.write_all(svg(analysis).as_bytes())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ticks_are_bounded_for_any_maximum() {
+        for max in [
+            0.0,
+            -1.0,
+            5e-324,
+            1e-300,
+            0.3,
+            1.0,
+            1e6,
+            9.2e18 * 8.0 / 1e-9,
+            1e300,
+            f64::MAX,
+            f64::INFINITY,
+            f64::NEG_INFINITY,
+            f64::NAN,
+        ] {
+            let panel = Panel::new(0.0, 100.0, max);
+            assert!(panel.max > 0.0 && panel.max.is_finite(), "{max}: {}", panel.max);
+            let step = tick_step(panel.max);
+            assert!(step > 0.0 && step.is_finite(), "{max}: {step}");
+            let ticks: Vec<f64> = ticks(panel.max, step).collect();
+            assert!(!ticks.is_empty() && ticks.len() <= MAX_TICKS + 1, "{max}: {ticks:?}");
+            assert!(ticks.iter().all(|v| v.is_finite() && panel.y(*v).is_finite()), "{max}: {ticks:?}");
+            assert!(panel.y(max).is_finite(), "{max}");
+        }
+        assert_eq!(ticks(Panel::new(0.0, 1.0, 7.0).max, 2.0).collect::<Vec<_>>(), [0.0, 2.0, 4.0, 6.0, 8.0]);
     }
 }
