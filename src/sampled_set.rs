@@ -78,7 +78,7 @@ pub(crate) fn insert(addr: usize) -> bool {
         slot.load(Ordering::Relaxed) == 0 && slot.compare_exchange(0, addr, Ordering::AcqRel, Ordering::Relaxed).is_ok()
     });
     if !inserted {
-        counter.fetch_sub(1, Ordering::Relaxed);
+        decrement(counter);
     }
     inserted
 }
@@ -109,26 +109,79 @@ fn remove_in_bucket(addr: usize) -> bool {
 fn remove_slot(slot: &AtomicUsize, addr: usize) -> bool {
     let removed = slot.compare_exchange(addr, 0, Ordering::AcqRel, Ordering::Relaxed).is_ok();
     if removed {
-        counter(addr).fetch_sub(1, Ordering::Relaxed);
+        decrement(counter(addr));
     }
     removed
 }
 
-/// Forget every entry. Called when a session starts, while nothing is being sampled.
+/// Decrement a filter counter, never below 0: after a [`clear`] that raced with an insert or a
+/// removal (see there), a counter may be one lower than the entries of its group, and a
+/// wrapped counter (65535) would keep the group's filter open until the next clear.
+#[inline]
+fn decrement(counter: &AtomicU16) {
+    let _ = counter.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |c| c.checked_sub(1));
+}
+
+/// Forget every entry. Called when a session starts, before anything of the new session is
+/// sampled.
+///
+/// A thread still finishing a sample (or a free) of the previous session may be inside
+/// [`insert`] or [`remove`] meanwhile, so the slots are wiped first and each group's counter is
+/// then recounted from its slots, rather than zeroed: a counter can then never be 0 while its
+/// group holds an entry that the wipe missed (which `remove` would never find again), nor
+/// wrap below 0 (decrements saturate). What remains is benign: such a straggler's own counter
+/// update may land after its group was recounted and leave that counter one off. One too high
+/// only makes frees in that group read their bucket. One too low can only involve the
+/// straggler's entry, which belongs to the previous session (the new session samples nothing
+/// before this returns): that entry may then not be found, or another entry of its group may
+/// be missed once — a free the new trace does not show — which takes a thread preempted
+/// inside the table for the whole stop and restart of a session. The next `clear` repairs it.
 pub(crate) fn clear() {
     for slot in TABLE.iter().flat_map(|b| b.0.iter()) {
         if slot.load(Ordering::Relaxed) != 0 {
             slot.store(0, Ordering::Relaxed);
         }
     }
-    for counter in &FILTER {
-        counter.store(0, Ordering::Relaxed);
+    recount();
+}
+
+/// Set each group's counter to the number of entries in its buckets.
+fn recount() {
+    for (counter, group) in FILTER.iter().zip(TABLE.chunks(1 << GROUP_BITS)) {
+        let entries = group.iter().flat_map(|b| b.0.iter()).filter(|slot| slot.load(Ordering::Relaxed) != 0).count();
+        if counter.load(Ordering::Relaxed) as usize != entries {
+            counter.store(entries as u16, Ordering::Relaxed);
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The table is process-wide: tests that clear it or check that it is empty take this
+    /// lock exclusively; the others share it.
+    static TABLE_LOCK: std::sync::RwLock<()> = std::sync::RwLock::new(());
+
+    fn shared() -> std::sync::RwLockReadGuard<'static, ()> {
+        TABLE_LOCK.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn exclusive() -> std::sync::RwLockWriteGuard<'static, ()> {
+        TABLE_LOCK.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether `addr` is in the table and its group's filter lets `remove` find it.
+    fn contains(addr: usize) -> bool {
+        counter(addr).load(Ordering::Relaxed) != 0 && bucket(addr).0.iter().any(|s| s.load(Ordering::Relaxed) == addr)
+    }
+
+    fn assert_empty() {
+        assert!(TABLE.iter().flat_map(|b| b.0.iter()).all(|s| s.load(Ordering::Relaxed) == 0), "table not empty");
+        for (group, counter) in FILTER.iter().enumerate() {
+            assert_eq!(counter.load(Ordering::Relaxed), 0, "counter of group {group}");
+        }
+    }
 
     /// Addresses that all land in one bucket (distinct from other tests' addresses).
     fn same_bucket(base: usize, n: usize) -> Vec<usize> {
@@ -138,6 +191,7 @@ mod tests {
 
     #[test]
     fn insert_find_remove() {
+        let _lock = shared();
         let a = 0x7f00_1234_5670;
         assert!(!remove(a));
         assert!(insert(a));
@@ -148,6 +202,7 @@ mod tests {
 
     #[test]
     fn full_bucket_refuses_inserts() {
+        let _lock = shared();
         let addrs = same_bucket(0x5500_0000_0000, SLOTS + 1);
         for &a in &addrs[..SLOTS] {
             assert!(insert(a));
@@ -162,6 +217,7 @@ mod tests {
 
     #[test]
     fn filter_counts_the_entries_of_a_group() {
+        let _lock = shared();
         let addrs = same_bucket(0x6600_0000_0000, 3);
         let before = counter(addrs[0]).load(Ordering::Relaxed);
         for &a in &addrs {
@@ -173,6 +229,109 @@ mod tests {
             assert!(!remove(a));
         }
         assert_eq!(counter(addrs[0]).load(Ordering::Relaxed), before);
+    }
+
+    /// A slot filled behind the counter's back (an insert of the previous session finishing
+    /// after the wipe) is counted again; a counter with no entries left (or wrapped) is reset.
+    #[test]
+    fn clear_recounts_the_filter_from_the_slots() {
+        let _lock = exclusive();
+        clear();
+        let [a, b] = [0x7700_0000_0000, 0x7700_0000_1230];
+        assert_ne!(bucket_index(a) >> GROUP_BITS, bucket_index(b) >> GROUP_BITS);
+        bucket(a).0[5].store(a, Ordering::Relaxed);
+        counter(b).store(u16::MAX, Ordering::Relaxed);
+        recount();
+        assert_eq!(counter(a).load(Ordering::Relaxed), 1);
+        assert_eq!(counter(b).load(Ordering::Relaxed), 0);
+        assert!(contains(a) && remove(a) && !remove(a));
+        assert_empty();
+
+        // `clear` itself: whatever the slots and counters held, all is zero afterwards.
+        assert!(insert(a) && insert(b));
+        counter(a).store(0, Ordering::Relaxed);
+        counter(b).store(7, Ordering::Relaxed);
+        clear();
+        assert_empty();
+        assert!(!remove(a) && !remove(b));
+    }
+
+    /// A removal whose counter is already 0 (a `clear` raced with it) leaves it at 0 instead
+    /// of wrapping to 65535.
+    #[test]
+    fn counter_decrements_saturate() {
+        let _lock = exclusive();
+        clear();
+        let a = 0x7800_0000_0000;
+        bucket(a).0[0].store(a, Ordering::Relaxed);
+        assert!(!remove(a), "a zero counter hides the entry");
+        assert!(remove_in_bucket(a));
+        assert_eq!(counter(a).load(Ordering::Relaxed), 0);
+        // The undo of an insert into a full bucket saturates too.
+        let addrs = same_bucket(0x7900_0000_0000, SLOTS + 1);
+        for &x in &addrs[..SLOTS] {
+            bucket(x).0.iter().find(|s| s.load(Ordering::Relaxed) == 0).unwrap().store(x, Ordering::Relaxed);
+        }
+        assert!(!insert(addrs[SLOTS]));
+        assert_eq!(counter(addrs[0]).load(Ordering::Relaxed), 0);
+        clear();
+        assert_empty();
+    }
+
+    /// Threads inserting and removing disjoint sets of addresses that share buckets and
+    /// groups: every entry is found until removed, each removal succeeds exactly once, and
+    /// the table and its filter end empty.
+    #[test]
+    fn concurrent_inserts_and_removes() {
+        const THREADS: usize = 4;
+        const GROUPS: usize = 3;
+        const ROUNDS: usize = 300;
+        let _lock = exclusive();
+        clear();
+        // Fill the buckets of a few groups exactly, each bucket holding addresses of every
+        // thread: inserts never find a bucket full, but compete for its slots and counter.
+        let first = 100 << GROUP_BITS;
+        let mut per_bucket = vec![0; GROUPS << GROUP_BITS];
+        let mut sets = vec![Vec::new(); THREADS];
+        let mut addrs = (0..).map(|i| 0x4200_0000_0000 + i * 16);
+        while per_bucket.iter().any(|&n| n < SLOTS) {
+            let addr = addrs.next().unwrap();
+            let Some(n) = bucket_index(addr).checked_sub(first).and_then(|i| per_bucket.get_mut(i)) else { continue };
+            if *n < SLOTS {
+                sets[*n % THREADS].push(addr);
+                *n += 1;
+            }
+        }
+        std::thread::scope(|s| {
+            for (t, set) in sets.iter().enumerate() {
+                s.spawn(move || {
+                    let mut rng = t as u64 + 1;
+                    let mut live = vec![false; set.len()];
+                    for _ in 0..ROUNDS {
+                        for (i, &addr) in set.iter().enumerate() {
+                            // Insert or remove about half of the set each round, in varying order.
+                            if crate::sampler::next_u64(&mut rng).is_multiple_of(2) {
+                                continue;
+                            }
+                            if live[i] {
+                                assert!(remove(addr), "{addr:#x} not removed");
+                                assert!(!remove(addr), "{addr:#x} removed twice");
+                            } else {
+                                assert!(insert(addr), "{addr:#x} not inserted");
+                            }
+                            live[i] = !live[i];
+                        }
+                        for (&addr, &live) in set.iter().zip(&live) {
+                            assert_eq!(contains(addr), live, "{addr:#x}");
+                        }
+                    }
+                    for (&addr, live) in set.iter().zip(live) {
+                        assert_eq!(remove(addr), live, "{addr:#x}");
+                    }
+                });
+            }
+        });
+        assert_empty();
     }
 
     #[test]

@@ -19,7 +19,7 @@ use std::cell::Cell;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 /// Bytes per word: sample points are counted in 8-byte words.
-pub const WORD_BYTES: u64 = 8;
+pub(crate) const WORD_BYTES: u64 = 8;
 
 /// The largest countdown a single draw may produce (keeps `countdown + draw` far from
 /// overflowing even for absurdly small rates).
@@ -68,7 +68,7 @@ pub(crate) fn configure(rate: f64) {
 }
 
 /// `1 / ln(1 − rate)` (negative), or 0 when every word is sampled.
-pub fn log_scale(rate: f64) -> f64 {
+pub(crate) fn log_scale(rate: f64) -> f64 {
     if rate >= 1.0 {
         0.0
     } else {
@@ -106,8 +106,9 @@ impl ThreadState {
         if rng == 0 {
             rng = seed(self as *const ThreadState as u64);
         }
-        let scale = f64::from_bits(LOG_SCALE.load(Ordering::Relaxed));
+        // Epoch first: its acquire load makes the scale at least as new as the epoch.
         let epoch = EPOCH.load(Ordering::Acquire);
+        let scale = f64::from_bits(LOG_SCALE.load(Ordering::Relaxed));
         if self.epoch.get() != epoch {
             // The countdown belongs to an earlier session (maybe another rate): start afresh,
             // as if this allocation were the thread's first.
@@ -127,7 +128,7 @@ impl ThreadState {
 
 /// Refill a countdown that reached `left ≤ 0`, returning the new countdown (> 0) and the
 /// number of sample points crossed (0 when `left > 0`).
-pub fn count_sample_points(mut left: i64, rng: &mut u64, scale: f64) -> (i64, u64) {
+pub(crate) fn count_sample_points(mut left: i64, rng: &mut u64, scale: f64) -> (i64, u64) {
     if left > 0 {
         return (left, 0);
     }
@@ -146,7 +147,7 @@ pub fn count_sample_points(mut left: i64, rng: &mut u64, scale: f64) -> (i64, u6
 
 /// A geometric draw (support 1, 2, ...; mean `1 / rate`): the distance in words to the next
 /// sample point. `scale` is [`log_scale`] of the rate.
-pub fn draw_words(rng: &mut u64, scale: f64) -> u64 {
+pub(crate) fn draw_words(rng: &mut u64, scale: f64) -> u64 {
     if scale == 0.0 {
         return 1;
     }
@@ -161,7 +162,7 @@ pub fn draw_words(rng: &mut u64, scale: f64) -> u64 {
 }
 
 /// splitmix64: a small, fast generator that is good for any state, including 0.
-pub fn next_u64(state: &mut u64) -> u64 {
+pub(crate) fn next_u64(state: &mut u64) -> u64 {
     *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
     let mut z = *state;
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
@@ -282,6 +283,93 @@ mod tests {
         assert_eq!(count_sample_points(8 - 64, &mut rng, log_scale(1.0)), (8, 8));
         assert_eq!(count_sample_points(8 - 8, &mut rng, log_scale(1.0)), (8, 1));
         assert_eq!(count_sample_points(5, &mut rng, log_scale(1.0)), (5, 0));
+    }
+
+    /// [`configure`] sets process-wide parameters: the tests that call it run one at a time.
+    static SESSION_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+    /// Run `f` on a new thread (fresh thread-local state) while no other test configures.
+    fn on_fresh_thread(f: impl FnOnce() + Send) {
+        let _lock = SESSION_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+        std::thread::scope(|s| s.spawn(f).join()).unwrap_or_else(|e| std::panic::resume_unwind(e));
+    }
+
+    fn countdown() -> i64 {
+        THREAD.with(|t| t.countdown.get())
+    }
+
+    /// Samples `take` reports over `calls` allocations of `bytes`.
+    fn take_many(calls: usize, bytes: usize) -> u64 {
+        (0..calls).map(|_| take(bytes)).sum()
+    }
+
+    #[test]
+    fn a_new_session_makes_threads_redraw_at_its_rate() {
+        on_fresh_thread(|| {
+            configure(1.0);
+            // A new thread starts at a sample point: every word is one at rate 1.
+            assert_eq!(take(64), 8);
+            assert_eq!(take(8), 1);
+            assert_eq!([take(3), take(3), take(3)], [0, 0, 1]);
+            assert!(countdown() > 0 && countdown() <= 8);
+
+            // The countdown left by rate 1 is reached at once, but belongs to the old epoch:
+            // it is redrawn at the new rate, as if this allocation were the thread's first
+            // (sampled with probability 1e-8).
+            configure(1e-8);
+            assert_eq!(take(8), 0);
+            assert!(countdown() > 1 << 20, "countdown {} not redrawn", countdown());
+
+            // From then on the mean distance between samples follows the new rate: 2 TiB
+            // (in 1 MiB allocations) at 1e-8 per word hold about 2750 sample points.
+            let bytes = 1usize << 20;
+            let calls = 2 << 20;
+            let samples = take_many(calls, bytes);
+            let expected = (calls * bytes) as f64 * 1e-8 / WORD_BYTES as f64;
+            let tolerance = 5.0 * expected.sqrt();
+            assert!((samples as f64 - expected).abs() < tolerance, "{samples} samples, expected {expected:.0}");
+        });
+    }
+
+    #[test]
+    fn inside_the_tracer_take_returns_zero_but_counts_down() {
+        on_fresh_thread(|| {
+            configure(0.01);
+            let _ = take(1); // The first call draws the thread's countdown for this epoch.
+            THREAD.with(|t| t.countdown.set(1000));
+            let rng = THREAD.with(|t| t.rng.get());
+            assert_eq!(in_tracer(|| take(100)), Some(0));
+            assert_eq!(countdown(), 900);
+            // Crossing sample points inside the tracer: not sampled, but the countdown is
+            // refilled (and the generator advanced) as for a sample.
+            assert_eq!(in_tracer(|| in_tracer(|| take(10_000))), Some(Some(0)));
+            assert!(countdown() > 0);
+            assert_ne!(THREAD.with(|t| t.rng.get()), rng);
+            // The flag is restored on the way out (nested calls included).
+            assert!(!THREAD.with(|t| t.in_tracer.get()));
+            THREAD.with(|t| t.countdown.set(8));
+            assert!(take(8) >= 1);
+        });
+    }
+
+    #[test]
+    fn force_sample_makes_the_next_allocation_a_sample() {
+        on_fresh_thread(|| {
+            configure(1e-12);
+            assert_eq!(take(8), 0);
+            assert_eq!(take_many(1000, 4096), 0);
+            force_sample();
+            assert!(take(1) >= 1);
+            assert!(take_calibration_flag());
+            assert!(!take_calibration_flag());
+            // Only one: the countdown is redrawn at the session's rate.
+            assert_eq!(take_many(1000, 4096), 0);
+            // Forced from a countdown of another epoch, too.
+            configure(1e-12);
+            force_sample();
+            assert!(take(1) >= 1);
+            assert!(take_calibration_flag());
+        });
     }
 
     #[test]

@@ -212,6 +212,8 @@ pub enum StartError {
         var: &'static str,
         /// Its value.
         value: String,
+        /// What it must be instead, e.g. "a sampling rate in (0, 1]".
+        expected: &'static str,
     },
     /// The frame cap is not in 1..=[`MAX_FRAMES`].
     InvalidFrameCap(usize),
@@ -246,11 +248,8 @@ impl fmt::Display for StartError {
         match self {
             StartError::AlreadyTracing => write!(f, "a trace is already being recorded"),
             StartError::InvalidRate(rate) => write!(f, "sampling rate must be in (0, 1], got {rate}"),
-            StartError::InvalidVariable { var, value } if *var == UNWINDER_VAR => {
-                write!(f, "{var} must be `dwarf` or `frame-pointers`, got {value:?}; not tracing")
-            }
-            StartError::InvalidVariable { var, value } => {
-                write!(f, "{var} must be a sampling rate in (0, 1], got {value:?}; not tracing")
+            StartError::InvalidVariable { var, value, expected } => {
+                write!(f, "{var} must be {expected}, got {value:?}; not tracing")
             }
             StartError::InvalidFrameCap(cap) => write!(f, "frame cap must be between 1 and {MAX_FRAMES}, got {cap}"),
             StartError::NotGlobalAllocator => {
@@ -350,7 +349,11 @@ fn rate_from_env(value: Option<&OsStr>) -> Result<Option<f64>, StartError> {
     let Some(value) = value.filter(|v| !v.is_empty()) else { return Ok(None) };
     match value.to_str().and_then(|v| v.trim().parse::<f64>().ok()) {
         Some(rate) if valid_rate(rate) => Ok(Some(rate)),
-        _ => Err(StartError::InvalidVariable { var: RATE_VAR, value: value.to_string_lossy().into_owned() }),
+        _ => Err(StartError::InvalidVariable {
+            var: RATE_VAR,
+            value: value.to_string_lossy().into_owned(),
+            expected: "a sampling rate in (0, 1]",
+        }),
     }
 }
 
@@ -358,11 +361,13 @@ fn rate_from_env(value: Option<&OsStr>) -> Result<Option<f64>, StartError> {
 fn unwinder_from_env(value: Option<&OsStr>) -> Result<Option<Unwinder>, StartError> {
     let Some(value) = value.filter(|v| !v.is_empty()) else { return Ok(None) };
     let name = value.to_str().map(str::trim);
-    [Unwinder::Dwarf, Unwinder::FramePointers]
-        .into_iter()
-        .find(|u| Some(u.name()) == name)
-        .map(Some)
-        .ok_or_else(|| StartError::InvalidVariable { var: UNWINDER_VAR, value: value.to_string_lossy().into_owned() })
+    [Unwinder::Dwarf, Unwinder::FramePointers].into_iter().find(|u| Some(u.name()) == name).map(Some).ok_or_else(|| {
+        StartError::InvalidVariable {
+            var: UNWINDER_VAR,
+            value: value.to_string_lossy().into_owned(),
+            expected: "`dwarf` or `frame-pointers`",
+        }
+    })
 }
 
 fn valid_rate(rate: f64) -> bool {
@@ -753,7 +758,11 @@ mod tests {
         assert_eq!(rate_from_env(Some(OsStr::new("1"))).unwrap(), Some(1.0));
         for bad in ["0", "-0.1", "1.5", "abc", "NaN", "inf"] {
             let e = rate_from_env(Some(OsStr::new(bad))).unwrap_err();
-            assert!(e.to_string().contains(RATE_VAR), "{e}");
+            assert!(matches!(&e, StartError::InvalidVariable { var: RATE_VAR, value, .. } if value == bad), "{e:?}");
+            assert_eq!(
+                e.to_string(),
+                format!("{RATE_VAR} must be a sampling rate in (0, 1], got {bad:?}; not tracing")
+            );
         }
     }
 
@@ -765,7 +774,14 @@ mod tests {
         assert_eq!(unwinder_from_env(Some(OsStr::new("frame-pointers"))).unwrap(), Some(Unwinder::FramePointers));
         for bad in ["fp", "DWARF", "frame_pointers", "x"] {
             let e = unwinder_from_env(Some(OsStr::new(bad))).unwrap_err();
-            assert!(e.to_string().contains(UNWINDER_VAR) && e.to_string().contains("frame-pointers"), "{e}");
+            assert!(
+                matches!(&e, StartError::InvalidVariable { var: UNWINDER_VAR, value, .. } if value == bad),
+                "{e:?}"
+            );
+            assert_eq!(
+                e.to_string(),
+                format!("{UNWINDER_VAR} must be `dwarf` or `frame-pointers`, got {bad:?}; not tracing")
+            );
         }
     }
 

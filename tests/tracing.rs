@@ -137,6 +137,57 @@ fn child_role() {
             assert!(currently_tracing());
             site_direct();
         }
+        "fork_trace" => {
+            let _guard = trace_if_requested();
+            site_freed();
+            let second = PathBuf::from(std::env::var_os(SECOND_FILE_VAR).unwrap());
+            // Let the writer symbolize the samples so far and go back to sleep, so that the
+            // child inherits no lock it held.
+            std::thread::sleep(Duration::from_millis(200));
+            // SAFETY: the child starts a trace of its own (a new writer thread) and exits.
+            let pid = unsafe { libc::fork() };
+            assert!(pid >= 0);
+            if pid == 0 {
+                let traced = std::panic::catch_unwind(|| {
+                    assert!(!currently_tracing());
+                    let mut config = memtrace_rs::TraceConfig::new(&second);
+                    config.rate = 0.01;
+                    let guard = start_tracing(config).unwrap();
+                    assert!(currently_tracing());
+                    fork_child_site();
+                    drop(guard);
+                    assert!(!currently_tracing());
+                });
+                std::process::exit(if traced.is_ok() { 0 } else { 3 });
+            }
+            std::fs::write(second.with_extension("pid"), pid.to_string()).unwrap();
+            let mut status = 0;
+            // SAFETY: waiting for our own child.
+            unsafe { libc::waitpid(pid, &mut status, 0) };
+            assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "fork child failed: {status}");
+            assert!(currently_tracing());
+            site_direct();
+        }
+        "table_full" => {
+            // At rate 1 every block is sampled; more live sampled blocks than the sampled-block
+            // table has slots (2^15 buckets of 8) must overflow some buckets.
+            let guard = trace_if_requested();
+            assert!(guard.is_some());
+            let kept: Vec<Box<[u8; 16]>> = (0..400_000).map(|_| black_box(Box::new([1u8; 16]))).collect();
+            drop(guard);
+            drop(kept);
+        }
+        "writer_blocked" => {
+            // The trace file is a FIFO the test does not read yet: the writer blocks, the
+            // queue fills up, and both samples and frees are lost until the test reads.
+            let guard = trace_if_requested();
+            assert!(guard.is_some());
+            let kept: Vec<Box<[u8; 16]>> = (0..150_000).map(|_| black_box(Box::new([1u8; 16]))).collect();
+            drop(kept);
+            let marker = std::env::var_os(SECOND_FILE_VAR).unwrap();
+            std::fs::write(marker, b"done").unwrap();
+            drop(guard);
+        }
         "exit" => {
             let _guard = trace_if_requested();
             let kept = site_kept();
@@ -555,6 +606,128 @@ fn forked_child_never_writes_to_the_parents_trace() {
     assert!(trace.at_site("::site_freed").count() > 10);
     assert!(trace.at_site("::site_direct").count() > 10, "parent stopped tracing after fork");
     let _ = std::fs::remove_file(&path);
+}
+
+/// A forked child starting a trace of its own, into another file, while the parent keeps
+/// tracing: two valid traces, each of its own process.
+#[test]
+fn forked_child_traces_into_its_own_file() {
+    let path = temp_path("fork-parent");
+    let second = temp_path("fork-child");
+    let proc = child(
+        "fork_trace",
+        &[
+            ("MEMTRACE_FILE", path.to_str().unwrap()),
+            ("MEMTRACE_RATE", "0.01"),
+            (SECOND_FILE_VAR, second.to_str().unwrap()),
+        ],
+    )
+    .stderr(std::process::Stdio::piped())
+    .spawn()
+    .unwrap();
+    let parent_pid = proc.id() as u64;
+    let out = proc.wait_with_output().unwrap();
+    eprintln!("--- child fork_trace stderr:\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success());
+    assert!(memtrace_messages(&out).is_empty(), "{:?}", memtrace_messages(&out));
+    let child_pid: u64 = std::fs::read_to_string(second.with_extension("pid")).unwrap().parse().unwrap();
+    assert_ne!(child_pid, parent_pid);
+
+    let parent = Trace::read(&path);
+    assert!(parent.warnings.is_empty(), "{:?}", parent.warnings);
+    assert_eq!(parent.info.pid, parent_pid);
+    assert_eq!(parent.at_site("::fork_child_site").count(), 0);
+    assert!(parent.at_site("::site_freed").count() > 10);
+    assert!(parent.at_site("::site_direct").count() > 10, "parent stopped tracing after fork");
+
+    let child = Trace::read(&second);
+    assert!(child.warnings.is_empty(), "{:?}", child.warnings);
+    assert_eq!(child.info.pid, child_pid);
+    assert_eq!(child.info.sample_rate, 0.01);
+    assert!(child.at_site("::fork_child_site").count() > 10);
+    assert_eq!(child.at_site("::site_freed").count() + child.at_site("::site_direct").count(), 0);
+    for p in [path, second.clone(), second.with_extension("pid")] {
+        let _ = std::fs::remove_file(p);
+    }
+}
+
+/// Samples dropped because their table bucket was full are counted and reported when tracing
+/// stops.
+#[test]
+fn table_full_drops_are_reported() {
+    let path = temp_path("table-full");
+    let out = run("table_full", &[("MEMTRACE_FILE", path.to_str().unwrap()), ("MEMTRACE_RATE", "1")]);
+    assert!(out.status.success());
+    let messages = memtrace_messages(&out);
+    assert_eq!(messages.len(), 1, "{messages:?}");
+    let full: u64 = messages[0]
+        .split_once(" with the trace writer too far behind, ")
+        .and_then(|(_, rest)| rest.split_once(" with the sampled-block table full"))
+        .and_then(|(n, _)| n.parse().ok())
+        .unwrap_or_else(|| panic!("unexpected report {messages:?}"));
+    assert!(full > 0, "{messages:?}");
+    let trace = Trace::read(&path);
+    assert!(trace.warnings.is_empty(), "{:?}", trace.warnings);
+    assert!(!trace.allocs.is_empty());
+    let _ = std::fs::remove_file(&path);
+}
+
+/// Samples and frees lost with the writer far behind are counted and reported when tracing
+/// stops. The writer is held up by writing into a FIFO that is only read once the child has
+/// allocated and freed everything.
+#[test]
+fn queue_full_drops_and_lost_frees_are_reported() {
+    let fifo = temp_path("fifo");
+    let marker = fifo.with_extension("done");
+    let _ = std::fs::remove_file(&marker);
+    let c_fifo = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: a valid C string.
+    assert_eq!(unsafe { libc::mkfifo(c_fifo.as_ptr(), 0o600) }, 0);
+    let mut proc = child(
+        "writer_blocked",
+        &[
+            ("MEMTRACE_FILE", fifo.to_str().unwrap()),
+            ("MEMTRACE_RATE", "1"),
+            (SECOND_FILE_VAR, marker.to_str().unwrap()),
+        ],
+    )
+    .stderr(std::process::Stdio::piped())
+    .spawn()
+    .unwrap();
+    // Opening blocks until the child's tracer opens the FIFO for writing.
+    let mut reader = std::fs::File::open(&fifo).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !marker.exists() {
+        if Instant::now() >= deadline {
+            let _ = proc.kill();
+            panic!("the child never finished allocating");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut bytes = Vec::new();
+    std::io::Read::read_to_end(&mut reader, &mut bytes).unwrap();
+    let out = proc.wait_with_output().unwrap();
+    eprintln!("--- child writer_blocked stderr:\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success());
+    let messages = memtrace_messages(&out);
+    assert_eq!(messages.len(), 2, "{messages:?}");
+    let count = |message: &str, after: &str, before: &str| -> u64 {
+        message
+            .split_once(after)
+            .and_then(|(_, rest)| rest.split_once(before))
+            .and_then(|(n, _)| n.parse().ok())
+            .unwrap_or_else(|| panic!("unexpected report {message:?}"))
+    };
+    assert!(count(&messages[0], " dropped (", " with the trace writer too far behind") > 0, "{messages:?}");
+    assert!(count(&messages[1], "memtrace: ", " frees of sampled blocks were lost") > 0, "{messages:?}");
+    let path = fifo.with_extension("copy");
+    std::fs::write(&path, bytes).unwrap();
+    let trace = Trace::read(&path);
+    assert!(trace.warnings.is_empty(), "{:?}", trace.warnings);
+    assert!(!trace.allocs.is_empty());
+    for p in [fifo, marker, path] {
+        let _ = std::fs::remove_file(p);
+    }
 }
 
 #[test]
