@@ -5,7 +5,7 @@
 //!
 //! - `alloc`/`alloc_zeroed`: the thread's byte countdown ([`crate::sampler`]) is decremented;
 //!   when it crosses a sample point the block is recorded ([`crate::tracer`] captures the
-//!   stack, notes the block in [`crate::sampled_set`] and sends an alloc message) **before**
+//!   stack, notes the block in the sampled-block table and sends an alloc message) **before**
 //!   the pointer is returned.
 //! - `dealloc`: one cache-line read of the sampled-block table; for a sampled block the entry
 //!   is removed and the free message sent **before** the inner `dealloc`, so that a reuse of

@@ -1,6 +1,6 @@
 //! The trace writer (FORMAT.md §9, §10).
 //!
-//! [`Writer`] is upstream's multiplexed front end: one [`DomainWriter`] state per domain, all
+//! [`Writer`] is upstream's multiplexed front end: one domain-writer state per domain, all
 //! sharing one output stream and one object-id counter, with every domain except the most
 //! recently used one flushed. Packets are built in a fixed 32 KiB buffer and written out
 //! whole, so the flush policy — and therefore the bytes — are upstream's exactly.
