@@ -13,7 +13,10 @@ pub enum ErrorKind {
     /// An I/O error from the underlying file or stream.
     Io(io::Error),
     /// A read needed `needed` more bytes than the packet (or file) holds.
-    UnexpectedEnd { needed: usize },
+    UnexpectedEnd {
+        /// Bytes missing.
+        needed: usize,
+    },
     /// A packet did not start with the magic number `0xC1FC1FC1`.
     BadMagic(u32),
     /// The packet's format version is newer than this reader understands.
@@ -21,15 +24,33 @@ pub enum ErrorKind {
     /// The packet's declared size is smaller than its header, or unreasonably large.
     BadPacketSize(u32),
     /// `timestamp_begin > timestamp_end` in a packet header.
-    BadPacketTimes { begin: u64, end: u64 },
+    BadPacketTimes {
+        /// The header's `timestamp_begin`.
+        begin: u64,
+        /// The header's `timestamp_end`.
+        end: u64,
+    },
     /// `alloc_id_begin > alloc_id_end` in a packet header.
-    BadPacketIds { begin: u64, end: u64 },
+    BadPacketIds {
+        /// The header's `alloc_id_begin`.
+        begin: u64,
+        /// The header's `alloc_id_end`.
+        end: u64,
+    },
     /// The first packet is not a well-formed trace-info packet.
     BadTraceInfo(&'static str),
     /// An event's time lies outside its packet's time range.
-    TimeOutOfPacket { time: u64 },
+    TimeOutOfPacket {
+        /// The event's reconstructed time (µs).
+        time: u64,
+    },
     /// An event's time is earlier than the previous event of the same domain.
-    TimeWentBackwards { time: u64, previous: u64 },
+    TimeWentBackwards {
+        /// The event's time (µs).
+        time: u64,
+        /// The time of the domain's previous event (µs).
+        previous: u64,
+    },
     /// An event header named an event id this format does not have.
     UnknownEvent(u32),
     /// An allocation's source byte was not 0 (minor), 1 (major) or 2 (external).
@@ -37,9 +58,17 @@ pub enum ErrorKind {
     /// A promote event referred to an object id not yet allocated in its packet.
     NegativePromote(i64),
     /// A packet's allocation count disagrees with its header's `alloc_id_end`.
-    AllocIdSync { expected: u64, found: u64 },
+    AllocIdSync {
+        /// The header's `alloc_id_end`.
+        expected: u64,
+        /// One past the id of the packet's last allocation.
+        found: u64,
+    },
     /// The packet's backtrace-cache verifier does not match the decoder's cache.
-    CacheVerification { index: u16 },
+    CacheVerification {
+        /// The bucket the verifier named.
+        index: u16,
+    },
     /// A location code was defined twice with different location lists.
     InconsistentLocation(u64),
     /// A backtrace used a location code that was never defined.

@@ -1,3 +1,4 @@
+#![warn(missing_docs)]
 //! A sampling memory profiler for Rust that writes Jane Street memtrace traces.
 //!
 //! Install [`MemtraceAllocator`] as the global allocator and call [`trace_if_requested`]
