@@ -50,9 +50,13 @@ impl Location {
     /// The location as the encoder stores it: each field clamped to its width (§5.2), and
     /// names cut at their first NUL byte (§1.4).
     pub fn as_encoded(&self) -> Location {
-        let cut = |s: &Arc<[u8]>| match s.iter().position(|&b| b == 0) {
-            Some(end) => Arc::from(&s[..end]),
-            None => s.clone(),
+        let cut = |s: &Arc<[u8]>| {
+            let kept = cut_at_nul(s);
+            if kept.len() == s.len() {
+                s.clone()
+            } else {
+                Arc::from(kept)
+            }
         };
         Location {
             filename: cut(&self.filename),
@@ -187,6 +191,7 @@ impl Encoder {
     }
 }
 
+/// The bytes of `s` up to its first NUL, as strings are written (FORMAT.md §1.4).
 fn cut_at_nul(s: &[u8]) -> &[u8] {
     s.split(|&b| b == 0).next().unwrap_or_default()
 }
