@@ -12,10 +12,13 @@
 //! removing CASes `addr → 0`, then decrements the counter. A group's counter is thus nonzero
 //! whenever one of its entries is in the table.
 //!
-//! The table lives in `.bss` (2^15 buckets × 64 bytes = 2 MiB of address space, touched only
-//! where used). Between sessions it may keep stale entries (an insert racing with the end of a
-//! session); they are harmless — a stale hit only makes the writer see a free for an address
-//! it does not track, which it ignores — and [`clear`] wipes them when a new session starts.
+//! The table lives in `.bss` (2^15 buckets × 64 bytes = 2 MiB). Each session starts with
+//! [`clear`], which also makes all of it resident: left to fault in on demand, each page
+//! costs a read fault and then, at its first insert, a write fault whose TLB shoot-down
+//! interrupts the program's other threads (measured: ~1 000 faults in a benchmark's first
+//! second of tracing). Between sessions the table may keep stale entries (an insert racing
+//! with the end of a session); they are harmless — a stale hit only makes the writer see a
+//! free for an address it does not track, which it ignores — and `clear` wipes them.
 //!
 //! Memory ordering: a block is inserted (counter, then slot) before its address is returned
 //! to the program, and any thread that frees it got the address through some synchronisation
@@ -28,6 +31,8 @@ use std::sync::atomic::{AtomicU16, AtomicUsize, Ordering};
 
 /// log2 of the number of buckets.
 const BUCKET_BITS: u32 = 15;
+/// The smallest page size of the platforms we run on.
+const PAGE_BYTES: usize = 4096;
 /// Slots per bucket: 8 × 8 bytes = one cache line.
 const SLOTS: usize = 8;
 
@@ -122,8 +127,8 @@ fn decrement(counter: &AtomicU16) {
     let _ = counter.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |c| c.checked_sub(1));
 }
 
-/// Forget every entry. Called when a session starts, before anything of the new session is
-/// sampled.
+/// Forget every entry, and make the table resident (one write per page). Called when a
+/// session starts, before anything of the new session is sampled.
 ///
 /// A thread still finishing a sample (or a free) of the previous session may be inside
 /// [`insert`] or [`remove`] meanwhile, so the slots are wiped first and each group's counter is
@@ -137,6 +142,11 @@ fn decrement(counter: &AtomicU16) {
 /// be missed once — a free the new trace does not show — which takes a thread preempted
 /// inside the table for the whole stop and restart of a session. The next `clear` repairs it.
 pub(crate) fn clear() {
+    for page in TABLE.chunks(PAGE_BYTES / std::mem::size_of::<Bucket>()) {
+        // A write (a compare-exchange writes even when it fails), not a load: reading first
+        // would map the shared zero page, which the first insert would then fault out again.
+        let _ = page[0].0[0].compare_exchange(0, 0, Ordering::Relaxed, Ordering::Relaxed);
+    }
     for slot in TABLE.iter().flat_map(|b| b.0.iter()) {
         if slot.load(Ordering::Relaxed) != 0 {
             slot.store(0, Ordering::Relaxed);

@@ -55,7 +55,8 @@ pub const RATE_VAR: &str = "MEMTRACE_RATE";
 /// Environment variable holding the trace's free-form context string.
 pub const CONTEXT_VAR: &str = "MEMTRACE_CONTEXT";
 
-/// Environment variable choosing the stack unwinder: `dwarf` (default) or `frame-pointers`.
+/// Environment variable choosing the stack unwinder: `auto` (default), `dwarf` or
+/// `frame-pointers` (see [`Unwinder`]).
 pub const UNWINDER_VAR: &str = "MEMTRACE_UNWINDER";
 
 /// The writer flushes at least this often.
@@ -90,8 +91,6 @@ static DROPPED_TABLE: AtomicU64 = AtomicU64::new(0);
 /// Samples dropped since the current session started because no memory was left for their
 /// frames.
 static DROPPED_MEMORY: AtomicU64 = AtomicU64::new(0);
-/// Whether the sampled-block table may hold entries of an earlier session.
-static TABLE_USED: AtomicBool = AtomicBool::new(false);
 /// The running session; held while starting and stopping (and across `fork`).
 static SESSION: SessionSlot = SessionSlot::new();
 /// Registers the process hooks once.
@@ -116,7 +115,7 @@ pub(crate) fn sampled_alloc(addr: usize, size: usize, nsamples: u64, entry: Entr
         CALIBRATING if calibration => {
             let mut frames = [0; MAX_FRAMES];
             let n = capture(entry, true, &mut frames);
-            CALIBRATION.lock()[entry as usize] = (n, frames);
+            CALIBRATION.lock()[UNWINDER.load(Ordering::Relaxed) as usize][entry as usize] = (n, frames);
             return;
         }
         _ => return,
@@ -361,13 +360,15 @@ fn rate_from_env(value: Option<&OsStr>) -> Result<Option<f64>, StartError> {
 fn unwinder_from_env(value: Option<&OsStr>) -> Result<Option<Unwinder>, StartError> {
     let Some(value) = value.filter(|v| !v.is_empty()) else { return Ok(None) };
     let name = value.to_str().map(str::trim);
-    [Unwinder::Dwarf, Unwinder::FramePointers].into_iter().find(|u| Some(u.name()) == name).map(Some).ok_or_else(|| {
-        StartError::InvalidVariable {
+    [Unwinder::Auto, Unwinder::Dwarf, Unwinder::FramePointers]
+        .into_iter()
+        .find(|u| Some(u.name()) == name)
+        .map(Some)
+        .ok_or_else(|| StartError::InvalidVariable {
             var: UNWINDER_VAR,
             value: value.to_string_lossy().into_owned(),
-            expected: "`dwarf` or `frame-pointers`",
-        }
-    })
+            expected: "`auto`, `dwarf` or `frame-pointers`",
+        })
 }
 
 fn valid_rate(rate: f64) -> bool {
@@ -430,9 +431,7 @@ pub fn start_tracing(config: TraceConfig) -> Result<TraceGuard, StartError> {
         .map_err(StartError::Spawn)?;
     let _ = ready_rx.recv();
 
-    if TABLE_USED.swap(true, Ordering::Relaxed) {
-        sampled_set::clear();
-    }
+    sampled_set::clear();
     DROPPED_QUEUE.store(0, Ordering::Relaxed);
     DROPPED_TABLE.store(0, Ordering::Relaxed);
     DROPPED_FREES.store(0, Ordering::Relaxed);
@@ -531,6 +530,7 @@ fn host_name() -> Vec<u8> {
 fn runtime_params(frame_cap: usize, unwinder: Unwinder) -> String {
     let unwinder = match unwinder {
         Unwinder::FramePointers => "frame-pointers",
+        Unwinder::Auto => "auto",
         Unwinder::Dwarf if cfg!(target_vendor = "apple") => "libunwind",
         Unwinder::Dwarf => "libgcc",
     };
@@ -770,6 +770,7 @@ mod tests {
     fn unwinder_variable_parsing() {
         assert!(unwinder_from_env(None).unwrap().is_none());
         assert!(unwinder_from_env(Some(OsStr::new(""))).unwrap().is_none());
+        assert_eq!(unwinder_from_env(Some(OsStr::new("auto"))).unwrap(), Some(Unwinder::Auto));
         assert_eq!(unwinder_from_env(Some(OsStr::new("dwarf"))).unwrap(), Some(Unwinder::Dwarf));
         assert_eq!(unwinder_from_env(Some(OsStr::new("frame-pointers"))).unwrap(), Some(Unwinder::FramePointers));
         for bad in ["fp", "DWARF", "frame_pointers", "x"] {
@@ -780,7 +781,7 @@ mod tests {
             );
             assert_eq!(
                 e.to_string(),
-                format!("{UNWINDER_VAR} must be `dwarf` or `frame-pointers`, got {bad:?}; not tracing")
+                format!("{UNWINDER_VAR} must be `auto`, `dwarf` or `frame-pointers`, got {bad:?}; not tracing")
             );
         }
     }

@@ -28,28 +28,46 @@ pub(crate) static UNWINDER: AtomicU8 = AtomicU8::new(Unwinder::Dwarf as u8);
 static CALIBRATED: [AtomicBool; 2] = [AtomicBool::new(false), AtomicBool::new(false)];
 /// Whether frame-pointer unwinding was found not to work in this process (no frame chain).
 static FRAME_POINTERS_BROKEN: AtomicBool = AtomicBool::new(false);
-/// The captures made by the calibration markers, per [`Entry`].
-pub(crate) static CALIBRATION: Mutex<[(usize, [u64; MAX_FRAMES]); 3]> =
-    parking_lot::const_mutex([(0, [0; MAX_FRAMES]); 3]);
+/// A calibration capture: its frame count and frames.
+type Capture = (usize, [u64; MAX_FRAMES]);
+const NO_CAPTURE: Capture = (0, [0; MAX_FRAMES]);
+/// The captures made by the calibration markers, per [`Unwinder`] and [`Entry`].
+pub(crate) static CALIBRATION: Mutex<[[Capture; 3]; 2]> = parking_lot::const_mutex([[NO_CAPTURE; 3]; 2]);
+/// Frames at the outer end of a stack that a frame-pointer walk may miss and still count as
+/// complete: the C library's thread or process start (`__libc_start_call_main`,
+/// `__libc_start_main`, `_start`; `start_thread`, `clone3`), which keeps no frame pointers.
+const C_START_FRAMES: usize = 3;
 
 /// How a sampled allocation's stack is captured.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Unwinder {
+    /// Frame pointers when the program keeps them, DWARF otherwise. The default.
+    ///
+    /// Tracing starts by capturing a few stacks with both unwinders (the calibration it
+    /// needs anyway). When the frame-pointer walk finds every frame the DWARF unwinder finds,
+    /// from the allocation up to the C library's start-up code, the program was built with
+    /// frame pointers (`-C force-frame-pointers=yes`), and sampling uses
+    /// [`Unwinder::FramePointers`]; otherwise it uses [`Unwinder::Dwarf`]. Only the stack that
+    /// starts tracing is checked: code reached otherwise that keeps no frame pointers (a C
+    /// library calling back into Rust, say) is missing from the stacks that pass through it.
+    /// The trace's runtime parameters name the unwinder chosen.
+    #[default]
+    Auto = 2,
     /// libgcc's DWARF unwinder (`_Unwind_Backtrace`): works for any program with unwind
-    /// tables (Rust's default), costs a few µs per sample. The default.
+    /// tables (Rust's default), costs a few µs per sample.
     ///
     /// It finds unwind tables with glibc's lock-free `_dl_find_object` (glibc 2.35 and later
     /// with libgcc 12 and later). Older C libraries make it take the dynamic loader's lock,
     /// so a sample could deadlock against a thread inside `dlopen`/`dlclose`; tracing then
     /// says so on stderr when it starts (ALLOCATOR-PITFALLS §3).
-    #[default]
     Dwarf = 0,
     /// Walk the frame-pointer chain: several times cheaper, and never touches the dynamic
     /// loader or an unwinder lock. Needs the program built with `-C force-frame-pointers=yes`
     /// (e.g. `RUSTFLAGS="-C force-frame-pointers=yes"`; the precompiled std keeps frame
-    /// pointers since Rust 1.79); a function without one truncates the stacks that pass
-    /// through it. x86_64 and aarch64 Linux only; elsewhere, or when start-up calibration
-    /// finds no usable frame chain, tracing uses [`Unwinder::Dwarf`] and says so on stderr.
+    /// pointers since Rust 1.79); a function without one is missing from the stacks that pass
+    /// through it, or ends them. x86_64 and aarch64 Linux only; elsewhere, or when start-up
+    /// calibration finds no usable frame chain, tracing uses [`Unwinder::Dwarf`] and says so
+    /// on stderr.
     FramePointers = 1,
 }
 
@@ -57,6 +75,7 @@ impl Unwinder {
     /// The name used by [`UNWINDER_VAR`](crate::tracer::UNWINDER_VAR) and in the trace's runtime parameters.
     pub fn name(self) -> &'static str {
         match self {
+            Unwinder::Auto => "auto",
             Unwinder::Dwarf => "dwarf",
             Unwinder::FramePointers => "frame-pointers",
         }
@@ -272,35 +291,59 @@ mod frame_pointers {
 /// session lock held and tracing off.
 ///
 /// DWARF unwinding is always calibrated (it is also the fallback of frame-pointer unwinding);
-/// frame pointers only when asked for. Returns the unwinder to use: [`Unwinder::Dwarf`], with
-/// a note on stderr, when frame pointers are asked for but cannot be walked here.
+/// frame pointers unless DWARF is asked for. Returns the unwinder to use: for
+/// [`Unwinder::Auto`], frame pointers when their walk is [complete](frame_chain_complete);
+/// [`Unwinder::Dwarf`], with a note on stderr, when frame pointers are asked for but cannot be
+/// walked here.
 pub(crate) fn calibrate(wanted: Unwinder) -> Result<Unwinder, StartError> {
-    calibrate_unwinder(Unwinder::Dwarf)?;
-    if wanted == Unwinder::Dwarf {
-        if !has_lock_free_table_lookup() {
-            eprintln!(
-                "memtrace: note: this C library has no _dl_find_object (glibc < 2.35), so DWARF unwinding \
-                 can deadlock against dlopen/dlclose; MEMTRACE_UNWINDER=frame-pointers avoids it"
-            );
+    let walkable = frame_pointers::SUPPORTED && frame_pointers::stack_bounds().is_some();
+    let mut chain_found = false;
+    // One call site for both unwinders, so that their calibration stacks can be compared.
+    for unwinder in [Unwinder::Dwarf, Unwinder::FramePointers] {
+        if unwinder == Unwinder::Dwarf || (wanted != Unwinder::Dwarf && walkable) {
+            chain_found = calibrate_unwinder(unwinder)?;
         }
-        return Ok(Unwinder::Dwarf);
     }
-    let why = if !frame_pointers::SUPPORTED {
-        Some("is not supported on this platform")
-    } else if frame_pointers::stack_bounds().is_none() {
-        Some("cannot find this thread's stack")
-    } else if calibrate_unwinder(Unwinder::FramePointers)? {
-        None
-    } else {
-        Some("finds no frame chain (build with -C force-frame-pointers=yes)")
+    let why_not_frame_pointers = match wanted {
+        Unwinder::Dwarf => None,
+        _ if !frame_pointers::SUPPORTED => Some("is not supported on this platform"),
+        _ if !walkable => Some("cannot find this thread's stack"),
+        _ if !chain_found => Some("finds no frame chain (build with -C force-frame-pointers=yes)"),
+        Unwinder::Auto if !frame_chain_complete() => None,
+        _ => return Ok(Unwinder::FramePointers),
     };
-    match why {
-        None => Ok(Unwinder::FramePointers),
-        Some(why) => {
-            eprintln!("memtrace: frame-pointer unwinding {why}; using DWARF unwinding");
-            Ok(Unwinder::Dwarf)
-        }
+    if wanted == Unwinder::FramePointers {
+        let why = why_not_frame_pointers.unwrap_or("finds an incomplete frame chain");
+        eprintln!("memtrace: frame-pointer unwinding {why}; using DWARF unwinding");
     }
+    if !has_lock_free_table_lookup() {
+        eprintln!(
+            "memtrace: note: this C library has no _dl_find_object (glibc < 2.35), so DWARF unwinding \
+             can deadlock against dlopen/dlclose; building with -C force-frame-pointers=yes avoids it"
+        );
+    }
+    Ok(Unwinder::Dwarf)
+}
+
+/// Whether the frame-pointer walks of the calibration stacks found every frame the DWARF
+/// unwinder found, but for the C library's start-up frames: then the program keeps frame
+/// pointers. Both unwinders must have been calibrated.
+fn frame_chain_complete() -> bool {
+    let captures = CALIBRATION.lock();
+    let callers = |unwinder: Unwinder, entry: usize| {
+        let (n, frames) = &captures[unwinder as usize][entry];
+        let skip = SKIP[unwinder as usize][entry].load(Ordering::Relaxed).min(*n);
+        frames[skip..*n].to_vec()
+    };
+    (0..3).all(|entry| chain_complete(&callers(Unwinder::Dwarf, entry), &callers(Unwinder::FramePointers, entry)))
+}
+
+/// Whether a frame-pointer walk that found `walked` (innermost first, the tracer's frames
+/// skipped) found everything the DWARF unwinder found (`dwarf`) up to the C library's
+/// start-up frames.
+fn chain_complete(dwarf: &[u64], walked: &[u64]) -> bool {
+    let common = dwarf.iter().zip(walked).take_while(|(d, w)| d == w).count();
+    common > 0 && common + C_START_FRAMES >= dwarf.len()
 }
 
 /// Whether the C library offers `_dl_find_object`, which lets libgcc find unwind tables
@@ -325,7 +368,7 @@ fn calibrate_unwinder(unwinder: Unwinder) -> Result<bool, StartError> {
         (Entry::AllocZeroed, marker_alloc_zeroed, "marker_alloc_zeroed"),
         (Entry::Realloc, marker_realloc, "marker_realloc"),
     ];
-    *CALIBRATION.lock() = [(0, [0; MAX_FRAMES]); 3];
+    CALIBRATION.lock()[u] = [NO_CAPTURE; 3];
     UNWINDER.store(u as u8, Ordering::Relaxed);
     STATE.store(CALIBRATING, Ordering::SeqCst);
     for (_, marker, _) in &markers {
@@ -333,7 +376,7 @@ fn calibrate_unwinder(unwinder: Unwinder) -> Result<bool, StartError> {
     }
     STATE.store(OFF, Ordering::SeqCst);
     UNWINDER.store(Unwinder::Dwarf as u8, Ordering::Relaxed);
-    let captures = *CALIBRATION.lock();
+    let captures = CALIBRATION.lock()[u];
     if unwinder == Unwinder::Dwarf && captures.iter().any(|&(n, _)| n == 0) {
         return Err(StartError::NotGlobalAllocator);
     }
@@ -433,6 +476,18 @@ mod tests {
         let mut parts = version.split('.').map(|p| p.parse::<u32>().unwrap());
         let (major, minor) = (parts.next().unwrap(), parts.next().unwrap());
         assert_eq!(has_lock_free_table_lookup(), (major, minor) >= (2, 35), "glibc {version}");
+    }
+
+    #[test]
+    fn a_frame_chain_is_complete_when_it_misses_only_the_c_start_frames() {
+        let dwarf = [1, 2, 3, 4, 5, 6];
+        assert!(chain_complete(&dwarf, &dwarf));
+        assert!(chain_complete(&dwarf, &[1, 2, 3]), "the C start-up frames missing");
+        assert!(chain_complete(&dwarf, &[1, 2, 3, 4, 99]), "a stray word past main");
+        assert!(!chain_complete(&dwarf, &[1, 2]), "ends early");
+        assert!(!chain_complete(&dwarf, &[1, 3, 4, 5, 6]), "misses a function without a frame pointer");
+        assert!(!chain_complete(&dwarf, &[]), "no chain");
+        assert!(!chain_complete(&[], &[]), "nothing to compare");
     }
 
     #[test]
