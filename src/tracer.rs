@@ -64,10 +64,12 @@ const FLUSH_INTERVAL: Duration = Duration::from_secs(1);
 /// How long the writer sleeps when it finds the queue empty.
 const POLL_INTERVAL: Duration = Duration::from_millis(10);
 /// How long it sleeps instead when the queue filled up more than [`BUSY_FILL`] in its last
-/// sleep (a burst of samples): the bounded queue must not overflow.
+/// sleep (a burst of samples): neither the bounded queue nor the pool of frame buffers (which
+/// the writer refills) may run out.
 const BUSY_POLL_INTERVAL: Duration = Duration::from_millis(1);
-/// Messages received in one round beyond which the writer sleeps [`BUSY_POLL_INTERVAL`].
-const BUSY_FILL: usize = handoff::ALLOC_LIMIT / 16;
+/// Messages received in one round beyond which the writer sleeps [`BUSY_POLL_INTERVAL`]: about
+/// a quarter of the frame-buffer pool taken (allocs and frees come in pairs).
+const BUSY_FILL: usize = handoff::POOL_SIZE / 2;
 /// Messages the writer handles between two checks of the flush deadline.
 const POLL_BATCH: usize = 4096;
 /// Domain of every event.
