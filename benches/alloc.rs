@@ -29,7 +29,7 @@ const MODE_VAR: &str = "MEMTRACE_BENCH_MODE";
 const TRIM_VAR: &str = "MEMTRACE_BENCH_TRIM";
 const THREADS: usize = 2;
 /// Allocations per thread in the workload (dhat runs a fraction of them: it is far slower).
-const OPS_PER_THREAD: usize = 5_000_000;
+const OPS_PER_THREAD: usize = 10_000_000;
 const DHAT_DIVISOR: usize = 40;
 /// Live blocks per thread; each operation frees one and allocates its replacement.
 const LIVE: usize = 512;
@@ -87,11 +87,13 @@ unsafe impl GlobalAlloc for Bench {
 static GLOBAL: Bench = Bench;
 
 /// The configurations of the throughput table.
+/// Modes ending in `-dwarf` force DWARF unwinding; the others use the default unwinder (frame
+/// pointers in this repository's builds, which keep them).
 const CONFIGS: [(&str, &str); 6] = [
     ("system", "System"),
     ("off", "MemtraceAllocator, tracing off"),
     ("1e-5", "MemtraceAllocator, rate 1e-5"),
-    ("1e-5-fp", "rate 1e-5, frame pointers"),
+    ("1e-5-dwarf", "rate 1e-5, DWARF unwinding"),
     ("1e-4", "MemtraceAllocator, rate 1e-4"),
     ("dhat", "dhat heap profiler"),
 ];
@@ -121,9 +123,9 @@ fn child(mode: &str) {
         Ordering::Relaxed,
     );
     let trace = trace_path(mode);
-    let (mode, unwinder) = match mode.strip_suffix("-fp") {
-        Some(mode) => (mode, Unwinder::FramePointers),
-        None => (mode, Unwinder::Dwarf),
+    let (mode, unwinder) = match mode.strip_suffix("-dwarf") {
+        Some(mode) => (mode, Unwinder::Dwarf),
+        None => (mode, Unwinder::default()),
     };
     match mode {
         "sampled" | "unsampled" => {
@@ -137,25 +139,30 @@ fn child(mode: &str) {
             at_depth(DEPTH, &|| sampled_loop(SAMPLED_ITERS));
             drop(guard);
             let ns = (cpu_ns(libc::CLOCK_PROCESS_CPUTIME_ID) - start) as f64 / SAMPLED_ITERS as f64;
-            let samples = if mode == "sampled" { trace_stats(&trace).1 } else { 0 };
-            println!("{ns} {samples} 0 0");
+            let (samples, unwinder) = if mode == "sampled" {
+                let (_, samples, unwinder) = trace_stats(&trace);
+                (samples, unwinder)
+            } else {
+                (0, "-".into())
+            };
+            println!("{ns} {samples} 0 0 {unwinder}");
         }
         "dhat" => {
             let profiler = dhat::Profiler::builder().file_name(&trace).build();
             let (ns, faults) = workload(OPS_PER_THREAD / DHAT_DIVISOR);
             drop(profiler);
-            println!("{ns} 0 0 {faults}");
+            println!("{ns} 0 0 {faults} -");
         }
         "system" | "off" => {
             let (ns, faults) = workload(OPS_PER_THREAD);
-            println!("{ns} 0 0 {faults}");
+            println!("{ns} 0 0 {faults} -");
         }
         rate => {
             let guard = start(&trace, rate.parse().expect("rate"), unwinder);
             let (ns, faults) = workload(OPS_PER_THREAD);
             drop(guard);
-            let (bytes, samples) = trace_stats(&trace);
-            println!("{ns} {samples} {bytes} {faults}");
+            let (bytes, samples, unwinder) = trace_stats(&trace);
+            println!("{ns} {samples} {bytes} {faults} {unwinder}");
         }
     }
     let _ = std::fs::remove_file(&trace);
@@ -268,8 +275,9 @@ fn sampled_loop(iters: usize) {
     }
 }
 
-/// (bytes of event packets, excluding the trace-info and location packets; alloc events).
-fn trace_stats(path: &Path) -> (u64, u64) {
+/// (bytes of event packets, excluding the trace-info and location packets; alloc events; the
+/// unwinder named in the runtime parameters).
+fn trace_stats(path: &Path) -> (u64, u64, String) {
     let data = std::fs::read(path).expect("read trace");
     let mut bytes = 0;
     let mut at = 0;
@@ -284,44 +292,55 @@ fn trace_stats(path: &Path) -> (u64, u64) {
         at += size.max(1);
     }
     let mut reader = Reader::open(path).expect("open trace");
+    let params = String::from_utf8_lossy(&reader.info().runtime_params).into_owned();
+    let unwinder = params.split(',').find_map(|p| p.strip_prefix("unwinder=")).unwrap_or("?").to_owned();
     let mut allocs = 0;
     while let Some(event) = reader.next_event().expect("read trace") {
         if let EventKind::Alloc(_) = event.kind {
             allocs += 1;
         }
     }
-    (bytes, allocs)
+    (bytes, allocs, unwinder)
 }
 
 // ---------------------------------------------------------------------------------------------
 // Parent
 
-/// (ns per op, samples, event bytes, minor page faults) of one child run.
-fn run_child(mode: &str) -> (f64, u64, u64, u64) {
+/// One child run: ns per op, samples, event bytes, minor page faults, unwinder ("-": none).
+struct Run(f64, u64, u64, u64, String);
+
+fn run_child(mode: &str) -> Run {
     let out = Command::new(std::env::current_exe().unwrap()).env(MODE_VAR, mode).output().expect("spawn child");
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{mode}: {}{}", stdout, String::from_utf8_lossy(&out.stderr));
     let fields: Vec<&str> = stdout.split_whitespace().collect();
-    (fields[0].parse().unwrap(), fields[1].parse().unwrap(), fields[2].parse().unwrap(), fields[3].parse().unwrap())
+    Run(
+        fields[0].parse().unwrap(),
+        fields[1].parse().unwrap(),
+        fields[2].parse().unwrap(),
+        fields[3].parse().unwrap(),
+        fields[4].to_owned(),
+    )
 }
 
 fn parent() {
     let started = Instant::now();
-    let mut best = [(f64::INFINITY, 0, 0, 0); CONFIGS.len()];
+    let mut best: Vec<Option<Run>> = CONFIGS.iter().map(|_| None).collect();
     // Short runs, interleaved, in a rotating order, keeping each configuration's best round:
     // on a shared machine the noise (other processes' load, heap layout) only ever adds time.
     for round in 0..ROUNDS {
         for j in 0..CONFIGS.len() {
             let i = (round + j) % CONFIGS.len();
             let run = run_child(CONFIGS[i].0);
-            if run.0 < best[i].0 {
-                best[i] = run;
+            if best[i].as_ref().is_none_or(|b| run.0 < b.0) {
+                best[i] = Some(run);
             }
         }
     }
+    let best: Vec<Run> = best.into_iter().map(Option::unwrap).collect();
     let best_of = |mode: &str| (0..ROUNDS).map(|_| run_child(mode)).min_by(|a, b| a.0.total_cmp(&b.0)).unwrap();
     let sampled = best_of("sampled");
-    let sampled_fp = best_of("sampled-fp");
+    let sampled_dwarf = best_of("sampled-dwarf");
     let unsampled = best_of("unsampled");
 
     let system = best[0].0;
@@ -331,21 +350,26 @@ fn parent() {
          that), best of {ROUNDS}, {trim}"
     );
     println!(
-        "{:<34} {:>10} {:>9} {:>10} {:>14} {:>8}",
-        "configuration", "CPU ns/op", "vs System", "samples", "bytes/sample", "faults"
+        "{:<38} {:>10} {:>9} {:>10} {:>13} {:>7} {:>15}",
+        "configuration", "CPU ns/op", "vs System", "samples", "bytes/sample", "faults", "unwinder"
     );
-    for ((_, name), (ns, samples, bytes, faults)) in CONFIGS.iter().zip(best) {
-        let per_sample = if samples > 0 { format!("{:.1}", bytes as f64 / samples as f64) } else { "-".into() };
-        println!("{name:<34} {ns:>10.2} {:>8.3}x {samples:>10} {per_sample:>14} {faults:>8}", ns / system);
-    }
-    for (name, run) in [("", sampled), (", frame pointers", sampled_fp)] {
+    for ((_, name), Run(ns, samples, bytes, faults, unwinder)) in CONFIGS.iter().zip(&best) {
+        let per_sample = if *samples > 0 { format!("{:.1}", *bytes as f64 / *samples as f64) } else { "-".into() };
         println!(
-            "{:<34} {:>10.0} {:>9} {:>10} {:>14}",
-            format!("one sampled alloc+free, {DEPTH} frames deep{name}"),
+            "{name:<38} {ns:>10.2} {:>8.3}x {samples:>10} {per_sample:>13} {faults:>7} {unwinder:>15}",
+            ns / system
+        );
+    }
+    for (name, run) in [("", sampled), (", DWARF", sampled_dwarf)] {
+        println!(
+            "{:<38} {:>10.0} {:>9} {:>10} {:>13} {:>7} {:>15}",
+            format!("one sampled alloc+free, {DEPTH} frames{name}"),
             run.0 - unsampled.0,
             "ns",
             run.1,
-            "-"
+            "-",
+            "-",
+            run.4
         );
     }
     println!(

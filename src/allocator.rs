@@ -74,8 +74,12 @@ impl MemtraceAllocator<System> {
 #[inline(always)]
 unsafe fn sampled(size: usize, entry: Entry, inner: impl FnOnce() -> *mut u8) -> *mut u8 {
     let nsamples = sampler::take(size);
+    if nsamples == 0 {
+        // Kept apart from the sampled case, so that it compiles to a tail call.
+        return inner();
+    }
     let ptr = inner();
-    if nsamples != 0 && !ptr.is_null() {
+    if !ptr.is_null() {
         record_alloc(ptr, size, nsamples, entry);
     }
     ptr
