@@ -65,9 +65,10 @@ pub enum Unwinder {
     /// loader or an unwinder lock. Needs the program built with `-C force-frame-pointers=yes`
     /// (e.g. `RUSTFLAGS="-C force-frame-pointers=yes"`; the precompiled std keeps frame
     /// pointers since Rust 1.79); a function without one is missing from the stacks that pass
-    /// through it, or ends them. x86_64 and aarch64 Linux only; elsewhere, or when start-up
-    /// calibration finds no usable frame chain, tracing uses [`Unwinder::Dwarf`] and says so
-    /// on stderr.
+    /// through it, and C code that uses the frame-pointer register for data (calling back
+    /// into Rust) ends them there or adds stray frames past it. x86_64 and aarch64 Linux
+    /// only; elsewhere, or when start-up calibration finds no usable frame chain, tracing
+    /// uses [`Unwinder::Dwarf`] and says so on stderr.
     FramePointers = 1,
 }
 
@@ -149,8 +150,11 @@ fn capture_dwarf(skip: usize, cap: usize, frames: &mut [u64; MAX_FRAMES]) -> usi
 ///
 /// The chain is only complete if every function between `main` and the allocator keeps frame
 /// pointers: build the program with `-C force-frame-pointers=yes` (Rust's precompiled std
-/// keeps them since 1.79). A chain broken by a function without one ends the walk early (a
-/// truncated stack); it cannot go wrong in any other way.
+/// keeps them since 1.79). A function without one leaves the frame-pointer register alone, so
+/// its frame is simply missing from the stack; one that uses the register for other data (C
+/// code built with `-fomit-frame-pointer`, calling back into Rust) ends the walk there or,
+/// when that data happens to be an address higher up the stack, adds stray frames above it.
+/// The walk itself never faults and always ends.
 mod frame_pointers {
     use super::*;
 
