@@ -294,17 +294,18 @@ mod frame_pointers {
 /// This also warms up the unwinder before any real sample is taken. Called with the tracer's
 /// session lock held and tracing off.
 ///
-/// DWARF unwinding is always calibrated (it is also the fallback of frame-pointer unwinding);
-/// frame pointers unless DWARF is asked for. Returns the unwinder to use: for
+/// DWARF unwinding is always calibrated (it is also the fallback of frame-pointer unwinding),
+/// and frame pointers wherever they can be walked. Returns the unwinder to use: for
 /// [`Unwinder::Auto`], frame pointers when their walk is [complete](frame_chain_complete);
 /// [`Unwinder::Dwarf`], with a note on stderr, when frame pointers are asked for but cannot be
 /// walked here.
 pub(crate) fn calibrate(wanted: Unwinder) -> Result<Unwinder, StartError> {
     let walkable = frame_pointers::SUPPORTED && frame_pointers::stack_bounds().is_some();
     let mut chain_found = false;
-    // One call site for both unwinders, so that their calibration stacks can be compared.
+    // Both unwinders, whatever is wanted, from one call site, so that their calibration stacks
+    // (taken once per process) can be compared whenever `Auto` is asked for.
     for unwinder in [Unwinder::Dwarf, Unwinder::FramePointers] {
-        if unwinder == Unwinder::Dwarf || (wanted != Unwinder::Dwarf && walkable) {
+        if unwinder == Unwinder::Dwarf || walkable {
             chain_found = calibrate_unwinder(unwinder)?;
         }
     }

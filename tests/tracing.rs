@@ -238,6 +238,7 @@ fn child_role() {
             let mut config = memtrace_rs::TraceConfig::new(&first);
             config.rate = 0.01;
             config.context = Some("api".into());
+            config.unwinder = memtrace_rs::Unwinder::Dwarf;
             let g1 = start_tracing(config.clone()).unwrap();
             assert!(currently_tracing());
             assert!(matches!(start_tracing(config.clone()), Err(memtrace_rs::StartError::AlreadyTracing)));
@@ -245,7 +246,14 @@ fn child_role() {
             stop_tracing();
             assert!(!currently_tracing());
             config.path = second;
-            let g2 = start_tracing(config).unwrap();
+            config.unwinder = memtrace_rs::Unwinder::Auto;
+            // From another stack than the first session's: the unwinders were calibrated
+            // there, and `Auto` must still find the frame chain (see `explicit_api_sessions`).
+            #[inline(never)]
+            fn start_elsewhere(config: memtrace_rs::TraceConfig) -> memtrace_rs::TraceGuard {
+                std::hint::black_box(start_tracing(config)).unwrap()
+            }
+            let g2 = start_elsewhere(config);
             drop(g1); // a stale guard must not stop the new session
             assert!(currently_tracing());
             let kept = site_kept();
@@ -864,6 +872,10 @@ fn explicit_api_sessions() {
     let freed: Vec<_> = one.at_site("::site_freed").collect();
     assert!(freed.len() > 10 && freed.iter().all(|(id, _)| one.collected.contains(id)));
     let two = Trace::read(&second);
+    let unwinder = |trace: &Trace| String::from_utf8_lossy(&trace.info.runtime_params).into_owned();
+    assert!(unwinder(&one).contains("unwinder=libgcc,"), "{}", unwinder(&one));
+    let auto = if frame_pointers_walkable() { "unwinder=frame-pointers," } else { "unwinder=libgcc," };
+    assert!(unwinder(&two).contains(auto), "{}", unwinder(&two));
     assert!(two.at_site("::site_kept").count() > 10);
     assert_eq!(two.at_site("::site_freed").count(), 0);
     assert!(
