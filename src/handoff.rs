@@ -11,11 +11,14 @@
 //! arena pinned: glibc then trimmed and re-grew the arenas differently, and the program paid
 //! in `madvise` calls and page faults in its own code.
 //!
-//! The queue is bounded. An alloc sample is only sent while fewer than [`ALLOC_LIMIT`]
-//! messages wait (half the capacity: the writer is far behind), so that frees of sampled
-//! blocks have the other half; a free that still finds the queue full is not waited for (the
-//! writer may need the loader lock, to symbolize, that an application thread in `dlclose`
-//! holds) but counted by the caller and reported: its block then looks alive in the trace.
+//! The queue is bounded. Alloc samples stop once [`ALLOC_LIMIT`] messages wait (half the
+//! capacity: the writer is far behind), so that frees of sampled blocks have the other half;
+//! a free that still finds the queue full is not waited for (the writer may need the loader
+//! lock, to symbolize, that an application thread in `dlclose` holds) but counted by the
+//! caller and reported: its block then looks alive in the trace. The queue's length is read
+//! (a cache line the writer keeps writing) only when the pool of frame buffers is empty: a
+//! pooled buffer is one the writer gave back after taking an alloc off the queue, so allocs
+//! sent with pooled buffers can overshoot the limit by at most [`POOL_SIZE`].
 //!
 //! Sessions share the queue. Every message carries its session's id, and the writer ignores
 //! the messages of other sessions (sent by a thread that was still finishing a sample when
@@ -101,12 +104,6 @@ impl Channel {
         Channel { pid, tx, rx, pool_tx, pool_rx }
     }
 
-    /// Whether the writer is so far behind that alloc samples are dropped.
-    #[inline]
-    pub(crate) fn behind(&self) -> bool {
-        self.tx.len() >= ALLOC_LIMIT
-    }
-
     /// Queue `msg` without waiting; false when the queue is full. A full queue gives the
     /// message back to be dropped here, which only frees a frame buffer (inside the tracer).
     pub(crate) fn try_send(&self, msg: Msg) -> bool {
@@ -139,11 +136,23 @@ impl Channel {
         }
     }
 
-    /// A frame buffer from the pool, or a new one when the pool is empty (callers are inside
-    /// the tracer, so the allocation is not sampled); `None` when memory is exhausted.
+    /// A frame buffer for an alloc sample: from the pool or, when the pool is empty, a new one
+    /// (callers are inside the tracer, so the allocation is not sampled), unless the writer is
+    /// so far behind that alloc samples are dropped.
     #[inline]
-    pub(crate) fn take_frames(&self) -> Option<Frames> {
-        self.pool_rx.try_recv().ok().or_else(new_frames)
+    pub(crate) fn frames_for_alloc(&self) -> Result<Frames, NoFrames> {
+        match self.pool_rx.try_recv() {
+            Ok(frames) => Ok(frames),
+            Err(_) => self.new_frames_unless_behind(),
+        }
+    }
+
+    #[cold]
+    fn new_frames_unless_behind(&self) -> Result<Frames, NoFrames> {
+        if self.tx.len() >= ALLOC_LIMIT {
+            return Err(NoFrames::WriterBehind);
+        }
+        new_frames().ok_or(NoFrames::NoMemory)
     }
 
     /// Give a frame buffer back to the pool; it is freed when the pool is full.
@@ -157,6 +166,15 @@ impl Channel {
             self.recycle(frames);
         }
     }
+}
+
+/// Why an alloc sample gets no frame buffer (and is dropped).
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum NoFrames {
+    /// At least [`ALLOC_LIMIT`] messages wait.
+    WriterBehind,
+    /// The allocator has no memory for a new buffer.
+    NoMemory,
 }
 
 /// A new frame buffer, or `None` when the allocator has no memory: `Box::new` would abort the
@@ -232,20 +250,50 @@ mod tests {
         const { assert!(MAX_FRAMES <= u16::MAX as usize) };
     }
 
+    fn alloc(frames: Frames) -> Msg {
+        Msg::Alloc { session: 1, nframes: 0, addr: 8, time: 0, length: 1, nsamples: 1, frames }
+    }
+
+    fn free() -> Msg {
+        Msg::Free { session: 1, addr: 8, time: 0 }
+    }
+
     #[test]
     fn a_full_queue_refuses_without_waiting_and_keeps_frame_buffers() {
         let channel = Channel::new(0);
-        let frames = channel.take_frames().unwrap();
-        let alloc = |frames| Msg::Alloc { session: 1, nframes: 0, addr: 8, time: 0, length: 1, nsamples: 1, frames };
-        assert!(channel.try_send(alloc(frames)));
+        assert!(channel.try_send(alloc(channel.frames_for_alloc().unwrap())));
         for _ in 1..CAPACITY {
-            assert!(channel.try_send(Msg::Free { session: 1, addr: 8, time: 0 }));
+            assert!(channel.try_send(free()));
         }
-        assert!(channel.behind());
         let pooled = channel.pool_rx.len();
-        assert!(!channel.try_send(alloc(channel.take_frames().unwrap())));
+        assert!(!channel.try_send(alloc(channel.frames_for_alloc().unwrap())));
         assert_eq!(channel.pool_rx.len(), pooled, "the refused message's buffer went back to the pool");
-        assert!(!channel.try_send(Msg::Free { session: 1, addr: 8, time: 0 }));
+        assert!(!channel.try_send(free()));
         assert!(matches!(channel.try_recv(), Some(Msg::Alloc { session: 1, .. })));
+    }
+
+    #[test]
+    fn allocs_stop_at_the_limit_once_the_pool_is_empty() {
+        let channel = Channel::new(0);
+        let mut sent = 0;
+        while channel.tx.len() < ALLOC_LIMIT {
+            match channel.frames_for_alloc() {
+                Ok(frames) => assert!(channel.try_send(alloc(frames))),
+                Err(e) => panic!("{e:?} after {sent} allocs"),
+            }
+            sent += 1;
+        }
+        assert!(channel.pool_rx.is_empty(), "every pooled buffer is in the queue");
+        assert_eq!(channel.frames_for_alloc().unwrap_err(), NoFrames::WriterBehind);
+        // Frees still have the other half of the queue.
+        for _ in ALLOC_LIMIT..CAPACITY {
+            assert!(channel.try_send(free()));
+        }
+        // The writer takes one alloc and gives its buffer back: one more alloc may go, past the
+        // limit, with the pooled buffer (the overshoot is bounded by the pool's size).
+        let Some(Msg::Alloc { frames, .. }) = channel.try_recv() else { panic!("an alloc first") };
+        channel.recycle(frames);
+        assert!(channel.try_send(alloc(channel.frames_for_alloc().unwrap())));
+        assert_eq!(channel.frames_for_alloc().unwrap_err(), NoFrames::WriterBehind);
     }
 }

@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 
 use crate::allocator::Entry;
 use crate::error::ErrorKind;
-use crate::handoff::{self, Channel, Msg};
+use crate::handoff::{self, Channel, Msg, NoFrames};
 use crate::hash::FastMap;
 use crate::location_codec::Location;
 use crate::sampled_set;
@@ -123,13 +123,16 @@ pub(crate) fn sampled_alloc(addr: usize, size: usize, nsamples: u64, entry: Entr
         _ => return,
     }
     let Some((channel, session)) = handoff::current() else { return };
-    if channel.behind() {
-        DROPPED_QUEUE.fetch_add(1, Ordering::Relaxed);
-        return;
-    }
-    let Some(mut frames) = channel.take_frames() else {
-        DROPPED_MEMORY.fetch_add(1, Ordering::Relaxed);
-        return;
+    let mut frames = match channel.frames_for_alloc() {
+        Ok(frames) => frames,
+        Err(NoFrames::WriterBehind) => {
+            DROPPED_QUEUE.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        Err(NoFrames::NoMemory) => {
+            DROPPED_MEMORY.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
     };
     if !sampled_set::insert(addr) {
         channel.recycle(frames);
