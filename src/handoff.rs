@@ -18,7 +18,9 @@
 //! caller and reported: its block then looks alive in the trace. The queue's length is read
 //! (a cache line the writer keeps writing) only when the pool of frame buffers is empty: a
 //! pooled buffer is one the writer gave back after taking an alloc off the queue, so allocs
-//! sent with pooled buffers can overshoot the limit by at most [`POOL_SIZE`].
+//! sent with pooled buffers can overshoot the limit by at most [`POOL_SIZE`], plus one for
+//! each thread that read the length just before another filled it: a few thousand of the
+//! 64 Ki slots kept for frees.
 //!
 //! Sessions share the queue. Every message carries its session's id, and the writer ignores
 //! the messages of other sessions (sent by a thread that was still finishing a sample when

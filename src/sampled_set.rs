@@ -142,10 +142,16 @@ fn decrement(counter: &AtomicU16) {
 /// be missed once — a free the new trace does not show — which takes a thread preempted
 /// inside the table for the whole stop and restart of a session. The next `clear` repairs it.
 pub(crate) fn clear() {
-    for page in TABLE.chunks(PAGE_BYTES / std::mem::size_of::<Bucket>()) {
-        // A write (a compare-exchange writes even when it fails), not a load: reading first
-        // would map the shared zero page, which the first insert would then fault out again.
-        let _ = page[0].0[0].compare_exchange(0, 0, Ordering::Relaxed, Ordering::Relaxed);
+    // The first bucket on each page (the table need not start on one): a write, not a load,
+    // since reading first would map the shared zero page, which the first insert would then
+    // fault out again. Exchanging 0 for 0 writes a free slot; a used slot's page is resident.
+    let mut page = usize::MAX;
+    for bucket in &TABLE {
+        let here = bucket as *const Bucket as usize / PAGE_BYTES;
+        if here != page {
+            page = here;
+            let _ = bucket.0[0].compare_exchange(0, 0, Ordering::Relaxed, Ordering::Relaxed);
+        }
     }
     for slot in TABLE.iter().flat_map(|b| b.0.iter()) {
         if slot.load(Ordering::Relaxed) != 0 {

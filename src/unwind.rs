@@ -39,7 +39,12 @@ pub(crate) static CALIBRATION: Mutex<[[Capture; 3]; 2]> = parking_lot::const_mut
 const C_START_FRAMES: usize = 3;
 
 /// How a sampled allocation's stack is captured.
+///
+/// Inside the tracer, the unwinder in use (and every index by `Unwinder as usize`) is always
+/// [`Dwarf`](Unwinder::Dwarf) or [`FramePointers`](Unwinder::FramePointers): starting a
+/// trace resolves [`Auto`](Unwinder::Auto).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub enum Unwinder {
     /// Frame pointers when the program keeps them, DWARF otherwise. The default.
     ///
@@ -49,8 +54,8 @@ pub enum Unwinder {
     /// frame pointers (`-C force-frame-pointers=yes`), and sampling uses
     /// [`Unwinder::FramePointers`]; otherwise it uses [`Unwinder::Dwarf`]. Only the stack that
     /// starts tracing is checked: code reached otherwise that keeps no frame pointers (a C
-    /// library calling back into Rust, say) is missing from the stacks that pass through it.
-    /// The trace's runtime parameters name the unwinder chosen.
+    /// library calling back into Rust, say) loses frames from the stacks that pass through it.
+    /// The trace's runtime parameters name the unwinder chosen, which is never `Auto`.
     #[default]
     Auto = 2,
     /// libgcc's DWARF unwinder (`_Unwind_Backtrace`): works for any program with unwind
@@ -64,8 +69,8 @@ pub enum Unwinder {
     /// Walk the frame-pointer chain: several times cheaper, and never touches the dynamic
     /// loader or an unwinder lock. Needs the program built with `-C force-frame-pointers=yes`
     /// (e.g. `RUSTFLAGS="-C force-frame-pointers=yes"`; the precompiled std keeps frame
-    /// pointers since Rust 1.79); a function without one is missing from the stacks that pass
-    /// through it, and C code that uses the frame-pointer register for data (calling back
+    /// pointers since Rust 1.79); a function without one hides its caller's frame from the
+    /// stacks that pass through it, and C code that uses the frame-pointer register for data (calling back
     /// into Rust) ends them there or adds stray frames past it. x86_64 and aarch64 Linux
     /// only; elsewhere, or when start-up calibration finds no usable frame chain, tracing
     /// uses [`Unwinder::Dwarf`] and says so on stderr.
@@ -99,10 +104,13 @@ pub(crate) fn capture(entry: Entry, calibrating: bool, frames: &mut [u64; MAX_FR
     };
     if UNWINDER.load(Ordering::Relaxed) == Unwinder::FramePointers as u8 {
         let bounds = frame_pointers::stack_bounds();
-        if let Some(n) = bounds.and_then(|b| frame_pointers::capture(skip(Unwinder::FramePointers), cap, frames, b)) {
-            return n;
+        match bounds.and_then(|b| frame_pointers::capture(skip(Unwinder::FramePointers), cap, frames, b)) {
+            Some(n) => return n,
+            // A calibration capture must be the walk's own: no frames, so no chain is found.
+            None if calibrating => return 0,
+            // Stack bounds unknown on this thread, or running on another stack: DWARF instead.
+            None => {}
         }
-        // Stack bounds unknown on this thread, or running on another stack: DWARF instead.
     }
     capture_dwarf(skip(Unwinder::Dwarf), cap, frames)
 }
@@ -150,8 +158,9 @@ fn capture_dwarf(skip: usize, cap: usize, frames: &mut [u64; MAX_FRAMES]) -> usi
 ///
 /// The chain is only complete if every function between `main` and the allocator keeps frame
 /// pointers: build the program with `-C force-frame-pointers=yes` (Rust's precompiled std
-/// keeps them since 1.79). A function without one leaves the frame-pointer register alone, so
-/// its frame is simply missing from the stack; one that uses the register for other data (C
+/// keeps them since 1.79). A function without one leaves the frame-pointer register alone and
+/// writes no frame record, so its caller's frame is missing from the stack (its own return
+/// address is in its callee's record); one that uses the register for other data (C
 /// code built with `-fomit-frame-pointer`, calling back into Rust) ends the walk there or,
 /// when that data happens to be an address higher up the stack, adds stray frames above it.
 /// The walk itself never faults and always ends.
@@ -212,6 +221,13 @@ mod frame_pointers {
     #[cfg(not(any(target_os = "linux", target_os = "android")))]
     fn query_stack_bounds() -> Option<(usize, usize)> {
         None
+    }
+
+    /// Whether this code runs on its thread's own stack, of known bounds: the only stack the
+    /// walk reads (a coroutine's or a signal handler's stack is unwound with DWARF).
+    pub(super) fn on_thread_stack() -> bool {
+        let sp = registers().1;
+        stack_bounds().is_some_and(|(lo, hi)| lo <= sp && sp < hi)
     }
 
     /// The current `(frame pointer, stack pointer)`.
@@ -300,7 +316,7 @@ mod frame_pointers {
 /// [`Unwinder::Dwarf`], with a note on stderr, when frame pointers are asked for but cannot be
 /// walked here.
 pub(crate) fn calibrate(wanted: Unwinder) -> Result<Unwinder, StartError> {
-    let walkable = frame_pointers::SUPPORTED && frame_pointers::stack_bounds().is_some();
+    let walkable = frame_pointers::SUPPORTED && frame_pointers::on_thread_stack();
     let mut chain_found = false;
     // Both unwinders, whatever is wanted, from one call site, so that their calibration stacks
     // (taken once per process) can be compared whenever `Auto` is asked for.
@@ -312,7 +328,7 @@ pub(crate) fn calibrate(wanted: Unwinder) -> Result<Unwinder, StartError> {
     let why_not_frame_pointers = match wanted {
         Unwinder::Dwarf => None,
         _ if !frame_pointers::SUPPORTED => Some("is not supported on this platform"),
-        _ if !walkable => Some("cannot find this thread's stack"),
+        _ if !walkable => Some("cannot walk this stack (not the thread's own, or of unknown bounds)"),
         _ if !chain_found => Some("finds no frame chain (build with -C force-frame-pointers=yes)"),
         Unwinder::Auto if !frame_chain_complete() => None,
         _ => return Ok(Unwinder::FramePointers),
@@ -490,7 +506,7 @@ mod tests {
         assert!(chain_complete(&dwarf, &[1, 2, 3]), "the C start-up frames missing");
         assert!(chain_complete(&dwarf, &[1, 2, 3, 4, 99]), "a stray word past main");
         assert!(!chain_complete(&dwarf, &[1, 2]), "ends early");
-        assert!(!chain_complete(&dwarf, &[1, 3, 4, 5, 6]), "misses a function without a frame pointer");
+        assert!(!chain_complete(&dwarf, &[1, 3, 4, 5, 6]), "misses the caller of a function without a frame pointer");
         assert!(!chain_complete(&dwarf, &[]), "no chain");
         assert!(!chain_complete(&[], &[]), "nothing to compare");
     }

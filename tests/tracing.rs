@@ -120,6 +120,13 @@ fn child_role() {
             let threads = std::env::var("MEMTRACE_TEST_THREADS").map_or(8, |t| t.parse().unwrap());
             stress(threads, Duration::from_millis(2000));
         }
+        #[cfg(all(target_os = "linux", target_env = "gnu", any(target_arch = "x86_64", target_arch = "aarch64")))]
+        "other-stack" => {
+            let guard = on_another_stack(trace_if_requested);
+            assert!(guard.is_some());
+            site_freed();
+            drop(guard);
+        }
         "fork" => {
             let _guard = trace_if_requested();
             site_freed();
@@ -263,6 +270,40 @@ fn child_role() {
         }
         other => panic!("unknown role {other}"),
     }
+}
+
+/// Run `f` on a stack of its own, switched to with `swapcontext`, as a coroutine library would.
+#[cfg(all(target_os = "linux", target_env = "gnu", any(target_arch = "x86_64", target_arch = "aarch64")))]
+fn on_another_stack<R: Send + 'static>(f: impl FnOnce() -> R + Send + 'static) -> R {
+    use std::sync::{Arc, Mutex};
+    type Task = Box<dyn FnOnce() + Send>;
+    static TASK: Mutex<Option<Task>> = Mutex::new(None);
+    extern "C" fn trampoline() {
+        // Must not unwind: a panic cannot cross the context switch (the role does not panic).
+        let task = TASK.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(task) = task {
+            task();
+        }
+    }
+    let result = Arc::new(Mutex::new(None));
+    let slot = Arc::clone(&result);
+    *TASK.lock().unwrap() = Some(Box::new(move || *slot.lock().unwrap() = Some(f())));
+    let mut stack = vec![0u8; 1 << 20];
+    // SAFETY: zeroed contexts are filled by getcontext/swapcontext before use; `task` runs
+    // `trampoline` on `stack`, which outlives it, and returns to `main` (`uc_link`) when done.
+    unsafe {
+        let mut main: libc::ucontext_t = std::mem::zeroed();
+        let mut task: libc::ucontext_t = std::mem::zeroed();
+        assert_eq!(libc::getcontext(&mut task), 0);
+        task.uc_stack.ss_sp = stack.as_mut_ptr().cast();
+        task.uc_stack.ss_size = stack.len();
+        task.uc_link = &mut main;
+        libc::makecontext(&mut task, trampoline, 0);
+        assert_eq!(libc::swapcontext(&mut main, &task), 0);
+    }
+    drop(stack);
+    let value = result.lock().unwrap().take();
+    value.expect("the task ran")
 }
 
 /// Threads allocating, passing half of their blocks to the next thread to free.
@@ -447,6 +488,67 @@ fn known_program_trace_with_frame_pointers() {
 #[test]
 fn known_program_trace_with_the_default_unwinder() {
     check_known_program("", if frame_pointers_walkable() { "frame-pointers" } else { "libgcc" });
+}
+
+/// Tracing started on a stack that is not the thread's own (a coroutine's): frame pointers cannot
+/// be calibrated there, so the default unwinder is DWARF, silently, and samples taken on the
+/// thread's stack have their full backtraces. (A frame-pointer calibration that fell back to
+/// DWARF captures there used to make `auto` choose frame pointers with a wrong skip count.)
+#[test]
+#[cfg(all(target_os = "linux", target_env = "gnu", any(target_arch = "x86_64", target_arch = "aarch64")))]
+fn tracing_started_on_another_stack() {
+    let path = temp_path("other-stack");
+    let out = run("other-stack", &[("MEMTRACE_FILE", path.to_str().unwrap()), ("MEMTRACE_RATE", "0.05")]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(memtrace_messages(&out).is_empty(), "{:?}", memtrace_messages(&out));
+    let trace = Trace::read(&path);
+    let params = String::from_utf8_lossy(&trace.info.runtime_params).into_owned();
+    assert!(params.contains("unwinder=libgcc,"), "{params}");
+    let freed: Vec<_> = trace.at_site("::site_freed").collect();
+    assert!(freed.len() > 100, "{} samples at site_freed", freed.len());
+    let _ = std::fs::remove_file(&path);
+}
+
+/// A program built without frame pointers (Rust's default on x86_64): the default unwinder falls
+/// back to DWARF, silently, and stacks are complete; asked for frame pointers, tracing says it
+/// uses DWARF instead. This repository builds with frame pointers (`.cargo/config.toml`), so the
+/// sample app is built again without them, in a target directory of its own (about 35 s on
+/// 2 cores the first time).
+#[test]
+fn default_unwinder_without_frame_pointers_is_dwarf() {
+    let target = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("no-frame-pointers");
+    let status = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
+        .args(["build", "--quiet", "--example", "sample-app", "--target-dir"])
+        .arg(&target)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .env("RUSTFLAGS", "-C force-frame-pointers=no")
+        .env_remove("CARGO_ENCODED_RUSTFLAGS")
+        .status()
+        .expect("run cargo");
+    assert!(status.success(), "building the sample app without frame pointers");
+    let app = target.join("debug").join("examples").join("sample-app");
+    for (unwinder, notes) in [("", 0), ("frame-pointers", 1)] {
+        let path = temp_path(&format!("no-fp-{unwinder}"));
+        let out = Command::new(&app)
+            .env("MEMTRACE_FILE", &path)
+            .env("MEMTRACE_RATE", "1e-4")
+            .env("MEMTRACE_UNWINDER", unwinder)
+            .output()
+            .expect("run the sample app");
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let messages = memtrace_messages(&out);
+        assert_eq!(messages.len(), notes, "{messages:?}");
+        assert!(messages.iter().all(|m| m.contains("using DWARF unwinding")), "{messages:?}");
+        let trace = Trace::read(&path);
+        let params = String::from_utf8_lossy(&trace.info.runtime_params).into_owned();
+        assert!(params.contains("unwinder=libgcc,"), "{params}");
+        // Stacks reach the app's own functions (its threads' and main's) through std's.
+        let in_app = |a: &&Allocation| trace.frames(a).flatten().any(|l| l.defname_str().starts_with("sample_app::"));
+        let (app, all) = (trace.allocs.values().filter(in_app).count(), trace.allocs.len());
+        assert!(app * 10 > all * 9, "{app} of {all} samples in the app's functions");
+        assert!(trace.at_site("::ingest::load_records").count() > 100);
+        let _ = std::fs::remove_file(&path);
+    }
 }
 
 #[test]
