@@ -42,9 +42,28 @@ pub fn symbolize(addr: u64) -> Arc<[Location]> {
             defname: format!("{addr:#x}").into_bytes().into(),
         });
     }
+    drop_inlined_shim(&mut locations);
     // backtrace::resolve reports the innermost inlined function first.
     locations.reverse();
     locations.into()
+}
+
+/// Drop, from `locations` (innermost first), the global allocator's shim and what is inlined
+/// into it (our allocator's methods), when the shim is itself inlined into the function that
+/// allocates. An optimised build may do that in the crate that defines the global allocator;
+/// the return address is then the allocating function's call into the tracer, and the
+/// innermost kept frame the allocating function's, not the shim's (see `unwind::SHIM`).
+fn drop_inlined_shim(locations: &mut Vec<Location>) {
+    const SHIMS: [&str; 3] = ["__rust_alloc", "__rust_alloc_zeroed", "__rust_realloc"];
+    let is_shim = |l: &Location| {
+        let name = l.defname_str();
+        SHIMS.iter().any(|shim| name == *shim || name.strip_suffix(shim).is_some_and(|p| p.ends_with("::")))
+    };
+    if let Some(shim) = locations.iter().rposition(is_shim) {
+        if shim + 1 < locations.len() {
+            locations.drain(..=shim);
+        }
+    }
 }
 
 /// The demangled names (without hash) of the functions at return address `addr`, innermost
@@ -101,6 +120,32 @@ mod tests {
         assert!(inner.filename_str().ends_with("symbolize.rs"), "{inner:?}");
         assert_eq!(inner.line, line);
         assert!(!inner.defname_str().contains("::h"), "hash not stripped: {inner:?}");
+    }
+
+    fn location(name: &str) -> Location {
+        Location { filename: b"f.rs"[..].into(), line: 1, start_char: 0, end_char: 0, defname: name.as_bytes().into() }
+    }
+
+    fn names(locations: &[Location]) -> Vec<String> {
+        locations.iter().map(|l| l.defname_str().into_owned()).collect()
+    }
+
+    #[test]
+    fn an_inlined_allocator_shim_is_dropped() {
+        // Innermost first: the shim, with our methods inlined, inlined into `site`.
+        let mut inlined: Vec<_> =
+            ["sampled<A>", "alloc<std::alloc::System>", "__rust_alloc", "alloc", "site"].map(location).into();
+        drop_inlined_shim(&mut inlined);
+        assert_eq!(names(&inlined), ["alloc", "site"]);
+        let mut full_names: Vec<_> = ["alloc<A>", "__rustc::__rust_realloc", "site"].map(location).into();
+        drop_inlined_shim(&mut full_names);
+        assert_eq!(names(&full_names), ["site"]);
+        // A frame of the shim's own (a failed skip) is kept whole; other code is untouched.
+        for kept in [&["alloc<A>", "__rust_alloc_zeroed"][..], &["my__rust_alloc", "site"], &["site"]] {
+            let mut locations: Vec<_> = kept.iter().map(|n| location(n)).collect();
+            drop_inlined_shim(&mut locations);
+            assert_eq!(names(&locations), kept);
+        }
     }
 
     #[test]

@@ -110,6 +110,7 @@ pub fn currently_tracing() -> bool {
 }
 
 /// Called (inside the tracer) for a sampled block of `size` bytes just allocated at `addr`.
+#[inline(always)]
 pub(crate) fn sampled_alloc(addr: usize, size: usize, nsamples: u64, entry: Entry) {
     let calibration = sampler::take_calibration_flag();
     match STATE.load(Ordering::Relaxed) {

@@ -6,7 +6,7 @@
 //! path, allocates nothing.
 
 use std::cell::Cell;
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 
 use parking_lot::Mutex;
 
@@ -15,11 +15,20 @@ use crate::sampler;
 use crate::symbolize;
 use crate::tracer::{StartError, CALIBRATING, DEFAULT_FRAME_CAP, MAX_FRAMES, OFF, STATE};
 
-/// Per [`Unwinder`] and [`Entry`]: leading captured frames that belong to the tracer, the
-/// unwinder and the allocator shims (measured by [`calibrate`]).
+/// Per [`Unwinder`] and [`Entry`]: leading captured frames that belong to the tracer and the
+/// unwinder, below the allocator shim's frame (measured by [`calibrate`]).
 #[allow(clippy::declare_interior_mutable_const)] // Only used to initialise `SKIP`.
 const NO_SKIP: [AtomicUsize; 3] = [AtomicUsize::new(0), AtomicUsize::new(0), AtomicUsize::new(0)];
 static SKIP: [[AtomicUsize; 3]; 2] = [NO_SKIP, NO_SKIP];
+/// Per [`Unwinder`] and [`Entry`]: the address, in the allocator shim (`__rust_alloc` and co.,
+/// with the global allocator's methods inlined), at which it calls into the tracer; 0 when
+/// calibration saw no shim frame. The frame after the [`SKIP`] ones is dropped too when it is
+/// at that address: the shim's own frame. In an optimised build LLVM may inline the shim into
+/// a function of the crate that defines the global allocator; the frame of that function is at
+/// another address, and is kept.
+#[allow(clippy::declare_interior_mutable_const)] // Only used to initialise `SHIM`.
+const NO_SHIM: [AtomicU64; 3] = [AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)];
+static SHIM: [[AtomicU64; 3]; 2] = [NO_SHIM, NO_SHIM];
 /// Frames recorded per sample in the current session.
 pub(crate) static FRAME_CAP: AtomicUsize = AtomicUsize::new(DEFAULT_FRAME_CAP);
 /// The unwinder of the current session (or of the calibration under way), as `Unwinder as u8`.
@@ -96,10 +105,11 @@ impl Unwinder {
 pub(crate) fn capture(entry: Entry, calibrating: bool, frames: &mut [u64; MAX_FRAMES]) -> usize {
     let cap = if calibrating { MAX_FRAMES } else { FRAME_CAP.load(Ordering::Relaxed) };
     let skip = |unwinder: Unwinder| {
+        let (u, e) = (unwinder as usize, entry as usize);
         if calibrating {
-            0
+            Leading::NONE
         } else {
-            SKIP[unwinder as usize][entry as usize].load(Ordering::Relaxed)
+            Leading { tracer: SKIP[u][e].load(Ordering::Relaxed), shim: SHIM[u][e].load(Ordering::Relaxed) }
         }
     };
     if UNWINDER.load(Ordering::Relaxed) == Unwinder::FramePointers as u8 {
@@ -115,9 +125,28 @@ pub(crate) fn capture(entry: Entry, calibrating: bool, frames: &mut [u64; MAX_FR
     capture_dwarf(skip(Unwinder::Dwarf), cap, frames)
 }
 
-/// [`capture`] with libgcc's DWARF unwinder: up to `cap` frame addresses after skipping `skip`.
-#[inline(never)]
-fn capture_dwarf(skip: usize, cap: usize, frames: &mut [u64; MAX_FRAMES]) -> usize {
+/// The leading frames of a capture that are dropped: `tracer` frames, then one more if it is at
+/// the address `shim` (see [`SHIM`]).
+#[derive(Clone, Copy)]
+struct Leading {
+    tracer: usize,
+    shim: u64,
+}
+
+impl Leading {
+    /// Drop nothing (return addresses are never 0).
+    const NONE: Leading = Leading { tracer: 0, shim: 0 };
+
+    /// Whether the frame at `index` (innermost first), at address `ip`, is dropped.
+    #[inline(always)]
+    fn drops(self, index: usize, ip: u64) -> bool {
+        index < self.tracer || (index == self.tracer && ip == self.shim)
+    }
+}
+
+/// [`capture`] with libgcc's DWARF unwinder: up to `cap` frame addresses after the `skip` ones.
+#[inline(always)]
+fn capture_dwarf(skip: Leading, cap: usize, frames: &mut [u64; MAX_FRAMES]) -> usize {
     let cap = cap.min(MAX_FRAMES);
     let mut seen = 0;
     let mut n = 0;
@@ -131,7 +160,7 @@ fn capture_dwarf(skip: usize, cap: usize, frames: &mut [u64; MAX_FRAMES]) -> usi
                 // The end of the stack.
                 return false;
             }
-            if seen >= skip {
+            if !skip.drops(seen, ip) {
                 if let Some(slot) = frames.get_mut(n) {
                     *slot = ip;
                     n += 1;
@@ -253,12 +282,12 @@ mod frame_pointers {
         (fp, sp)
     }
 
-    /// Up to `cap` return addresses, innermost first, after skipping `skip`; `stack` is this
+    /// Up to `cap` return addresses, innermost first, after the `skip` ones; `stack` is this
     /// thread's `(lowest address, end)`. Returns the number written, or `None` when the sample
     /// was not taken on the thread's stack (the caller then unwinds with DWARF).
     #[inline(never)]
     pub(super) fn capture(
-        skip: usize,
+        skip: Leading,
         cap: usize,
         frames: &mut [u64; MAX_FRAMES],
         stack: (usize, usize),
@@ -283,7 +312,7 @@ mod frame_pointers {
             if ret == 0 {
                 break;
             }
-            if seen >= skip {
+            if !skip.drops(seen, ret as u64) {
                 frames[n] = ret as u64;
                 n += 1;
             }
@@ -306,7 +335,10 @@ mod frame_pointers {
 ///
 /// A forced sample is taken from an `#[inline(never)]` marker function per entry point; the
 /// frames below the marker are resolved once, and everything up to the last one that is ours
-/// (`memtrace_rs::`, `backtrace::`, `__rust_alloc`, `__rg_`, `_Unwind_`, ...) is skipped.
+/// (`memtrace_rs::`, `backtrace::`, `__rust_alloc`, `__rg_`, `_Unwind_`, ...) is skipped: a
+/// count of frames ([`SKIP`]), then the allocator shim's frame if it is at the address where
+/// calibration saw it ([`SHIM`]; an optimised build may inline the shim into the allocating
+/// function, whose frame must be kept, and whose locations the writer trims of the shim's).
 /// This also warms up the unwinder before any real sample is taken. Called with the tracer's
 /// session lock held and tracing off.
 ///
@@ -406,7 +438,13 @@ fn calibrate_unwinder(unwinder: Unwinder) -> Result<bool, StartError> {
         let (n, frames) = &captures[entry as usize];
         let skip = tracer_frames(&frames[..*n], name);
         found &= skip.is_some();
-        SKIP[u][entry as usize].store(skip.unwrap_or(0), Ordering::Relaxed);
+        // The last of the tracer's frames is the allocator shim's (see `SHIM`).
+        let (tracer, shim) = match skip {
+            Some(k) if k > 0 => (k - 1, frames[k - 1]),
+            _ => (0, 0),
+        };
+        SKIP[u][entry as usize].store(tracer, Ordering::Relaxed);
+        SHIM[u][entry as usize].store(shim, Ordering::Relaxed);
     }
     if unwinder == Unwinder::FramePointers {
         FRAME_POINTERS_BROKEN.store(!found, Ordering::Relaxed);
@@ -500,6 +538,21 @@ mod tests {
     }
 
     #[test]
+    fn the_shim_frame_is_dropped_only_at_its_own_address() {
+        let leading = Leading { tracer: 2, shim: 0x50 };
+        let kept = |frames: &[u64]| -> Vec<u64> {
+            frames.iter().enumerate().filter(|&(i, &ip)| !leading.drops(i, ip)).map(|(_, &ip)| ip).collect()
+        };
+        // Tracer, tracer, the shim's own frame, the allocating function, its caller.
+        assert_eq!(kept(&[0x10, 0x20, 0x50, 0x60, 0x70]), [0x60, 0x70]);
+        // The shim inlined into the allocating function: its frame is at another address.
+        assert_eq!(kept(&[0x10, 0x20, 0x61, 0x70]), [0x61, 0x70]);
+        // The shim's address further out is a frame like any other.
+        assert_eq!(kept(&[0x10, 0x20, 0x61, 0x50]), [0x61, 0x50]);
+        assert!(!Leading::NONE.drops(0, 0x50));
+    }
+
+    #[test]
     fn a_frame_chain_is_complete_when_it_misses_only_the_c_start_frames() {
         let dwarf = [1, 2, 3, 4, 5, 6];
         assert!(chain_complete(&dwarf, &dwarf));
@@ -526,9 +579,9 @@ mod tests {
         // miss frames (those built without frame pointers), never invent them. Both captures
         // are called from this function at different places, so a first frame returning into
         // this function is compared by name, the rest by address.
-        let n = frame_pointers::capture(0, 8, &mut frames, bounds).expect("on this thread's stack");
+        let n = frame_pointers::capture(Leading::NONE, 8, &mut frames, bounds).expect("on this thread's stack");
         let mut dwarf = [0; MAX_FRAMES];
-        let m = capture_dwarf(0, MAX_FRAMES, &mut dwarf);
+        let m = capture_dwarf(Leading::NONE, MAX_FRAMES, &mut dwarf);
         let (walked, dwarf) = (&frames[..n], &dwarf[..m]);
         let into_this_test = |f: u64| {
             crate::symbolize::function_names(f).iter().any(|n| n.contains("frame_pointer_walk_stays_on_the_stack"))
@@ -544,6 +597,6 @@ mod tests {
             None => println!("no frame-pointer chain found here: only checked that the walk ends"),
         }
         // Bounds that exclude the current stack: nothing is walked, and the caller falls back.
-        assert_eq!(frame_pointers::capture(0, 5, &mut frames, (1 << 20, 2 << 20)), None);
+        assert_eq!(frame_pointers::capture(Leading::NONE, 5, &mut frames, (1 << 20, 2 << 20)), None);
     }
 }
