@@ -517,32 +517,44 @@ fn tracing_started_on_another_stack() {
     let _ = std::fs::remove_file(&path);
 }
 
-/// A program built without frame pointers (Rust's default on x86_64): the default unwinder falls
-/// back to DWARF, silently, and stacks are complete; asked for frame pointers, tracing says it
-/// uses DWARF instead. This repository builds with frame pointers (`.cargo/config.toml`), so the
-/// sample app is built again without them, in a target directory of its own (about 35 s on
-/// 2 cores the first time).
+/// A release build of a small program (`tests/fixtures/release-sites`), without frame pointers
+/// (Rust's default on x86_64), traced with the default unwinder and asked for frame pointers:
+/// - the default falls back to DWARF, silently; asked for frame pointers, tracing says it uses
+///   DWARF instead;
+/// - the release build inlines the allocator shim into the program's allocating functions, and
+///   their frames are still the innermost ones kept, at the allocating lines, with nothing of
+///   the shim or the tracer inside them.
+///
+/// This repository builds with frame pointers and tests in debug mode, so the program is built
+/// by cargo here, in a target directory of its own (about 15 s the first time).
 #[test]
-fn default_unwinder_without_frame_pointers_is_dwarf() {
-    let target = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("no-frame-pointers");
+fn release_build_without_frame_pointers() {
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/release-sites");
+    let target = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("release-sites");
     let status = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
-        .args(["build", "--quiet", "--example", "sample-app", "--target-dir"])
+        .args(["build", "--quiet", "--release", "--target-dir"])
         .arg(&target)
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .current_dir(&fixture)
         .env("RUSTFLAGS", "-C force-frame-pointers=no")
         .env_remove("CARGO_ENCODED_RUSTFLAGS")
         .status()
         .expect("run cargo");
-    assert!(status.success(), "building the sample app without frame pointers");
-    let app = target.join("debug").join("examples").join("sample-app");
+    assert!(status.success(), "building {}", fixture.display());
+    let source = std::fs::read_to_string(fixture.join("src/main.rs")).unwrap();
+    let site_line = |function: &str| {
+        let start = source.find(&format!("fn {function}(")).unwrap();
+        let line = source[start..].lines().position(|l| l.ends_with("// site")).unwrap();
+        (source[..start].lines().count() + line + 1) as u32
+    };
+    let program = target.join("release").join("memtrace-release-sites");
     for (unwinder, notes) in [("", 0), ("frame-pointers", 1)] {
-        let path = temp_path(&format!("no-fp-{unwinder}"));
-        let out = Command::new(&app)
+        let path = temp_path(&format!("release-sites-{unwinder}"));
+        let out = Command::new(&program)
             .env("MEMTRACE_FILE", &path)
-            .env("MEMTRACE_RATE", "1e-4")
+            .env("MEMTRACE_RATE", "0.01")
             .env("MEMTRACE_UNWINDER", unwinder)
             .output()
-            .expect("run the sample app");
+            .expect("run the program");
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
         let messages = memtrace_messages(&out);
         assert_eq!(messages.len(), notes, "{messages:?}");
@@ -550,11 +562,24 @@ fn default_unwinder_without_frame_pointers_is_dwarf() {
         let trace = Trace::read(&path);
         let params = String::from_utf8_lossy(&trace.info.runtime_params).into_owned();
         assert!(params.contains("unwinder=libgcc,"), "{params}");
-        // Stacks reach the app's own functions (its threads' and main's) through std's.
-        let in_app = |a: &&Allocation| trace.frames(a).flatten().any(|l| l.defname_str().starts_with("sample_app::"));
-        let (app, all) = (trace.allocs.values().filter(in_app).count(), trace.allocs.len());
-        assert!(app * 10 > all * 9, "{app} of {all} samples in the app's functions");
-        assert!(trace.at_site("::ingest::load_records").count() > 100);
+        for function in ["with_capacity_site", "boxed_site"] {
+            let (line, site) = (site_line(function), format!("::{function}"));
+            let samples: Vec<_> = trace.at_site(&site).map(|(_, a)| a).collect();
+            assert!(samples.len() > 500, "{} sampled blocks in {function}", samples.len());
+            let at_line = samples
+                .iter()
+                .filter(|a| {
+                    let innermost = trace.frames(a).last().unwrap();
+                    assert!(
+                        innermost.iter().all(|l| !l.defname_str().contains("__rust_alloc")
+                            && !l.filename_str().ends_with("src/allocator.rs")),
+                        "shim or tracer location left in {innermost:?}"
+                    );
+                    innermost.iter().any(|l| is_function(l, &site) && l.line == line)
+                })
+                .count();
+            assert!(at_line * 100 >= samples.len() * 99, "{function}: {at_line} of {} at line {line}", samples.len());
+        }
         let _ = std::fs::remove_file(&path);
     }
 }
