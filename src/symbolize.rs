@@ -48,18 +48,21 @@ pub fn symbolize(addr: u64) -> Arc<[Location]> {
     locations.into()
 }
 
+/// Whether `name` (demangled, without hash) is one of the allocation entry points that
+/// `#[global_allocator]` generates (`__rust_alloc`, or `__rustc::__rust_alloc` with full debug
+/// info), which call the global allocator's methods. Deallocation never samples.
+pub(crate) fn is_allocator_shim(name: &str) -> bool {
+    const SHIMS: [&str; 3] = ["__rust_alloc", "__rust_alloc_zeroed", "__rust_realloc"];
+    SHIMS.iter().any(|shim| name == *shim || name.strip_suffix(shim).is_some_and(|path| path.ends_with("::")))
+}
+
 /// Drop, from `locations` (innermost first), the global allocator's shim and what is inlined
 /// into it (our allocator's methods), when the shim is itself inlined into the function that
 /// allocates. An optimised build may do that in the crate that defines the global allocator;
 /// the return address is then the allocating function's call into the tracer, and the
 /// innermost kept frame the allocating function's, not the shim's (see `unwind::SHIM`).
 fn drop_inlined_shim(locations: &mut Vec<Location>) {
-    const SHIMS: [&str; 3] = ["__rust_alloc", "__rust_alloc_zeroed", "__rust_realloc"];
-    let is_shim = |l: &Location| {
-        let name = l.defname_str();
-        SHIMS.iter().any(|shim| name == *shim || name.strip_suffix(shim).is_some_and(|p| p.ends_with("::")))
-    };
-    if let Some(shim) = locations.iter().rposition(is_shim) {
+    if let Some(shim) = locations.iter().rposition(|l| is_allocator_shim(&l.defname_str())) {
         if shim + 1 < locations.len() {
             locations.drain(..=shim);
         }

@@ -436,15 +436,11 @@ fn calibrate_unwinder(unwinder: Unwinder) -> Result<bool, StartError> {
     let mut found = true;
     for (entry, _, name) in markers {
         let (n, frames) = &captures[entry as usize];
-        let skip = tracer_frames(&frames[..*n], name);
-        found &= skip.is_some();
-        // The last of the tracer's frames is the allocator shim's (see `SHIM`).
-        let (tracer, shim) = match skip {
-            Some(k) if k > 0 => (k - 1, frames[k - 1]),
-            _ => (0, 0),
-        };
-        SKIP[u][entry as usize].store(tracer, Ordering::Relaxed);
-        SHIM[u][entry as usize].store(shim, Ordering::Relaxed);
+        let leading = tracer_frames(&frames[..*n], name);
+        found &= leading.is_some();
+        let leading = leading.unwrap_or(Leading::NONE);
+        SKIP[u][entry as usize].store(leading.tracer, Ordering::Relaxed);
+        SHIM[u][entry as usize].store(leading.shim, Ordering::Relaxed);
     }
     if unwinder == Unwinder::FramePointers {
         FRAME_POINTERS_BROKEN.store(!found, Ordering::Relaxed);
@@ -453,10 +449,12 @@ fn calibrate_unwinder(unwinder: Unwinder) -> Result<bool, StartError> {
     Ok(unwinder == Unwinder::Dwarf || found)
 }
 
-/// The number of leading `frames` (innermost first) that are tracer or allocator machinery,
-/// given that the frame of the function named `marker` called into the global allocator.
-/// `None` when the marker cannot be found (no symbols, or a broken frame chain).
-fn tracer_frames(frames: &[u64], marker: &str) -> Option<usize> {
+/// The leading `frames` (innermost first) that are tracer or allocator machinery, given that
+/// the frame of the function named `marker` called into the global allocator. The last of them
+/// is the allocator shim's own frame, unless the shim was inlined into the marker (as LTO may
+/// do): then it is a tracer frame, dropped by count like the others. `None` when the marker
+/// cannot be found (no symbols, or a broken frame chain).
+fn tracer_frames(frames: &[u64], marker: &str) -> Option<Leading> {
     const OURS: [&str; 9] = [
         "memtrace_rs::",
         "backtrace::",
@@ -470,11 +468,15 @@ fn tracer_frames(frames: &[u64], marker: &str) -> Option<usize> {
     ];
     let names: Vec<Vec<String>> = frames.iter().map(|&ip| symbolize::function_names(ip)).collect();
     let marker_at = names.iter().position(|n| n.iter().any(|n| n.ends_with(marker)))?;
-    let skip = names[..marker_at]
-        .iter()
-        .rposition(|n| n.iter().any(|n| OURS.iter().any(|ours| n.contains(ours))))
-        .map_or(0, |last| last + 1);
-    Some(skip)
+    let Some(last) = names[..marker_at].iter().rposition(|n| n.iter().any(|n| OURS.iter().any(|o| n.contains(o))))
+    else {
+        return Some(Leading::NONE);
+    };
+    Some(if names[last].iter().any(|n| symbolize::is_allocator_shim(n)) {
+        Leading { tracer: last, shim: frames[last] }
+    } else {
+        Leading { tracer: last + 1, shim: 0 }
+    })
 }
 
 const MARKER_LAYOUT: std::alloc::Layout = std::alloc::Layout::new::<[u64; 4]>();

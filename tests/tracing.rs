@@ -526,20 +526,29 @@ fn tracing_started_on_another_stack() {
 ///   the shim or the tracer inside them.
 ///
 /// This repository builds with frame pointers and tests in debug mode, so the program is built
-/// by cargo here, in a target directory of its own (about 15 s the first time).
+/// by cargo here, without and with link-time optimisation (which inlines the shim into the
+/// tracer's calibration code too), in target directories of their own (about 35 s the first
+/// time).
 #[test]
-fn release_build_without_frame_pointers() {
+fn release_builds_without_frame_pointers() {
+    for lto in ["off", "fat"] {
+        check_release_build(lto);
+    }
+}
+
+fn check_release_build(lto: &str) {
     let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/release-sites");
-    let target = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("release-sites");
+    let target = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("release-sites-lto-{lto}"));
     let status = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
         .args(["build", "--quiet", "--release", "--target-dir"])
         .arg(&target)
         .current_dir(&fixture)
         .env("RUSTFLAGS", "-C force-frame-pointers=no")
+        .env("CARGO_PROFILE_RELEASE_LTO", lto)
         .env_remove("CARGO_ENCODED_RUSTFLAGS")
         .status()
         .expect("run cargo");
-    assert!(status.success(), "building {}", fixture.display());
+    assert!(status.success(), "building {} with LTO {lto}", fixture.display());
     let source = std::fs::read_to_string(fixture.join("src/main.rs")).unwrap();
     let site_line = |function: &str| {
         let start = source.find(&format!("fn {function}(")).unwrap();
@@ -548,7 +557,7 @@ fn release_build_without_frame_pointers() {
     };
     let program = target.join("release").join("memtrace-release-sites");
     for (unwinder, notes) in [("", 0), ("frame-pointers", 1)] {
-        let path = temp_path(&format!("release-sites-{unwinder}"));
+        let path = temp_path(&format!("release-sites-{lto}-{unwinder}"));
         let out = Command::new(&program)
             .env("MEMTRACE_FILE", &path)
             .env("MEMTRACE_RATE", "0.01")
@@ -565,20 +574,32 @@ fn release_build_without_frame_pointers() {
         for function in ["with_capacity_site", "boxed_site"] {
             let (line, site) = (site_line(function), format!("::{function}"));
             let samples: Vec<_> = trace.at_site(&site).map(|(_, a)| a).collect();
-            assert!(samples.len() > 500, "{} sampled blocks in {function}", samples.len());
+            assert!(samples.len() > 500, "LTO {lto}: {} sampled blocks in {function}", samples.len());
             let at_line = samples
                 .iter()
                 .filter(|a| {
                     let innermost = trace.frames(a).last().unwrap();
+                    let ours = |l: &Location| {
+                        l.defname_str().contains("__rust_alloc")
+                            || l.filename_str().starts_with(concat!(env!("CARGO_MANIFEST_DIR"), "/src/"))
+                            || l.filename_str().contains("/backtrace-")
+                    };
                     assert!(
-                        innermost.iter().all(|l| !l.defname_str().contains("__rust_alloc")
-                            && !l.filename_str().ends_with("src/allocator.rs")),
-                        "shim or tracer location left in {innermost:?}"
+                        !innermost.iter().any(ours),
+                        "LTO {lto}: shim or tracer location left in {:?}",
+                        innermost
+                            .iter()
+                            .map(|l| format!("{}@{}:{}", l.defname_str(), l.filename_str(), l.line))
+                            .collect::<Vec<_>>()
                     );
                     innermost.iter().any(|l| is_function(l, &site) && l.line == line)
                 })
                 .count();
-            assert!(at_line * 100 >= samples.len() * 99, "{function}: {at_line} of {} at line {line}", samples.len());
+            assert!(
+                at_line * 100 >= samples.len() * 99,
+                "LTO {lto}, {function}: {at_line} of {} at line {line}",
+                samples.len()
+            );
         }
         let _ = std::fs::remove_file(&path);
     }
