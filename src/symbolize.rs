@@ -4,7 +4,9 @@
 //! allocation: resolving parses debug info and allocates heavily.
 //!
 //! Every address we capture is a return address (the instruction after a call), including
-//! the innermost one kept: it is the return address of the call into the global allocator.
+//! the innermost one kept: it is the return address of the call into the global allocator (or,
+//! when an optimised build inlined the allocator shim into the allocating function, of that
+//! function's call into the tracer: the shim's inlined locations are then trimmed).
 //! `backtrace::resolve` already looks up `addr − 1` for any non-null address (backtrace-rs
 //! `symbolize::adjust_ip`), which lands inside the call instruction, so we pass the return
 //! address unchanged; subtracting 1 here as well would be wrong only rarely, but wrong.
@@ -15,8 +17,9 @@ use std::sync::Arc;
 
 use crate::location_codec::Location;
 
-/// The locations of the code at return address `addr`, outermost first: one per inlined
-/// function, then the function that contains the code. An address with no symbol gives one
+/// The locations of the code at return address `addr`, outermost first: the function that
+/// contains the code, then one per inlined function, without the allocator shim and what is
+/// inlined into it when the shim is itself inlined. An address with no symbol gives one
 /// location named after the address.
 pub fn symbolize(addr: u64) -> Arc<[Location]> {
     let mut locations = Vec::new();

@@ -110,7 +110,6 @@ pub fn currently_tracing() -> bool {
 }
 
 /// Called (inside the tracer) for a sampled block of `size` bytes just allocated at `addr`.
-#[inline(always)]
 pub(crate) fn sampled_alloc(addr: usize, size: usize, nsamples: u64, entry: Entry) {
     let calibration = sampler::take_calibration_flag();
     match STATE.load(Ordering::Relaxed) {
@@ -620,6 +619,24 @@ impl TraceWriter {
         }
     }
 
+    /// `frames` (innermost first) without an innermost frame that is the allocator shim's own:
+    /// one the sampled path could not recognise, because calibration saw the shim inlined (see
+    /// `unwind::SHIM`).
+    fn without_shim_frame<'a>(&mut self, frames: &'a [u64]) -> &'a [u64] {
+        match frames {
+            [innermost, rest @ ..] if !rest.is_empty() => {
+                let locations = self.locations.entry(*innermost).or_insert_with(|| symbolize::symbolize(*innermost));
+                // Outermost first: the frame's own function.
+                if locations.first().is_some_and(|l| symbolize::is_allocator_shim(&l.defname_str())) {
+                    rest
+                } else {
+                    frames
+                }
+            }
+            _ => frames,
+        }
+    }
+
     fn time(&mut self, time: Timestamp) -> Timestamp {
         self.last_time = self.last_time.max(time);
         self.last_time
@@ -627,6 +644,7 @@ impl TraceWriter {
 
     fn alloc(&mut self, addr: usize, time: Timestamp, length: u64, nsamples: u64, frames: &[u64]) -> crate::Result<()> {
         let time = self.time(time);
+        let frames = self.without_shim_frame(frames);
         let alloc = NewAlloc { length, nsamples, source: AllocSource::External, callstack: frames, drop: 0 };
         let locations = &mut self.locations;
         let id = self.writer.put_alloc(DOMAIN, time, &alloc, |code| {

@@ -1,6 +1,7 @@
 //! Capturing the stack of a sampled allocation: the two unwinders (libgcc's DWARF unwinder and
-//! a frame-pointer walk), the per-unwinder, per-entry-point counts of leading frames that
-//! belong to the tracer, and the start-up calibration that measures them.
+//! a frame-pointer walk), the per-unwinder, per-entry-point leading frames that belong to the
+//! tracer (a count, then the allocator shim's frame when it is at its calibrated address), and
+//! the start-up calibration that measures them.
 //!
 //! Everything here runs inside the tracer (allocations are not sampled) and, on the sampled
 //! path, allocates nothing.
@@ -25,7 +26,10 @@ static SKIP: [[AtomicUsize; 3]; 2] = [NO_SKIP, NO_SKIP];
 /// calibration saw no shim frame. The frame after the [`SKIP`] ones is dropped too when it is
 /// at that address: the shim's own frame. In an optimised build LLVM may inline the shim into
 /// a function of the crate that defines the global allocator; the frame of that function is at
-/// another address, and is kept.
+/// another address, and is kept (the writer trims the shim's inlined locations from it). With
+/// LTO the shim may also be inlined into the calibration's marker functions (no shim frame to
+/// see) yet called out of line elsewhere: the writer drops such a frame, whose outermost
+/// location is the shim.
 #[allow(clippy::declare_interior_mutable_const)] // Only used to initialise `SHIM`.
 const NO_SHIM: [AtomicU64; 3] = [AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)];
 static SHIM: [[AtomicU64; 3]; 2] = [NO_SHIM, NO_SHIM];
@@ -33,7 +37,7 @@ static SHIM: [[AtomicU64; 3]; 2] = [NO_SHIM, NO_SHIM];
 pub(crate) static FRAME_CAP: AtomicUsize = AtomicUsize::new(DEFAULT_FRAME_CAP);
 /// The unwinder of the current session (or of the calibration under way), as `Unwinder as u8`.
 pub(crate) static UNWINDER: AtomicU8 = AtomicU8::new(Unwinder::Dwarf as u8);
-/// Per [`Unwinder`]: whether its [`SKIP`] has been measured in this process.
+/// Per [`Unwinder`]: whether its [`SKIP`] and [`SHIM`] have been measured in this process.
 static CALIBRATED: [AtomicBool; 2] = [AtomicBool::new(false), AtomicBool::new(false)];
 /// Whether frame-pointer unwinding was found not to work in this process (no frame chain).
 static FRAME_POINTERS_BROKEN: AtomicBool = AtomicBool::new(false);
@@ -145,7 +149,7 @@ impl Leading {
 }
 
 /// [`capture`] with libgcc's DWARF unwinder: up to `cap` frame addresses after the `skip` ones.
-#[inline(always)]
+#[inline(never)]
 fn capture_dwarf(skip: Leading, cap: usize, frames: &mut [u64; MAX_FRAMES]) -> usize {
     let cap = cap.min(MAX_FRAMES);
     let mut seen = 0;
@@ -444,6 +448,11 @@ fn calibrate_unwinder(unwinder: Unwinder) -> Result<bool, StartError> {
     }
     if unwinder == Unwinder::FramePointers {
         FRAME_POINTERS_BROKEN.store(!found, Ordering::Relaxed);
+    } else if !found {
+        eprintln!(
+            "memtrace: note: the tracer cannot find its own functions by name (a stripped program?); \
+             sampled stacks will start with its frames"
+        );
     }
     CALIBRATED[u].store(true, Ordering::Relaxed);
     Ok(unwinder == Unwinder::Dwarf || found)
