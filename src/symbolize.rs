@@ -113,7 +113,9 @@ mod tests {
     fn known_caller() -> (u64, u32) {
         let line = line!() + 1;
         let ip = return_address_here();
-        (ip, line)
+        // Used after the call, so that an optimised build cannot make it a tail call (which
+        // would take this frame off the stack).
+        (std::hint::black_box(ip), line)
     }
 
     #[test]
@@ -122,7 +124,9 @@ mod tests {
         assert_ne!(ip, 0, "caller frame not found");
         let locations = symbolize(ip);
         let inner = locations.last().unwrap();
-        assert!(inner.defname_str().ends_with("symbolize::tests::known_caller"), "{inner:?}");
+        // The full path, or with line-tables-only debug info (release) the bare name.
+        let name = inner.defname_str();
+        assert!(name.ends_with("symbolize::tests::known_caller") || name == "known_caller", "{inner:?}");
         assert!(inner.filename_str().ends_with("symbolize.rs"), "{inner:?}");
         assert_eq!(inner.line, line);
         assert!(!inner.defname_str().contains("::h"), "hash not stripped: {inner:?}");

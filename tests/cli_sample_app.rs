@@ -46,7 +46,7 @@ fn the_cli_agrees_with_the_sample_apps_own_summary() {
         })
         .collect();
     assert!(app_sites.len() >= 4, "{app}");
-    assert!(app_sites[0].starts_with("sample_app::pipeline::make_message sample-app.rs:"), "{app}");
+    assert!(is_make_message(&app_sites[0]), "{app}");
 
     let memtrace = env!("CARGO_BIN_EXE_memtrace");
     let info = run(Command::new(memtrace).arg("info").arg(&trace));
@@ -67,10 +67,17 @@ fn the_cli_agrees_with_the_sample_apps_own_summary() {
             format!("{} {}", fields[fields.len() - 2], file_line)
         })
         .collect();
-    assert!(cli_sites.first().is_some_and(|s| s.starts_with("sample_app::pipeline::make_message ")), "{hotspots}");
+    assert!(cli_sites.first().is_some_and(|s| is_make_message(s)), "{hotspots}");
     let (mut cli_top, mut app_top) = (cli_sites.clone(), app_sites[..3].to_vec());
     cli_top.sort();
     app_top.sort();
     assert_eq!(cli_top, app_top, "{hotspots}\n{app}");
     assert!(hotspots.contains("sample-app.rs:113"), "{hotspots}");
+}
+
+/// Whether a "name file:line" site is `make_message`'s: by path, or by the bare name that
+/// line-tables-only debug info gives inlined functions in optimised builds.
+fn is_make_message(site: &str) -> bool {
+    site.starts_with("sample_app::pipeline::make_message sample-app.rs:")
+        || site.starts_with("make_message sample-app.rs:")
 }
