@@ -7,9 +7,10 @@
 //!   when it crosses a sample point the block is recorded ([`crate::tracer`] captures the
 //!   stack, notes the block in the sampled-block table and sends an alloc message) **before**
 //!   the pointer is returned.
-//! - `dealloc`: one cache-line read of the sampled-block table; for a sampled block the entry
-//!   is removed and the free message sent **before** the inner `dealloc`, so that a reuse of
-//!   the address can never reach the writer ahead of the free.
+//! - `dealloc`: one read of the sampled-block filter (a 2 KiB array), which rules out almost
+//!   every block; otherwise, out of line, one cache-line read of the table. For a sampled
+//!   block the entry is removed and the free message sent **before** the inner `dealloc`, so
+//!   that a reuse of the address can never reach the writer ahead of the free.
 //! - `realloc` stays the inner `realloc` (never alloc + copy + free). For the trace it counts
 //!   as the old block being collected (if it was sampled; reported before the inner call, as
 //!   for `dealloc`) and the new block being allocated, sampled on its new size. If the inner
@@ -60,6 +61,21 @@ impl<A: GlobalAlloc> MemtraceAllocator<A> {
     }
 }
 
+impl<A: GlobalAlloc> MemtraceAllocator<A> {
+    /// `dealloc` of a block that the sampled-block filter does not rule out. Out of line, and
+    /// tail-called, so that the common case saves no registers and tail-calls `inner`.
+    ///
+    /// # Safety
+    /// As for [`GlobalAlloc::dealloc`].
+    #[cold]
+    #[inline(never)]
+    unsafe fn dealloc_maybe_sampled(&self, ptr: *mut u8, layout: Layout) {
+        forget_if_sampled(ptr);
+        // SAFETY: forwarded under the caller's contract.
+        unsafe { self.inner.dealloc(ptr, layout) }
+    }
+}
+
 impl MemtraceAllocator<System> {
     /// Wrap the system allocator.
     pub const fn system() -> Self {
@@ -102,6 +118,15 @@ fn record_free(ptr: *mut u8) {
 /// For a block about to be freed: if it was sampled, forget it and report its end.
 #[inline(always)]
 fn forget_block(ptr: *mut u8) {
+    if sampled_set::may_contain(ptr as usize) {
+        forget_if_sampled(ptr);
+    }
+}
+
+/// [`forget_block`] past the filter: look the block up in the table.
+#[cold]
+#[inline(never)]
+fn forget_if_sampled(ptr: *mut u8) {
     if sampled_set::remove(ptr as usize) {
         record_free(ptr);
     }
@@ -133,8 +158,9 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for MemtraceAllocator<A> {
 
     #[inline]
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        if tracer::enabled() {
-            forget_block(ptr);
+        if tracer::enabled() && sampled_set::may_contain(ptr as usize) {
+            // SAFETY: forwarded under the caller's contract.
+            return unsafe { self.dealloc_maybe_sampled(ptr, layout) };
         }
         // SAFETY: forwarded under the caller's contract.
         unsafe { self.inner.dealloc(ptr, layout) }

@@ -88,19 +88,18 @@ pub(crate) fn insert(addr: usize) -> bool {
     inserted
 }
 
-/// If `addr` is a live sampled block, forget it and return true. Reads one cached counter
-/// (and, when the group has entries, one cache line of the table) and writes nothing when
-/// `addr` was not sampled.
+/// Whether `addr` may be a live sampled block: false when its group has no entries, which is
+/// the answer for almost every block. Reads one counter of a 2 KiB array and writes nothing.
 #[inline(always)]
-pub(crate) fn remove(addr: usize) -> bool {
-    if counter(addr).load(Ordering::Relaxed) == 0 {
-        return false;
-    }
-    remove_in_bucket(addr)
+pub(crate) fn may_contain(addr: usize) -> bool {
+    counter(addr).load(Ordering::Relaxed) != 0
 }
 
+/// If `addr` is a live sampled block, forget it and return true. Reads the address's bucket
+/// (one cache line) and writes nothing when `addr` was not sampled; callers ask
+/// [`may_contain`] first.
 #[inline(never)]
-fn remove_in_bucket(addr: usize) -> bool {
+pub(crate) fn remove(addr: usize) -> bool {
     for slot in &bucket(addr).0 {
         if slot.load(Ordering::Relaxed) == addr {
             return remove_slot(slot, addr);
@@ -187,7 +186,7 @@ mod tests {
         TABLE_LOCK.write().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Whether `addr` is in the table and its group's filter lets `remove` find it.
+    /// Whether `addr` is in the table and its group's filter lets the allocator look for it.
     fn contains(addr: usize) -> bool {
         counter(addr).load(Ordering::Relaxed) != 0 && bucket(addr).0.iter().any(|s| s.load(Ordering::Relaxed) == addr)
     }
@@ -211,6 +210,7 @@ mod tests {
         let a = 0x7f00_1234_5670;
         assert!(!remove(a));
         assert!(insert(a));
+        assert!(may_contain(a));
         assert!(remove(a));
         assert!(!remove(a));
         assert!(!insert(0));
@@ -280,8 +280,8 @@ mod tests {
         clear();
         let a = 0x7800_0000_0000;
         bucket(a).0[0].store(a, Ordering::Relaxed);
-        assert!(!remove(a), "a zero counter hides the entry");
-        assert!(remove_in_bucket(a));
+        assert!(!may_contain(a), "a zero counter hides the entry");
+        assert!(remove(a));
         assert_eq!(counter(a).load(Ordering::Relaxed), 0);
         // The undo of an insert into a full bucket saturates too.
         let addrs = same_bucket(0x7900_0000_0000, SLOTS + 1);
