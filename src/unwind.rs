@@ -83,10 +83,10 @@ pub enum Unwinder {
     /// loader or an unwinder lock. Needs the program built with `-C force-frame-pointers=yes`
     /// (e.g. `RUSTFLAGS="-C force-frame-pointers=yes"`; the precompiled std keeps frame
     /// pointers since Rust 1.79); a function without one hides its caller's frame from the
-    /// stacks that pass through it, and C code that uses the frame-pointer register for data (calling back
-    /// into Rust) ends them there or adds stray frames past it. x86_64 and aarch64 Linux
-    /// only; elsewhere, or when start-up calibration finds no usable frame chain, tracing
-    /// uses [`Unwinder::Dwarf`] and says so on stderr.
+    /// stacks that pass through it, and C code that uses the frame-pointer register for data
+    /// (calling back into Rust) ends them there or adds stray frames past it. x86_64 and
+    /// aarch64 Linux only; elsewhere, or when start-up calibration finds no usable frame
+    /// chain, tracing uses [`Unwinder::Dwarf`] and says so on stderr.
     FramePointers = 1,
 }
 
@@ -358,7 +358,8 @@ pub(crate) fn calibrate(wanted: Unwinder) -> Result<Unwinder, StartError> {
     // (taken once per process) can be compared whenever `Auto` is asked for.
     for unwinder in [Unwinder::Dwarf, Unwinder::FramePointers] {
         if unwinder == Unwinder::Dwarf || walkable {
-            chain_found = calibrate_unwinder(unwinder)?;
+            let found = calibrate_unwinder(unwinder)?;
+            chain_found |= unwinder == Unwinder::FramePointers && found;
         }
     }
     let why_not_frame_pointers = match wanted {

@@ -460,6 +460,21 @@ fn is_function(l: &Location, suffix: &str) -> bool {
     name.ends_with(suffix) || name == suffix.trim_start_matches("::")
 }
 
+/// Whether `l` is code of the tracer, the unwinder or the allocator shim: by name (full paths
+/// in debug builds) or, for the short names of line-tables-only debug info, by source file.
+fn is_tracer_location(l: &Location) -> bool {
+    const NAMES: [&str; 6] = ["memtrace_rs::", "backtrace::", "__rust_alloc", "__rust_realloc", "__rg_", "__rustc::"];
+    let (name, file) = (l.defname_str(), l.filename_str());
+    NAMES.iter().any(|ours| name.contains(ours))
+        || file.starts_with(concat!(env!("CARGO_MANIFEST_DIR"), "/src/"))
+        || file.contains("/backtrace-")
+}
+
+/// A frame's locations, outermost first, as `name@file:line`.
+fn describe(frame: &[Location]) -> String {
+    frame.iter().map(|l| format!("{}@{}:{}", l.defname_str(), l.filename_str(), l.line)).collect::<Vec<_>>().join(" ")
+}
+
 fn assert_close(site: &str, estimated: f64, actual: u64) {
     let error = (estimated - actual as f64).abs() / actual as f64;
     assert!(error < 0.10, "{site}: estimated {estimated:.0} bytes, allocated {actual} ({:.1} % off)", error * 100.0);
@@ -578,14 +593,6 @@ fn check_release_sites(fixture: &Path, program: &Path, build: &str) {
         let line = source[start..].lines().position(|l| l.ends_with("// site")).unwrap();
         (source[..start].lines().count() + line + 1) as u32
     };
-    let ours = |l: &Location| {
-        l.defname_str().contains("__rust_alloc")
-            || l.filename_str().starts_with(concat!(env!("CARGO_MANIFEST_DIR"), "/src/"))
-            || l.filename_str().contains("/backtrace-")
-    };
-    let describe = |frame: &[Location]| -> Vec<String> {
-        frame.iter().map(|l| format!("{}@{}:{}", l.defname_str(), l.filename_str(), l.line)).collect()
-    };
     for (unwinder, notes) in [("", 0), ("frame-pointers", 1)] {
         let path = temp_path(&format!("release-sites-{unwinder}"));
         let out = Command::new(program)
@@ -603,7 +610,11 @@ fn check_release_sites(fixture: &Path, program: &Path, build: &str) {
         assert!(params.contains("unwinder=libgcc,"), "{params}");
         for a in trace.allocs.values() {
             let innermost = trace.frames(a).last().unwrap();
-            assert!(!innermost.iter().any(ours), "{build}: shim or tracer location left in {:?}", describe(innermost));
+            assert!(
+                !innermost.iter().any(is_tracer_location),
+                "{build}: shim or tracer location left in {}",
+                describe(innermost)
+            );
         }
         for (function, bytes) in
             [("with_capacity_site", 1000 * 10_000), ("boxed_site", 10_000 * 1024), ("aligned_site", 10_000 * 1024)]
@@ -708,12 +719,11 @@ fn check_known_program(unwinder: &str, params_unwinder: &str) {
     // No tracer, unwinder or allocator-shim frame is left at the inner end.
     for a in trace.allocs.values() {
         let innermost = trace.frames(a).last().expect("empty backtrace");
-        for l in innermost {
-            let name = l.defname_str();
-            for ours in ["memtrace_rs::", "backtrace::", "__rust_alloc", "__rust_realloc", "__rg_", "__rustc::"] {
-                assert!(!name.contains(ours), "tracer frame {name} kept as the allocation site");
-            }
-        }
+        assert!(
+            !innermost.iter().any(is_tracer_location),
+            "tracer frame kept as the allocation site: {}",
+            describe(innermost)
+        );
     }
     // A direct call of std::alloc::alloc: the innermost frame is that call.
     for (_, a) in trace.at_site("::site_direct") {
