@@ -36,7 +36,7 @@ use crate::sampled_set;
 use crate::sampler::{self, WORD_BYTES};
 use crate::symbolize;
 use crate::trace::{AllocSource, Info, NewAlloc, ObjectId, Timestamp, Writer};
-use crate::unwind::{calibrate, capture, CALIBRATION, FRAME_CAP, UNWINDER};
+use crate::unwind::{calibrate, capture, cfi, Walker, CALIBRATION, FRAME_CAP, WALKER};
 
 pub use crate::unwind::Unwinder;
 
@@ -117,7 +117,7 @@ pub(crate) fn sampled_alloc(addr: usize, size: usize, nsamples: u64, entry: Entr
         CALIBRATING if calibration => {
             let mut frames = [0; MAX_FRAMES];
             let n = capture(entry, true, &mut frames);
-            CALIBRATION.lock()[UNWINDER.load(Ordering::Relaxed) as usize][entry as usize] = (n, frames);
+            CALIBRATION.lock()[WALKER.load(Ordering::Relaxed) as usize][entry as usize] = (n, frames);
             return;
         }
         _ => return,
@@ -404,7 +404,9 @@ pub fn start_tracing(config: TraceConfig) -> Result<TraceGuard, StartError> {
         // A session whose writer failed, or our parent's session: end it quietly.
         finish(session);
     }
-    let unwinder = calibrate(config.unwinder)?;
+    // Rules cached by an earlier session may be for code unloaded since.
+    cfi::invalidate_if_unloaded();
+    let walker = calibrate(config.unwinder)?;
     let file = open_locked(&config.path)?;
     let start_time = now_us();
     let info = Info {
@@ -412,7 +414,7 @@ pub fn start_tracing(config: TraceConfig) -> Result<TraceGuard, StartError> {
         word_size: 64,
         executable_name: std::env::current_exe().map(|p| p.into_os_string().into_vec()).unwrap_or_default(),
         host_name: host_name(),
-        runtime_params: runtime_params(config.frame_cap, unwinder).into_bytes(),
+        runtime_params: runtime_params(config.frame_cap, walker).into_bytes(),
         pid: getpid() as u64,
         initial_domain: DOMAIN,
         start_time,
@@ -443,7 +445,7 @@ pub fn start_tracing(config: TraceConfig) -> Result<TraceGuard, StartError> {
     DROPPED_MEMORY.store(0, Ordering::Relaxed);
     sampler::configure(config.rate);
     FRAME_CAP.store(config.frame_cap, Ordering::Relaxed);
-    UNWINDER.store(unwinder as u8, Ordering::Relaxed);
+    WALKER.store(walker as u8, Ordering::Relaxed);
     handoff::publish(tag);
     STATE.store(ON, Ordering::Release);
     *current = Some(Session { id, pid: getpid(), channel, writer });
@@ -532,14 +534,8 @@ fn host_name() -> Vec<u8> {
     buf.split(|&b| b == 0).next().unwrap_or_default().to_vec()
 }
 
-fn runtime_params(frame_cap: usize, unwinder: Unwinder) -> String {
-    let unwinder = match unwinder {
-        Unwinder::FramePointers => "frame-pointers",
-        Unwinder::Auto => "auto",
-        Unwinder::Dwarf if cfg!(target_vendor = "apple") => "libunwind",
-        Unwinder::Dwarf => "libgcc",
-    };
-    format!("memtrace-rs={},unwinder={unwinder},frames={frame_cap}", env!("CARGO_PKG_VERSION"))
+fn runtime_params(frame_cap: usize, walker: Walker) -> String {
+    format!("memtrace-rs={},unwinder={},frames={frame_cap}", env!("CARGO_PKG_VERSION"), walker.name())
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -613,6 +609,7 @@ impl TraceWriter {
                 }
                 next_flush = now + FLUSH_INTERVAL;
             }
+            cfi::invalidate_if_unloaded();
             if received < POLL_BATCH {
                 std::thread::sleep(if received > BUSY_FILL { BUSY_POLL_INTERVAL } else { POLL_INTERVAL });
             }
@@ -833,9 +830,10 @@ mod tests {
     #[test]
     fn runtime_params_name_the_crate() {
         let version = env!("CARGO_PKG_VERSION");
-        assert_eq!(runtime_params(64, Unwinder::Dwarf), format!("memtrace-rs={version},unwinder=libgcc,frames=64"));
+        assert_eq!(runtime_params(64, Walker::Libgcc), format!("memtrace-rs={version},unwinder=libgcc,frames=64"));
+        assert_eq!(runtime_params(64, Walker::Cfi), format!("memtrace-rs={version},unwinder=dwarf,frames=64"));
         assert_eq!(
-            runtime_params(64, Unwinder::FramePointers),
+            runtime_params(64, Walker::FramePointers),
             format!("memtrace-rs={version},unwinder=frame-pointers,frames=64")
         );
     }

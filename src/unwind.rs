@@ -1,7 +1,8 @@
-//! Capturing the stack of a sampled allocation: the two unwinders (libgcc's DWARF unwinder and
-//! a frame-pointer walk), the per-unwinder, per-entry-point leading frames that belong to the
-//! tracer (a count, then the allocator shim's frame when it is at its calibrated address), and
-//! the start-up calibration that measures them.
+//! Capturing the stack of a sampled allocation: the stack walkers (a frame-pointer walk, a
+//! DWARF walk with a cache of unwind rules in [`cfi`], and libgcc's DWARF unwinder), the
+//! per-walker, per-entry-point leading frames that belong to the tracer (a count, then the
+//! allocator shim's frame when it is at its calibrated address), and the start-up calibration
+//! that measures them.
 //!
 //! Everything here runs inside the tracer (allocations are not sampled) and, on the sampled
 //! path, allocates nothing.
@@ -16,12 +17,39 @@ use crate::sampler;
 use crate::symbolize;
 use crate::tracer::{StartError, CALIBRATING, DEFAULT_FRAME_CAP, MAX_FRAMES, OFF, STATE};
 
-/// Per [`Unwinder`] and [`Entry`]: leading captured frames that belong to the tracer and the
+pub(crate) mod cfi;
+
+/// The stack walkers behind the [`Unwinder`]s (`Walker as usize` indexes the per-walker
+/// calibration).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Walker {
+    /// libgcc's `_Unwind_Backtrace`, through `backtrace::trace_unsynchronized`.
+    Libgcc = 0,
+    FramePointers = 1,
+    /// The DWARF walk with cached rules ([`cfi`]); libgcc unwinds the stacks it cannot.
+    Cfi = 2,
+}
+
+impl Walker {
+    const ALL: [Walker; 3] = [Walker::Libgcc, Walker::FramePointers, Walker::Cfi];
+
+    /// The name in the trace's runtime parameters.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Walker::Libgcc if cfg!(target_vendor = "apple") => "libunwind",
+            Walker::Libgcc => "libgcc",
+            Walker::FramePointers => "frame-pointers",
+            Walker::Cfi => "dwarf",
+        }
+    }
+}
+
+/// Per [`Walker`] and [`Entry`]: leading captured frames that belong to the tracer and the
 /// unwinder, below the allocator shim's frame (measured by [`calibrate`]).
 #[allow(clippy::declare_interior_mutable_const)] // Only used to initialise `SKIP`.
 const NO_SKIP: [AtomicUsize; 3] = [AtomicUsize::new(0), AtomicUsize::new(0), AtomicUsize::new(0)];
-static SKIP: [[AtomicUsize; 3]; 2] = [NO_SKIP, NO_SKIP];
-/// Per [`Unwinder`] and [`Entry`]: the address, in the allocator shim (`__rust_alloc` and co.,
+static SKIP: [[AtomicUsize; 3]; 3] = [NO_SKIP, NO_SKIP, NO_SKIP];
+/// Per [`Walker`] and [`Entry`]: the address, in the allocator shim (`__rust_alloc` and co.,
 /// with the global allocator's methods inlined), at which it calls into the tracer; 0 when
 /// calibration saw no shim frame. The frame after the [`SKIP`] ones is dropped too when it is
 /// at that address: the shim's own frame. In an optimised build LLVM may inline the shim into
@@ -32,20 +60,21 @@ static SKIP: [[AtomicUsize; 3]; 2] = [NO_SKIP, NO_SKIP];
 /// location is the shim.
 #[allow(clippy::declare_interior_mutable_const)] // Only used to initialise `SHIM`.
 const NO_SHIM: [AtomicU64; 3] = [AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)];
-static SHIM: [[AtomicU64; 3]; 2] = [NO_SHIM, NO_SHIM];
+static SHIM: [[AtomicU64; 3]; 3] = [NO_SHIM, NO_SHIM, NO_SHIM];
 /// Frames recorded per sample in the current session.
 pub(crate) static FRAME_CAP: AtomicUsize = AtomicUsize::new(DEFAULT_FRAME_CAP);
-/// The unwinder of the current session (or of the calibration under way), as `Unwinder as u8`.
-pub(crate) static UNWINDER: AtomicU8 = AtomicU8::new(Unwinder::Dwarf as u8);
-/// Per [`Unwinder`]: whether its [`SKIP`] and [`SHIM`] have been measured in this process.
-static CALIBRATED: [AtomicBool; 2] = [AtomicBool::new(false), AtomicBool::new(false)];
-/// Whether frame-pointer unwinding was found not to work in this process (no frame chain).
-static FRAME_POINTERS_BROKEN: AtomicBool = AtomicBool::new(false);
+/// The walker of the current session (or of the calibration under way), as `Walker as u8`.
+pub(crate) static WALKER: AtomicU8 = AtomicU8::new(Walker::Libgcc as u8);
+/// Per [`Walker`]: whether its [`SKIP`] and [`SHIM`] have been measured in this process.
+static CALIBRATED: [AtomicBool; 3] = [AtomicBool::new(false), AtomicBool::new(false), AtomicBool::new(false)];
+/// Per [`Walker`]: whether its calibration found it usable in this process (for frame
+/// pointers: a frame chain; for the cached DWARF walk: libgcc's stacks).
+static USABLE: [AtomicBool; 3] = [AtomicBool::new(true), AtomicBool::new(false), AtomicBool::new(false)];
 /// A calibration capture: its frame count and frames.
 type Capture = (usize, [u64; MAX_FRAMES]);
 const NO_CAPTURE: Capture = (0, [0; MAX_FRAMES]);
-/// The captures made by the calibration markers, per [`Unwinder`] and [`Entry`].
-pub(crate) static CALIBRATION: Mutex<[[Capture; 3]; 2]> = parking_lot::const_mutex([[NO_CAPTURE; 3]; 2]);
+/// The captures made by the calibration markers, per [`Walker`] and [`Entry`].
+pub(crate) static CALIBRATION: Mutex<[[Capture; 3]; 3]> = parking_lot::const_mutex([[NO_CAPTURE; 3]; 3]);
 /// Frames at the outer end of a stack that a frame-pointer walk may miss and still count as
 /// complete: the C library's thread or process start (`__libc_start_call_main`,
 /// `__libc_start_main`, `_start`; `start_thread`, `clone3`), which keeps no frame pointers.
@@ -53,9 +82,9 @@ const C_START_FRAMES: usize = 3;
 
 /// How a sampled allocation's stack is captured.
 ///
-/// Inside the tracer, the unwinder in use (and every index by `Unwinder as usize`) is always
-/// [`Dwarf`](Unwinder::Dwarf) or [`FramePointers`](Unwinder::FramePointers): starting a
-/// trace resolves [`Auto`](Unwinder::Auto).
+/// Starting a trace resolves [`Auto`](Unwinder::Auto) to one of the others; the trace's
+/// runtime parameters name the walker used: `frame-pointers`, `dwarf` (the cached walk) or
+/// `libgcc`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum Unwinder {
@@ -68,16 +97,24 @@ pub enum Unwinder {
     /// [`Unwinder::FramePointers`]; otherwise it uses [`Unwinder::Dwarf`]. Only the stack that
     /// starts tracing is checked: code reached otherwise that keeps no frame pointers (a C
     /// library calling back into Rust, say) loses frames from the stacks that pass through it.
-    /// The trace's runtime parameters name the unwinder chosen, which is never `Auto`.
     #[default]
     Auto = 2,
-    /// libgcc's DWARF unwinder (`_Unwind_Backtrace`): works for any program with unwind
-    /// tables (Rust's default), costs a few µs per sample.
+    /// Unwind with the DWARF call-frame information of the unwind tables: works for any
+    /// program that has them (Rust's default).
     ///
-    /// It finds unwind tables with glibc's lock-free `_dl_find_object` (glibc 2.35 and later
-    /// with libgcc 12 and later). Older C libraries make it take the dynamic loader's lock,
-    /// so a sample could deadlock against a thread inside `dlopen`/`dlclose`; tracing then
-    /// says so on stderr when it starts (ALLOCATOR-PITFALLS §3).
+    /// On x86_64 Linux with glibc, the stack is walked with the rules of each return address,
+    /// worked out from the tables the first time the address is met and cached: about as
+    /// cheap as a frame-pointer walk once the program's call sites have been seen. A stack
+    /// that needs more than those rules can express (rare: stack realignment, a signal frame)
+    /// is unwound by libgcc's `_Unwind_Backtrace`, as every stack is on other platforms or
+    /// if start-up calibration finds the cached walk's stacks differ from libgcc's; that
+    /// costs a few µs per sample.
+    ///
+    /// Both find unwind tables with libgcc's `_Unwind_Find_FDE` (the cached walk only on a
+    /// cache miss), which uses glibc's lock-free `_dl_find_object` (glibc 2.35 and later with
+    /// libgcc 12 and later). Older C libraries make it take the dynamic loader's lock, so a
+    /// sample could deadlock against a thread inside `dlopen`/`dlclose`; tracing then says so
+    /// on stderr when it starts (ALLOCATOR-PITFALLS §3).
     Dwarf = 0,
     /// Walk the frame-pointer chain: several times cheaper, and never touches the dynamic
     /// loader or an unwinder lock. Needs the program built with `-C force-frame-pointers=yes`
@@ -101,32 +138,45 @@ impl Unwinder {
     }
 }
 
-/// Record the stack of a sample taken in `entry` with the session's unwinder into `frames`,
+/// Record the stack of a sample taken in `entry` with the session's walker into `frames`,
 /// innermost first, without the tracer's own frames (all frames, up to [`MAX_FRAMES`], for a
 /// calibration capture). Returns the number of frames written. Allocation-free, except that
-/// the first frame-pointer capture on a thread asks for the thread's stack bounds.
+/// the first capture on a thread asks for the thread's stack bounds and the cached DWARF
+/// walk's cache misses read unwind tables.
+///
+/// A walk that cannot take a stack (stack bounds unknown on this thread, a sample taken on
+/// another stack, a frame the cached DWARF walk cannot follow) hands it to libgcc, which drops
+/// its own calibrated leading frames. A calibration capture is only ever its walker's own:
+/// none when the walk fails.
 #[inline(always)]
 pub(crate) fn capture(entry: Entry, calibrating: bool, frames: &mut [u64; MAX_FRAMES]) -> usize {
     let cap = if calibrating { MAX_FRAMES } else { FRAME_CAP.load(Ordering::Relaxed) };
-    let skip = |unwinder: Unwinder| {
-        let (u, e) = (unwinder as usize, entry as usize);
+    let skip = |walker: Walker| {
+        let (w, e) = (walker as usize, entry as usize);
         if calibrating {
             Leading::NONE
         } else {
-            Leading { tracer: SKIP[u][e].load(Ordering::Relaxed), shim: SHIM[u][e].load(Ordering::Relaxed) }
+            Leading { tracer: SKIP[w][e].load(Ordering::Relaxed), shim: SHIM[w][e].load(Ordering::Relaxed) }
         }
     };
-    if UNWINDER.load(Ordering::Relaxed) == Unwinder::FramePointers as u8 {
-        let bounds = frame_pointers::stack_bounds();
-        match bounds.and_then(|b| frame_pointers::capture(skip(Unwinder::FramePointers), cap, frames, b)) {
+    let walker = WALKER.load(Ordering::Relaxed);
+    if walker == Walker::FramePointers as u8 {
+        match frame_pointers::stack_bounds()
+            .and_then(|b| frame_pointers::capture(skip(Walker::FramePointers), cap, frames, b))
+        {
             Some(n) => return n,
-            // A calibration capture must be the walk's own: no frames, so no chain is found.
             None if calibrating => return 0,
-            // Stack bounds unknown on this thread, or running on another stack: DWARF instead.
             None => {}
         }
     }
-    capture_dwarf(skip(Unwinder::Dwarf), cap, frames)
+    if walker == Walker::Cfi as u8 {
+        match frame_pointers::stack_bounds().and_then(|b| cfi::capture(skip(Walker::Cfi), cap, frames, b)) {
+            Some(n) => return n,
+            None if calibrating => return 0,
+            None => {}
+        }
+    }
+    capture_libgcc(skip(Walker::Libgcc), cap, frames)
 }
 
 /// The leading frames of a capture that are dropped: `tracer` frames, then one more if it is at
@@ -150,7 +200,7 @@ impl Leading {
 
 /// [`capture`] with libgcc's DWARF unwinder: up to `cap` frame addresses after the `skip` ones.
 #[inline(never)]
-fn capture_dwarf(skip: Leading, cap: usize, frames: &mut [u64; MAX_FRAMES]) -> usize {
+fn capture_libgcc(skip: Leading, cap: usize, frames: &mut [u64; MAX_FRAMES]) -> usize {
     let cap = cap.min(MAX_FRAMES);
     let mut seen = 0;
     let mut n = 0;
@@ -334,8 +384,8 @@ mod frame_pointers {
 // Calibration
 
 /// Measure, once per process, how many leading captured frames belong to the tracer, the
-/// unwinder and the allocator shims for each entry point, so that the innermost frame kept is
-/// the code that called into the global allocator.
+/// unwinder and the allocator shims for each entry point and walker, so that the innermost
+/// frame kept is the code that called into the global allocator.
 ///
 /// A forced sample is taken from an `#[inline(never)]` marker function per entry point; the
 /// frames below the marker are resolved once, and everything up to the last one that is ours
@@ -343,32 +393,43 @@ mod frame_pointers {
 /// count of frames ([`SKIP`]), then the allocator shim's frame if it is at the address where
 /// calibration saw it ([`SHIM`]; an optimised build may inline the shim into the allocating
 /// function, whose frame must be kept, and whose locations the writer trims of the shim's).
-/// This also warms up the unwinder before any real sample is taken. Called with the tracer's
+/// This also warms up the walkers before any real sample is taken. Called with the tracer's
 /// session lock held and tracing off.
 ///
-/// DWARF unwinding is always calibrated (it is also the fallback of frame-pointer unwinding),
-/// and frame pointers wherever they can be walked. Returns the unwinder to use: for
-/// [`Unwinder::Auto`], frame pointers when their walk is [complete](frame_chain_complete);
-/// [`Unwinder::Dwarf`], with a note on stderr, when frame pointers are asked for but cannot be
-/// walked here.
-pub(crate) fn calibrate(wanted: Unwinder) -> Result<Unwinder, StartError> {
+/// Every walker that can walk this stack is calibrated, whatever is wanted, from one call site,
+/// so that their stacks can be compared: libgcc's always (the last resort of the others), and
+/// the frame-pointer and cached DWARF walks on the thread's own stack. Returns the walker to
+/// use: for [`Unwinder::Auto`], frame pointers when their walk is
+/// [complete](frame_chain_complete); for DWARF, the cached walk when its stacks are libgcc's.
+/// Frame pointers asked for but not walkable here give DWARF, with a note on stderr.
+pub(crate) fn calibrate(wanted: Unwinder) -> Result<Walker, StartError> {
     let walkable = frame_pointers::SUPPORTED && frame_pointers::on_thread_stack();
-    let mut chain_found = false;
-    // Both unwinders, whatever is wanted, from one call site, so that their calibration stacks
-    // (taken once per process) can be compared whenever `Auto` is asked for.
-    for unwinder in [Unwinder::Dwarf, Unwinder::FramePointers] {
-        if unwinder == Unwinder::Dwarf || walkable {
-            let found = calibrate_unwinder(unwinder)?;
-            chain_found |= unwinder == Unwinder::FramePointers && found;
+    let mut usable = [false; 3];
+    for walker in Walker::ALL {
+        let possible = match walker {
+            Walker::Libgcc => true,
+            Walker::FramePointers => walkable,
+            Walker::Cfi => cfi::SUPPORTED && walkable,
+        };
+        // libgcc's stacks again whenever the cached DWARF walk's are compared with them.
+        let again = walker == Walker::Libgcc
+            && cfi::SUPPORTED
+            && walkable
+            && !CALIBRATED[Walker::Cfi as usize].load(Ordering::Relaxed);
+        if possible {
+            usable[walker as usize] = calibrate_walker(walker, again)?;
         }
     }
+    let dwarf = if usable[Walker::Cfi as usize] { Walker::Cfi } else { Walker::Libgcc };
     let why_not_frame_pointers = match wanted {
         Unwinder::Dwarf => None,
         _ if !frame_pointers::SUPPORTED => Some("is not supported on this platform"),
         _ if !walkable => Some("cannot walk this stack (not the thread's own, or of unknown bounds)"),
-        _ if !chain_found => Some("finds no frame chain (build with -C force-frame-pointers=yes)"),
+        _ if !usable[Walker::FramePointers as usize] => {
+            Some("finds no frame chain (build with -C force-frame-pointers=yes)")
+        }
         Unwinder::Auto if !frame_chain_complete() => None,
-        _ => return Ok(Unwinder::FramePointers),
+        _ => return Ok(Walker::FramePointers),
     };
     if wanted == Unwinder::FramePointers {
         let why = why_not_frame_pointers.unwrap_or("finds an incomplete frame chain");
@@ -380,20 +441,27 @@ pub(crate) fn calibrate(wanted: Unwinder) -> Result<Unwinder, StartError> {
              can deadlock against dlopen/dlclose; building with -C force-frame-pointers=yes avoids it"
         );
     }
-    Ok(Unwinder::Dwarf)
+    Ok(dwarf)
+}
+
+/// The callers of each calibration marker as `walker` captured them (its tracer frames skipped).
+fn calibration_callers(captures: &[[Capture; 3]; 3], walker: Walker, entry: usize) -> &[u64] {
+    let (n, frames) = &captures[walker as usize][entry];
+    let skip = SKIP[walker as usize][entry].load(Ordering::Relaxed).min(*n);
+    &frames[skip..*n]
 }
 
 /// Whether the frame-pointer walks of the calibration stacks found every frame the DWARF
 /// unwinder found, but for the C library's start-up frames: then the program keeps frame
-/// pointers. Both unwinders must have been calibrated.
+/// pointers. Both walkers must have been calibrated.
 fn frame_chain_complete() -> bool {
     let captures = CALIBRATION.lock();
-    let callers = |unwinder: Unwinder, entry: usize| {
-        let (n, frames) = &captures[unwinder as usize][entry];
-        let skip = SKIP[unwinder as usize][entry].load(Ordering::Relaxed).min(*n);
-        frames[skip..*n].to_vec()
-    };
-    (0..3).all(|entry| chain_complete(&callers(Unwinder::Dwarf, entry), &callers(Unwinder::FramePointers, entry)))
+    (0..3).all(|entry| {
+        chain_complete(
+            calibration_callers(&captures, Walker::Libgcc, entry),
+            calibration_callers(&captures, Walker::FramePointers, entry),
+        )
+    })
 }
 
 /// Whether a frame-pointer walk that found `walked` (innermost first, the tracer's frames
@@ -402,6 +470,16 @@ fn frame_chain_complete() -> bool {
 fn chain_complete(dwarf: &[u64], walked: &[u64]) -> bool {
     let common = dwarf.iter().zip(walked).take_while(|(d, w)| d == w).count();
     common > 0 && common + C_START_FRAMES >= dwarf.len()
+}
+
+/// Whether two walks found the same callers, given as (callers, whether the capture was cut at
+/// [`MAX_FRAMES`]): equal, or one a prefix of the other that was cut short (the walkers have
+/// different numbers of leading frames of their own).
+fn same_stack((a, a_cut): (&[u64], bool), (b, b_cut): (&[u64], bool)) -> bool {
+    let common = a.len().min(b.len());
+    common > 0
+        && a[..common] == b[..common]
+        && (a.len() == b.len() || (a.len() < b.len() && a_cut) || (b.len() < a.len() && b_cut))
 }
 
 /// Whether the C library offers `_dl_find_object`, which lets libgcc find unwind tables
@@ -414,28 +492,31 @@ fn has_lock_free_table_lookup() -> bool {
     !unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"_dl_find_object".as_ptr()) }.is_null()
 }
 
-/// Calibrate `unwinder` (once per process). Returns whether its captures reach the marker
-/// functions: when they do not, nothing is skipped.
-fn calibrate_unwinder(unwinder: Unwinder) -> Result<bool, StartError> {
-    let u = unwinder as usize;
-    if CALIBRATED[u].load(Ordering::Relaxed) {
-        return Ok(unwinder == Unwinder::Dwarf || !FRAME_POINTERS_BROKEN.load(Ordering::Relaxed));
+/// Calibrate `walker` (once per process, or `again`). Returns whether it is usable: libgcc
+/// always; frame pointers when their captures reach the marker functions (when they do not,
+/// nothing is skipped); the cached DWARF walk when its captures, tracer frames skipped, are
+/// those libgcc took just before from the same call site. A failed comparison is not kept:
+/// the next session tries again.
+fn calibrate_walker(walker: Walker, again: bool) -> Result<bool, StartError> {
+    let w = walker as usize;
+    if CALIBRATED[w].load(Ordering::Relaxed) && !again {
+        return Ok(USABLE[w].load(Ordering::Relaxed));
     }
     let markers: [(Entry, fn(), &str); 3] = [
         (Entry::Alloc, marker_alloc, "marker_alloc"),
         (Entry::AllocZeroed, marker_alloc_zeroed, "marker_alloc_zeroed"),
         (Entry::Realloc, marker_realloc, "marker_realloc"),
     ];
-    CALIBRATION.lock()[u] = [NO_CAPTURE; 3];
-    UNWINDER.store(u as u8, Ordering::Relaxed);
+    CALIBRATION.lock()[w] = [NO_CAPTURE; 3];
+    WALKER.store(w as u8, Ordering::Relaxed);
     STATE.store(CALIBRATING, Ordering::SeqCst);
     for (_, marker, _) in &markers {
         marker();
     }
     STATE.store(OFF, Ordering::SeqCst);
-    UNWINDER.store(Unwinder::Dwarf as u8, Ordering::Relaxed);
-    let captures = CALIBRATION.lock()[u];
-    if unwinder == Unwinder::Dwarf && captures.iter().any(|&(n, _)| n == 0) {
+    WALKER.store(Walker::Libgcc as u8, Ordering::Relaxed);
+    let captures = CALIBRATION.lock()[w];
+    if walker == Walker::Libgcc && captures.iter().any(|&(n, _)| n == 0) {
         return Err(StartError::NotGlobalAllocator);
     }
     let mut found = true;
@@ -444,19 +525,31 @@ fn calibrate_unwinder(unwinder: Unwinder) -> Result<bool, StartError> {
         let leading = tracer_frames(&frames[..*n], name);
         found &= leading.is_some();
         let leading = leading.unwrap_or(Leading::NONE);
-        SKIP[u][entry as usize].store(leading.tracer, Ordering::Relaxed);
-        SHIM[u][entry as usize].store(leading.shim, Ordering::Relaxed);
+        SKIP[w][entry as usize].store(leading.tracer, Ordering::Relaxed);
+        SHIM[w][entry as usize].store(leading.shim, Ordering::Relaxed);
     }
-    if unwinder == Unwinder::FramePointers {
-        FRAME_POINTERS_BROKEN.store(!found, Ordering::Relaxed);
-    } else if !found {
-        eprintln!(
-            "memtrace: note: the tracer cannot find its own functions by name (a stripped program?); \
-             sampled stacks will start with its frames"
-        );
-    }
-    CALIBRATED[u].store(true, Ordering::Relaxed);
-    Ok(unwinder == Unwinder::Dwarf || found)
+    let usable = match walker {
+        Walker::Libgcc => {
+            if !found {
+                eprintln!(
+                    "memtrace: note: the tracer cannot find its own functions by name (a stripped program?); \
+                     sampled stacks will start with its frames"
+                );
+            }
+            true
+        }
+        Walker::FramePointers => found,
+        Walker::Cfi => {
+            let all = CALIBRATION.lock();
+            let callers = |walker: Walker, entry: usize| {
+                (calibration_callers(&all, walker, entry), all[walker as usize][entry].0 == MAX_FRAMES)
+            };
+            found && (0..3).all(|entry| same_stack(callers(Walker::Cfi, entry), callers(Walker::Libgcc, entry)))
+        }
+    };
+    USABLE[w].store(usable, Ordering::Relaxed);
+    CALIBRATED[w].store(walker != Walker::Cfi || usable, Ordering::Relaxed);
+    Ok(usable)
 }
 
 /// The leading `frames` (innermost first) that are tracer or allocator machinery, given that
@@ -565,6 +658,16 @@ mod tests {
     }
 
     #[test]
+    fn walks_agree_when_equal_or_cut_short() {
+        let stack = [1, 2, 3, 4];
+        assert!(same_stack((&stack, false), (&stack, false)));
+        assert!(same_stack((&stack, true), (&stack[..3], true)), "the shorter one cut at the cap");
+        assert!(!same_stack((&stack, false), (&stack[..3], false)), "the shorter one ended early");
+        assert!(!same_stack((&stack, false), (&[1, 2, 9, 4], false)));
+        assert!(!same_stack((&[], false), (&[], false)));
+    }
+
+    #[test]
     fn a_frame_chain_is_complete_when_it_misses_only_the_c_start_frames() {
         let dwarf = [1, 2, 3, 4, 5, 6];
         assert!(chain_complete(&dwarf, &dwarf));
@@ -593,7 +696,7 @@ mod tests {
         // this function is compared by name, the rest by address.
         let n = frame_pointers::capture(Leading::NONE, 8, &mut frames, bounds).expect("on this thread's stack");
         let mut dwarf = [0; MAX_FRAMES];
-        let m = capture_dwarf(Leading::NONE, MAX_FRAMES, &mut dwarf);
+        let m = capture_libgcc(Leading::NONE, MAX_FRAMES, &mut dwarf);
         let (walked, dwarf) = (&frames[..n], &dwarf[..m]);
         let into_this_test = |f: u64| {
             crate::symbolize::function_names(f).iter().any(|n| n.contains("frame_pointer_walk_stays_on_the_stack"))

@@ -126,6 +126,24 @@ fn child_role() {
             assert!(guard.is_some());
             site_freed();
             drop(guard);
+            // Then a DWARF session started 150 frames deep on the thread's own stack: the cached
+            // DWARF walk, which could not be calibrated on the coroutine's stack, is calibrated
+            // now, against libgcc stacks taken again from here (and cut at the frame cap).
+            #[inline(never)]
+            fn start_deep(depth: usize, config: memtrace_rs::TraceConfig) -> memtrace_rs::TraceGuard {
+                if depth == 0 {
+                    return start_tracing(config).unwrap();
+                }
+                let guard = start_deep(std::hint::black_box(depth - 1), config);
+                std::hint::black_box(());
+                guard
+            }
+            let mut config = memtrace_rs::TraceConfig::new(std::env::var_os(SECOND_FILE_VAR).unwrap());
+            config.rate = 0.05;
+            config.unwinder = memtrace_rs::Unwinder::Dwarf;
+            let guard = start_deep(150, config);
+            site_freed();
+            drop(guard);
         }
         "fork" => {
             let _guard = trace_if_requested();
@@ -482,7 +500,7 @@ fn assert_close(site: &str, estimated: f64, actual: u64) {
 
 #[test]
 fn known_program_trace() {
-    check_known_program("dwarf", "libgcc");
+    check_known_program("dwarf", DWARF_WALKER);
 }
 
 /// The known program traced with frame-pointer unwinding. This repository builds with
@@ -510,7 +528,7 @@ fn known_program_trace_with_frame_pointers() {
 /// repository's builds do) and unwinds with DWARF otherwise.
 #[test]
 fn known_program_trace_with_the_default_unwinder() {
-    check_known_program("", if frame_pointers_walkable() { "frame-pointers" } else { "libgcc" });
+    check_known_program("", if frame_pointers_walkable() { "frame-pointers" } else { DWARF_WALKER });
 }
 
 /// Tracing started on a stack that is not the thread's own (a coroutine's): frame pointers cannot
@@ -521,15 +539,25 @@ fn known_program_trace_with_the_default_unwinder() {
 #[cfg(all(target_os = "linux", target_env = "gnu", any(target_arch = "x86_64", target_arch = "aarch64")))]
 fn tracing_started_on_another_stack() {
     let path = temp_path("other-stack");
-    let out = run("other-stack", &[("MEMTRACE_FILE", path.to_str().unwrap()), ("MEMTRACE_RATE", "0.05")]);
+    let deep = temp_path("other-stack-then-deep");
+    let out = run(
+        "other-stack",
+        &[
+            ("MEMTRACE_FILE", path.to_str().unwrap()),
+            ("MEMTRACE_RATE", "0.05"),
+            (SECOND_FILE_VAR, deep.to_str().unwrap()),
+        ],
+    );
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(memtrace_messages(&out).is_empty(), "{:?}", memtrace_messages(&out));
-    let trace = Trace::read(&path);
-    let params = String::from_utf8_lossy(&trace.info.runtime_params).into_owned();
-    assert!(params.contains("unwinder=libgcc,"), "{params}");
-    let freed: Vec<_> = trace.at_site("::site_freed").collect();
-    assert!(freed.len() > 100, "{} samples at site_freed", freed.len());
-    let _ = std::fs::remove_file(&path);
+    for (path, walker) in [(&path, "libgcc"), (&deep, DWARF_WALKER)] {
+        let trace = Trace::read(path);
+        let params = String::from_utf8_lossy(&trace.info.runtime_params).into_owned();
+        assert!(params.contains(&format!("unwinder={walker},")), "{params}");
+        let freed: Vec<_> = trace.at_site("::site_freed").collect();
+        assert!(freed.len() > 100, "{walker}: {} samples at site_freed", freed.len());
+        let _ = std::fs::remove_file(path);
+    }
 }
 
 /// Release builds of a small program (`tests/fixtures/release-sites`), without frame pointers
@@ -607,7 +635,7 @@ fn check_release_sites(fixture: &Path, program: &Path, build: &str) {
         assert!(messages.iter().all(|m| m.contains("using DWARF unwinding")), "{messages:?}");
         let trace = Trace::read(&path);
         let params = String::from_utf8_lossy(&trace.info.runtime_params).into_owned();
-        assert!(params.contains("unwinder=libgcc,"), "{params}");
+        assert!(params.contains(&format!("unwinder={DWARF_WALKER},")), "{params}");
         for a in trace.allocs.values() {
             let innermost = trace.frames(a).last().unwrap();
             assert!(
@@ -643,6 +671,11 @@ fn bad_unwinder_is_reported_and_ignored() {
         assert!(!path.exists());
     }
 }
+
+/// The walker that DWARF unwinding uses on a thread's own stack, as the runtime parameters name
+/// it: the cached walk where there is one, else libgcc's unwinder.
+const DWARF_WALKER: &str =
+    if cfg!(all(target_arch = "x86_64", target_os = "linux", target_env = "gnu")) { "dwarf" } else { "libgcc" };
 
 /// Whether this binary keeps frame pointers: the frame record of a non-inlined function
 /// holds a return address into its caller.
@@ -1054,9 +1087,9 @@ fn explicit_api_sessions() {
     assert!(freed.len() > 10 && freed.iter().all(|(id, _)| one.collected.contains(id)));
     let two = Trace::read(&second);
     let unwinder = |trace: &Trace| String::from_utf8_lossy(&trace.info.runtime_params).into_owned();
-    assert!(unwinder(&one).contains("unwinder=libgcc,"), "{}", unwinder(&one));
-    let auto = if frame_pointers_walkable() { "unwinder=frame-pointers," } else { "unwinder=libgcc," };
-    assert!(unwinder(&two).contains(auto), "{}", unwinder(&two));
+    assert!(unwinder(&one).contains(&format!("unwinder={DWARF_WALKER},")), "{}", unwinder(&one));
+    let auto = if frame_pointers_walkable() { "frame-pointers" } else { DWARF_WALKER };
+    assert!(unwinder(&two).contains(&format!("unwinder={auto},")), "{}", unwinder(&two));
     assert!(two.at_site("::site_kept").count() > 10);
     assert_eq!(two.at_site("::site_freed").count(), 0);
     assert!(
