@@ -11,6 +11,13 @@
 //! thread's stream of bytes, `Σ nsamples × 8 / rate` is an unbiased estimate of the bytes
 //! allocated, for every subset of the allocations (a call site, a thread, ...).
 //!
+//! A countdown never runs longer than 4 MiB (`CHECKPOINT_BYTES`): a longer distance to the next
+//! sample point (rare but for low rates) is cut there, at a checkpoint that samples nothing,
+//! and the distance beyond is drawn afresh, which leaves the sample points a Bernoulli process
+//! (the geometric distribution is memoryless). At each checkpoint or sample point the thread
+//! notices a new session, so a session started after one at a far lower rate samples every
+//! thread within 4 MiB of its allocations, not after its old countdown (gigabytes at 1e-9).
+//!
 //! The thread state is a `const`-initialised set of [`Cell`]s with no destructor, so
 //! touching it never allocates, never registers a TLS destructor and cannot fail except
 //! during thread teardown, where `try_with` makes "TLS gone" mean "not sampled".
@@ -25,6 +32,9 @@ pub(crate) const WORD_BYTES: u64 = 8;
 /// overflowing even for absurdly small rates).
 const MAX_DRAW_WORDS: u64 = 1 << 56;
 
+/// The longest countdown: a longer distance to the next sample point is cut at a checkpoint.
+const CHECKPOINT_BYTES: i64 = 4 << 20;
+
 /// Identifies the current tracing session's sampling parameters. A thread whose countdown was
 /// drawn for another session redraws it on its next sample point.
 static EPOCH: AtomicU32 = AtomicU32::new(0);
@@ -35,8 +45,10 @@ static SEED_COUNTER: AtomicU64 = AtomicU64::new(0);
 
 /// One thread's sampling state.
 struct ThreadState {
-    /// Bytes left before the next sample point; ≤ 0 means a sample point was reached.
+    /// Bytes left before the next sample point or checkpoint; ≤ 0 means it was reached.
     countdown: Cell<i64>,
+    /// The countdown ends at a checkpoint, not at a sample point.
+    checkpoint: Cell<bool>,
     /// PRNG state (splitmix64); 0 until the thread is first seeded.
     rng: Cell<u64>,
     /// The [`EPOCH`] the countdown was drawn for.
@@ -52,6 +64,7 @@ thread_local! {
     static THREAD: ThreadState = const {
         ThreadState {
             countdown: Cell::new(0),
+            checkpoint: Cell::new(false),
             rng: Cell::new(0),
             epoch: Cell::new(0),
             in_tracer: Cell::new(false),
@@ -98,7 +111,7 @@ pub(crate) fn take(bytes: usize) -> u64 {
 
 impl ThreadState {
     /// The countdown reached `left ≤ 0` during an allocation of `bytes`: count the sample
-    /// points and refill the countdown.
+    /// points and refill the countdown (a checkpoint only refills it).
     #[cold]
     #[inline(never)]
     fn sample_point(&self, mut left: i64, bytes: usize) -> u64 {
@@ -109,14 +122,18 @@ impl ThreadState {
         // Epoch first: its acquire load makes the scale at least as new as the epoch.
         let epoch = EPOCH.load(Ordering::Acquire);
         let scale = f64::from_bits(LOG_SCALE.load(Ordering::Relaxed));
+        let mut checkpoint = self.checkpoint.get();
         if self.epoch.get() != epoch {
             // The countdown belongs to an earlier session (maybe another rate): start afresh,
             // as if this allocation were the thread's first.
             self.epoch.set(epoch);
-            left = (draw_words(&mut rng, scale) * WORD_BYTES) as i64 - bytes as i64;
+            let distance;
+            (distance, checkpoint) = next_distance(&mut rng, scale);
+            left = distance - bytes as i64;
         }
-        let (left, nsamples) = count_sample_points(left, &mut rng, scale);
+        let (left, nsamples, checkpoint) = count_sample_points(left, checkpoint, &mut rng, scale);
         self.countdown.set(left);
+        self.checkpoint.set(checkpoint);
         self.rng.set(rng);
         if self.in_tracer.get() {
             0
@@ -126,23 +143,37 @@ impl ThreadState {
     }
 }
 
-/// Refill a countdown that reached `left ≤ 0`, returning the new countdown (> 0) and the
-/// number of sample points crossed (0 when `left > 0`).
-pub(crate) fn count_sample_points(mut left: i64, rng: &mut u64, scale: f64) -> (i64, u64) {
+/// Refill a countdown that reached `left ≤ 0` (at a checkpoint if `checkpoint`), returning
+/// the new countdown (> 0), the number of sample points crossed (0 when `left > 0`), and
+/// whether the new countdown ends at a checkpoint.
+pub(crate) fn count_sample_points(mut left: i64, mut checkpoint: bool, rng: &mut u64, scale: f64) -> (i64, u64, bool) {
     if left > 0 {
-        return (left, 0);
+        return (left, 0, checkpoint);
     }
     if scale == 0.0 {
         // rate 1: every word is a sample point.
         let words = (-left) as u64 / WORD_BYTES + 1;
-        return (left + (words * WORD_BYTES) as i64, words);
+        return (left + (words * WORD_BYTES) as i64, words - checkpoint as u64, false);
     }
     let mut nsamples = 0;
     while left <= 0 {
-        left += (draw_words(rng, scale) * WORD_BYTES) as i64;
-        nsamples += 1;
+        nsamples += !checkpoint as u64;
+        let distance;
+        (distance, checkpoint) = next_distance(rng, scale);
+        left += distance;
     }
-    (left, nsamples)
+    (left, nsamples, checkpoint)
+}
+
+/// The bytes to the next sample point, or to a checkpoint [`CHECKPOINT_BYTES`] away when the
+/// sample point is further (then true).
+fn next_distance(rng: &mut u64, scale: f64) -> (i64, bool) {
+    let words = draw_words(rng, scale);
+    if words > CHECKPOINT_BYTES as u64 / WORD_BYTES {
+        (CHECKPOINT_BYTES, true)
+    } else {
+        ((words * WORD_BYTES) as i64, false)
+    }
 }
 
 /// A geometric draw (support 1, 2, ...; mean `1 / rate`): the distance in words to the next
@@ -208,6 +239,7 @@ pub(crate) fn enter_tracer_forever() {
 pub(crate) fn force_sample() {
     let _ = THREAD.try_with(|t| {
         t.countdown.set(0);
+        t.checkpoint.set(false);
         t.epoch.set(EPOCH.load(Ordering::Acquire));
         t.calibrating.set(true);
     });
@@ -227,13 +259,13 @@ mod tests {
         let scale = log_scale(rate);
         let mut rng = 12345;
         let mut sizes = 999;
-        let mut left = (draw_words(&mut rng, scale) * WORD_BYTES) as i64;
+        let (mut left, mut checkpoint) = next_distance(&mut rng, scale);
         let (mut bytes, mut samples) = (0, 0);
         for _ in 0..count {
             let n = size(&mut sizes);
             bytes += n;
-            let (l, s) = count_sample_points(left - n as i64, &mut rng, scale);
-            left = l;
+            let (l, s, c) = count_sample_points(left - n as i64, checkpoint, &mut rng, scale);
+            (left, checkpoint) = (l, c);
             samples += s;
         }
         (bytes, samples)
@@ -267,6 +299,14 @@ mod tests {
     }
 
     #[test]
+    fn estimate_is_unbiased_across_checkpoints() {
+        // Sample points 80 MB apart on average, checkpoints every 4 MiB.
+        let (bytes, samples) = simulate(1e-7, 800_000, |s| 1 + next_u64(s) % (2 << 20));
+        assert!(samples > 5_000, "{samples}");
+        assert_unbiased(1e-7, bytes, samples);
+    }
+
+    #[test]
     fn draws_have_geometric_mean() {
         let scale = log_scale(0.01);
         let mut rng = 7;
@@ -280,9 +320,11 @@ mod tests {
     #[test]
     fn rate_one_samples_every_word() {
         let mut rng = 1;
-        assert_eq!(count_sample_points(8 - 64, &mut rng, log_scale(1.0)), (8, 8));
-        assert_eq!(count_sample_points(8 - 8, &mut rng, log_scale(1.0)), (8, 1));
-        assert_eq!(count_sample_points(5, &mut rng, log_scale(1.0)), (5, 0));
+        assert_eq!(count_sample_points(8 - 64, false, &mut rng, log_scale(1.0)), (8, 8, false));
+        assert_eq!(count_sample_points(8 - 8, false, &mut rng, log_scale(1.0)), (8, 1, false));
+        assert_eq!(count_sample_points(5, false, &mut rng, log_scale(1.0)), (5, 0, false));
+        // Reaching a checkpoint (left by an earlier, lower rate) samples only the words past it.
+        assert_eq!(count_sample_points(8 - 64, true, &mut rng, log_scale(1.0)), (8, 7, false));
     }
 
     /// [`configure`] sets process-wide parameters: the tests that call it run one at a time.
@@ -328,6 +370,20 @@ mod tests {
             let expected = (calls * bytes) as f64 * 1e-8 / WORD_BYTES as f64;
             let tolerance = 5.0 * expected.sqrt();
             assert!((samples as f64 - expected).abs() < tolerance, "{samples} samples, expected {expected:.0}");
+        });
+    }
+
+    #[test]
+    fn a_session_after_a_far_lower_rate_samples_from_the_next_checkpoint() {
+        on_fresh_thread(|| {
+            configure(1e-12);
+            assert_eq!(take(8), 0);
+            assert!(countdown() <= CHECKPOINT_BYTES, "countdown {}", countdown());
+            // At 1e-3, 8 MiB in 4 KiB allocations hold about 1000 sample points: the thread
+            // notices the new session at its checkpoint, at most 4 MiB in.
+            configure(1e-3);
+            let samples = take_many(2048, 4096);
+            assert!(samples > 300, "{samples} samples");
         });
     }
 
@@ -378,7 +434,9 @@ mod tests {
         let scale = log_scale(1e-300);
         let w = draw_words(&mut rng, scale);
         assert!(w <= MAX_DRAW_WORDS);
-        let (left, n) = count_sample_points(0, &mut rng, scale);
-        assert!(left > 0 && n == 1);
+        let (left, n, checkpoint) = count_sample_points(0, false, &mut rng, scale);
+        assert!(left == CHECKPOINT_BYTES && n == 1 && checkpoint);
+        let (left, n, checkpoint) = count_sample_points(0, true, &mut rng, scale);
+        assert!(left == CHECKPOINT_BYTES && n == 0 && checkpoint);
     }
 }
