@@ -170,8 +170,10 @@ fn registers() -> (u64, u64, u64) {
 // ---------------------------------------------------------------------------------------------
 // The rule cache
 
-/// log2 of the number of cache slots.
-const CACHE_BITS: u32 = 12;
+/// log2 of the number of cache sets.
+const SET_BITS: u32 = 14;
+/// Slots per set.
+const WAYS: usize = 2;
 
 /// One cached rule, under a sequence lock: `seq` is odd while the slot is being written.
 /// `key` is the code address tagged with the cache generation (see [`key`]).
@@ -182,10 +184,20 @@ struct Slot {
     rule: AtomicU64,
 }
 
+/// The slots an address may be cached in: one cache line.
+#[repr(C, align(64))]
+struct Set([Slot; WAYS]);
+
 #[allow(clippy::declare_interior_mutable_const)] // Only used to initialise `CACHE`.
 const EMPTY_SLOT: Slot = Slot { seq: AtomicU64::new(0), key: AtomicU64::new(0), rule: AtomicU64::new(0) };
-/// 4096 slots × 32 bytes, in `.bss`: only the pages of slots in use become resident.
-static CACHE: [Slot; 1 << CACHE_BITS] = [EMPTY_SLOT; 1 << CACHE_BITS];
+#[allow(clippy::declare_interior_mutable_const)] // Only used to initialise `CACHE`.
+const EMPTY_SET: Set = Set([EMPTY_SLOT; WAYS]);
+/// 16 Ki sets of 2 slots (1 MiB), in `.bss`: only the pages of sets in use become resident.
+/// A big program's sampled stacks hold thousands of return addresses; two ways keep a pair of
+/// them that share a set from evicting each other on every sample.
+static CACHE: [Set; 1 << SET_BITS] = [EMPTY_SET; 1 << SET_BITS];
+/// Picks the slot a miss overwrites when both of its set's are in use.
+static VICTIM: AtomicU64 = AtomicU64::new(0);
 /// The cache generation: rules cached in an earlier one are misses.
 static GENERATION: AtomicU64 = AtomicU64::new(1);
 /// The number of libraries unloaded, as last seen by [`invalidate_if_unloaded`].
@@ -197,8 +209,38 @@ fn key(pc: u64) -> u64 {
     pc | GENERATION.load(Ordering::Relaxed) << 48
 }
 
-fn slot(pc: u64) -> &'static Slot {
-    &CACHE[(pc.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - CACHE_BITS)) as usize]
+fn set(pc: u64) -> &'static Set {
+    &CACHE[(pc.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - SET_BITS)) as usize]
+}
+
+impl Slot {
+    /// The slot's rule if it holds `key`'s (a slot being written holds nothing).
+    #[inline(always)]
+    fn get(&self, key: u64) -> Option<Rule> {
+        let seq = self.seq.load(Ordering::Acquire);
+        let (cached_key, rule) = (self.key.load(Ordering::Relaxed), self.rule.load(Ordering::Relaxed));
+        fence(Ordering::Acquire);
+        (seq.is_multiple_of(2) && cached_key == key && self.seq.load(Ordering::Relaxed) == seq)
+            .then(|| Rule::unpack(rule))
+    }
+
+    /// Store `key`'s rule unless another thread is writing the slot (then it is not cached).
+    fn put(&self, key: u64, rule: Rule) {
+        let seq = self.seq.load(Ordering::Relaxed);
+        if seq.is_multiple_of(2)
+            && self.seq.compare_exchange(seq, seq + 1, Ordering::Acquire, Ordering::Relaxed).is_ok()
+        {
+            fence(Ordering::Release);
+            self.key.store(key, Ordering::Relaxed);
+            self.rule.store(rule.pack(), Ordering::Relaxed);
+            self.seq.store(seq + 2, Ordering::Release);
+        }
+    }
+
+    /// Whether the slot holds a rule of the current generation (`key`'s).
+    fn in_use(&self, key: u64) -> bool {
+        self.key.load(Ordering::Relaxed) >> 48 == key >> 48
+    }
 }
 
 /// The rule for code address `pc`: cached, or computed from the unwind tables and cached.
@@ -207,30 +249,24 @@ fn rule_for(pc: u64) -> Rule {
         return rule_from_tables(pc).0;
     }
     let key = key(pc);
-    let slot = slot(pc);
-    let seq = slot.seq.load(Ordering::Acquire);
-    let (cached_key, rule) = (slot.key.load(Ordering::Relaxed), slot.rule.load(Ordering::Relaxed));
-    fence(Ordering::Acquire);
-    if seq.is_multiple_of(2) && cached_key == key && slot.seq.load(Ordering::Relaxed) == seq {
-        return Rule::unpack(rule);
+    let set = set(pc);
+    match set.0.iter().find_map(|slot| slot.get(key)) {
+        Some(rule) => rule,
+        None => cache_miss(pc, key, set),
     }
-    cache_miss(pc, key, slot)
 }
 
 #[cold]
 #[inline(never)]
-fn cache_miss(pc: u64, key: u64, slot: &Slot) -> Rule {
+fn cache_miss(pc: u64, key: u64, set: &Set) -> Rule {
     let (rule, cacheable) = rule_from_tables(pc);
-    // Take the slot unless another thread is writing it (then this rule is just not cached).
-    let seq = slot.seq.load(Ordering::Relaxed);
-    if cacheable
-        && seq.is_multiple_of(2)
-        && slot.seq.compare_exchange(seq, seq + 1, Ordering::Acquire, Ordering::Relaxed).is_ok()
-    {
-        fence(Ordering::Release);
-        slot.key.store(key, Ordering::Relaxed);
-        slot.rule.store(rule.pack(), Ordering::Relaxed);
-        slot.seq.store(seq + 2, Ordering::Release);
+    if cacheable {
+        // A slot with nothing of this generation in it, else either, in turn.
+        let victim = match set.0.iter().position(|slot| !slot.in_use(key)) {
+            Some(free) => free,
+            None => VICTIM.fetch_add(1, Ordering::Relaxed) as usize % WAYS,
+        };
+        set.0[victim].put(key, rule);
     }
     rule
 }
@@ -884,11 +920,33 @@ mod tests {
         }
     }
 
+    /// Held by the tests that look into the cache or change its generation.
+    static GENERATION_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+    #[test]
+    fn two_addresses_of_one_set_are_both_cached() {
+        if !SUPPORTED {
+            return;
+        }
+        let _lock = GENERATION_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+        let first = rule_for as *const () as u64 + 1;
+        let index = |pc: u64| set(pc) as *const Set;
+        // Another address of this program's code in the same set (one in 16 Ki is).
+        let second = (first + 1..first + (64 << 20))
+            .find(|&pc| index(pc) == index(first) && rule_from_tables(pc) != (Rule::Unsupported, false))
+            .expect("an address sharing the set");
+        let cached = |pc: u64| set(pc).0.iter().any(|slot| slot.get(key(pc)).is_some());
+        assert_eq!(rule_for(first), rule_from_tables(first).0);
+        assert_eq!(rule_for(second), rule_from_tables(second).0);
+        assert!(cached(first) && cached(second));
+    }
+
     #[test]
     fn unloading_a_library_starts_a_new_cache_generation() {
         if !SUPPORTED {
             return;
         }
+        let _lock = GENERATION_LOCK.lock().unwrap_or_else(|e| e.into_inner());
         invalidate_if_unloaded();
         let before = GENERATION.load(Ordering::Relaxed);
         invalidate_if_unloaded();
