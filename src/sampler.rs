@@ -17,6 +17,8 @@
 //! (the geometric distribution is memoryless). At each checkpoint or sample point the thread
 //! notices a new session, so a session started after one at a far lower rate samples every
 //! thread within 4 MiB of its allocations, not after its old countdown (gigabytes at 1e-9).
+//! The bytes a thread allocates between the start of a session and that moment are not
+//! sampled (the estimate is unbiased for the bytes allocated after it).
 //!
 //! The thread state is a `const`-initialised set of [`Cell`]s with no destructor, so
 //! touching it never allocates, never registers a TLS destructor and cannot fail except
@@ -36,7 +38,7 @@ const MAX_DRAW_WORDS: u64 = 1 << 56;
 const CHECKPOINT_BYTES: i64 = 4 << 20;
 
 /// Identifies the current tracing session's sampling parameters. A thread whose countdown was
-/// drawn for another session redraws it on its next sample point.
+/// drawn for another session redraws it at its next sample point or checkpoint.
 static EPOCH: AtomicU32 = AtomicU32::new(0);
 /// `1 / ln(1 − rate)` of the current session as f64 bits (0.0 when `rate ≥ 1`).
 static LOG_SCALE: AtomicU64 = AtomicU64::new(0);
@@ -127,9 +129,8 @@ impl ThreadState {
             // The countdown belongs to an earlier session (maybe another rate): start afresh,
             // as if this allocation were the thread's first.
             self.epoch.set(epoch);
-            let distance;
-            (distance, checkpoint) = next_distance(&mut rng, scale);
-            left = distance - bytes as i64;
+            left = (draw_words(&mut rng, scale) * WORD_BYTES) as i64 - bytes as i64;
+            checkpoint = false;
         }
         let (left, nsamples, checkpoint) = count_sample_points(left, checkpoint, &mut rng, scale);
         self.countdown.set(left);
@@ -145,35 +146,30 @@ impl ThreadState {
 
 /// Refill a countdown that reached `left ≤ 0` (at a checkpoint if `checkpoint`), returning
 /// the new countdown (> 0), the number of sample points crossed (0 when `left > 0`), and
-/// whether the new countdown ends at a checkpoint.
+/// whether the new countdown ends at a checkpoint. A countdown longer than
+/// [`CHECKPOINT_BYTES`] (`left` itself, too) is cut to end at a checkpoint.
 pub(crate) fn count_sample_points(mut left: i64, mut checkpoint: bool, rng: &mut u64, scale: f64) -> (i64, u64, bool) {
-    if left > 0 {
-        return (left, 0, checkpoint);
-    }
     if scale == 0.0 {
-        // rate 1: every word is a sample point.
+        if left > 0 {
+            return (left, 0, checkpoint);
+        }
+        // rate 1: every word is a sample point (but a checkpoint left by an earlier rate).
         let words = (-left) as u64 / WORD_BYTES + 1;
         return (left + (words * WORD_BYTES) as i64, words - checkpoint as u64, false);
     }
     let mut nsamples = 0;
     while left <= 0 {
         nsamples += !checkpoint as u64;
-        let distance;
-        (distance, checkpoint) = next_distance(rng, scale);
-        left += distance;
+        left += (draw_words(rng, scale) * WORD_BYTES) as i64;
+        checkpoint = false;
+    }
+    if left > CHECKPOINT_BYTES {
+        // The next sample point is further: stop short of it, on the grid of words, once
+        // (a huge allocation at a low rate is not walked through checkpoint by checkpoint).
+        left -= (((left - CHECKPOINT_BYTES) as u64).div_ceil(WORD_BYTES) * WORD_BYTES) as i64;
+        checkpoint = true;
     }
     (left, nsamples, checkpoint)
-}
-
-/// The bytes to the next sample point, or to a checkpoint [`CHECKPOINT_BYTES`] away when the
-/// sample point is further (then true).
-fn next_distance(rng: &mut u64, scale: f64) -> (i64, bool) {
-    let words = draw_words(rng, scale);
-    if words > CHECKPOINT_BYTES as u64 / WORD_BYTES {
-        (CHECKPOINT_BYTES, true)
-    } else {
-        ((words * WORD_BYTES) as i64, false)
-    }
 }
 
 /// A geometric draw (support 1, 2, ...; mean `1 / rate`): the distance in words to the next
@@ -259,7 +255,8 @@ mod tests {
         let scale = log_scale(rate);
         let mut rng = 12345;
         let mut sizes = 999;
-        let (mut left, mut checkpoint) = next_distance(&mut rng, scale);
+        let first = (draw_words(&mut rng, scale) * WORD_BYTES) as i64;
+        let (mut left, _, mut checkpoint) = count_sample_points(first, false, &mut rng, scale);
         let (mut bytes, mut samples) = (0, 0);
         for _ in 0..count {
             let n = size(&mut sizes);
@@ -304,6 +301,9 @@ mod tests {
         let (bytes, samples) = simulate(1e-7, 800_000, |s| 1 + next_u64(s) % (2 << 20));
         assert!(samples > 5_000, "{samples}");
         assert_unbiased(1e-7, bytes, samples);
+        // Blocks larger than a checkpoint's distance.
+        let (bytes, samples) = simulate(1e-6, 100_000, |s| 1 + next_u64(s) % (64 << 20));
+        assert_unbiased(1e-6, bytes, samples);
     }
 
     #[test]
@@ -360,7 +360,7 @@ mod tests {
             // (sampled with probability 1e-8).
             configure(1e-8);
             assert_eq!(take(8), 0);
-            assert!(countdown() > 1 << 20, "countdown {} not redrawn", countdown());
+            assert!(countdown() > 8, "countdown {} not redrawn", countdown());
 
             // From then on the mean distance between samples follows the new rate: 2 TiB
             // (in 1 MiB allocations) at 1e-8 per word hold about 2750 sample points.
