@@ -103,12 +103,12 @@ pub enum Unwinder {
     /// program that has them (Rust's default).
     ///
     /// On x86_64 Linux with glibc, the stack is walked with the rules of each return address,
-    /// worked out from the tables the first time the address is met and cached: about as
-    /// cheap as a frame-pointer walk once the program's call sites have been seen. A stack
-    /// that needs more than those rules can express (rare: stack realignment, a signal frame)
-    /// is unwound by libgcc's `_Unwind_Backtrace`, as every stack is on other platforms or
-    /// if start-up calibration finds the cached walk's stacks differ from libgcc's; that
-    /// costs a few µs per sample.
+    /// worked out from the tables the first time the address is met and cached: within a
+    /// factor of two of a frame-pointer walk once the program's call sites have been seen. A
+    /// stack that needs more than those rules can express (rare: stack realignment, a signal
+    /// frame) is unwound by libgcc's `_Unwind_Backtrace`, as every stack is on other
+    /// platforms or if start-up calibration finds the cached walk's stacks differ from
+    /// libgcc's; that costs a few µs per sample.
     ///
     /// Both find unwind tables with libgcc's `_Unwind_Find_FDE` (the cached walk only on a
     /// cache miss), which uses glibc's lock-free `_dl_find_object` (glibc 2.35 and later with
@@ -117,13 +117,13 @@ pub enum Unwinder {
     /// on stderr when it starts (ALLOCATOR-PITFALLS §3).
     Dwarf = 0,
     /// Walk the frame-pointer chain: the cheapest (about 10 ns a frame less than cached DWARF
-    /// rules), and never touches the dynamic loader or an unwinder lock. Needs the program built with `-C force-frame-pointers=yes`
-    /// (e.g. `RUSTFLAGS="-C force-frame-pointers=yes"`; the precompiled std keeps frame
-    /// pointers since Rust 1.79); a function without one hides its caller's frame from the
-    /// stacks that pass through it, and C code that uses the frame-pointer register for data
-    /// (calling back into Rust) ends them there or adds stray frames past it. x86_64 and
-    /// aarch64 Linux only; elsewhere, or when start-up calibration finds no usable frame
-    /// chain, tracing uses [`Unwinder::Dwarf`] and says so on stderr.
+    /// rules), and never touches the dynamic loader or an unwinder lock. Needs the program
+    /// built with `-C force-frame-pointers=yes` (e.g. `RUSTFLAGS="-C force-frame-pointers=yes"`;
+    /// the precompiled std keeps frame pointers since Rust 1.79); a function without one hides
+    /// its caller's frame from the stacks that pass through it, and C code that uses the
+    /// frame-pointer register for data (calling back into Rust) ends them there or adds stray
+    /// frames past it. x86_64 and aarch64 Linux only; elsewhere, or when start-up calibration
+    /// finds no usable frame chain, tracing uses [`Unwinder::Dwarf`] and says so on stderr.
     FramePointers = 1,
 }
 
@@ -405,17 +405,15 @@ mod frame_pointers {
 pub(crate) fn calibrate(wanted: Unwinder) -> Result<Walker, StartError> {
     let walkable = frame_pointers::SUPPORTED && frame_pointers::on_thread_stack();
     let mut usable = [false; 3];
+    // The others' stacks again whenever the cached DWARF walk is calibrated, so that its stacks
+    // are compared with libgcc's, and libgcc's with the frame-pointer walk's, from one call site.
+    let again = cfi::SUPPORTED && walkable && !CALIBRATED[Walker::Cfi as usize].load(Ordering::Relaxed);
     for walker in Walker::ALL {
         let possible = match walker {
             Walker::Libgcc => true,
             Walker::FramePointers => walkable,
             Walker::Cfi => cfi::SUPPORTED && walkable,
         };
-        // libgcc's stacks again whenever the cached DWARF walk's are compared with them.
-        let again = walker == Walker::Libgcc
-            && cfi::SUPPORTED
-            && walkable
-            && !CALIBRATED[Walker::Cfi as usize].load(Ordering::Relaxed);
         if possible {
             usable[walker as usize] = calibrate_walker(walker, again)?;
         }
