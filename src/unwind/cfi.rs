@@ -346,7 +346,9 @@ fn rule_from_tables(pc: u64) -> (Rule, bool) {
 }
 
 /// Whether `pc` is in an object the dynamic loader loaded, by glibc's lock-free
-/// `_dl_find_object` (2.35 and later); assumed on older C libraries, which lack it.
+/// `_dl_find_object` (2.35 and later); assumed on older C libraries, which lack it. The
+/// function is looked up (`dlsym`, which takes the loader's lock) on the first cache miss,
+/// which is start-up calibration's, before any sample is taken.
 #[cfg(all(target_arch = "x86_64", target_os = "linux", target_env = "gnu"))]
 fn in_loaded_object(pc: u64) -> bool {
     use std::sync::atomic::AtomicUsize;
