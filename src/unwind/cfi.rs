@@ -1,5 +1,5 @@
 //! DWARF unwinding with a cache of unwind rules (x86_64 Linux with glibc): the same stacks as
-//! libgcc's unwinder, at about 10–20 ns a frame instead of ~90.
+//! libgcc's unwinder, for a 30-frame stack in under 1 µs instead of about 4.4.
 //!
 //! To step from a frame to its caller, the walk needs three facts about the frame's code
 //! address: how to compute the canonical frame address (the CFA: `rsp + n` or `rbp + n`), that
