@@ -13,6 +13,9 @@
 //! System between about 42 and 96 thousand page faults and 56 and 71 ns per operation, which
 //! swamped the tracer's own cost. The "faults" column counts the minor page faults of the
 //! timed run, so that a change in how the tracer disturbs the heap stays visible.
+//!
+//! Each thread keeps 512 blocks live (about 340 KB); `MEMTRACE_BENCH_LIVE=20000` keeps that
+//! many instead, for a live heap (and a sampled-block table) the size of a real program's.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::hint::black_box;
@@ -27,11 +30,14 @@ use memtrace_rs::{start_tracing, MemtraceAllocator, TraceConfig, Unwinder};
 const MODE_VAR: &str = "MEMTRACE_BENCH_MODE";
 /// Set to keep glibc's default heap trimming in the children.
 const TRIM_VAR: &str = "MEMTRACE_BENCH_TRIM";
+/// Set to the number of blocks each thread keeps live (default [`LIVE`]).
+const LIVE_VAR: &str = "MEMTRACE_BENCH_LIVE";
 const THREADS: usize = 2;
 /// Allocations per thread in the workload (dhat runs a fraction of them: it is far slower).
 const OPS_PER_THREAD: usize = 10_000_000;
 const DHAT_DIVISOR: usize = 40;
-/// Live blocks per thread; each operation frees one and allocates its replacement.
+/// Live blocks per thread, unless [`LIVE_VAR`] says otherwise; each operation frees one and
+/// allocates its replacement.
 const LIVE: usize = 512;
 const ROUNDS: usize = 5;
 /// Stack depth and iterations of the sampled-allocation measurement.
@@ -184,19 +190,25 @@ fn start(path: &Path, rate: f64, unwinder: Unwinder) -> memtrace_rs::TraceGuard 
     start_tracing(config).expect("start tracing")
 }
 
+/// Blocks each thread keeps live.
+fn live_blocks() -> usize {
+    std::env::var(LIVE_VAR).ok().map_or(LIVE, |v| v.parse().expect(LIVE_VAR))
+}
+
 /// Run `ops` allocation/free pairs on each of [`THREADS`] threads; ns per operation and the
 /// minor page faults of the timed run.
 fn workload(ops: usize) -> (f64, u64) {
+    let live = live_blocks();
     // Warm up (allocator arenas; with tracing, the first symbolizations) before timing, on
     // threads started by the same code as the timed ones: their stacks (thread start-up,
     // scope closure) are the call sites the writer must symbolize once, a one-off cost of
     // milliseconds that would otherwise land in the timed run.
-    on_threads(ops / 20);
+    on_threads(ops / 20, live);
     // Let a tracer's writer finish symbolizing the call sites seen so far.
     std::thread::sleep(Duration::from_millis(300));
     let start = cpu_ns(libc::CLOCK_PROCESS_CPUTIME_ID);
     let faults = minor_faults();
-    on_threads(ops);
+    on_threads(ops, live);
     let faults = minor_faults() - faults;
     ((cpu_ns(libc::CLOCK_PROCESS_CPUTIME_ID) - start) as f64 / (ops * THREADS) as f64, faults)
 }
@@ -210,12 +222,12 @@ fn minor_faults() -> u64 {
     usage.ru_minflt as u64
 }
 
-/// [`churn`] `ops` times on each of [`THREADS`] threads.
+/// [`churn`] `ops` times on each of [`THREADS`] threads, keeping `live` blocks each.
 #[inline(never)]
-fn on_threads(ops: usize) {
+fn on_threads(ops: usize, live: usize) {
     std::thread::scope(|s| {
         for t in 0..THREADS {
-            s.spawn(move || churn(t as u64 + 1, ops));
+            s.spawn(move || churn(t as u64 + 1, ops, live));
         }
     });
 }
@@ -240,10 +252,10 @@ fn size(r: u64) -> usize {
     }
 }
 
-/// Replace random live blocks `ops` times.
+/// Replace random blocks of `blocks` live ones `ops` times.
 #[inline(never)]
-fn churn(seed: u64, ops: usize) {
-    let mut live: Vec<Vec<u8>> = (0..LIVE).map(|_| Vec::new()).collect();
+fn churn(seed: u64, ops: usize, blocks: usize) {
+    let mut live: Vec<Vec<u8>> = (0..blocks).map(|_| Vec::new()).collect();
     let mut r = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
     for _ in 0..ops {
         r ^= r << 13;
@@ -251,7 +263,7 @@ fn churn(seed: u64, ops: usize) {
         r ^= r << 17;
         // Like most programs, initialise what was allocated.
         let block = vec![r as u8; size(r)];
-        live[(r >> 40) as usize % LIVE] = block;
+        live[(r >> 40) as usize % blocks] = block;
     }
     black_box(live);
 }
@@ -351,8 +363,9 @@ fn parent() {
     let system = best[0].0;
     let trim = if std::env::var_os(TRIM_VAR).is_some() { "glibc's default trimming" } else { "heap trimming off" };
     println!(
-        "alloc benchmark: {THREADS} threads x {OPS_PER_THREAD} alloc+free (8 B-64 KiB; dhat: 1/{DHAT_DIVISOR} of \
-         that), best of {ROUNDS}, {trim}"
+        "alloc benchmark: {THREADS} threads x {OPS_PER_THREAD} alloc+free (8 B-64 KiB, {} live; dhat: \
+         1/{DHAT_DIVISOR} of that), best of {ROUNDS}, {trim}",
+        live_blocks()
     );
     println!(
         "{:<38} {:>10} {:>9} {:>10} {:>13} {:>7} {:>15}",

@@ -7,7 +7,7 @@
 //!   when it crosses a sample point the block is recorded ([`crate::tracer`] captures the
 //!   stack, notes the block in the sampled-block table and sends an alloc message) **before**
 //!   the pointer is returned.
-//! - `dealloc`: one read of the sampled-block filter (a 2 KiB array), which rules out almost
+//! - `dealloc`: one read of the sampled-block filter (a 32 KiB array), which rules out almost
 //!   every block; otherwise, out of line, one cache-line read of the table. For a sampled
 //!   block the entry is removed and the free message sent **before** the inner `dealloc`, so
 //!   that a reuse of the address can never reach the writer ahead of the free.
