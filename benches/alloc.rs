@@ -14,8 +14,10 @@
 //! swamped the tracer's own cost. The "faults" column counts the minor page faults of the
 //! timed run, so that a change in how the tracer disturbs the heap stays visible.
 //!
-//! Each thread keeps 512 blocks live (about 340 KB); `MEMTRACE_BENCH_LIVE=20000` keeps that
-//! many instead, for a live heap (and a sampled-block table) the size of a real program's.
+//! Each thread keeps 512 blocks live (about 340 KB), so that System runs at its fastest and
+//! the tracer's cost shows at its largest; the last rows keep 20 000 live blocks per thread
+//! (about 13 MB each, with some 30 sampled blocks live at rate 1e-5), where System, like a
+//! real program, misses the cache more.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::hint::black_box;
@@ -30,15 +32,14 @@ use memtrace_rs::{start_tracing, MemtraceAllocator, TraceConfig, Unwinder};
 const MODE_VAR: &str = "MEMTRACE_BENCH_MODE";
 /// Set to keep glibc's default heap trimming in the children.
 const TRIM_VAR: &str = "MEMTRACE_BENCH_TRIM";
-/// Set to the number of blocks each thread keeps live (default [`LIVE`]).
-const LIVE_VAR: &str = "MEMTRACE_BENCH_LIVE";
 const THREADS: usize = 2;
 /// Allocations per thread in the workload (dhat runs a fraction of them: it is far slower).
 const OPS_PER_THREAD: usize = 10_000_000;
 const DHAT_DIVISOR: usize = 40;
-/// Live blocks per thread, unless [`LIVE_VAR`] says otherwise; each operation frees one and
-/// allocates its replacement.
+/// Live blocks per thread; each operation frees one and allocates its replacement.
 const LIVE: usize = 512;
+/// Live blocks per thread in the modes ending in `-big`.
+const BIG_LIVE: usize = 20_000;
 const ROUNDS: usize = 5;
 /// Stack depth and iterations of the sampled-allocation measurement.
 const DEPTH: usize = 30;
@@ -98,8 +99,9 @@ static GLOBAL: Bench = Bench;
 /// The configurations of the throughput table. Modes ending in `-dwarf` force DWARF unwinding;
 /// the others use the default unwinder (frame pointers in this repository's builds, which keep
 /// them). Rate 1e-9 samples next to nothing: it measures the cost of the countdown and the
-/// free-path check that every call pays while tracing is on.
-const CONFIGS: [(&str, &str); 7] = [
+/// free-path check that every call pays while tracing is on. Modes ending in `-big` keep
+/// [`BIG_LIVE`] blocks live, and compare with `system-big`.
+const CONFIGS: [(&str, &str); 10] = [
     ("system", "System"),
     ("off", "MemtraceAllocator, tracing off"),
     ("1e-9", "rate 1e-9 (the per-call cost only)"),
@@ -107,6 +109,9 @@ const CONFIGS: [(&str, &str); 7] = [
     ("1e-5-dwarf", "rate 1e-5, DWARF unwinding"),
     ("1e-4", "MemtraceAllocator, rate 1e-4"),
     ("dhat", "dhat heap profiler"),
+    ("system-big", "System"),
+    ("1e-5-big", "MemtraceAllocator, rate 1e-5"),
+    ("1e-4-big", "MemtraceAllocator, rate 1e-4"),
 ];
 
 fn main() {
@@ -125,6 +130,11 @@ fn child(mode: &str) {
         // SAFETY: mallopt only changes glibc's tuning; called before any thread is started.
         unsafe { libc::mallopt(libc::M_TRIM_THRESHOLD, 1 << 30) };
     }
+    let trace = trace_path(mode);
+    let (mode, live) = match mode.strip_suffix("-big") {
+        Some(mode) => (mode, BIG_LIVE),
+        None => (mode, LIVE),
+    };
     ALLOCATOR.store(
         match mode {
             "system" => SYSTEM,
@@ -133,7 +143,6 @@ fn child(mode: &str) {
         },
         Ordering::Relaxed,
     );
-    let trace = trace_path(mode);
     let (mode, unwinder) = match mode.strip_suffix("-dwarf") {
         Some(mode) => (mode, Unwinder::Dwarf),
         None => (mode, Unwinder::default()),
@@ -160,17 +169,17 @@ fn child(mode: &str) {
         }
         "dhat" => {
             let profiler = dhat::Profiler::builder().file_name(&trace).build();
-            let (ns, faults) = workload(OPS_PER_THREAD / DHAT_DIVISOR);
+            let (ns, faults) = workload(OPS_PER_THREAD / DHAT_DIVISOR, live);
             drop(profiler);
             println!("{ns} 0 0 {faults} -");
         }
         "system" | "off" => {
-            let (ns, faults) = workload(OPS_PER_THREAD);
+            let (ns, faults) = workload(OPS_PER_THREAD, live);
             println!("{ns} 0 0 {faults} -");
         }
         rate => {
             let guard = start(&trace, rate.parse().expect("rate"), unwinder);
-            let (ns, faults) = workload(OPS_PER_THREAD);
+            let (ns, faults) = workload(OPS_PER_THREAD, live);
             drop(guard);
             let (bytes, samples, unwinder) = trace_stats(&trace);
             println!("{ns} {samples} {bytes} {faults} {unwinder}");
@@ -190,15 +199,9 @@ fn start(path: &Path, rate: f64, unwinder: Unwinder) -> memtrace_rs::TraceGuard 
     start_tracing(config).expect("start tracing")
 }
 
-/// Blocks each thread keeps live.
-fn live_blocks() -> usize {
-    std::env::var(LIVE_VAR).ok().map_or(LIVE, |v| v.parse().expect(LIVE_VAR))
-}
-
-/// Run `ops` allocation/free pairs on each of [`THREADS`] threads; ns per operation and the
-/// minor page faults of the timed run.
-fn workload(ops: usize) -> (f64, u64) {
-    let live = live_blocks();
+/// Run `ops` allocation/free pairs on each of [`THREADS`] threads, each keeping `live` blocks;
+/// ns per operation and the minor page faults of the timed run.
+fn workload(ops: usize, live: usize) -> (f64, u64) {
     // Warm up (allocator arenas; with tracing, the first symbolizations) before timing, on
     // threads started by the same code as the timed ones: their stacks (thread start-up,
     // scope closure) are the call sites the writer must symbolize once, a one-off cost of
@@ -360,18 +363,21 @@ fn parent() {
     let sampled_dwarf = best_of("sampled-dwarf");
     let unsampled = best_of("unsampled");
 
-    let system = best[0].0;
+    let mut system = best[0].0;
     let trim = if std::env::var_os(TRIM_VAR).is_some() { "glibc's default trimming" } else { "heap trimming off" };
     println!(
-        "alloc benchmark: {THREADS} threads x {OPS_PER_THREAD} alloc+free (8 B-64 KiB, {} live; dhat: \
-         1/{DHAT_DIVISOR} of that), best of {ROUNDS}, {trim}",
-        live_blocks()
+        "alloc benchmark: {THREADS} threads x {OPS_PER_THREAD} alloc+free (8 B-64 KiB, {LIVE} live blocks each; \
+         dhat: 1/{DHAT_DIVISOR} of that), best of {ROUNDS}, {trim}"
     );
     println!(
         "{:<38} {:>10} {:>9} {:>10} {:>13} {:>7} {:>15}",
         "configuration", "CPU ns/op", "vs System", "samples", "bytes/sample", "faults", "unwinder"
     );
-    for ((_, name), Run(ns, samples, bytes, faults, unwinder)) in CONFIGS.iter().zip(&best) {
+    for ((mode, name), Run(ns, samples, bytes, faults, unwinder)) in CONFIGS.iter().zip(&best) {
+        if *mode == "system-big" {
+            system = *ns;
+            println!("with {BIG_LIVE} live blocks per thread:");
+        }
         let per_sample = if *samples > 0 { format!("{:.1}", *bytes as f64 / *samples as f64) } else { "-".into() };
         println!(
             "{name:<38} {ns:>10.2} {:>8.3}x {samples:>10} {per_sample:>13} {faults:>7} {unwinder:>15}",

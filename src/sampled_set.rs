@@ -15,21 +15,22 @@
 //! A free whose bucket holds other entries reads the table for nothing, so the filter must be
 //! fine-grained: a program's live sampled blocks number its live heap × rate / 8 (about 1 250
 //! for a 1 GB heap at 1e-5). An earlier filter of one counter per 32 buckets (2 KiB) had 70 %
-//! of its counters nonzero at that size; one counter per bucket has under 4 %. With two
-//! threads keeping 20 000 blocks live each (`MEMTRACE_BENCH_LIVE=20000` in the allocation
-//! benchmark; best of five runs, System at 105 ns an operation), the finer filter took rate
-//! 1e-5 from 108.0 to 105.3 ns and rate 1e-4 from 121.3 to 116.2 ns; with 512 live blocks
-//! each it changed nothing measurable.
+//! of its counters nonzero at that size; one counter per bucket has under 4 %. In the
+//! allocation benchmark with 20 000 live blocks per thread at rate 1e-4 (some 300 sampled
+//! blocks live), the finer filter saved 3–5 ns of about 110 ns an operation in three
+//! comparisons of alternating runs; at rate 1e-5, and with 512 live blocks, the difference
+//! was within the noise.
 //!
 //! The table lives in `.bss` (2^15 buckets × 64 bytes = 2 MiB), aligned to 2 MiB so that on
 //! Linux it can be one transparent huge page: inserts and removals read a random line of it,
-//! and with 4 KiB pages each of them also missed the TLB (measured: a third of the time spent
-//! in the table). Each session starts with [`clear`], which also makes all of it resident: left to fault in on demand, each page
-//! costs a read fault and then, at its first insert, a write fault whose TLB shoot-down
-//! interrupts the program's other threads (measured: ~1 000 faults in a benchmark's first
-//! second of tracing). Between sessions the table may keep stale entries (an insert racing
-//! with the end of a session); they are harmless — a stale hit only makes the writer see a
-//! free for an address it does not track, which it ignores — and `clear` wipes them.
+//! and with 4 KiB pages each of them also missed the TLB (with the huge page, `perf` saw about
+//! a third less time in inserts and lookups). Each session starts with [`clear`], which also
+//! makes all of it resident: left to fault in on demand, each page costs a read fault and
+//! then, at its first insert, a write fault whose TLB shoot-down interrupts the program's
+//! other threads (measured: ~1 000 faults in a benchmark's first second of tracing). Between
+//! sessions the table may keep stale entries (an insert racing with the end of a session);
+//! they are harmless — a stale hit only makes the writer see a free for an address it does
+//! not track, which it ignores — and `clear` wipes them.
 //!
 //! Memory ordering: a block is inserted (counter, then slot) before its address is returned
 //! to the program, and any thread that frees it got the address through some synchronisation
