@@ -65,7 +65,8 @@ static TABLE: Table = Table([EMPTY_BUCKET; 1 << BUCKET_BITS]);
 
 #[allow(clippy::declare_interior_mutable_const)] // Only used to initialise `FILTER`.
 const ZERO: AtomicU8 = AtomicU8::new(0);
-/// The entries of each bucket (at most [`SLOTS`]).
+/// The entries of each bucket: at most [`SLOTS`], plus the inserts into a full bucket in
+/// progress.
 static FILTER: [AtomicU8; 1 << BUCKET_BITS] = [ZERO; 1 << BUCKET_BITS];
 
 /// The bucket index of `addr` (Fibonacci hashing of the address without its alignment bits).
@@ -92,7 +93,12 @@ pub(crate) fn insert(addr: usize) -> bool {
         return false;
     }
     let counter = counter(addr);
-    counter.fetch_add(1, Ordering::Relaxed);
+    // Saturating, so that a counter never wraps to 0 while its bucket has entries: it exceeds
+    // SLOTS only by the inserts into a full bucket in progress, and reaching 255 would take
+    // 247 of them at once. Then the insert is refused like one into a full bucket.
+    if counter.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |c| c.checked_add(1)).is_err() {
+        return false;
+    }
     let inserted = bucket(addr).0.iter().any(|slot| {
         slot.load(Ordering::Relaxed) == 0 && slot.compare_exchange(0, addr, Ordering::AcqRel, Ordering::Relaxed).is_ok()
     });
@@ -299,6 +305,21 @@ mod tests {
         clear();
         assert_empty();
         assert!(!remove(a) && !remove(b));
+    }
+
+    /// A saturated counter refuses inserts instead of wrapping to 0 (which would hide the
+    /// bucket's entries from `may_contain`).
+    #[test]
+    fn saturated_counter_refuses_inserts() {
+        let _lock = exclusive();
+        clear();
+        let a = 0x7a00_0000_0000;
+        counter(a).store(u8::MAX, Ordering::Relaxed);
+        assert!(!insert(a));
+        assert_eq!(counter(a).load(Ordering::Relaxed), u8::MAX);
+        assert!(!bucket(a).0.iter().any(|s| s.load(Ordering::Relaxed) == a));
+        clear();
+        assert_empty();
     }
 
     /// A removal whose counter is already 0 (a `clear` raced with it) leaves it at 0 instead
