@@ -16,8 +16,8 @@
 //!
 //! Each thread keeps 512 blocks live (about 340 KB), so that System runs at its fastest and
 //! the tracer's cost shows at its largest; the last rows keep 20 000 live blocks per thread
-//! (about 13 MB each, with some 30 sampled blocks live at rate 1e-5), where System, like a
-//! real program, misses the cache more.
+//! (about 13 MB each, with some 30 sampled blocks live in all at rate 1e-5), where System,
+//! like a real program, misses the cache more.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::hint::black_box;
@@ -100,7 +100,7 @@ static GLOBAL: Bench = Bench;
 /// the others use the default unwinder (frame pointers in this repository's builds, which keep
 /// them). Rate 1e-9 samples next to nothing: it measures the cost of the countdown and the
 /// free-path check that every call pays while tracing is on. Modes ending in `-big` keep
-/// [`BIG_LIVE`] blocks live, and compare with `system-big`.
+/// [`BIG_LIVE`] blocks live, are compared with `system-big`, and come last.
 const CONFIGS: [(&str, &str); 10] = [
     ("system", "System"),
     ("off", "MemtraceAllocator, tracing off"),
@@ -130,7 +130,7 @@ fn child(mode: &str) {
         // SAFETY: mallopt only changes glibc's tuning; called before any thread is started.
         unsafe { libc::mallopt(libc::M_TRIM_THRESHOLD, 1 << 30) };
     }
-    let trace = trace_path(mode);
+    let full_mode = mode;
     let (mode, live) = match mode.strip_suffix("-big") {
         Some(mode) => (mode, BIG_LIVE),
         None => (mode, LIVE),
@@ -143,6 +143,7 @@ fn child(mode: &str) {
         },
         Ordering::Relaxed,
     );
+    let trace = trace_path(full_mode);
     let (mode, unwinder) = match mode.strip_suffix("-dwarf") {
         Some(mode) => (mode, Unwinder::Dwarf),
         None => (mode, Unwinder::default()),
@@ -363,7 +364,11 @@ fn parent() {
     let sampled_dwarf = best_of("sampled-dwarf");
     let unsampled = best_of("unsampled");
 
-    let mut system = best[0].0;
+    // The System time each configuration is compared with: System's at the same heap size.
+    let system = |mode: &str| {
+        let baseline = if mode.ends_with("-big") { "system-big" } else { "system" };
+        CONFIGS.iter().zip(&best).find(|((m, _), _)| *m == baseline).map(|(_, run)| run.0).unwrap()
+    };
     let trim = if std::env::var_os(TRIM_VAR).is_some() { "glibc's default trimming" } else { "heap trimming off" };
     println!(
         "alloc benchmark: {THREADS} threads x {OPS_PER_THREAD} alloc+free (8 B-64 KiB, {LIVE} live blocks each; \
@@ -375,13 +380,12 @@ fn parent() {
     );
     for ((mode, name), Run(ns, samples, bytes, faults, unwinder)) in CONFIGS.iter().zip(&best) {
         if *mode == "system-big" {
-            system = *ns;
             println!("with {BIG_LIVE} live blocks per thread:");
         }
         let per_sample = if *samples > 0 { format!("{:.1}", *bytes as f64 / *samples as f64) } else { "-".into() };
         println!(
             "{name:<38} {ns:>10.2} {:>8.3}x {samples:>10} {per_sample:>13} {faults:>7} {unwinder:>15}",
-            ns / system
+            ns / system(mode)
         );
     }
     for (name, run) in [("", sampled), (", DWARF", sampled_dwarf)] {

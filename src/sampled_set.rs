@@ -21,11 +21,12 @@
 //! comparisons of alternating runs; at rate 1e-5, and with 512 live blocks, the difference
 //! was within the noise.
 //!
-//! The table lives in `.bss` (2^15 buckets × 64 bytes = 2 MiB), aligned to 2 MiB so that on
-//! Linux it can be one transparent huge page: inserts and removals read a random line of it,
-//! and with 4 KiB pages each of them also missed the TLB (with the huge page, `perf` saw about
-//! a third less time in inserts and lookups). Each session starts with [`clear`], which also
-//! makes all of it resident: left to fault in on demand, each page costs a read fault and
+//! The table lives in `.bss` (2^15 buckets × 64 bytes = 2 MiB). It is not aligned to 2 MiB
+//! for a transparent huge page: with `perf`, a huge page cut the time in inserts and lookups
+//! by about a third, but the whole-workload gain was within the noise, and the alignment
+//! would have made the kernel load every program that links this crate at a 2 MiB-aligned
+//! address, nine bits less of address-space randomisation, traced or not. Each session
+//! starts with [`clear`], which also makes all of it resident: left to fault in on demand, each page costs a read fault and
 //! then, at its first insert, a write fault whose TLB shoot-down interrupts the program's
 //! other threads (measured: ~1 000 faults in a benchmark's first second of tracing). Between
 //! sessions the table may keep stale entries (an insert racing with the end of a session);
@@ -57,16 +58,12 @@ const EMPTY_SLOT: AtomicUsize = AtomicUsize::new(0);
 #[allow(clippy::declare_interior_mutable_const)] // Only used to initialise `TABLE`.
 const EMPTY_BUCKET: Bucket = Bucket([EMPTY_SLOT; SLOTS]);
 
-/// The buckets, aligned to their own size (2 MiB, a huge page on x86_64 and aarch64 Linux).
-#[repr(C, align(2097152))]
-struct Table([Bucket; 1 << BUCKET_BITS]);
-
-static TABLE: Table = Table([EMPTY_BUCKET; 1 << BUCKET_BITS]);
+static TABLE: [Bucket; 1 << BUCKET_BITS] = [EMPTY_BUCKET; 1 << BUCKET_BITS];
 
 #[allow(clippy::declare_interior_mutable_const)] // Only used to initialise `FILTER`.
 const ZERO: AtomicU8 = AtomicU8::new(0);
-/// The entries of each bucket: at most [`SLOTS`], plus the inserts into a full bucket in
-/// progress.
+/// The entries of each bucket: at most [`SLOTS`], plus the inserts into a full bucket and the
+/// removals in progress (and, after a [`clear`] that raced with one, one more).
 static FILTER: [AtomicU8; 1 << BUCKET_BITS] = [ZERO; 1 << BUCKET_BITS];
 
 /// The bucket index of `addr` (Fibonacci hashing of the address without its alignment bits).
@@ -77,7 +74,7 @@ fn bucket_index(addr: usize) -> usize {
 
 #[inline(always)]
 fn bucket(addr: usize) -> &'static Bucket {
-    &TABLE.0[bucket_index(addr)]
+    &TABLE[bucket_index(addr)]
 }
 
 /// The filter counter of `addr`'s bucket.
@@ -87,15 +84,16 @@ fn counter(addr: usize) -> &'static AtomicU8 {
 }
 
 /// Record `addr` as a live sampled block. Returns false (nothing recorded) when its bucket is
-/// full or `addr` is null.
+/// full (or its counter saturated) or `addr` is null.
 pub(crate) fn insert(addr: usize) -> bool {
     if addr == 0 {
         return false;
     }
     let counter = counter(addr);
     // Saturating, so that a counter never wraps to 0 while its bucket has entries: it exceeds
-    // SLOTS only by the inserts into a full bucket in progress, and reaching 255 would take
-    // 247 of them at once. Then the insert is refused like one into a full bucket.
+    // SLOTS only by the inserts and removals in progress (see `FILTER`), and reaching 255
+    // would take some 246 of them at once. Then the insert is refused like one into a full
+    // bucket.
     if counter.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |c| c.checked_add(1)).is_err() {
         return false;
     }
@@ -161,19 +159,18 @@ fn decrement(counter: &AtomicU8) {
 /// once — a free the new trace does not show — which takes a thread preempted
 /// inside the table for the whole stop and restart of a session. The next `clear` repairs it.
 pub(crate) fn clear() {
-    advise_huge_page();
     // The first bucket on each page (the table need not start on one): a write, not a load,
     // since reading first would map the shared zero page, which the first insert would then
     // fault out again. Exchanging 0 for 0 writes a free slot; a used slot's page is resident.
     let mut page = usize::MAX;
-    for bucket in &TABLE.0 {
+    for bucket in &TABLE {
         let here = bucket as *const Bucket as usize / PAGE_BYTES;
         if here != page {
             page = here;
             let _ = bucket.0[0].compare_exchange(0, 0, Ordering::Relaxed, Ordering::Relaxed);
         }
     }
-    for slot in TABLE.0.iter().flat_map(|b| b.0.iter()) {
+    for slot in TABLE.iter().flat_map(|b| b.0.iter()) {
         if slot.load(Ordering::Relaxed) != 0 {
             slot.store(0, Ordering::Relaxed);
         }
@@ -181,23 +178,9 @@ pub(crate) fn clear() {
     recount();
 }
 
-/// Ask for the table to be backed by a transparent huge page, before [`clear`] first touches
-/// it. Without effect (and harmless) when the kernel has them off, or when the table is not
-/// 2 MiB-aligned after all (a loader that ignores the segment's alignment).
-fn advise_huge_page() {
-    #[cfg(any(target_os = "linux", target_os = "android"))]
-    {
-        let table = std::ptr::addr_of!(TABLE);
-        // SAFETY: madvise only changes how the kernel backs these pages, which are the
-        // table's own (a static, so mapped for the life of the process); MADV_HUGEPAGE does
-        // not change their contents. Failure (EINVAL for a kernel without THP) is ignored.
-        unsafe { libc::madvise(table as *mut libc::c_void, std::mem::size_of::<Table>(), libc::MADV_HUGEPAGE) };
-    }
-}
-
 /// Set each bucket's counter to the number of its entries.
 fn recount() {
-    for (counter, bucket) in FILTER.iter().zip(&TABLE.0) {
+    for (counter, bucket) in FILTER.iter().zip(&TABLE) {
         let entries = bucket.0.iter().filter(|slot| slot.load(Ordering::Relaxed) != 0).count();
         if counter.load(Ordering::Relaxed) as usize != entries {
             counter.store(entries as u8, Ordering::Relaxed);
@@ -227,7 +210,7 @@ mod tests {
     }
 
     fn assert_empty() {
-        assert!(TABLE.0.iter().flat_map(|b| b.0.iter()).all(|s| s.load(Ordering::Relaxed) == 0), "table not empty");
+        assert!(TABLE.iter().flat_map(|b| b.0.iter()).all(|s| s.load(Ordering::Relaxed) == 0), "table not empty");
         for (bucket, counter) in FILTER.iter().enumerate() {
             assert_eq!(counter.load(Ordering::Relaxed), 0, "counter of bucket {bucket}");
         }
@@ -323,7 +306,7 @@ mod tests {
     }
 
     /// A removal whose counter is already 0 (a `clear` raced with it) leaves it at 0 instead
-    /// of wrapping to 65535.
+    /// of wrapping to 255.
     #[test]
     fn counter_decrements_saturate() {
         let _lock = exclusive();
@@ -333,7 +316,7 @@ mod tests {
         assert!(!may_contain(a), "a zero counter hides the entry");
         assert!(remove(a));
         assert_eq!(counter(a).load(Ordering::Relaxed), 0);
-        // The undo of an insert into a full bucket saturates too.
+        // An insert that finds its bucket full undoes its increment.
         let addrs = same_bucket(0x7900_0000_0000, SLOTS + 1);
         for &x in &addrs[..SLOTS] {
             bucket(x).0.iter().find(|s| s.load(Ordering::Relaxed) == 0).unwrap().store(x, Ordering::Relaxed);
@@ -404,13 +387,5 @@ mod tests {
     fn table_is_one_cache_line_per_bucket() {
         assert_eq!(std::mem::size_of::<Bucket>(), 64);
         assert_eq!(std::mem::align_of::<Bucket>(), 64);
-    }
-
-    /// The loader honoured the table's alignment, so that it can be one huge page.
-    #[test]
-    #[cfg(any(target_os = "linux", target_os = "android"))]
-    fn table_starts_on_a_huge_page_boundary() {
-        assert_eq!(std::mem::size_of::<Table>(), 2 << 20);
-        assert_eq!(std::ptr::addr_of!(TABLE) as usize % (2 << 20), 0);
     }
 }
