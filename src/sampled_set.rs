@@ -16,10 +16,11 @@
 //! fine-grained: a program's live sampled blocks number its live heap × rate / 8 (about 1 250
 //! for a 1 GB heap at 1e-5). An earlier filter of one counter per 32 buckets (2 KiB) had 70 %
 //! of its counters nonzero at that size; one counter per bucket has under 4 %. In the
-//! allocation benchmark with 20 000 live blocks per thread at rate 1e-4 (some 300 sampled
-//! blocks live), the finer filter saved 3–5 ns of about 110 ns an operation in three
-//! comparisons of alternating runs; at rate 1e-5, and with 512 live blocks, the difference
-//! was within the noise.
+//! allocation benchmark's rows with 20 000 live blocks per thread, ten alternating runs of
+//! each filter gave (best, median, ns an operation): at rate 1e-4, with some 300 sampled
+//! blocks live, 106.3 and 108.3 against 113.1 and 115.0 for the coarse filter; at rate 1e-5
+//! (some 30 live), 97.8 and 100.5 against 99.7 and 102.9. With 512 live blocks the
+//! difference was within the noise.
 //!
 //! The table lives in `.bss` (2^15 buckets × 64 bytes = 2 MiB). It is not aligned to 2 MiB
 //! for a transparent huge page: with `perf`, a huge page cut the time in inserts and lookups
