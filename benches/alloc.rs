@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 use memtrace_rs::trace::{EventKind, Reader};
 use memtrace_rs::{start_tracing, MemtraceAllocator, TraceConfig, Unwinder};
 
-const MODE_VAR: &str = "MEMTRACE_BENCH_MODE";
+const MODE_VAR: &std::ffi::CStr = c"MEMTRACE_BENCH_MODE";
 /// Set to keep glibc's default heap trimming in the children.
 const TRIM_VAR: &str = "MEMTRACE_BENCH_TRIM";
 const THREADS: usize = 2;
@@ -115,9 +115,15 @@ const CONFIGS: [(&str, &str); 10] = [
 ];
 
 fn main() {
-    match std::env::var(MODE_VAR) {
-        Ok(mode) => child(&mode),
-        Err(_) => parent(),
+    // Read without allocating: a child must choose its allocator before its first allocation.
+    // SAFETY: the name is a NUL-terminated C string; no thread is running yet that could
+    // change the environment, and the value is not used past `main`.
+    let mode = unsafe { libc::getenv(MODE_VAR.as_ptr()) };
+    if mode.is_null() {
+        parent();
+    } else {
+        // SAFETY: getenv returned a valid NUL-terminated string (see above).
+        child(unsafe { std::ffi::CStr::from_ptr(mode) }.to_str().expect("mode"));
     }
 }
 
@@ -331,7 +337,10 @@ fn trace_stats(path: &Path) -> (u64, u64, String) {
 struct Run(f64, u64, u64, u64, String);
 
 fn run_child(mode: &str) -> Run {
-    let out = Command::new(std::env::current_exe().unwrap()).env(MODE_VAR, mode).output().expect("spawn child");
+    let out = Command::new(std::env::current_exe().unwrap())
+        .env(MODE_VAR.to_str().unwrap(), mode)
+        .output()
+        .expect("spawn child");
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{mode}: {}{}", stdout, String::from_utf8_lossy(&out.stderr));
     let fields: Vec<&str> = stdout.split_whitespace().collect();
