@@ -27,12 +27,13 @@
 //! by about a third, but the whole-workload gain was within the noise, and the alignment
 //! would have made the kernel load every program that links this crate at a 2 MiB-aligned
 //! address, nine bits less of address-space randomisation, traced or not. Each session
-//! starts with [`clear`], which also makes all of it resident: left to fault in on demand, each page costs a read fault and
-//! then, at its first insert, a write fault whose TLB shoot-down interrupts the program's
-//! other threads (measured: ~1 000 faults in a benchmark's first second of tracing). Between
-//! sessions the table may keep stale entries (an insert racing with the end of a session);
-//! they are harmless — a stale hit only makes the writer see a free for an address it does
-//! not track, which it ignores — and `clear` wipes them.
+//! starts with [`clear`], which also makes all of it resident: left to fault in on demand,
+//! each page costs a read fault and then, at its first insert, a write fault whose TLB
+//! shoot-down interrupts the program's other threads (measured: ~1 000 faults in a
+//! benchmark's first second of tracing). Between sessions the table may keep stale entries
+//! (an insert racing with the end of a session); they are harmless — a stale hit only makes
+//! the writer see a free for an address it does not track, which it ignores — and `clear`
+//! wipes them.
 //!
 //! Memory ordering: a block is inserted (counter, then slot) before its address is returned
 //! to the program, and any thread that frees it got the address through some synchronisation
