@@ -18,9 +18,9 @@
 //! of its counters nonzero at that size; one counter per bucket has under 4 %. In the
 //! allocation benchmark's rows with 20 000 live blocks per thread, ten alternating runs of
 //! each filter gave (best, median, ns an operation): at rate 1e-4, with some 300 sampled
-//! blocks live, 106.3 and 108.3 against 113.1 and 115.0 for the coarse filter; at rate 1e-5
-//! (some 30 live), 97.8 and 100.5 against 99.7 and 102.9. With 512 live blocks the
-//! difference was within the noise.
+//! blocks live, 101.7 and 106.1 against 109.2 and 115.1 for the coarse filter; at rate 1e-5
+//! (some 30 live), 98.2 and 103.2 against 98.3 and 104.1, within the noise, as with 512 live
+//! blocks.
 //!
 //! The table lives in `.bss` (2^15 buckets × 64 bytes = 2 MiB). It is not aligned to 2 MiB
 //! for a transparent huge page: with `perf`, a huge page cut the time in inserts and lookups
