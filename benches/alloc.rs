@@ -200,10 +200,7 @@ fn trace_path(mode: &str) -> PathBuf {
 }
 
 fn start(path: &Path, rate: f64, unwinder: Unwinder) -> memtrace_rs::TraceGuard {
-    let mut config = TraceConfig::new(path);
-    config.rate = rate;
-    config.unwinder = unwinder;
-    start_tracing(config).expect("start tracing")
+    start_tracing(TraceConfig::new(path).rate(rate).unwinder(unwinder)).expect("start tracing")
 }
 
 /// Run `ops` allocation/free pairs on each of [`THREADS`] threads, each keeping `live` blocks;

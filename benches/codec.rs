@@ -5,19 +5,20 @@
 //! cargo bench --bench codec --all-features -- --warm-up-time 1 --measurement-time 3
 //! ```
 //!
-//! The trace is generated with the writer by `tests/common/mod.rs` (shared with the
-//! tests): 1 000 000 events from 400 call stacks of depth 10–40 sharing prefixes, allocs
+//! The trace is generated with the writer by `tests/integration/util/traces.rs` (shared with
+//! the tests): 1 000 000 events from 400 call stacks of depth 10–40 sharing prefixes, allocs
 //! interleaved with collects and a few promotes.
 
-#[path = "../tests/common/mod.rs"]
+#[path = "../tests/integration/util/traces.rs"]
+#[allow(dead_code)] // The tests use the crafting helpers; the benchmark only generates.
 mod common;
 
 use std::hint::black_box;
 
 use common::{generate_trace, realistic_stacks, Rng, TraceSpec};
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use memtrace_rs::backtrace_codec;
-use memtrace_rs::buf::{ReadCursor, WriteBuf};
+use memtrace_rs::__internals::backtrace_codec;
+use memtrace_rs::__internals::buf::{ReadCursor, WriteBuf};
 use memtrace_rs::trace::{EventKind, Reader};
 
 /// Events in the generated trace.

@@ -12,7 +12,7 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use memtrace_rs::location_codec::Location;
+use memtrace_rs::trace::Location;
 use memtrace_rs::trace::{EventKind, Reader};
 use memtrace_rs::MemtraceAllocator;
 

@@ -13,7 +13,7 @@
 use std::io::BufWriter;
 use std::sync::Arc;
 
-use memtrace_rs::location_codec::Location;
+use memtrace_rs::trace::Location;
 use memtrace_rs::trace::{AllocSource, EventKind, Info, NewAlloc, Reader, Writer};
 
 const STACKS: u64 = 64;

@@ -1,4 +1,5 @@
 #![warn(missing_docs)]
+#![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
 //! A sampling memory profiler for Rust that writes Jane Street memtrace traces.
 //!
 //! Install [`MemtraceAllocator`] as the global allocator and call [`trace_if_requested`]
@@ -6,29 +7,47 @@
 //! bytes and written, with their backtraces and frees, to a memtrace (v3) trace that
 //! upstream's OCaml tools and this crate's `memtrace` command line can read.
 //!
-//! The format layers mirror upstream's: [`buf`], [`backtrace_codec`], [`location_codec`]
-//! and [`trace`] (a writer and a streaming reader). The profiler is [`sampler`],
-//! [`allocator`], [`tracer`] and [`symbolize`].
+//! ```no_run
+//! use memtrace_rs::MemtraceAllocator;
+//!
+//! #[global_allocator]
+//! static GLOBAL: MemtraceAllocator = MemtraceAllocator::system();
+//!
+//! fn main() {
+//!     let _trace = memtrace_rs::trace_if_requested();
+//!     // ... the program ...
+//! }
+//! ```
+//!
+//! Traces are read with [`trace::Reader`] and written with [`trace::Writer`].
 
-pub mod allocator;
-pub mod backtrace_codec;
-pub mod buf;
-pub mod error;
-mod handoff;
-mod hash;
-pub mod location_codec;
-mod sampled_set;
-pub mod sampler;
-pub mod symbolize;
-pub mod trace;
-pub mod tracer;
-mod unwind;
+mod format;
+mod runtime;
 
 #[cfg(feature = "cli")]
 pub mod cli;
 
-pub use allocator::MemtraceAllocator;
-pub use error::{Error, ErrorKind, Result};
-pub use tracer::{
-    currently_tracing, start_tracing, stop_tracing, trace_if_requested, StartError, TraceConfig, TraceGuard, Unwinder,
-};
+pub use format::error::{Error, ErrorKind, Result};
+pub use runtime::allocator::MemtraceAllocator;
+pub use runtime::config::{StartError, TraceConfig};
+pub use runtime::session::{start_tracing, stop_tracing, trace_if_requested, TraceGuard, TraceStats};
+pub use runtime::state::currently_tracing;
+pub use runtime::unwind::Unwinder;
+
+/// Reading and writing memtrace traces: a streaming [`Reader`] for format versions 1–3 and a
+/// [`Writer`] of version 3.
+pub mod trace {
+    pub use crate::format::location_codec::Location;
+    pub use crate::format::trace::{
+        Alloc, AllocSource, Event, EventKind, Info, LocationTable, NewAlloc, ObjectId, Reader, Timestamp, Warning,
+        Writer, FORMAT_VERSION,
+    };
+}
+
+/// The format's internals, for this crate's benchmarks and fuzz targets only: not a stable
+/// API.
+#[doc(hidden)]
+pub mod __internals {
+    pub use crate::format::{backtrace_codec, buf, location_codec};
+    pub use crate::runtime::symbolize::function_names;
+}

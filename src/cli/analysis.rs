@@ -37,9 +37,9 @@ use std::io::Read;
 use std::path::Path;
 
 use super::progress::Progress;
-use crate::hash::FastMap;
-use crate::location_codec::Location;
-use crate::trace::{AllocSource, EventKind, Info, LocationTable, ObjectId, Reader, Timestamp, Warning};
+use crate::format::hash::FastMap;
+use crate::format::location_codec::Location;
+use crate::format::trace::{AllocSource, EventKind, Info, LocationTable, ObjectId, Reader, Timestamp, Warning};
 use crate::Result;
 
 /// Events between two progress updates.

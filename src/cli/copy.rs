@@ -12,8 +12,8 @@ use std::io::{BufWriter, Write};
 use std::path::Path;
 
 use super::{Failure, Watched};
-use crate::hash::FastMap;
-use crate::trace::{EventKind, NewAlloc, ObjectId, Reader, Writer};
+use crate::format::hash::FastMap;
+use crate::format::trace::{EventKind, NewAlloc, ObjectId, Reader, Writer};
 use crate::Result;
 
 /// The result of [`copy`].

@@ -2,9 +2,9 @@
 
 use std::io::{self, Write};
 
-use crate::hash::FastMap;
-use crate::location_codec::Location;
-use crate::trace::{AllocSource, EventKind, Reader};
+use crate::format::hash::FastMap;
+use crate::format::location_codec::Location;
+use crate::format::trace::{AllocSource, EventKind, Reader};
 use crate::Result;
 
 /// Print one line per allocation, promote and collect event of the trace at `path`.

@@ -28,7 +28,7 @@ use std::rc::Rc;
 
 use clap::{Parser, Subcommand};
 
-use crate::trace::Warning;
+use crate::format::trace::Warning;
 use analysis::{Analysis, Options as AnalysisOptions};
 
 /// Analyse memtrace traces (from this crate's allocator or from OCaml's memtrace).

@@ -15,7 +15,7 @@ use std::ffi::c_void;
 use std::os::unix::ffi::OsStrExt;
 use std::sync::Arc;
 
-use crate::location_codec::Location;
+use crate::format::location_codec::Location;
 
 /// The locations of the code at return address `addr`, outermost first: the function that
 /// contains the code, then one per inlined function, without the allocator shim and what is

@@ -4,10 +4,10 @@
 //! This module holds what both sides share: the trace [`Info`], the event types, and the
 //! packet header layout.
 
-pub mod reader;
-pub mod writer;
+mod reader;
+mod writer;
 
-use crate::backtrace_codec::CacheVerifier;
+use crate::format::backtrace_codec::CacheVerifier;
 
 pub use reader::{Alloc, Event, EventKind, LocationTable, Reader, Warning};
 pub use writer::{NewAlloc, Writer};

@@ -87,6 +87,8 @@ pub enum ErrorKind {
     TooManyDomains,
     /// The process id changed since the writer was created (we are a forked child).
     PidChanged,
+    /// The tracer's writer thread panicked (a bug): the trace ends at its last flush.
+    WriterPanicked,
 }
 
 /// An error reading or writing a trace, with the byte offset where it happened when known.
@@ -159,6 +161,7 @@ impl fmt::Display for ErrorKind {
             Unsupported(what) => write!(f, "unsupported: {what}"),
             TooManyDomains => write!(f, "more than 128 domains"),
             PidChanged => write!(f, "pid changed (forked child): not writing to the parent's trace"),
+            WriterPanicked => write!(f, "the trace writer panicked"),
         }
     }
 }

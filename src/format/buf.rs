@@ -5,7 +5,7 @@
 //! can check once per event. [`ReadCursor`] walks a byte slice; every read is bounds-checked
 //! and running out of bytes is an [`Error`] carrying the absolute offset in the file.
 
-use crate::error::{Error, ErrorKind, Result};
+use crate::format::error::{Error, ErrorKind, Result};
 
 /// A fixed-capacity little-endian output buffer (upstream `Buf.Write`).
 #[derive(Debug, Clone)]

@@ -8,8 +8,8 @@
 use std::borrow::Cow;
 use std::sync::Arc;
 
-use crate::buf::{ReadCursor, WriteBuf};
-use crate::error::{ErrorKind, Result};
+use crate::format::buf::{ReadCursor, WriteBuf};
+use crate::format::error::{ErrorKind, Result};
 
 /// One source location: a position in a file and the name of the enclosing definition.
 ///

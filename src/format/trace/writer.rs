@@ -9,10 +9,10 @@ use std::io::Write;
 use std::sync::Arc;
 
 use super::{event_id, AllocSource, Info, ObjectId, Timestamp, FORMAT_VERSION, MAGIC, PACKET_BUFFER_SIZE, TIME_MASK};
-use crate::backtrace_codec;
-use crate::buf::WriteBuf;
-use crate::error::{Error, ErrorKind, Result};
-use crate::location_codec::{self, Location};
+use crate::format::backtrace_codec;
+use crate::format::buf::WriteBuf;
+use crate::format::error::{Error, ErrorKind, Result};
+use crate::format::location_codec::{self, Location};
 
 /// Object ids a domain writer reserves at a time.
 const IDS_PER_CHUNK: u64 = 10_000;

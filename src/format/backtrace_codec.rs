@@ -10,8 +10,8 @@
 //! runs, the 4096-byte budget, the verifier sequence) because the bytes are compared with
 //! upstream's.
 
-use crate::buf::{ReadCursor, WriteBuf};
-use crate::error::{ErrorKind, Result};
+use crate::format::buf::{ReadCursor, WriteBuf};
+use crate::format::error::{ErrorKind, Result};
 
 const CACHE_SIZE: usize = 1 << 14;
 const BUCKET_MASK: u64 = CACHE_SIZE as u64 - 1;

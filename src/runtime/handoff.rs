@@ -32,8 +32,8 @@ use std::sync::atomic::{AtomicPtr, AtomicU32, Ordering};
 
 use crossbeam_channel::{Receiver, Sender, TrySendError};
 
-use crate::trace::Timestamp;
-use crate::tracer::MAX_FRAMES;
+use crate::format::trace::Timestamp;
+use crate::runtime::state::MAX_FRAMES;
 
 /// Messages the queue holds: 128 Ki × 56 bytes (a message and its slot's stamp), allocated
 /// once per process.

@@ -361,7 +361,7 @@ mod tests {
                     for _ in 0..ROUNDS {
                         for (i, &addr) in set.iter().enumerate() {
                             // Insert or remove about half of the set each round, in varying order.
-                            if crate::sampler::next_u64(&mut rng).is_multiple_of(2) {
+                            if crate::runtime::sampler::next_u64(&mut rng).is_multiple_of(2) {
                                 continue;
                             }
                             if live[i] {

@@ -20,11 +20,11 @@ use std::sync::Arc;
 use super::{
     event_id, AllocSource, Info, ObjectId, PacketHeader, Timestamp, FORMAT_VERSION, HEADER_SIZE_V1, MAGIC, TIME_MASK,
 };
-use crate::backtrace_codec::{self, CacheVerifier};
-use crate::buf::ReadCursor;
-use crate::error::{Error, ErrorKind, Result};
-use crate::hash::FastMap;
-use crate::location_codec::{self, Location};
+use crate::format::backtrace_codec::{self, CacheVerifier};
+use crate::format::buf::ReadCursor;
+use crate::format::error::{Error, ErrorKind, Result};
+use crate::format::hash::FastMap;
+use crate::format::location_codec::{self, Location};
 
 /// Largest packet the reader accepts. Writers produce at most 32 KiB; this leaves room for
 /// other writers while bounding the memory a corrupt size field can claim.

@@ -3,8 +3,8 @@
 //! Every call forwards to the inner allocator. While tracing is off that is all it does, after
 //! one relaxed load and a well-predicted branch. While tracing is on:
 //!
-//! - `alloc`/`alloc_zeroed`: the thread's byte countdown ([`crate::sampler`]) is decremented;
-//!   when it crosses a sample point the block is recorded ([`crate::tracer`] captures the
+//! - `alloc`/`alloc_zeroed`: the thread's byte countdown ([`crate::runtime::sampler`]) is decremented;
+//!   when it crosses a sample point the block is recorded ([`record`] captures the
 //!   stack, notes the block in the sampled-block table and sends an alloc message) **before**
 //!   the pointer is returned.
 //! - `dealloc`: one read of the sampled-block filter (a 32 KiB array), which rules out almost
@@ -19,21 +19,10 @@
 
 use std::alloc::{GlobalAlloc, Layout, System};
 
-use crate::sampled_set;
-use crate::sampler;
-use crate::tracer;
-
-/// Which allocator entry point made a sample: the stack frames the tracer must drop to reach
-/// the caller's code differ between them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Entry {
-    /// `GlobalAlloc::alloc`.
-    Alloc = 0,
-    /// `GlobalAlloc::alloc_zeroed`.
-    AllocZeroed = 1,
-    /// `GlobalAlloc::realloc`.
-    Realloc = 2,
-}
+use super::record;
+use super::sampled_set;
+use super::sampler;
+use super::state::{enabled, Entry};
 
 /// A global allocator that forwards to `A` and, while a trace is running, samples allocations
 /// into a memtrace trace.
@@ -105,14 +94,14 @@ unsafe fn sampled(size: usize, entry: Entry, inner: impl FnOnce() -> *mut u8) ->
 #[cold]
 #[inline(never)]
 fn record_alloc(ptr: *mut u8, size: usize, nsamples: u64, entry: Entry) {
-    sampler::in_tracer(|| tracer::sampled_alloc(ptr as usize, size, nsamples, entry));
+    sampler::in_tracer(|| record::sampled_alloc(ptr as usize, size, nsamples, entry));
 }
 
 /// Report the end of sampled block `ptr`.
 #[cold]
 #[inline(never)]
 fn record_free(ptr: *mut u8) {
-    sampler::in_tracer(|| tracer::sampled_free(ptr as usize));
+    sampler::in_tracer(|| record::sampled_free(ptr as usize));
 }
 
 /// For a block about to be freed: if it was sampled, forget it and report its end.
@@ -138,7 +127,7 @@ fn forget_if_sampled(ptr: *mut u8) {
 unsafe impl<A: GlobalAlloc> GlobalAlloc for MemtraceAllocator<A> {
     #[inline]
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        if !tracer::enabled() {
+        if !enabled() {
             // SAFETY: forwarded under the caller's contract.
             return unsafe { self.inner.alloc(layout) };
         }
@@ -148,7 +137,7 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for MemtraceAllocator<A> {
 
     #[inline]
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        if !tracer::enabled() {
+        if !enabled() {
             // SAFETY: forwarded under the caller's contract.
             return unsafe { self.inner.alloc_zeroed(layout) };
         }
@@ -158,7 +147,7 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for MemtraceAllocator<A> {
 
     #[inline]
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        if tracer::enabled() && sampled_set::may_contain(ptr as usize) {
+        if enabled() && sampled_set::may_contain(ptr as usize) {
             // SAFETY: forwarded under the caller's contract.
             return unsafe { self.dealloc_maybe_sampled(ptr, layout) };
         }
@@ -168,7 +157,7 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for MemtraceAllocator<A> {
 
     #[inline]
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        if !tracer::enabled() {
+        if !enabled() {
             // SAFETY: forwarded under the caller's contract.
             return unsafe { self.inner.realloc(ptr, layout, new_size) };
         }

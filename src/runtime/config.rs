@@ -1,0 +1,248 @@
+//! How to trace: [`TraceConfig`], the environment variables that fill it in, and
+//! [`StartError`], why a trace did not start.
+
+use std::ffi::{OsStr, OsString};
+use std::fmt;
+use std::io;
+use std::path::PathBuf;
+
+use super::state::{DEFAULT_FRAME_CAP, MAX_FRAMES};
+use super::unwind::Unwinder;
+
+/// Default sampling rate: the probability that any one 8-byte word allocated is sampled.
+pub(crate) const DEFAULT_RATE: f64 = 1e-5;
+/// Environment variable naming the trace file.
+pub(crate) const FILE_VAR: &str = "MEMTRACE_FILE";
+/// Upstream's name for [`FILE_VAR`], also accepted.
+pub(crate) const UPSTREAM_FILE_VAR: &str = "MEMTRACE";
+/// Environment variable holding the sampling rate.
+pub(crate) const RATE_VAR: &str = "MEMTRACE_RATE";
+/// Environment variable holding the trace's free-form context string.
+pub(crate) const CONTEXT_VAR: &str = "MEMTRACE_CONTEXT";
+/// Environment variable choosing the stack unwinder: `auto` (default), `dwarf` or
+/// `frame-pointers` (see [`Unwinder`]).
+pub(crate) const UNWINDER_VAR: &str = "MEMTRACE_UNWINDER";
+
+/// How to trace: see [`start_tracing`].
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct TraceConfig {
+    /// The trace file; created (mode 0600) or truncated.
+    pub(crate) path: PathBuf,
+    /// Probability that any one 8-byte word allocated is sampled, in (0, 1].
+    pub(crate) rate: f64,
+    /// A free-form description stored in the trace info.
+    pub(crate) context: Option<String>,
+    /// Stack frames recorded per sample, from 1 to [`MAX_FRAMES`].
+    pub(crate) frame_cap: usize,
+    /// How sampled stacks are captured.
+    pub(crate) unwinder: Unwinder,
+}
+
+impl TraceConfig {
+    /// A configuration writing to `path` with the default rate, frame cap and unwinder and no
+    /// context.
+    pub fn new(path: impl Into<PathBuf>) -> TraceConfig {
+        TraceConfig {
+            path: path.into(),
+            rate: DEFAULT_RATE,
+            context: None,
+            frame_cap: DEFAULT_FRAME_CAP,
+            unwinder: Unwinder::default(),
+        }
+    }
+
+    /// The sampling rate: the probability that any one 8-byte word allocated is sampled,
+    /// in (0, 1].
+    pub fn rate(mut self, rate: f64) -> TraceConfig {
+        self.rate = rate;
+        self
+    }
+
+    /// A free-form description stored in the trace.
+    pub fn context(mut self, context: impl Into<String>) -> TraceConfig {
+        self.context = Some(context.into());
+        self
+    }
+
+    /// The number of stack frames recorded per sample, from 1 to 128.
+    pub fn frame_cap(mut self, frame_cap: usize) -> TraceConfig {
+        self.frame_cap = frame_cap;
+        self
+    }
+
+    /// How sampled stacks are captured.
+    pub fn unwinder(mut self, unwinder: Unwinder) -> TraceConfig {
+        self.unwinder = unwinder;
+        self
+    }
+}
+
+/// Why tracing did not start.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum StartError {
+    /// A trace is already being recorded in this process.
+    AlreadyTracing,
+    /// The rate is not in (0, 1].
+    InvalidRate(f64),
+    /// An environment variable has a value that cannot be used.
+    InvalidVariable {
+        /// The variable.
+        var: &'static str,
+        /// Its value.
+        value: String,
+        /// What it must be instead, e.g. "a sampling rate in (0, 1]".
+        expected: &'static str,
+    },
+    /// The frame cap is not in 1..=[`MAX_FRAMES`].
+    InvalidFrameCap(usize),
+    /// Allocations do not reach a [`crate::MemtraceAllocator`]: it is not the
+    /// `#[global_allocator]`.
+    NotGlobalAllocator,
+    /// The trace file could not be opened.
+    Open {
+        /// The trace file.
+        path: PathBuf,
+        /// Why.
+        source: io::Error,
+    },
+    /// The trace file is locked by another process.
+    Locked {
+        /// The trace file.
+        path: PathBuf,
+    },
+    /// Writing the start of the trace failed.
+    Write {
+        /// The trace file.
+        path: PathBuf,
+        /// Why.
+        source: crate::Error,
+    },
+    /// The writer thread could not be started.
+    Spawn(io::Error),
+}
+
+impl fmt::Display for StartError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            StartError::AlreadyTracing => write!(f, "a trace is already being recorded"),
+            StartError::InvalidRate(rate) => write!(f, "sampling rate must be in (0, 1], got {rate}"),
+            StartError::InvalidVariable { var, value, expected } => {
+                write!(f, "{var} must be {expected}, got {value:?}; not tracing")
+            }
+            StartError::InvalidFrameCap(cap) => write!(f, "frame cap must be between 1 and {MAX_FRAMES}, got {cap}"),
+            StartError::NotGlobalAllocator => {
+                write!(f, "MemtraceAllocator is not the #[global_allocator]; not tracing")
+            }
+            StartError::Open { path, source } => {
+                write!(f, "cannot open trace file {}: {source}; not tracing", path.display())
+            }
+            StartError::Locked { path } => {
+                write!(f, "trace file {} is locked: is another process using it? Not tracing", path.display())
+            }
+            StartError::Write { path, source } => {
+                write!(f, "cannot write trace file {}: {source}; not tracing", path.display())
+            }
+            StartError::Spawn(e) => write!(f, "cannot start the trace writer thread: {e}; not tracing"),
+        }
+    }
+}
+
+impl std::error::Error for StartError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            StartError::Open { source, .. } => Some(source),
+            StartError::Write { source, .. } => Some(source),
+            StartError::Spawn(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+/// The configuration the environment asks for, writing to `path`.
+pub(crate) fn config_from_env(path: OsString) -> Result<TraceConfig, StartError> {
+    let mut config = TraceConfig::new(path);
+    if let Some(rate) = rate_from_env(std::env::var_os(RATE_VAR).as_deref())? {
+        config.rate = rate;
+    }
+    if let Some(unwinder) = unwinder_from_env(std::env::var_os(UNWINDER_VAR).as_deref())? {
+        config.unwinder = unwinder;
+    }
+    config.context = std::env::var(CONTEXT_VAR).ok().filter(|c| !c.is_empty());
+    Ok(config)
+}
+
+/// The rate given by the value of [`RATE_VAR`]: `None` when unset or empty.
+fn rate_from_env(value: Option<&OsStr>) -> Result<Option<f64>, StartError> {
+    let Some(value) = value.filter(|v| !v.is_empty()) else { return Ok(None) };
+    match value.to_str().and_then(|v| v.trim().parse::<f64>().ok()) {
+        Some(rate) if valid_rate(rate) => Ok(Some(rate)),
+        _ => Err(StartError::InvalidVariable {
+            var: RATE_VAR,
+            value: value.to_string_lossy().into_owned(),
+            expected: "a sampling rate in (0, 1]",
+        }),
+    }
+}
+
+/// The unwinder named by the value of [`UNWINDER_VAR`]: `None` when unset or empty.
+fn unwinder_from_env(value: Option<&OsStr>) -> Result<Option<Unwinder>, StartError> {
+    let Some(value) = value.filter(|v| !v.is_empty()) else { return Ok(None) };
+    let name = value.to_str().map(str::trim);
+    [Unwinder::Auto, Unwinder::Dwarf, Unwinder::FramePointers]
+        .into_iter()
+        .find(|u| Some(u.name()) == name)
+        .map(Some)
+        .ok_or_else(|| StartError::InvalidVariable {
+            var: UNWINDER_VAR,
+            value: value.to_string_lossy().into_owned(),
+            expected: "`auto`, `dwarf` or `frame-pointers`",
+        })
+}
+
+pub(crate) fn valid_rate(rate: f64) -> bool {
+    rate > 0.0 && rate <= 1.0
+}
+
+#[cfg(test)]
+mod tests {
+
+    use super::*;
+
+    #[test]
+    fn rate_variable_parsing() {
+        assert!(rate_from_env(None).unwrap().is_none());
+        assert!(rate_from_env(Some(OsStr::new(""))).unwrap().is_none());
+        assert_eq!(rate_from_env(Some(OsStr::new("1e-3"))).unwrap(), Some(1e-3));
+        assert_eq!(rate_from_env(Some(OsStr::new("1"))).unwrap(), Some(1.0));
+        for bad in ["0", "-0.1", "1.5", "abc", "NaN", "inf"] {
+            let e = rate_from_env(Some(OsStr::new(bad))).unwrap_err();
+            assert!(matches!(&e, StartError::InvalidVariable { var: RATE_VAR, value, .. } if value == bad), "{e:?}");
+            assert_eq!(
+                e.to_string(),
+                format!("{RATE_VAR} must be a sampling rate in (0, 1], got {bad:?}; not tracing")
+            );
+        }
+    }
+
+    #[test]
+    fn unwinder_variable_parsing() {
+        assert!(unwinder_from_env(None).unwrap().is_none());
+        assert!(unwinder_from_env(Some(OsStr::new(""))).unwrap().is_none());
+        assert_eq!(unwinder_from_env(Some(OsStr::new("auto"))).unwrap(), Some(Unwinder::Auto));
+        assert_eq!(unwinder_from_env(Some(OsStr::new("dwarf"))).unwrap(), Some(Unwinder::Dwarf));
+        assert_eq!(unwinder_from_env(Some(OsStr::new("frame-pointers"))).unwrap(), Some(Unwinder::FramePointers));
+        for bad in ["fp", "DWARF", "frame_pointers", "x"] {
+            let e = unwinder_from_env(Some(OsStr::new(bad))).unwrap_err();
+            assert!(
+                matches!(&e, StartError::InvalidVariable { var: UNWINDER_VAR, value, .. } if value == bad),
+                "{e:?}"
+            );
+            assert_eq!(
+                e.to_string(),
+                format!("{UNWINDER_VAR} must be `auto`, `dwarf` or `frame-pointers`, got {bad:?}; not tracing")
+            );
+        }
+    }
+}

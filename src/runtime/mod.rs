@@ -1,0 +1,28 @@
+//! The profiler that runs inside the traced program.
+//!
+//! The data flow, bottom up (each module uses only those before it):
+//!
+//! - [`state`]: whether tracing is on, the allocator entry points, frame limits, the clock;
+//! - [`sampler`]: the per-thread byte countdown that picks the sampled allocations;
+//! - [`sampled_set`]: the lock-free table that tells a free whether its block was sampled;
+//! - [`handoff`]: the bounded queue from application threads to the writer, with its pool of
+//!   frame buffers;
+//! - [`symbolize`]: code addresses to source locations (the writer's, and calibration's);
+//! - [`unwind`]: capturing a sampled allocation's stack, and calibrating the walkers;
+//! - [`record`]: the sampled path of an allocation and of a free;
+//! - [`allocator`]: [`MemtraceAllocator`](allocator::MemtraceAllocator), the hot path;
+//! - [`config`]: [`TraceConfig`](config::TraceConfig), the environment, start errors;
+//! - [`writer_thread`]: the thread that owns the trace writer;
+//! - [`session`]: starting and stopping, and the process hooks.
+
+pub(crate) mod allocator;
+pub(crate) mod config;
+pub(crate) mod handoff;
+pub(crate) mod record;
+pub(crate) mod sampled_set;
+pub(crate) mod sampler;
+pub(crate) mod session;
+pub(crate) mod state;
+pub(crate) mod symbolize;
+pub(crate) mod unwind;
+pub(crate) mod writer_thread;

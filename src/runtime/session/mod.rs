@@ -1,0 +1,393 @@
+//! Starting and stopping traces: the running session, its trace file, the start of the
+//! writer thread, and the process hooks (`atexit`, `pthread_atfork`) that keep a session
+//! consistent across `exit` and `fork`.
+//!
+//! # Threads and ordering
+//! Application threads never wait for the writer (see `record` and `handoff`). Starting a
+//! session calibrates the stack capture (`unwind::calibrate`), opens and locks the file,
+//! writes the trace's first packet, starts the writer thread and only then turns sampling on;
+//! stopping turns sampling off, sends the writer a stop message after everything queued, and
+//! joins it.
+
+mod lock;
+
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::fd::AsRawFd;
+use std::os::unix::ffi::OsStringExt;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Once;
+use std::thread::JoinHandle;
+
+use self::lock::ForkSafeLock;
+use super::config::{config_from_env, valid_rate, StartError, TraceConfig, FILE_VAR, UPSTREAM_FILE_VAR};
+use super::handoff::{self, Channel};
+use super::record::{self, Losses};
+use super::sampled_set;
+use super::sampler;
+use super::state::{currently_tracing, getpid, now_us, MAX_FRAMES, OFF, ON, STATE};
+use super::unwind::{self, cfi, Walker};
+use super::writer_thread::{write_trace, WriterOutcome, DOMAIN};
+use crate::format::error::Error;
+use crate::format::trace::{Info, Writer};
+
+/// The running session; held while starting and stopping (and across `fork`).
+static SESSION: ForkSafeLock<Slot> = ForkSafeLock::new(Slot { running: None, finished: None });
+/// Registers the process hooks once.
+static HOOKS: Once = Once::new();
+
+/// A running trace; dropping it stops tracing and flushes the trace, and so does
+/// [`finish`](TraceGuard::finish), which also says how it went.
+#[must_use = "tracing stops when the guard is dropped"]
+#[derive(Debug)]
+pub struct TraceGuard {
+    session: u64,
+}
+
+impl TraceGuard {
+    /// Stop tracing, flush the trace and close it: what was written and what was lost, or
+    /// the error that stopped the writer. A session already stopped by [`stop_tracing`] or at
+    /// a write error gives its outcome too.
+    pub fn finish(self) -> Result<TraceStats, Error> {
+        let id = self.session;
+        std::mem::forget(self);
+        stop_session(Some(id)).unwrap_or_else(|| {
+            let mut slot = SESSION.lock();
+            match slot.finished.take() {
+                Some((finished, outcome)) if finished == id => outcome,
+                other => {
+                    slot.finished = other;
+                    // Ended with a fork, or by a later session's start: nothing to report.
+                    Ok(TraceStats::default())
+                }
+            }
+        })
+    }
+}
+
+impl Drop for TraceGuard {
+    fn drop(&mut self) {
+        stop_session(Some(self.session));
+    }
+}
+
+/// What a finished trace holds and what it lost: see [`TraceGuard::finish`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct TraceStats {
+    /// Sampled allocations written to the trace.
+    pub samples_written: u64,
+    /// Frees of sampled blocks written to the trace.
+    pub frees_written: u64,
+    /// Sampled allocations dropped because the writer was too far behind.
+    pub dropped_writer_behind: u64,
+    /// Sampled allocations dropped because their sampled-block table bucket was full.
+    pub dropped_table_full: u64,
+    /// Sampled allocations dropped because no memory was left for their stacks.
+    pub dropped_no_memory: u64,
+    /// Frees of sampled blocks lost because the writer was too far behind: the trace shows
+    /// those blocks as never freed.
+    pub frees_lost: u64,
+}
+
+impl TraceStats {
+    /// All sampled allocations dropped, whatever the reason.
+    pub fn samples_dropped(&self) -> u64 {
+        self.dropped_writer_behind + self.dropped_table_full + self.dropped_no_memory
+    }
+}
+
+/// The running session and the outcome of the last one that ended without its guard.
+struct Slot {
+    running: Option<Session>,
+    /// The id and outcome of the last session stopped by [`stop_tracing`] or a later start.
+    finished: Option<(u64, Result<TraceStats, Error>)>,
+}
+
+/// The state of the running session.
+struct Session {
+    id: u64,
+    /// The process that started it (a forked child must not touch the writer).
+    pid: u32,
+    channel: &'static Channel,
+    writer: JoinHandle<WriterOutcome>,
+}
+
+/// Start tracing if the environment asks for it: `MEMTRACE_FILE` (or upstream's `MEMTRACE`)
+/// names the trace file, `MEMTRACE_RATE` the sampling rate (default 1e-5), and
+/// `MEMTRACE_CONTEXT` an optional description.
+///
+/// The file variables are removed from the environment, so that child processes are not
+/// traced into the same file. Problems (a malformed rate, an unwritable or locked file) are
+/// reported on stderr in one line starting with `memtrace: `, and the program runs on
+/// untraced. Returns `None` when not tracing; keep the guard alive for as long as the program
+/// should be traced.
+///
+/// Call it first thing in `main`, before the program starts threads: removing the variables
+/// edits the process environment, which is not thread-safe (`std::env::remove_var`).
+#[must_use = "tracing stops when the guard is dropped"]
+pub fn trace_if_requested() -> Option<TraceGuard> {
+    let path = [FILE_VAR, UPSTREAM_FILE_VAR].iter().find_map(|var| std::env::var_os(var).filter(|p| !p.is_empty()))?;
+    std::env::remove_var(FILE_VAR);
+    std::env::remove_var(UPSTREAM_FILE_VAR);
+    match config_from_env(path).and_then(start_tracing) {
+        Ok(guard) => Some(guard),
+        Err(e) => {
+            eprintln!("memtrace: {e}");
+            None
+        }
+    }
+}
+
+/// Start recording a trace as `config` says. Tracing stops when the returned guard is
+/// dropped, when [`stop_tracing`] is called, or at process exit.
+///
+/// Only one trace can be recorded at a time. The file is created with mode 0600 (or
+/// truncated), after taking an exclusive `lockf` lock on it: a file another process is
+/// tracing into gives [`StartError::Locked`]. The first call in a process also calibrates the
+/// stack capture, which requires [`crate::MemtraceAllocator`] to be the global allocator.
+pub fn start_tracing(config: TraceConfig) -> Result<TraceGuard, StartError> {
+    if !valid_rate(config.rate) {
+        return Err(StartError::InvalidRate(config.rate));
+    }
+    if !(1..=MAX_FRAMES).contains(&config.frame_cap) {
+        return Err(StartError::InvalidFrameCap(config.frame_cap));
+    }
+    HOOKS.call_once(register_hooks);
+    let mut slot = SESSION.lock();
+    if let Some(session) = slot.running.take() {
+        if session.pid == getpid() && currently_tracing() {
+            slot.running = Some(session);
+            return Err(StartError::AlreadyTracing);
+        }
+        // A session whose writer failed, or our parent's session: end it quietly.
+        let id = session.id;
+        slot.finished = finish(session).map(|outcome| (id, outcome));
+    }
+    // Rules cached by an earlier session may be for code unloaded since.
+    cfi::invalidate_if_unloaded();
+    let walker =
+        unwind::calibrate(config.unwinder).map_err(|unwind::NotGlobalAllocator| StartError::NotGlobalAllocator)?;
+    let file = open_locked(&config.path)?;
+    let start_time = now_us();
+    let info = Info {
+        sample_rate: config.rate,
+        word_size: 64,
+        executable_name: std::env::current_exe().map(|p| p.into_os_string().into_vec()).unwrap_or_default(),
+        host_name: host_name(),
+        runtime_params: runtime_params(config.frame_cap, walker).into_bytes(),
+        pid: getpid() as u64,
+        initial_domain: DOMAIN,
+        start_time,
+        context: config.context.map(String::into_bytes),
+    };
+    let write_error = |source| StartError::Write { path: config.path.clone(), source };
+    let writer = Writer::new(file, &info).map_err(write_error)?.check_pid_on_flush(true);
+
+    let id = NEXT_SESSION.fetch_add(1, Ordering::Relaxed);
+    let tag = handoff::session_tag(id);
+    let channel = handoff::open(getpid());
+    let (ready_tx, ready_rx) = crossbeam_channel::bounded(1);
+    let path = config.path.clone();
+    let writer = std::thread::Builder::new()
+        .name("memtrace-writer".into())
+        .spawn(move || {
+            sampler::enter_tracer_forever();
+            let _ = ready_tx.send(());
+            write_trace(channel, tag, writer, &path, start_time)
+        })
+        .map_err(StartError::Spawn)?;
+    let _ = ready_rx.recv();
+
+    sampled_set::clear();
+    record::take_losses();
+    sampler::configure(config.rate);
+    unwind::configure(walker, config.frame_cap);
+    handoff::publish(tag);
+    STATE.store(ON, Ordering::Release);
+    slot.running = Some(Session { id, pid: getpid(), channel, writer });
+    Ok(TraceGuard { session: id })
+}
+
+/// Session ids, so that a guard only stops its own session.
+static NEXT_SESSION: AtomicU64 = AtomicU64::new(1);
+
+/// Stop the running trace, if any, and flush it. Blocks still alive are not reported as
+/// collected.
+pub fn stop_tracing() {
+    stop_session(None);
+}
+
+/// Stop the running session if it is `only` (or any session for `None`): its outcome, `None`
+/// when there was no such session or it belongs to the parent of this forked process.
+fn stop_session(only: Option<u64>) -> Option<Result<TraceStats, Error>> {
+    let mut slot = SESSION.lock();
+    if slot.running.as_ref().is_some_and(|s| only.unwrap_or(s.id) == s.id) {
+        let session = slot.running.take()?;
+        let (id, outcome) = (session.id, finish(session));
+        if only.is_none() {
+            slot.finished = outcome.map(|outcome| (id, outcome));
+            return None;
+        }
+        return outcome;
+    }
+    None
+}
+
+/// End `session`: stop sampling, let the writer drain and close the trace, report losses on
+/// stderr. `None` in a forked child, which never touches its parent's writer.
+fn finish(session: Session) -> Option<Result<TraceStats, Error>> {
+    if session.pid != getpid() {
+        std::mem::forget(session.writer);
+        return None;
+    }
+    STATE.store(OFF, Ordering::SeqCst);
+    handoff::unpublish();
+    // A writer that stopped on a write error no longer drains the queue: then Stop may not
+    // fit, and is not needed.
+    session.channel.send_stop(handoff::session_tag(session.id), || !session.writer.is_finished());
+    let written = session.writer.join().unwrap_or_else(|_| WriterOutcome::panicked());
+    let losses = record::take_losses();
+    report_losses(&losses);
+    let stats = TraceStats {
+        samples_written: written.allocs,
+        frees_written: written.frees,
+        dropped_writer_behind: losses.writer_behind,
+        dropped_table_full: losses.table_full,
+        dropped_no_memory: losses.no_memory,
+        frees_lost: losses.frees,
+    };
+    Some(match written.error {
+        None => Ok(stats),
+        Some(e) => Err(e),
+    })
+}
+
+/// One line on stderr for lost samples, one for lost frees.
+fn report_losses(losses: &Losses) {
+    let Losses { writer_behind, table_full, no_memory, frees } = *losses;
+    let dropped = writer_behind + table_full + no_memory;
+    if dropped > 0 {
+        eprintln!(
+            "memtrace: {dropped} samples were dropped ({writer_behind} with the trace writer too far behind, \
+             {table_full} with the sampled-block table full, {no_memory} with no memory left for their stacks)"
+        );
+    }
+    if frees > 0 {
+        eprintln!(
+            "memtrace: {frees} frees of sampled blocks were lost with the trace writer too far behind; the trace \
+             shows those blocks as never freed"
+        );
+    }
+}
+
+/// Create or open `path` for writing (mode 0600), lock it, then truncate it.
+fn open_locked(path: &Path) -> Result<File, StartError> {
+    let file = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .open(path)
+        .map_err(|source| StartError::Open { path: path.to_owned(), source })?;
+    // SAFETY: `file` is an open descriptor for the duration of the call.
+    if unsafe { libc::lockf(file.as_raw_fd(), libc::F_TLOCK, 0) } != 0 {
+        let e = io::Error::last_os_error();
+        if matches!(e.raw_os_error(), Some(libc::EAGAIN) | Some(libc::EACCES)) {
+            return Err(StartError::Locked { path: path.to_owned() });
+        }
+        // Other failures (a device such as /dev/null that cannot be locked): go on unlocked.
+    }
+    // Errors ignored, as upstream does: devices cannot be truncated.
+    let _ = file.set_len(0);
+    Ok(file)
+}
+
+fn host_name() -> Vec<u8> {
+    let mut buf = [0u8; 256];
+    // SAFETY: `buf` is writable for `buf.len()` bytes.
+    if unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) } != 0 {
+        return Vec::new();
+    }
+    buf.split(|&b| b == 0).next().unwrap_or_default().to_vec()
+}
+
+fn runtime_params(frame_cap: usize, walker: Walker) -> String {
+    format!("memtrace-rs={},unwinder={},frames={frame_cap}", env!("CARGO_PKG_VERSION"), walker.name())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Process hooks
+
+fn register_hooks() {
+    // SAFETY: the handlers are `extern "C"` functions that live for the whole process.
+    unsafe {
+        libc::atexit(at_exit);
+        libc::pthread_atfork(Some(before_fork), Some(after_fork_in_parent), Some(after_fork_in_child));
+    }
+}
+
+/// Flush a trace whose guard was never dropped (`std::process::exit`, or `main` returning
+/// with the guard leaked).
+extern "C" fn at_exit() {
+    stop_session(None);
+}
+
+/// Hold the session lock across `fork`, so that the child never inherits it locked by a
+/// thread that does not exist there.
+extern "C" fn before_fork() {
+    std::mem::forget(SESSION.lock());
+}
+
+extern "C" fn after_fork_in_parent() {
+    // `before_fork` locked SESSION on this thread and forgot the guard.
+    SESSION.force_unlock();
+}
+
+/// The child never traces into its parent's file: stop sampling at once; the parent's
+/// session is forgotten (without touching its writer) when the child stops or restarts.
+extern "C" fn after_fork_in_child() {
+    STATE.store(OFF, Ordering::SeqCst);
+    handoff::unpublish();
+    // `before_fork` locked SESSION in the parent on the thread that is the child's only
+    // thread, and forgot the guard.
+    SESSION.force_unlock();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn invalid_configs_are_rejected_before_anything_starts() {
+        let mut config = TraceConfig::new("/nonexistent/never-created.ctf");
+        config.rate = 0.0;
+        assert!(matches!(start_tracing(config.clone()), Err(StartError::InvalidRate(_))));
+        config.rate = f64::NAN;
+        assert!(matches!(start_tracing(config.clone()), Err(StartError::InvalidRate(_))));
+        config.rate = 0.5;
+        config.frame_cap = MAX_FRAMES + 1;
+        assert!(matches!(start_tracing(config), Err(StartError::InvalidFrameCap(_))));
+    }
+
+    #[test]
+    fn not_the_global_allocator() {
+        // The library's unit tests run on the system allocator.
+        let e = start_tracing(TraceConfig::new("/nonexistent/never-created.ctf")).unwrap_err();
+        assert!(matches!(e, StartError::NotGlobalAllocator), "{e}");
+        assert!(!currently_tracing());
+    }
+
+    #[test]
+    fn runtime_params_name_the_crate() {
+        let version = env!("CARGO_PKG_VERSION");
+        assert_eq!(runtime_params(64, Walker::Libgcc), format!("memtrace-rs={version},unwinder=libgcc,frames=64"));
+        assert_eq!(runtime_params(64, Walker::Cfi), format!("memtrace-rs={version},unwinder=dwarf,frames=64"));
+        assert_eq!(
+            runtime_params(64, Walker::FramePointers),
+            format!("memtrace-rs={version},unwinder=frame-pointers,frames=64")
+        );
+    }
+}

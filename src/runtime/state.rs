@@ -1,0 +1,60 @@
+//! What every part of the runtime shares: whether the allocator takes the tracing path, the
+//! allocator entry point a sample came through, the frame limits, and the clock.
+//!
+//! The bottom of the runtime: it depends on nothing else in the crate.
+
+use std::sync::atomic::{AtomicU8, Ordering};
+
+use crate::format::trace::Timestamp;
+
+/// Tracing is off: the allocator forwards every call.
+pub(crate) const OFF: u8 = 0;
+/// A session is recording.
+pub(crate) const ON: u8 = 1;
+/// Start-up calibration: sampled allocations only feed the calibration.
+pub(crate) const CALIBRATING: u8 = 2;
+
+/// Whether the allocator takes the tracing path (`OFF`, `ON` or `CALIBRATING`).
+pub(crate) static STATE: AtomicU8 = AtomicU8::new(OFF);
+
+/// Default number of stack frames recorded per sample.
+pub(crate) const DEFAULT_FRAME_CAP: usize = 64;
+/// Most stack frames a sample can record (and the size of every frame buffer).
+pub(crate) const MAX_FRAMES: usize = 128;
+
+/// True while allocations go through the sampling path.
+#[inline(always)]
+pub(crate) fn enabled() -> bool {
+    STATE.load(Ordering::Relaxed) != OFF
+}
+
+/// Whether a trace is being recorded right now.
+pub fn currently_tracing() -> bool {
+    STATE.load(Ordering::Relaxed) == ON
+}
+
+/// Which allocator entry point made a sample: the stack frames the tracer must drop to reach
+/// the caller's code differ between them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Entry {
+    /// `GlobalAlloc::alloc`.
+    Alloc = 0,
+    /// `GlobalAlloc::alloc_zeroed`.
+    AllocZeroed = 1,
+    /// `GlobalAlloc::realloc`.
+    Realloc = 2,
+}
+
+/// Microseconds since the Unix epoch (no allocation).
+pub(crate) fn now_us() -> Timestamp {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `ts` is a valid, writable timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut ts) };
+    (ts.tv_sec as u64).saturating_mul(1_000_000).saturating_add(ts.tv_nsec as u64 / 1000)
+}
+
+/// This process's id.
+pub(crate) fn getpid() -> u32 {
+    // SAFETY: getpid has no preconditions.
+    unsafe { libc::getpid() as u32 }
+}

@@ -1,0 +1,354 @@
+//! Start-up calibration: how many leading frames of each walker's captures are the tracer's,
+//! whether frame pointers or the cached DWARF walk can be trusted in this process, and which
+//! walker a session should use.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use parking_lot::Mutex;
+
+use super::capture::WALKER;
+use super::choice::{Unwinder, Walker};
+use super::leading::{Leading, SHIM, SKIP};
+use super::{cfi, frame_pointers};
+use crate::runtime::sampler;
+use crate::runtime::state::{Entry, CALIBRATING, MAX_FRAMES, OFF, STATE};
+use crate::runtime::symbolize;
+
+/// Calibration found no sample of its own: allocations do not reach a `MemtraceAllocator`.
+#[derive(Debug)]
+pub(crate) struct NotGlobalAllocator;
+
+/// Per [`Walker`]: whether its [`SKIP`] and [`SHIM`] have been measured in this process.
+static CALIBRATED: [AtomicBool; 3] = [AtomicBool::new(false), AtomicBool::new(false), AtomicBool::new(false)];
+/// Per [`Walker`]: whether its calibration found it usable in this process (for frame
+/// pointers: a frame chain; for the cached DWARF walk: libgcc's stacks).
+static USABLE: [AtomicBool; 3] = [AtomicBool::new(true), AtomicBool::new(false), AtomicBool::new(false)];
+/// A calibration capture: its frame count and frames.
+type Capture = (usize, [u64; MAX_FRAMES]);
+const NO_CAPTURE: Capture = (0, [0; MAX_FRAMES]);
+/// The captures made by the calibration markers, per [`Walker`] and [`Entry`].
+static CALIBRATION: Mutex<[[Capture; 3]; 3]> = parking_lot::const_mutex([[NO_CAPTURE; 3]; 3]);
+/// Frames at the outer end of a stack that a frame-pointer walk may miss and still count as
+/// complete: the C library's thread or process start (`__libc_start_call_main`,
+/// `__libc_start_main`, `_start`; `start_thread`, `clone3`), which keeps no frame pointers.
+const C_START_FRAMES: usize = 3;
+
+/// Keep a calibration capture taken in `entry` by the walker being calibrated.
+pub(crate) fn record_calibration(entry: Entry, n: usize, frames: [u64; MAX_FRAMES]) {
+    CALIBRATION.lock()[WALKER.load(Ordering::Relaxed) as usize][entry as usize] = (n, frames);
+}
+
+/// Measure, once per process, how many leading captured frames belong to the tracer, the
+/// unwinder and the allocator shims for each entry point and walker, so that the innermost
+/// frame kept is the code that called into the global allocator.
+///
+/// A forced sample is taken from an `#[inline(never)]` marker function per entry point; the
+/// frames below the marker are resolved once, and everything up to the last one that is ours
+/// (`memtrace_rs::`, `backtrace::`, `__rust_alloc`, `__rg_`, `_Unwind_`, ...) is skipped: a
+/// count of frames ([`SKIP`]), then the allocator shim's frame if it is at the address where
+/// calibration saw it ([`SHIM`]; an optimised build may inline the shim into the allocating
+/// function, whose frame must be kept, and whose locations the writer trims of the shim's).
+/// This also warms up the walkers before any real sample is taken. Called with the tracer's
+/// session lock held and tracing off.
+///
+/// Every walker that can walk this stack is calibrated, whatever is wanted, from one call site,
+/// so that their stacks can be compared: libgcc's always (the last resort of the others), and
+/// the frame-pointer and cached DWARF walks on the thread's own stack. Returns the walker to
+/// use: for [`Unwinder::Auto`], frame pointers when their walk is
+/// [complete](frame_chain_complete); for DWARF, the cached walk when its stacks are libgcc's.
+/// Frame pointers asked for but not walkable here give DWARF, with a note on stderr.
+pub(crate) fn calibrate(wanted: Unwinder) -> Result<Walker, NotGlobalAllocator> {
+    let walkable = frame_pointers::SUPPORTED && frame_pointers::on_thread_stack();
+    let mut usable = [false; 3];
+    // The others' stacks again whenever the cached DWARF walk is calibrated, so that its stacks
+    // are compared with libgcc's, and libgcc's with the frame-pointer walk's, from one call site.
+    let again = cfi::SUPPORTED && walkable && !CALIBRATED[Walker::Cfi as usize].load(Ordering::Relaxed);
+    for walker in Walker::ALL {
+        let possible = match walker {
+            Walker::Libgcc => true,
+            Walker::FramePointers => walkable,
+            Walker::Cfi => cfi::SUPPORTED && walkable,
+        };
+        if possible {
+            usable[walker as usize] = calibrate_walker(walker, again)?;
+        }
+    }
+    let dwarf = if usable[Walker::Cfi as usize] { Walker::Cfi } else { Walker::Libgcc };
+    let why_not_frame_pointers = match wanted {
+        Unwinder::Dwarf => None,
+        _ if !frame_pointers::SUPPORTED => Some("is not supported on this platform"),
+        _ if !walkable => Some("cannot walk this stack (not the thread's own, or of unknown bounds)"),
+        _ if !usable[Walker::FramePointers as usize] => {
+            Some("finds no frame chain (build with -C force-frame-pointers=yes)")
+        }
+        Unwinder::Auto if !frame_chain_complete() => None,
+        _ => return Ok(Walker::FramePointers),
+    };
+    if wanted == Unwinder::FramePointers {
+        let why = why_not_frame_pointers.unwrap_or("finds an incomplete frame chain");
+        eprintln!("memtrace: frame-pointer unwinding {why}; using DWARF unwinding");
+    }
+    if !has_lock_free_table_lookup() {
+        eprintln!(
+            "memtrace: note: this C library has no _dl_find_object (glibc < 2.35), so DWARF unwinding \
+             can deadlock against dlopen/dlclose; building with -C force-frame-pointers=yes avoids it"
+        );
+    }
+    Ok(dwarf)
+}
+
+/// The callers of each calibration marker as `walker` captured them (its tracer frames skipped).
+fn calibration_callers(captures: &[[Capture; 3]; 3], walker: Walker, entry: usize) -> &[u64] {
+    let (n, frames) = &captures[walker as usize][entry];
+    let skip = SKIP[walker as usize][entry].load(Ordering::Relaxed).min(*n);
+    &frames[skip..*n]
+}
+
+/// Whether the frame-pointer walks of the calibration stacks found every frame the DWARF
+/// unwinder found, but for the C library's start-up frames: then the program keeps frame
+/// pointers. Both walkers must have been calibrated.
+fn frame_chain_complete() -> bool {
+    let captures = CALIBRATION.lock();
+    (0..3).all(|entry| {
+        chain_complete(
+            calibration_callers(&captures, Walker::Libgcc, entry),
+            calibration_callers(&captures, Walker::FramePointers, entry),
+        )
+    })
+}
+
+/// Whether a frame-pointer walk that found `walked` (innermost first, the tracer's frames
+/// skipped) found everything the DWARF unwinder found (`dwarf`) up to the C library's
+/// start-up frames.
+fn chain_complete(dwarf: &[u64], walked: &[u64]) -> bool {
+    let common = dwarf.iter().zip(walked).take_while(|(d, w)| d == w).count();
+    common > 0 && common + C_START_FRAMES >= dwarf.len()
+}
+
+/// Whether two walks found the same callers, given as (callers, whether the capture was cut at
+/// [`MAX_FRAMES`]): equal, or one a prefix of the other that was cut short (the walkers have
+/// different numbers of leading frames of their own).
+fn same_stack((a, a_cut): (&[u64], bool), (b, b_cut): (&[u64], bool)) -> bool {
+    let common = a.len().min(b.len());
+    common > 0
+        && a[..common] == b[..common]
+        && (a.len() == b.len() || (a.len() < b.len() && a_cut) || (b.len() < a.len() && b_cut))
+}
+
+/// Whether the C library offers `_dl_find_object`, which lets libgcc find unwind tables
+/// without the dynamic loader's lock. Assumed on C libraries other than glibc.
+pub(crate) fn has_lock_free_table_lookup() -> bool {
+    if !cfg!(all(target_os = "linux", target_env = "gnu")) {
+        return true;
+    }
+    // SAFETY: `dlsym` with `RTLD_DEFAULT` and a NUL-terminated name only looks the symbol up.
+    !unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"_dl_find_object".as_ptr()) }.is_null()
+}
+
+/// Calibrate `walker` (once per process, or `again`). Returns whether it is usable: libgcc
+/// always; frame pointers when their captures reach the marker functions (when they do not,
+/// nothing is skipped); the cached DWARF walk when its captures, tracer frames skipped, are
+/// those libgcc took just before from the same call site. A failed comparison is not kept:
+/// the next session tries again.
+fn calibrate_walker(walker: Walker, again: bool) -> Result<bool, NotGlobalAllocator> {
+    let w = walker as usize;
+    if CALIBRATED[w].load(Ordering::Relaxed) && !again {
+        return Ok(USABLE[w].load(Ordering::Relaxed));
+    }
+    let markers: [(Entry, fn(), &str); 3] = [
+        (Entry::Alloc, marker_alloc, "marker_alloc"),
+        (Entry::AllocZeroed, marker_alloc_zeroed, "marker_alloc_zeroed"),
+        (Entry::Realloc, marker_realloc, "marker_realloc"),
+    ];
+    CALIBRATION.lock()[w] = [NO_CAPTURE; 3];
+    WALKER.store(w as u8, Ordering::Relaxed);
+    STATE.store(CALIBRATING, Ordering::SeqCst);
+    for (_, marker, _) in &markers {
+        marker();
+    }
+    STATE.store(OFF, Ordering::SeqCst);
+    WALKER.store(Walker::Libgcc as u8, Ordering::Relaxed);
+    let captures = CALIBRATION.lock()[w];
+    if walker == Walker::Libgcc && captures.iter().any(|&(n, _)| n == 0) {
+        return Err(NotGlobalAllocator);
+    }
+    let mut found = true;
+    for (entry, _, name) in markers {
+        let (n, frames) = &captures[entry as usize];
+        let leading = tracer_frames(&frames[..*n], name);
+        found &= leading.is_some();
+        let leading = leading.unwrap_or(Leading::NONE);
+        SKIP[w][entry as usize].store(leading.tracer, Ordering::Relaxed);
+        SHIM[w][entry as usize].store(leading.shim, Ordering::Relaxed);
+    }
+    let usable = match walker {
+        Walker::Libgcc => {
+            if !found {
+                eprintln!(
+                    "memtrace: note: the tracer cannot find its own functions by name (a stripped program?); \
+                     sampled stacks will start with its frames"
+                );
+            }
+            true
+        }
+        Walker::FramePointers => found,
+        Walker::Cfi => {
+            let all = CALIBRATION.lock();
+            let callers = |walker: Walker, entry: usize| {
+                (calibration_callers(&all, walker, entry), all[walker as usize][entry].0 == MAX_FRAMES)
+            };
+            found && (0..3).all(|entry| same_stack(callers(Walker::Cfi, entry), callers(Walker::Libgcc, entry)))
+        }
+    };
+    USABLE[w].store(usable, Ordering::Relaxed);
+    CALIBRATED[w].store(walker != Walker::Cfi || usable, Ordering::Relaxed);
+    Ok(usable)
+}
+
+/// The leading `frames` (innermost first) that are tracer or allocator machinery, given that
+/// the frame of the function named `marker` called into the global allocator. The last of them
+/// is the allocator shim's own frame, unless the shim was inlined into the marker (as LTO may
+/// do): then it is a tracer frame, dropped by count like the others. `None` when the marker
+/// cannot be found (no symbols, or a broken frame chain).
+fn tracer_frames(frames: &[u64], marker: &str) -> Option<Leading> {
+    const OURS: [&str; 9] = [
+        "memtrace_rs::",
+        "backtrace::",
+        "__rust_alloc",
+        "__rust_realloc",
+        "__rust_dealloc",
+        "__rust_alloc_zeroed",
+        "__rg_",
+        "__rustc::",
+        "_Unwind_",
+    ];
+    let names: Vec<Vec<String>> = frames.iter().map(|&ip| symbolize::function_names(ip)).collect();
+    let marker_at = names.iter().position(|n| n.iter().any(|n| n.ends_with(marker)))?;
+    let Some(last) = names[..marker_at].iter().rposition(|n| n.iter().any(|n| OURS.iter().any(|o| n.contains(o))))
+    else {
+        return Some(Leading::NONE);
+    };
+    Some(if names[last].iter().any(|n| symbolize::is_allocator_shim(n)) {
+        Leading { tracer: last, shim: frames[last] }
+    } else {
+        Leading { tracer: last + 1, shim: 0 }
+    })
+}
+
+const MARKER_LAYOUT: std::alloc::Layout = std::alloc::Layout::new::<[u64; 4]>();
+
+#[inline(never)]
+fn marker_alloc() {
+    sampler::force_sample();
+    // SAFETY: the layout has a nonzero size; the block is freed with the same layout.
+    unsafe {
+        let p = std::hint::black_box(std::alloc::alloc(MARKER_LAYOUT));
+        if !p.is_null() {
+            std::alloc::dealloc(p, MARKER_LAYOUT);
+        }
+    }
+}
+
+#[inline(never)]
+fn marker_alloc_zeroed() {
+    sampler::force_sample();
+    // SAFETY: the layout has a nonzero size; the block is freed with the same layout.
+    unsafe {
+        let p = std::hint::black_box(std::alloc::alloc_zeroed(MARKER_LAYOUT));
+        if !p.is_null() {
+            std::alloc::dealloc(p, MARKER_LAYOUT);
+        }
+    }
+}
+
+#[inline(never)]
+fn marker_realloc() {
+    // SAFETY: the layouts have nonzero sizes; `realloc` gets a live block with its layout
+    // and a nonzero new size, and each block is freed once with its current layout.
+    unsafe {
+        let p = std::hint::black_box(std::alloc::alloc(MARKER_LAYOUT));
+        if p.is_null() {
+            return;
+        }
+        sampler::force_sample();
+        let new_size = 2 * MARKER_LAYOUT.size();
+        let q = std::hint::black_box(std::alloc::realloc(p, MARKER_LAYOUT, new_size));
+        if q.is_null() {
+            std::alloc::dealloc(p, MARKER_LAYOUT);
+        } else {
+            std::alloc::dealloc(q, std::alloc::Layout::from_size_align_unchecked(new_size, MARKER_LAYOUT.align()));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    fn lock_free_table_lookup_matches_the_glibc_version() {
+        // SAFETY: returns a pointer to a static NUL-terminated string.
+        let version = unsafe { std::ffi::CStr::from_ptr(libc::gnu_get_libc_version()) }.to_str().unwrap();
+        let mut parts = version.split('.').map(|p| p.parse::<u32>().unwrap());
+        let (major, minor) = (parts.next().unwrap(), parts.next().unwrap());
+        assert_eq!(has_lock_free_table_lookup(), (major, minor) >= (2, 35), "glibc {version}");
+    }
+
+    #[test]
+    fn walks_agree_when_equal_or_cut_short() {
+        let stack = [1, 2, 3, 4];
+        assert!(same_stack((&stack, false), (&stack, false)));
+        assert!(same_stack((&stack, true), (&stack[..3], true)), "the shorter one cut at the cap");
+        assert!(!same_stack((&stack, false), (&stack[..3], false)), "the shorter one ended early");
+        assert!(!same_stack((&stack, false), (&[1, 2, 9, 4], false)));
+        assert!(!same_stack((&[], false), (&[], false)));
+    }
+
+    #[test]
+    fn a_frame_chain_is_complete_when_it_misses_only_the_c_start_frames() {
+        let dwarf = [1, 2, 3, 4, 5, 6];
+        assert!(chain_complete(&dwarf, &dwarf));
+        assert!(chain_complete(&dwarf, &[1, 2, 3]), "the C start-up frames missing");
+        assert!(chain_complete(&dwarf, &[1, 2, 3, 4, 99]), "a stray word past main");
+        assert!(!chain_complete(&dwarf, &[1, 2]), "ends early");
+        assert!(!chain_complete(&dwarf, &[1, 3, 4, 5, 6]), "misses the caller of a function without a frame pointer");
+        assert!(!chain_complete(&dwarf, &[]), "no chain");
+        assert!(!chain_complete(&[], &[]), "nothing to compare");
+    }
+
+    #[test]
+    fn frame_pointer_walk_stays_on_the_stack() {
+        if !frame_pointers::SUPPORTED {
+            return;
+        }
+        let bounds = frame_pointers::stack_bounds().expect("stack bounds");
+        let local = 0u64;
+        let here = std::ptr::addr_of!(local) as usize;
+        assert!(bounds.0 <= here && here < bounds.1, "{bounds:x?} {here:x}");
+        let mut frames = [0; MAX_FRAMES];
+        // Whatever the build flags, the walk ends without faulting, and the return addresses it
+        // finds are ones the DWARF unwinder finds, in the same order: a frame-pointer walk may
+        // miss frames (those built without frame pointers), never invent them. Both captures
+        // are called from this function at different places, so a first frame returning into
+        // this function is compared by name, the rest by address.
+        let n = frame_pointers::capture(Leading::NONE, 8, &mut frames, bounds).expect("on this thread's stack");
+        let mut dwarf = [0; MAX_FRAMES];
+        let m = super::super::libgcc::capture(Leading::NONE, MAX_FRAMES, &mut dwarf);
+        let (walked, dwarf) = (&frames[..n], &dwarf[..m]);
+        let into_this_test =
+            |f: u64| symbolize::function_names(f).iter().any(|n| n.contains("frame_pointer_walk_stays_on_the_stack"));
+        let callers = if walked.first().is_some_and(|&f| into_this_test(f)) { &walked[1..] } else { walked };
+        match callers.first().and_then(|f| dwarf.iter().position(|d| d == f)) {
+            Some(at) => {
+                let mut rest = dwarf[at..].iter();
+                for f in callers {
+                    assert!(rest.any(|d| d == f), "frame {f:#x} of {walked:x?} not in DWARF's {dwarf:x?}");
+                }
+            }
+            None => println!("no frame-pointer chain found here: only checked that the walk ends"),
+        }
+        // Bounds that exclude the current stack: nothing is walked, and the caller falls back.
+        assert_eq!(frame_pointers::capture(Leading::NONE, 5, &mut frames, (1 << 20, 2 << 20)), None);
+    }
+}

@@ -1,0 +1,60 @@
+//! Capturing a sampled allocation's stack with the session's walker, dropping the tracer's
+//! leading frames.
+
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+
+use super::choice::Walker;
+use super::leading::{Leading, SHIM, SKIP};
+use super::{cfi, frame_pointers, libgcc};
+use crate::runtime::state::{Entry, DEFAULT_FRAME_CAP, MAX_FRAMES};
+
+/// Frames recorded per sample in the current session.
+pub(crate) static FRAME_CAP: AtomicUsize = AtomicUsize::new(DEFAULT_FRAME_CAP);
+/// The walker of the current session (or of the calibration under way), as `Walker as u8`.
+pub(crate) static WALKER: AtomicU8 = AtomicU8::new(Walker::Libgcc as u8);
+/// Capture with `walker` and record `frame_cap` frames per sample from now on.
+pub(crate) fn configure(walker: Walker, frame_cap: usize) {
+    FRAME_CAP.store(frame_cap, Ordering::Relaxed);
+    WALKER.store(walker as u8, Ordering::Relaxed);
+}
+
+/// Record the stack of a sample taken in `entry` with the session's walker into `frames`,
+/// innermost first, without the tracer's own frames (all frames, up to [`MAX_FRAMES`], for a
+/// calibration capture). Returns the number of frames written. Allocation-free, except that
+/// the first capture on a thread asks for the thread's stack bounds and the cached DWARF
+/// walk's cache misses read unwind tables.
+///
+/// A walk that cannot take a stack (stack bounds unknown on this thread, a sample taken on
+/// another stack, a frame the cached DWARF walk cannot follow) hands it to libgcc, which drops
+/// its own calibrated leading frames. A calibration capture is only ever its walker's own:
+/// none when the walk fails.
+#[inline(always)]
+pub(crate) fn capture(entry: Entry, calibrating: bool, frames: &mut [u64; MAX_FRAMES]) -> usize {
+    let cap = if calibrating { MAX_FRAMES } else { FRAME_CAP.load(Ordering::Relaxed) };
+    let skip = |walker: Walker| {
+        let (w, e) = (walker as usize, entry as usize);
+        if calibrating {
+            Leading::NONE
+        } else {
+            Leading { tracer: SKIP[w][e].load(Ordering::Relaxed), shim: SHIM[w][e].load(Ordering::Relaxed) }
+        }
+    };
+    let walker = WALKER.load(Ordering::Relaxed);
+    if walker == Walker::FramePointers as u8 {
+        match frame_pointers::stack_bounds()
+            .and_then(|b| frame_pointers::capture(skip(Walker::FramePointers), cap, frames, b))
+        {
+            Some(n) => return n,
+            None if calibrating => return 0,
+            None => {}
+        }
+    }
+    if walker == Walker::Cfi as u8 {
+        match frame_pointers::stack_bounds().and_then(|b| cfi::capture(skip(Walker::Cfi), cap, frames, b)) {
+            Some(n) => return n,
+            None if calibrating => return 0,
+            None => {}
+        }
+    }
+    libgcc::capture(skip(Walker::Libgcc), cap, frames)
+}

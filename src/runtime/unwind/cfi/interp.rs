@@ -1,0 +1,501 @@
+//! The rule at a code address from its FDE: a checked CIE/FDE parser and the CFI interpreter,
+//! reduced to the registers the walk follows.
+
+use super::rule::{Rule, RBP, RSP};
+
+/// The rule at `pc` of the FDE at `fde`, which covers code starting at `start`; `None` for
+/// malformed or unsupported CFI.
+///
+/// # Safety
+/// `fde` points to an FDE in a mapped `.eh_frame` section, as `_Unwind_Find_FDE` returns.
+pub(super) unsafe fn rule_from_fde(fde: *const u8, start: u64, pc: u64) -> Option<Rule> {
+    /// The body of the CIE or FDE at `at`: the bytes after its length word.
+    ///
+    /// # Safety
+    /// `at` points to a CIE or FDE of a mapped `.eh_frame` section, which stays mapped for `'a`.
+    unsafe fn entry<'a>(at: *const u8) -> Option<&'a [u8]> {
+        // SAFETY: an entry starts with its length word, and that many bytes follow it.
+        let length = unsafe { at.cast::<u32>().read_unaligned() };
+        // 0xffffffff would announce 64-bit DWARF, which .eh_frame does not use.
+        // SAFETY: as above.
+        (length != u32::MAX).then(|| unsafe { std::slice::from_raw_parts(at.add(4), length as usize) })
+    }
+    // SAFETY: the caller's contract.
+    let fde_body = unsafe { entry(fde) }?;
+    // The CIE pointer counts back from its own position, the first word of the FDE's body.
+    let cie_pointer = u32::from_le_bytes(fde_body.get(..4)?.try_into().ok()?);
+    // SAFETY: the CIE lies at that distance before the FDE, in the same section.
+    let cie_body = unsafe { entry(fde.add(4).wrapping_sub(cie_pointer as usize)) }?;
+    let cie = Cie::parse(cie_body)?;
+    let mut cursor = Cursor(&fde_body[4..]);
+    // The FDE's address and length (the lookup already matched them) and augmentation data.
+    cursor.skip_pointer(cie.pointer_encoding)?;
+    cursor.skip_pointer(cie.pointer_encoding)?;
+    if cie.has_augmentation_data {
+        let length = cursor.uleb()?;
+        cursor.skip(length)?;
+    }
+    let mut machine = Machine::new(&cie);
+    machine.run(Cursor(cie.initial_instructions), &cie, u64::MAX, start)?;
+    machine.initial = machine.row;
+    machine.run(cursor, &cie, pc, start)?;
+    if cie.signal_frame {
+        return None;
+    }
+    machine.row.rule()
+}
+
+/// The parts of a CIE the walk needs.
+struct Cie<'a> {
+    code_alignment: u64,
+    data_alignment: i64,
+    return_address_register: u64,
+    /// How the FDE encodes its address and length (`DW_EH_PE_*`).
+    pointer_encoding: u8,
+    has_augmentation_data: bool,
+    signal_frame: bool,
+    initial_instructions: &'a [u8],
+}
+
+impl<'a> Cie<'a> {
+    fn parse(body: &'a [u8]) -> Option<Cie<'a>> {
+        let mut cursor = Cursor(body);
+        if cursor.u32()? != 0 {
+            return None; // Not a CIE.
+        }
+        let version = cursor.u8()?;
+        let augmentation = cursor.c_string()?;
+        if augmentation.starts_with(b"eh") {
+            return None; // GCC 2's format.
+        }
+        let code_alignment = cursor.uleb()?;
+        let data_alignment = cursor.sleb()?;
+        let return_address_register = if version == 1 { cursor.u8()? as u64 } else { cursor.uleb()? };
+        let mut cie = Cie {
+            code_alignment,
+            data_alignment,
+            return_address_register,
+            pointer_encoding: 0,
+            has_augmentation_data: augmentation.first() == Some(&b'z'),
+            signal_frame: false,
+            initial_instructions: &[],
+        };
+        if cie.has_augmentation_data {
+            let length = cursor.uleb()?;
+            let mut data = Cursor(cursor.take(length)?);
+            for &letter in &augmentation[1..] {
+                match letter {
+                    b'R' => cie.pointer_encoding = data.u8()?,
+                    b'L' => _ = data.u8()?,
+                    b'P' => {
+                        let encoding = data.u8()?;
+                        data.skip_pointer(encoding)?;
+                    }
+                    b'S' => cie.signal_frame = true,
+                    // Other letters come with no data, or after all the data the walk needs.
+                    _ => break,
+                }
+            }
+        } else if !augmentation.is_empty() {
+            return None;
+        }
+        cie.initial_instructions = cursor.0;
+        Some(cie)
+    }
+}
+
+/// How a register is recovered in a row of the CFI table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Recovery {
+    /// Unchanged in the caller (no rule, or `DW_CFA_same_value`).
+    Same,
+    Undefined,
+    /// Saved at CFA + offset.
+    Offset(i64),
+    /// Any other rule.
+    Other,
+}
+
+/// A row of the CFI table, reduced to what the walk needs.
+#[derive(Debug, Clone, Copy)]
+struct Row {
+    cfa_register: u64,
+    cfa_offset: i64,
+    /// The CFA is given by an expression (`cfa_register` and `cfa_offset` then do not apply).
+    cfa_is_expression: bool,
+    rbp: Recovery,
+    return_address: Recovery,
+}
+
+impl Row {
+    fn rule(&self) -> Option<Rule> {
+        match self.return_address {
+            Recovery::Undefined => return Some(Rule::End),
+            Recovery::Offset(-8) => {}
+            _ => return None,
+        }
+        let cfa_in_rbp = match self.cfa_register {
+            RSP => false,
+            RBP => true,
+            _ => return None,
+        };
+        let rbp_offset = match self.rbp {
+            Recovery::Same => None,
+            Recovery::Offset(offset) => Some(i16::try_from(offset).ok()?),
+            Recovery::Undefined | Recovery::Other => return None,
+        };
+        if self.cfa_is_expression {
+            return None;
+        }
+        let cfa_offset = i32::try_from(self.cfa_offset).ok().filter(|&o| o >= 8)?;
+        Some(Rule::Step { cfa_in_rbp, cfa_offset, rbp_offset })
+    }
+}
+
+/// The CFI state machine, tracking the CFA, `rbp` and the return address.
+struct Machine {
+    row: Row,
+    /// The row after the CIE's initial instructions (for `DW_CFA_restore`).
+    initial: Row,
+    /// `DW_CFA_remember_state`'s stack.
+    remembered: [Row; 8],
+    depth: usize,
+    return_address_register: u64,
+}
+
+impl Machine {
+    fn new(cie: &Cie<'_>) -> Machine {
+        let row = Row {
+            cfa_register: RSP,
+            cfa_offset: 0,
+            cfa_is_expression: false,
+            rbp: Recovery::Same,
+            return_address: Recovery::Same,
+        };
+        Machine {
+            row,
+            initial: row,
+            remembered: [row; 8],
+            depth: 0,
+            return_address_register: cie.return_address_register,
+        }
+    }
+
+    /// Set how register `register` is recovered (only `rbp` and the return address matter).
+    fn set(&mut self, register: u64, recovery: Recovery) {
+        if register == RBP {
+            self.row.rbp = recovery;
+        } else if register == self.return_address_register {
+            self.row.return_address = recovery;
+        }
+    }
+
+    fn restore(&mut self, register: u64) {
+        let initial = self.initial;
+        if register == RBP {
+            self.row.rbp = initial.rbp;
+        } else if register == self.return_address_register {
+            self.row.return_address = initial.return_address;
+        }
+    }
+
+    /// Run `code` until the row that covers `pc` (the instructions of a function starting at
+    /// `start`). `None` for malformed or unknown instructions.
+    fn run(&mut self, mut code: Cursor<'_>, cie: &Cie<'_>, pc: u64, start: u64) -> Option<()> {
+        let mut location = start;
+        while !code.0.is_empty() {
+            let op = code.u8()?;
+            let advance = match op >> 6 {
+                // DW_CFA_advance_loc
+                1 => Some((op & 0x3f) as u64),
+                // DW_CFA_offset
+                2 => {
+                    let offset = factored(code.uleb()?, cie.data_alignment)?;
+                    self.set((op & 0x3f) as u64, Recovery::Offset(offset));
+                    None
+                }
+                // DW_CFA_restore
+                3 => {
+                    self.restore((op & 0x3f) as u64);
+                    None
+                }
+                _ => self.extended(op, &mut code, cie)?,
+            };
+            if let Some(delta) = advance {
+                location = location.checked_add(delta.checked_mul(cie.code_alignment)?)?;
+                if location > pc {
+                    break;
+                }
+            }
+        }
+        Some(())
+    }
+
+    /// One of the instructions with a full opcode byte; returns its advance, if it is one.
+    fn extended(&mut self, op: u8, code: &mut Cursor<'_>, cie: &Cie<'_>) -> Option<Option<u64>> {
+        let data_alignment = cie.data_alignment;
+        match op {
+            0x00 => {}                                     // DW_CFA_nop
+            0x02 => return Some(Some(code.u8()? as u64)),  // DW_CFA_advance_loc1
+            0x03 => return Some(Some(code.u16()? as u64)), // DW_CFA_advance_loc2
+            0x04 => return Some(Some(code.u32()? as u64)), // DW_CFA_advance_loc4
+            0x05 => {
+                // DW_CFA_offset_extended
+                let register = code.uleb()?;
+                let offset = factored(code.uleb()?, data_alignment)?;
+                self.set(register, Recovery::Offset(offset));
+            }
+            0x06 => {
+                // DW_CFA_restore_extended
+                let register = code.uleb()?;
+                self.restore(register);
+            }
+            0x07 => {
+                // DW_CFA_undefined
+                let register = code.uleb()?;
+                self.set(register, Recovery::Undefined);
+            }
+            0x08 => {
+                // DW_CFA_same_value
+                let register = code.uleb()?;
+                self.set(register, Recovery::Same);
+            }
+            0x09 => {
+                // DW_CFA_register
+                let register = code.uleb()?;
+                code.uleb()?;
+                self.set(register, Recovery::Other);
+            }
+            0x0a => {
+                // DW_CFA_remember_state
+                *self.remembered.get_mut(self.depth)? = self.row;
+                self.depth += 1;
+            }
+            0x0b => {
+                // DW_CFA_restore_state: the CFA rule too, as libgcc and LLVM's libunwind do
+                // (compilers wrap a mid-function epilogue, which moves the CFA, in a pair).
+                self.depth = self.depth.checked_sub(1)?;
+                self.row = self.remembered[self.depth];
+            }
+            0x0c => {
+                // DW_CFA_def_cfa
+                self.row.cfa_register = code.uleb()?;
+                self.row.cfa_offset = i64::try_from(code.uleb()?).ok()?;
+                self.row.cfa_is_expression = false;
+            }
+            0x0d => {
+                // DW_CFA_def_cfa_register
+                self.row.cfa_register = code.uleb()?;
+                self.row.cfa_is_expression = false;
+            }
+            // DW_CFA_def_cfa_offset (an expression CFA stays one, as in libgcc)
+            0x0e => self.row.cfa_offset = i64::try_from(code.uleb()?).ok()?,
+            0x0f => {
+                // DW_CFA_def_cfa_expression
+                let length = code.uleb()?;
+                code.skip(length)?;
+                self.row.cfa_is_expression = true;
+            }
+            0x10 | 0x16 => {
+                // DW_CFA_expression, DW_CFA_val_expression
+                let register = code.uleb()?;
+                let length = code.uleb()?;
+                code.skip(length)?;
+                self.set(register, Recovery::Other);
+            }
+            0x11 => {
+                // DW_CFA_offset_extended_sf
+                let register = code.uleb()?;
+                let offset = code.sleb()?.checked_mul(data_alignment)?;
+                self.set(register, Recovery::Offset(offset));
+            }
+            0x12 => {
+                // DW_CFA_def_cfa_sf
+                self.row.cfa_register = code.uleb()?;
+                self.row.cfa_offset = code.sleb()?.checked_mul(data_alignment)?;
+                self.row.cfa_is_expression = false;
+            }
+            0x13 => self.row.cfa_offset = code.sleb()?.checked_mul(data_alignment)?, // DW_CFA_def_cfa_offset_sf
+            0x14 | 0x15 => {
+                // DW_CFA_val_offset, DW_CFA_val_offset_sf
+                let register = code.uleb()?;
+                if op == 0x14 {
+                    code.uleb()?;
+                } else {
+                    code.sleb()?;
+                }
+                self.set(register, Recovery::Other);
+            }
+            0x2e => _ = code.uleb()?, // DW_CFA_GNU_args_size
+            0x2f => {
+                // DW_CFA_GNU_negative_offset_extended
+                let register = code.uleb()?;
+                let offset = factored(code.uleb()?, data_alignment)?.checked_neg()?;
+                self.set(register, Recovery::Offset(offset));
+            }
+            // DW_CFA_set_loc and anything unknown.
+            _ => return None,
+        }
+        Some(None)
+    }
+}
+
+/// An unsigned operand times the data alignment factor; `None` on overflow.
+fn factored(operand: u64, data_alignment: i64) -> Option<i64> {
+    i64::try_from(operand).ok()?.checked_mul(data_alignment)
+}
+
+/// A reader of CFI bytes; every read is checked.
+pub(super) struct Cursor<'a>(&'a [u8]);
+
+impl<'a> Cursor<'a> {
+    fn take(&mut self, n: u64) -> Option<&'a [u8]> {
+        let n = usize::try_from(n).ok()?;
+        let (head, rest) = self.0.split_at_checked(n)?;
+        self.0 = rest;
+        Some(head)
+    }
+
+    fn skip(&mut self, n: u64) -> Option<()> {
+        self.take(n).map(drop)
+    }
+
+    fn u8(&mut self) -> Option<u8> {
+        Some(self.take(1)?[0])
+    }
+
+    fn u16(&mut self) -> Option<u16> {
+        Some(u16::from_le_bytes(self.take(2)?.try_into().ok()?))
+    }
+
+    fn u32(&mut self) -> Option<u32> {
+        Some(u32::from_le_bytes(self.take(4)?.try_into().ok()?))
+    }
+
+    fn uleb(&mut self) -> Option<u64> {
+        let mut value = 0u64;
+        for shift in (0..64).step_by(7) {
+            let byte = self.u8()?;
+            value |= ((byte & 0x7f) as u64) << shift;
+            if byte & 0x80 == 0 {
+                return Some(value);
+            }
+        }
+        None
+    }
+
+    fn sleb(&mut self) -> Option<i64> {
+        let mut value = 0i64;
+        for shift in (0..64).step_by(7) {
+            let byte = self.u8()?;
+            value |= ((byte & 0x7f) as i64) << shift;
+            if byte & 0x80 == 0 {
+                if shift + 7 < 64 && byte & 0x40 != 0 {
+                    value |= -1 << (shift + 7);
+                }
+                return Some(value);
+            }
+        }
+        None
+    }
+
+    fn c_string(&mut self) -> Option<&'a [u8]> {
+        let end = self.0.iter().position(|&b| b == 0)?;
+        let s = self.take(end as u64)?;
+        self.skip(1)?;
+        Some(s)
+    }
+
+    /// Skip a pointer encoded with `DW_EH_PE_*` `encoding` (its format: the low four bits).
+    fn skip_pointer(&mut self, encoding: u8) -> Option<()> {
+        if encoding == 0xff {
+            return Some(()); // DW_EH_PE_omit
+        }
+        match encoding & 0x0f {
+            0x00 | 0x04 | 0x0c => self.skip(8),
+            0x01 => self.uleb().map(drop),
+            0x09 => self.sleb().map(drop),
+            0x02 | 0x0a => self.skip(2),
+            0x03 | 0x0b => self.skip(4),
+            _ => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn leb128() {
+        let mut c = Cursor(&[0xe5, 0x8e, 0x26, 0x7f, 0x80, 0x7f, 0x02]);
+        assert_eq!(c.uleb(), Some(624_485));
+        assert_eq!(c.sleb(), Some(-1));
+        assert_eq!(c.sleb(), Some(-128));
+        assert_eq!(c.sleb(), Some(2));
+        assert_eq!(c.uleb(), None, "truncated");
+    }
+
+    /// A CIE as GCC and LLVM write it for x86_64 (`zR`, pcrel|sdata4, code alignment 1, data
+    /// alignment −8, return address in r16 at CFA − 8, CFA = rsp + 8), then an FDE body.
+    fn cie() -> Vec<u8> {
+        vec![0, 0, 0, 0, 1, b'z', b'R', 0, 1, 0x78, 16, 1, 0x1b, 0x0c, 7, 8, 0x90, 1]
+    }
+
+    fn rule_at(fde_instructions: &[u8], offset: u64) -> Option<Rule> {
+        let cie = cie();
+        let cie = Cie::parse(&cie)?;
+        let mut machine = Machine::new(&cie);
+        machine.run(Cursor(cie.initial_instructions), &cie, u64::MAX, 0x1000)?;
+        machine.initial = machine.row;
+        machine.run(Cursor(fde_instructions), &cie, 0x1000 + offset, 0x1000)?;
+        machine.row.rule()
+    }
+
+    #[test]
+    fn rows_of_a_function_with_a_frame_pointer() {
+        // push rbp; mov rbp, rsp; ...; pop rbp; ret
+        let code = [
+            0x41, 0x0e, 16, 0x86, 2, // at +1: CFA = rsp + 16; rbp at CFA − 16
+            0x43, 0x0d, 6, // at +4: CFA = rbp + 16
+            0x4a, 0x0c, 7, 8, // at +14: CFA = rsp + 8
+        ];
+        let step = |in_rbp, off, rbp| Some(Rule::Step { cfa_in_rbp: in_rbp, cfa_offset: off, rbp_offset: rbp });
+        assert_eq!(rule_at(&code, 0), step(false, 8, None));
+        assert_eq!(rule_at(&code, 1), step(false, 16, Some(-16)));
+        assert_eq!(rule_at(&code, 3), step(false, 16, Some(-16)));
+        assert_eq!(rule_at(&code, 4), step(true, 16, Some(-16)));
+        assert_eq!(rule_at(&code, 13), step(true, 16, Some(-16)));
+        assert_eq!(rule_at(&code, 14), step(false, 8, Some(-16)));
+    }
+
+    #[test]
+    fn remembered_state_restored_and_unsupported_rules() {
+        // remember; CFA = rsp + 32; at +2 restore.
+        let code = [0x0a, 0x0e, 32, 0x42, 0x0b];
+        assert_eq!(rule_at(&code, 1), Some(Rule::Step { cfa_in_rbp: false, cfa_offset: 32, rbp_offset: None }));
+        assert_eq!(rule_at(&code, 2), Some(Rule::Step { cfa_in_rbp: false, cfa_offset: 8, rbp_offset: None }));
+        // A restore without a remember is malformed.
+        assert_eq!(rule_at(&[0x0b], 0), None);
+        // The CFA in r10 (stack realignment) or given by an expression: unsupported.
+        assert_eq!(rule_at(&[0x0c, 10, 0], 0), None);
+        assert_eq!(rule_at(&[0x0f, 2, 0x77, 8], 0), None);
+        // ... and stays an expression when only its offset changes, as in libgcc.
+        assert_eq!(rule_at(&[0x0f, 2, 0x77, 8, 0x0e, 16], 0), None);
+        // Offsets that overflow when factored.
+        let huge = [0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x01]; // 2^63
+        assert_eq!(rule_at(&[[0x05, 6].as_slice(), &huge].concat(), 0), None);
+        assert_eq!(
+            rule_at(&[[0x86].as_slice(), &[0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f]].concat(), 0),
+            None
+        );
+        // rbp saved by an expression: unsupported; another register's: irrelevant.
+        assert_eq!(rule_at(&[0x10, 6, 1, 0x96], 0), None);
+        assert!(matches!(rule_at(&[0x10, 3, 1, 0x96], 0), Some(Rule::Step { .. })));
+        // The return address undefined: the end of the stack.
+        assert_eq!(rule_at(&[0x07, 16], 0), Some(Rule::End));
+        // Truncated or unknown instructions.
+        assert_eq!(rule_at(&[0x0c, 7], 0), None);
+        assert_eq!(rule_at(&[0x3f], 0), None);
+    }
+}

@@ -1,0 +1,40 @@
+//! DWARF unwinding with a cache of unwind rules (x86_64 Linux with glibc): the same stacks as
+//! libgcc's unwinder, for a 30-frame stack in under 1 µs instead of about 4.4.
+//!
+//! To step from a frame to its caller, the walk needs three facts about the frame's code
+//! address: how to compute the canonical frame address (the CFA: `rsp + n` or `rbp + n`), that
+//! the return address is stored at CFA − 8, and where the caller's `rbp` was saved, if
+//! anywhere. The first time the walk meets an address, it finds the address's FDE with
+//! libgcc's `_Unwind_Find_FDE` (the lookup libgcc's unwinder makes for every frame: lock-free
+//! with glibc ≥ 2.35), runs the CIE's and the FDE's call-frame instructions up to the address
+//! and keeps the resulting [`Rule`] in a static table. Every later sample through that address
+//! reads the table: no loader, no lock, no allocation. Each table slot is a sequence lock
+//! (readers never wait: a slot being written reads as a miss).
+//!
+//! A frame whose rule is more than that (the CFA in another register or given by an
+//! expression, the return address or `rbp` saved by an expression or in a register, a signal
+//! frame) ends the walk with "unsupported", and the caller unwinds the whole stack with libgcc
+//! instead; so does code without an FDE, which libgcc may still get through (a signal
+//! trampoline without CFI). Normal stacks end where the return address is undefined (`_start`,
+//! `clone3`). Every memory read is a word inside the live part of this thread's stack, so a
+//! wrong rule can give wrong frames but never a fault; start-up calibration compares this
+//! walk's stacks with libgcc's and does not use it when they differ.
+//!
+//! Cached rules go stale when the code at an address changes. Rules are only cached for code
+//! in a loaded ELF object (not for JIT code, whose memory may be reused), and
+//! [`invalidate_if_unloaded`] starts a new cache generation whenever the dynamic loader's
+//! count of unloaded objects has changed: when tracing starts, and at each poll of the writer
+//! thread. A library unloaded and another loaded at its address, then sampled before the
+//! writer's next poll (milliseconds), could still be walked with the old rules.
+
+mod cache;
+mod interp;
+mod rule;
+mod tables;
+mod walk;
+
+pub(crate) use cache::invalidate_if_unloaded;
+pub(crate) use walk::capture;
+
+/// Whether this target has the cached walker.
+pub(crate) const SUPPORTED: bool = cfg!(all(target_arch = "x86_64", target_os = "linux", target_env = "gnu"));

@@ -1,0 +1,84 @@
+//! [`Unwinder`], the capture a user asks for, and [`Walker`], the stack walker that runs.
+
+/// How a sampled allocation's stack is captured.
+///
+/// Starting a trace resolves [`Auto`](Unwinder::Auto) to one of the others; the trace's
+/// runtime parameters name the walker used: `frame-pointers`, `dwarf` (the cached walk) or
+/// `libgcc`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Unwinder {
+    /// Frame pointers when the program keeps them, DWARF otherwise. The default.
+    ///
+    /// Tracing starts by capturing a few stacks with both unwinders (the calibration it
+    /// needs anyway). When the frame-pointer walk finds every frame the DWARF unwinder finds,
+    /// from the allocation up to the C library's start-up code, the program was built with
+    /// frame pointers (`-C force-frame-pointers=yes`), and sampling uses
+    /// [`Unwinder::FramePointers`]; otherwise it uses [`Unwinder::Dwarf`]. Only the stack that
+    /// starts tracing is checked: code reached otherwise that keeps no frame pointers (a C
+    /// library calling back into Rust, say) loses frames from the stacks that pass through it.
+    #[default]
+    Auto = 2,
+    /// Unwind with the DWARF call-frame information of the unwind tables: works for any
+    /// program that has them (Rust's default).
+    ///
+    /// On x86_64 Linux with glibc, the stack is walked with the rules of each return address,
+    /// worked out from the tables the first time the address is met and cached: within a
+    /// factor of two of a frame-pointer walk once the program's call sites have been seen. A
+    /// stack that needs more than those rules can express (rare: stack realignment, a signal
+    /// frame) is unwound by libgcc's `_Unwind_Backtrace`, as every stack is on other
+    /// platforms or if start-up calibration finds the cached walk's stacks differ from
+    /// libgcc's; that costs a few µs per sample.
+    ///
+    /// Both find unwind tables with libgcc's `_Unwind_Find_FDE` (the cached walk only on a
+    /// cache miss), which uses glibc's lock-free `_dl_find_object` (glibc 2.35 and later with
+    /// libgcc 12 and later). Older C libraries make it take the dynamic loader's lock, so a
+    /// sample could deadlock against a thread inside `dlopen`/`dlclose`; tracing then says so
+    /// on stderr when it starts (ALLOCATOR-PITFALLS §3).
+    Dwarf = 0,
+    /// Walk the frame-pointer chain: the cheapest (about 13–15 ns a frame less than cached DWARF
+    /// rules), and never touches the dynamic loader or an unwinder lock. Needs the program
+    /// built with `-C force-frame-pointers=yes` (e.g. `RUSTFLAGS="-C force-frame-pointers=yes"`;
+    /// the precompiled std keeps frame pointers since Rust 1.79); a function without one hides
+    /// its caller's frame from the stacks that pass through it, and C code that uses the
+    /// frame-pointer register for data (calling back into Rust) ends them there or adds stray
+    /// frames past it. x86_64 and aarch64 Linux only; elsewhere, or when start-up calibration
+    /// finds no usable frame chain, tracing uses [`Unwinder::Dwarf`] and says so on stderr.
+    FramePointers = 1,
+}
+
+impl Unwinder {
+    /// The name used by [`UNWINDER_VAR`](crate::tracer::UNWINDER_VAR) and in the trace's runtime parameters.
+    pub fn name(self) -> &'static str {
+        match self {
+            Unwinder::Auto => "auto",
+            Unwinder::Dwarf => "dwarf",
+            Unwinder::FramePointers => "frame-pointers",
+        }
+    }
+}
+
+/// The stack walkers behind the [`Unwinder`]s (`Walker as usize` indexes the per-walker
+/// calibration).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Walker {
+    /// libgcc's `_Unwind_Backtrace`, through `backtrace::trace_unsynchronized`.
+    Libgcc = 0,
+    FramePointers = 1,
+    /// The DWARF walk with cached rules ([`cfi`]); libgcc unwinds the stacks it cannot.
+    Cfi = 2,
+}
+
+impl Walker {
+    pub(crate) const ALL: [Walker; 3] = [Walker::Libgcc, Walker::FramePointers, Walker::Cfi];
+
+    /// The name in the trace's runtime parameters.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Walker::Libgcc if cfg!(target_vendor = "apple") => "libunwind",
+            Walker::Libgcc => "libgcc",
+            Walker::FramePointers => "frame-pointers",
+            Walker::Cfi => "dwarf",
+        }
+    }
+}

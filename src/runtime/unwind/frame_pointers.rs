@@ -1,0 +1,152 @@
+//! Stack capture by walking the frame-pointer chain (ALLOCATOR-PITFALLS §10): no DWARF
+//! tables, no loader lock, no unwinder lock, safe next to signal-based profilers.
+//!
+//! Each frame that keeps a frame pointer stores the record `[caller's frame pointer, return
+//! address]` at its frame pointer (x86_64 `rbp`, aarch64 `x29`). The walk follows the records
+//! and stops at the first one that fails a check: every record must lie within this thread's
+//! stack, above the current stack pointer (so it is mapped and readable: the walk never
+//! faults), 8-byte aligned, and strictly above the previous record (so the walk ends). The
+//! stack bounds come from `pthread_getattr_np` once per thread and are cached in
+//! `const`-initialised thread-local cells; a thread whose bounds are unknown (or a sample
+//! taken on another stack, such as a signal stack) falls back to DWARF unwinding.
+//!
+//! The chain is only complete if every function between `main` and the allocator keeps frame
+//! pointers: build the program with `-C force-frame-pointers=yes` (Rust's precompiled std
+//! keeps them since 1.79). A function without one leaves the frame-pointer register alone and
+//! writes no frame record, so its caller's frame is missing from the stack (its own return
+//! address is in its callee's record); one that uses the register for other data (C
+//! code built with `-fomit-frame-pointer`, calling back into Rust) ends the walk there or,
+//! when that data happens to be an address higher up the stack, adds stray frames above it.
+//! The walk itself never faults and always ends.
+
+use std::cell::Cell;
+
+use super::leading::Leading;
+use crate::runtime::state::MAX_FRAMES;
+
+/// Whether this target has a frame-pointer walker.
+pub(crate) const SUPPORTED: bool =
+    cfg!(all(any(target_arch = "x86_64", target_arch = "aarch64"), any(target_os = "linux", target_os = "android")));
+
+/// `hi` values with a special meaning in [`STACK`].
+const UNKNOWN: usize = 0;
+const UNAVAILABLE: usize = 1;
+
+thread_local! {
+    /// This thread's stack as `(lowest address, end)`; `end` is [`UNKNOWN`] until asked
+    /// for, [`UNAVAILABLE`] when it cannot be known.
+    static STACK: (Cell<usize>, Cell<usize>) = const { (Cell::new(0), Cell::new(UNKNOWN)) };
+}
+
+/// This thread's stack bounds, asked for on the first call (callers are inside the tracer:
+/// `pthread_getattr_np` may allocate, reading `/proc/self/maps` for the main thread).
+#[inline]
+pub(crate) fn stack_bounds() -> Option<(usize, usize)> {
+    STACK
+        .try_with(|(lo, hi)| {
+            if hi.get() == UNKNOWN {
+                let (l, h) = query_stack_bounds().unwrap_or((0, UNAVAILABLE));
+                lo.set(l);
+                hi.set(h);
+            }
+            (hi.get() != UNAVAILABLE).then(|| (lo.get(), hi.get()))
+        })
+        .ok()
+        .flatten()
+}
+
+#[cfg(any(target_os = "linux", target_os = "android"))]
+fn query_stack_bounds() -> Option<(usize, usize)> {
+    // SAFETY: `attr` is initialised by pthread_getattr_np before use and destroyed after;
+    // the out-pointers are valid for writes.
+    unsafe {
+        let mut attr: libc::pthread_attr_t = std::mem::zeroed();
+        if libc::pthread_getattr_np(libc::pthread_self(), &mut attr) != 0 {
+            return None;
+        }
+        let mut addr: *mut libc::c_void = std::ptr::null_mut();
+        let mut size: libc::size_t = 0;
+        let result = libc::pthread_attr_getstack(&attr, &mut addr, &mut size);
+        libc::pthread_attr_destroy(&mut attr);
+        let lo = addr as usize;
+        (result == 0 && lo > UNAVAILABLE && size > 0).then(|| (lo, lo.saturating_add(size)))
+    }
+}
+
+#[cfg(not(any(target_os = "linux", target_os = "android")))]
+fn query_stack_bounds() -> Option<(usize, usize)> {
+    None
+}
+
+/// Whether this code runs on its thread's own stack, of known bounds: the only stack the
+/// walk reads (a coroutine's or a signal handler's stack is unwound with DWARF).
+pub(crate) fn on_thread_stack() -> bool {
+    let sp = registers().1;
+    stack_bounds().is_some_and(|(lo, hi)| lo <= sp && sp < hi)
+}
+
+/// The current `(frame pointer, stack pointer)`.
+#[inline(always)]
+fn registers() -> (usize, usize) {
+    let (fp, sp): (usize, usize);
+    // SAFETY: reads two registers; no memory access.
+    #[cfg(target_arch = "x86_64")]
+    unsafe {
+        std::arch::asm!("mov {fp}, rbp", "mov {sp}, rsp", fp = out(reg) fp, sp = out(reg) sp,
+            options(nomem, nostack, preserves_flags));
+    }
+    // SAFETY: reads two registers; no memory access.
+    #[cfg(target_arch = "aarch64")]
+    unsafe {
+        std::arch::asm!("mov {fp}, x29", "mov {sp}, sp", fp = out(reg) fp, sp = out(reg) sp,
+            options(nomem, nostack, preserves_flags));
+    }
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    {
+        (fp, sp) = (0, 0);
+    }
+    (fp, sp)
+}
+
+/// Up to `cap` return addresses, innermost first, after the `skip` ones; `stack` is this
+/// thread's `(lowest address, end)`. Returns the number written, or `None` when the sample
+/// was not taken on the thread's stack (the caller then unwinds with DWARF).
+#[inline(never)]
+pub(crate) fn capture(
+    skip: Leading,
+    cap: usize,
+    frames: &mut [u64; MAX_FRAMES],
+    stack: (usize, usize),
+) -> Option<usize> {
+    const WORD: usize = std::mem::size_of::<usize>();
+    let cap = cap.min(MAX_FRAMES);
+    let (mut fp, sp) = registers();
+    let (lo, hi) = stack;
+    if sp < lo || sp >= hi {
+        // Another stack (a signal stack, a coroutine): not ours to walk.
+        return None;
+    }
+    let mut n = 0;
+    let mut seen = 0;
+    // Every record read is within [sp, hi): the live part of this thread's stack.
+    while n < cap && fp >= sp && fp % WORD == 0 && fp <= hi - 2 * WORD {
+        // SAFETY: `[fp, fp + 16)` is inside the mapped, live part of this thread's stack
+        // (checked above) and aligned; volatile reads of plain words, never dereferenced.
+        let (next, ret) = unsafe {
+            (std::ptr::read_volatile(fp as *const usize), std::ptr::read_volatile((fp + WORD) as *const usize))
+        };
+        if ret == 0 {
+            break;
+        }
+        if !skip.drops(seen, ret as u64) {
+            frames[n] = ret as u64;
+            n += 1;
+        }
+        seen += 1;
+        if next <= fp {
+            break;
+        }
+        fp = next;
+    }
+    Some(n)
+}

@@ -1,0 +1,193 @@
+//! The writer thread: it owns the trace [`Writer`], takes the samples off the hand-off queue,
+//! assigns object ids and keeps the address → id map of live sampled blocks, symbolizes each
+//! new frame address once, and flushes at least once a second.
+
+use std::fs::File;
+use std::path::Path;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::handoff::{self, Channel, Msg};
+use super::state::{MAX_FRAMES, OFF, STATE};
+use super::symbolize;
+use super::unwind::cfi;
+use crate::format::error::{Error, ErrorKind};
+use crate::format::hash::FastMap;
+use crate::format::location_codec::Location;
+use crate::format::trace::{AllocSource, NewAlloc, ObjectId, Timestamp, Writer};
+
+/// The writer flushes at least this often.
+const FLUSH_INTERVAL: Duration = Duration::from_secs(1);
+/// How long the writer sleeps when it finds the queue empty.
+const POLL_INTERVAL: Duration = Duration::from_millis(10);
+/// How long it sleeps instead when the queue filled up more than [`BUSY_FILL`] in its last
+/// sleep (a burst of samples): neither the bounded queue nor the pool of frame buffers (which
+/// the writer refills) may run out.
+const BUSY_POLL_INTERVAL: Duration = Duration::from_millis(1);
+/// Messages received in one round beyond which the writer sleeps [`BUSY_POLL_INTERVAL`]: about
+/// a quarter of the frame-buffer pool taken (allocs and frees come in pairs).
+const BUSY_FILL: usize = handoff::POOL_SIZE / 2;
+/// Messages the writer handles between two checks of the flush deadline.
+const POLL_BATCH: usize = 4096;
+/// Domain of every event.
+pub(crate) const DOMAIN: u16 = 0;
+
+/// The writer thread's state.
+struct TraceWriter {
+    writer: Writer<File>,
+    /// The id of this writer's session: messages of other sessions are ignored.
+    session: u32,
+    /// Object id of each live sampled block, by address.
+    ids: FastMap<usize, ObjectId>,
+    /// Symbolized frame addresses.
+    locations: FastMap<u64, Arc<[Location]>>,
+    /// Time of the last event: event times never decrease.
+    last_time: Timestamp,
+    /// Allocations and frees written.
+    allocs: u64,
+    frees: u64,
+}
+
+/// What the writer thread did: events written, and the error that stopped it if any.
+pub(crate) struct WriterOutcome {
+    pub(crate) allocs: u64,
+    pub(crate) frees: u64,
+    pub(crate) error: Option<Error>,
+}
+
+impl WriterOutcome {
+    /// The outcome of a writer thread that panicked outside the code that catches it.
+    pub(crate) fn panicked() -> WriterOutcome {
+        WriterOutcome { allocs: 0, frees: 0, error: Some(Error::new(ErrorKind::WriterPanicked)) }
+    }
+}
+
+/// The writer thread's body: record messages until `Stop`, then close the trace. A write
+/// error stops tracing with one message on stderr (none in a forked child).
+pub(crate) fn write_trace(
+    channel: &'static Channel,
+    session: u32,
+    writer: Writer<File>,
+    path: &Path,
+    start_time: Timestamp,
+) -> WriterOutcome {
+    let mut state = TraceWriter {
+        writer,
+        session,
+        ids: FastMap::default(),
+        locations: FastMap::default(),
+        last_time: start_time,
+        allocs: 0,
+        frees: 0,
+    };
+    // A panic here (a bug, or in the symbolizer on odd debug info) must not leave sampling on
+    // with nobody draining the queue: it stops tracing like a write error.
+    let (mut allocs, mut frees) = (0, 0);
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let result = state.run(channel);
+        (allocs, frees) = (state.allocs, state.frees);
+        result.and_then(|()| state.writer.close().map(drop))
+    }));
+    let error = match outcome {
+        Ok(Ok(())) => None,
+        Ok(Err(e)) => Some(e),
+        Err(_) => Some(Error::new(ErrorKind::WriterPanicked)),
+    };
+    if let Some(e) = &error {
+        STATE.store(OFF, Ordering::SeqCst);
+        if !matches!(e.kind(), ErrorKind::PidChanged) {
+            eprintln!("memtrace: error writing trace file {}: {e}; tracing stopped", path.display());
+        }
+    }
+    WriterOutcome { allocs, frees, error }
+}
+
+impl TraceWriter {
+    /// Poll the queue rather than block on it: a receiver blocked in the queue would make
+    /// every sampled allocation pay a futex wake-up (a system call) on its send.
+    fn run(&mut self, channel: &Channel) -> crate::Result<()> {
+        let mut next_flush = Instant::now() + FLUSH_INTERVAL;
+        loop {
+            let mut received = 0;
+            while received < POLL_BATCH {
+                let Some(msg) = channel.try_recv() else { break };
+                received += 1;
+                if msg.session() != self.session {
+                    // Sent by a thread still finishing a sample of an earlier session.
+                    channel.dispose(msg);
+                    continue;
+                }
+                match msg {
+                    Msg::Alloc { addr, time, length, nsamples, frames, nframes, .. } => {
+                        let result =
+                            self.alloc(addr, time, length, nsamples, &frames[..(nframes as usize).min(MAX_FRAMES)]);
+                        channel.recycle(frames);
+                        result?
+                    }
+                    Msg::Free { addr, time, .. } => self.free(addr, time)?,
+                    Msg::Stop { .. } => return Ok(()),
+                }
+            }
+            let now = Instant::now();
+            if now >= next_flush {
+                if self.writer.has_unflushed_events() {
+                    self.writer.flush()?;
+                }
+                next_flush = now + FLUSH_INTERVAL;
+            }
+            cfi::invalidate_if_unloaded();
+            if received < POLL_BATCH {
+                std::thread::sleep(if received > BUSY_FILL { BUSY_POLL_INTERVAL } else { POLL_INTERVAL });
+            }
+        }
+    }
+
+    /// `frames` (innermost first) without an innermost frame that is the allocator shim's own:
+    /// one the sampled path could not recognise, because calibration saw the shim inlined (see
+    /// `unwind::SHIM`).
+    fn without_shim_frame<'a>(&mut self, frames: &'a [u64]) -> &'a [u64] {
+        match frames {
+            [innermost, rest @ ..] if !rest.is_empty() => {
+                let locations = self.locations.entry(*innermost).or_insert_with(|| symbolize::symbolize(*innermost));
+                // Outermost first: the frame's own function.
+                if locations.first().is_some_and(|l| symbolize::is_allocator_shim(&l.defname_str())) {
+                    rest
+                } else {
+                    frames
+                }
+            }
+            _ => frames,
+        }
+    }
+
+    fn time(&mut self, time: Timestamp) -> Timestamp {
+        self.last_time = self.last_time.max(time);
+        self.last_time
+    }
+
+    fn alloc(&mut self, addr: usize, time: Timestamp, length: u64, nsamples: u64, frames: &[u64]) -> crate::Result<()> {
+        let time = self.time(time);
+        let frames = self.without_shim_frame(frames);
+        let alloc = NewAlloc { length, nsamples, source: AllocSource::External, callstack: frames, drop: 0 };
+        let locations = &mut self.locations;
+        let id = self.writer.put_alloc(DOMAIN, time, &alloc, |code| {
+            locations.entry(code).or_insert_with(|| symbolize::symbolize(code)).clone()
+        })?;
+        self.ids.insert(addr, id);
+        self.allocs += 1;
+        Ok(())
+    }
+
+    fn free(&mut self, addr: usize, time: Timestamp) -> crate::Result<()> {
+        match self.ids.remove(&addr) {
+            Some(id) => {
+                let time = self.time(time);
+                self.frees += 1;
+                self.writer.put_collect(DOMAIN, time, id)
+            }
+            // A block of an earlier session, or a stale table entry: not in this trace.
+            None => Ok(()),
+        }
+    }
+}
