@@ -1,10 +1,6 @@
 //! The streaming analysis against traces whose true answer is worked out by hand (see
 //! `cli_support::known_trace`), site selection, and bounded growth on long traces.
-#![cfg(feature = "cli")]
-
-mod cli_support;
-
-use cli_support::*;
+use crate::util::cli::*;
 use memtrace_rs::cli::analysis::{Measure, Options};
 use memtrace_rs::cli::sites::{self, is_allocator_frame, Grouping};
 

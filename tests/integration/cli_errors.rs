@@ -1,13 +1,9 @@
 //! The `memtrace` binary end to end: `--help` everywhere, exit codes and one-line messages
 //! for missing, corrupt and truncated files, and every subcommand writing its output.
-#![cfg(feature = "cli")]
-
-mod cli_support;
-
 use std::path::Path;
 use std::process::{Command, Output};
 
-use cli_support::*;
+use crate::util::cli::*;
 
 fn memtrace(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_memtrace")).args(args).output().unwrap()

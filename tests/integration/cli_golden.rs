@@ -1,11 +1,7 @@
 //! Golden tests of the text outputs (`info`, `hotspots`, `diff`) on upstream's traces and on
 //! traces built here. Expected outputs live in `tests/golden/`; run with `UPDATE_GOLDEN=1`
 //! to regenerate them after an intended change, and review the diff.
-#![cfg(feature = "cli")]
-
-mod cli_support;
-
-use cli_support::*;
+use crate::util::cli::*;
 use memtrace_rs::cli::analysis::{Analysis, Options};
 use memtrace_rs::cli::sites::{By, Grouping, Ranking};
 use memtrace_rs::cli::{diff, hotspots, info};

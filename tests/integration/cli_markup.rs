@@ -1,15 +1,11 @@
 //! The SVG outputs are well-formed XML, the folded stacks are as expected, and the HTML
 //! report is self-contained (no http(s) resource) and renders in headless Chromium when it
 //! is installed (that part is skipped, with a message, where it is not).
-#![cfg(feature = "cli")]
-
-mod cli_support;
-
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use cli_support::*;
+use crate::util::cli::*;
 use memtrace_rs::cli::analysis::{Analysis, Measure, Options};
 use memtrace_rs::cli::{flamegraph, report, timeline};
 

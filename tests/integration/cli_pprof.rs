@@ -1,12 +1,8 @@
 //! The pprof profile decodes back (with the same prost structs) into the expected samples,
 //! locations, functions and lines.
-#![cfg(feature = "cli")]
-
-mod cli_support;
-
 use std::io::Read;
 
-use cli_support::*;
+use crate::util::cli::*;
 use memtrace_rs::cli::analysis::{Analysis, Options};
 use memtrace_rs::cli::pprof;
 use memtrace_rs::cli::profile_proto::Profile;

@@ -2,17 +2,13 @@
 //! (exit 0, or exit 1 with a one-line message), never panic, hang or print nonsense such as
 //! `inf EiB`; and the analysis (with every output built on it) must not panic on randomly
 //! damaged copies of a real trace.
-#![cfg(feature = "cli")]
-
-mod cli_support;
-
 use std::fs::File;
 use std::io::Cursor;
 use std::path::Path;
 use std::process::{Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use cli_support::*;
+use crate::util::cli::*;
 use memtrace_rs::cli::analysis::{Analysis, Measure, Options};
 use memtrace_rs::cli::progress::Progress;
 use memtrace_rs::cli::{copy, diff, flamegraph, hotspots, info, pprof, report, sites, timeline};
@@ -31,7 +27,7 @@ const RATE_OFFSET: usize = 72;
 /// A valid trace at `rate` whose allocations each have `HUGE` samples: several live at
 /// once (so totals pass 2^64), some collected, on two stacks, with a long quiet stretch.
 fn huge_trace(rate: f64) -> Vec<u8> {
-    let info = Info { sample_rate: rate, ..cli_support::info() };
+    let info = Info { sample_rate: rate, ..crate::util::cli::info() };
     let mut w = Writer::new(Vec::new(), &info).unwrap();
     let alloc = |w: &mut Writer<Vec<u8>>, at: u64, length: u64, stack: &[u64]| {
         let a = NewAlloc { length, nsamples: HUGE, source: AllocSource::External, callstack: stack, drop: 0 };

@@ -1,8 +1,6 @@
 //! The whole loop on a trace the sample app writes: the `memtrace` command line must find
 //! the same allocation sites, with the same estimates, as the sample app's own summary
 //! (written with the bare reader), and count the blocks the app reports.
-#![cfg(feature = "cli")]
-
 use std::path::PathBuf;
 use std::process::Command;
 

@@ -2,24 +2,16 @@
 //! bounded time and memory; and a trace cut after its first packet still delivers every
 //! event of its complete packets.
 //!
-//! The mutants come from a seeded PRNG (`common::Rng`), so failures are reproducible: a
+//! The mutants come from a seeded PRNG (`util::traces::Rng`), so failures are reproducible: a
 //! failure message names the mutant's seed and mutations.
-
-mod common;
-
-#[path = "common/counting_alloc.rs"]
-mod counting_alloc;
 
 use std::io::Read;
 use std::panic::{self, AssertUnwindSafe};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::{craft, generate_trace, Rng, TraceSpec};
+use crate::util::traces::{craft, generate_trace, Rng, TraceSpec};
 use memtrace_rs::trace::{EventKind, Reader};
-
-#[global_allocator]
-static GLOBAL: counting_alloc::Counting = counting_alloc::Counting;
 
 /// Number of mutants in [`random_mutations_never_panic`].
 const MUTANTS: u64 = 10_000;
@@ -281,12 +273,12 @@ fn run_mutants(sources: &[Source], first: u64, step: u64) -> Tally {
         let count = 1 + rng.index(max_mutations);
         let mutations: Vec<String> = (0..count).map(|_| mutate(&mut rng, &mut bytes)).collect();
         for decode in [true, false] {
-            let base = counting_alloc::live_bytes();
-            counting_alloc::reset_peak();
+            let base = crate::util::counting_alloc::live_bytes();
+            crate::util::counting_alloc::reset_peak();
             let t = Instant::now();
             let result = panic::catch_unwind(AssertUnwindSafe(|| read_all(&bytes, decode, decode)));
             let elapsed = t.elapsed();
-            let peak = counting_alloc::peak_since(base);
+            let peak = crate::util::counting_alloc::peak_since(base);
             tally.reads += 1;
             tally.slowest = tally.slowest.max(elapsed);
             tally.largest = tally.largest.max(peak);

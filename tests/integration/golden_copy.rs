@@ -1,6 +1,4 @@
 //! `memtrace copy` of upstream's v3 test trace reproduces it byte for byte (FORMAT.md §10.6).
-#![cfg(feature = "cli")]
-
 use std::path::Path;
 
 use memtrace_rs::trace::Reader;
@@ -36,7 +34,7 @@ fn copies_of_older_versions_read_back_to_the_same_dump() {
 
 #[test]
 fn location_code_zero_gets_a_location_event() {
-    use memtrace_rs::location_codec::Location;
+    use memtrace_rs::trace::Location;
     use memtrace_rs::trace::{AllocSource, EventKind, Info, NewAlloc, Writer};
     use std::sync::Arc;
 

@@ -1,6 +1,4 @@
 //! `memtrace dump` of upstream's test traces equals upstream's own dump, byte for byte.
-#![cfg(feature = "cli")]
-
 use std::io::Read;
 use std::path::{Path, PathBuf};
 

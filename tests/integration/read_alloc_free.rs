@@ -4,17 +4,9 @@
 //!
 //! The allocator counts per thread, so the tests of this file can run in parallel.
 
-mod common;
-
-use common::{craft, generate_trace, TraceSpec};
-use counting_alloc::allocations;
+use crate::util::counting_alloc::allocations;
+use crate::util::traces::{craft, generate_trace, TraceSpec};
 use memtrace_rs::trace::{EventKind, Reader};
-
-#[path = "common/counting_alloc.rs"]
-mod counting_alloc;
-
-#[global_allocator]
-static GLOBAL: counting_alloc::Counting = counting_alloc::Counting;
 
 /// Read every event of `bytes`, looking up every frame; returns (events, allocations made
 /// during the read loop, i.e. after `Reader::new`).
@@ -105,11 +97,11 @@ fn location_memory_is_proportional_to_input() {
     trace.extend(craft::packet(&craft::Header::new(pid, start), &content));
     let input = trace.len() as i64;
 
-    let base = counting_alloc::live_bytes();
-    counting_alloc::reset_peak();
+    let base = crate::util::counting_alloc::live_bytes();
+    crate::util::counting_alloc::reset_peak();
     let mut reader = Reader::new(&trace[..]).unwrap();
     let result = reader.next_event().map(|e| e.is_none());
-    let peak = counting_alloc::peak_since(base);
+    let peak = crate::util::counting_alloc::peak_since(base);
     drop(reader);
     eprintln!("input {input} bytes, peak memory while reading {peak} bytes, result {result:?}");
     assert!(peak < 64 * input + (4 << 20), "reading {input} bytes of trace took {peak} bytes of memory");

@@ -16,13 +16,11 @@
 //! order, times, domains and kinds of events, ids, lengths, sample counts, sources, common
 //! prefixes, and the location list of every frame.
 
-mod common;
-
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-use common::Rng;
-use memtrace_rs::location_codec::{self, Location};
+use crate::util::traces::Rng;
+use memtrace_rs::__internals::location_codec::{self, Location};
 use memtrace_rs::trace::{AllocSource, EventKind, Info, NewAlloc, ObjectId, Reader, Timestamp, Writer};
 use proptest::collection::vec;
 use proptest::prelude::*;
@@ -708,7 +706,7 @@ proptest! {
 // ---------------------------------------------------------------------------------------
 
 fn simple_info(start_time: Timestamp) -> Info {
-    common::test_info(start_time, 1234)
+    crate::util::traces::test_info(start_time, 1234)
 }
 
 fn alloc_op(dom: usize, dt: u64, keep: usize, segs: Vec<Seg>) -> Op {

@@ -9,8 +9,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-use memtrace_rs::location_codec::Location;
-use memtrace_rs::trace::reader::{EventKind, Warning};
+use memtrace_rs::trace::Location;
+use memtrace_rs::trace::{EventKind, Warning};
 use memtrace_rs::trace::{Info, ObjectId, Reader};
 use memtrace_rs::{currently_tracing, start_tracing, stop_tracing, trace_if_requested, MemtraceAllocator};
 
@@ -138,9 +138,9 @@ fn child_role() {
                 std::hint::black_box(());
                 guard
             }
-            let mut config = memtrace_rs::TraceConfig::new(std::env::var_os(SECOND_FILE_VAR).unwrap());
-            config.rate = 0.05;
-            config.unwinder = memtrace_rs::Unwinder::Dwarf;
+            let config = memtrace_rs::TraceConfig::new(std::env::var_os(SECOND_FILE_VAR).unwrap())
+                .rate(0.05)
+                .unwinder(memtrace_rs::Unwinder::Dwarf);
             let guard = start_deep(150, config);
             site_freed();
             drop(guard);
@@ -175,8 +175,7 @@ fn child_role() {
             if pid == 0 {
                 let traced = std::panic::catch_unwind(|| {
                     assert!(!currently_tracing());
-                    let mut config = memtrace_rs::TraceConfig::new(&second);
-                    config.rate = 0.01;
+                    let config = memtrace_rs::TraceConfig::new(&second).rate(0.01);
                     let guard = start_tracing(config).unwrap();
                     assert!(currently_tracing());
                     fork_child_site();
@@ -260,18 +259,16 @@ fn child_role() {
         "api" => {
             let first = PathBuf::from(std::env::var_os("MEMTRACE_FILE").unwrap());
             let second = PathBuf::from(std::env::var_os(SECOND_FILE_VAR).unwrap());
-            let mut config = memtrace_rs::TraceConfig::new(&first);
-            config.rate = 0.01;
-            config.context = Some("api".into());
-            config.unwinder = memtrace_rs::Unwinder::Dwarf;
+            let config =
+                memtrace_rs::TraceConfig::new(&first).rate(0.01).context("api").unwinder(memtrace_rs::Unwinder::Dwarf);
             let g1 = start_tracing(config.clone()).unwrap();
             assert!(currently_tracing());
             assert!(matches!(start_tracing(config.clone()), Err(memtrace_rs::StartError::AlreadyTracing)));
             site_freed();
             stop_tracing();
             assert!(!currently_tracing());
-            config.path = second;
-            config.unwinder = memtrace_rs::Unwinder::Auto;
+            let config =
+                memtrace_rs::TraceConfig::new(second).rate(0.01).context("api").unwinder(memtrace_rs::Unwinder::Auto);
             // From another stack than the first session's: the unwinders were calibrated
             // there, and `Auto` must still find the frame chain (see `explicit_api_sessions`).
             #[inline(never)]
@@ -708,7 +705,7 @@ fn frame_pointers_walkable() -> bool {
         black_box(callee())
     }
     let ret = fp_probe_caller();
-    ret != 0 && memtrace_rs::symbolize::function_names(ret).iter().any(|n| n.ends_with("fp_probe_caller"))
+    ret != 0 && memtrace_rs::__internals::function_names(ret).iter().any(|n| n.ends_with("fp_probe_caller"))
 }
 
 fn check_known_program(unwinder: &str, params_unwinder: &str) {
@@ -744,9 +741,9 @@ fn check_known_program(unwinder: &str, params_unwinder: &str) {
             trace
                 .frames(a)
                 .flatten()
-                .any(|l| is_function(l, site) && l.filename_str().ends_with("tests/tracing.rs") && l.line == line)
+                .any(|l| is_function(l, site) && l.filename_str().ends_with("tests/tracing/main.rs") && l.line == line)
         });
-        assert!(found, "no frame of {site} at tests/tracing.rs:{line}");
+        assert!(found, "no frame of {site} at tests/tracing/main.rs:{line}");
     }
 
     // No tracer, unwinder or allocator-shim frame is left at the inner end.

@@ -1,7 +1,6 @@
 //! Shared by the `cli_*` tests: paths of the upstream test traces, a builder of small traces
 //! with a known answer (written with the crate's `Writer`), and golden-file comparison
 //! (`UPDATE_GOLDEN=1` rewrites the expected files).
-#![allow(dead_code)]
 
 use std::io::Cursor;
 use std::path::{Path, PathBuf};
@@ -11,7 +10,7 @@ use std::sync::OnceLock;
 
 use memtrace_rs::cli::analysis::{Analysis, Options};
 use memtrace_rs::cli::progress::Progress;
-use memtrace_rs::location_codec::Location;
+use memtrace_rs::trace::Location;
 use memtrace_rs::trace::{AllocSource, Info, NewAlloc, ObjectId, Reader, Writer};
 
 /// The upstream traces under `tests/data`, by stem.

@@ -1,7 +1,5 @@
-//! A global allocator wrapper that counts, per thread, allocations and live / peak bytes.
-//! Test crates that want it include this file and declare
-//! `#[global_allocator] static GLOBAL: counting_alloc::Counting = counting_alloc::Counting;`.
-#![allow(dead_code)]
+//! A global allocator wrapper that counts, per thread, allocations and live / peak bytes: the
+//! integration tests' global allocator.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;

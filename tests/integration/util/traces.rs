@@ -1,12 +1,11 @@
 //! Shared by the integration tests and `benches/codec.rs` (which includes this file with
 //! `#[path = "../tests/common/mod.rs"]`): a small deterministic PRNG and a generator of
 //! realistic traces written with [`memtrace_rs::trace::Writer`].
-#![allow(dead_code)]
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use memtrace_rs::location_codec::Location;
+use memtrace_rs::trace::Location;
 use memtrace_rs::trace::{AllocSource, Info, NewAlloc, ObjectId, Timestamp, Writer};
 
 /// SplitMix64: tiny, fast, deterministic, good enough for tests.
@@ -89,6 +88,7 @@ impl TraceSpec {
 
     /// [`TraceSpec::large`] with the locality of this crate's own traces: most allocations
     /// repeat the previous allocation's stack.
+    #[allow(dead_code)] // For benches/codec.rs, which shares this file.
     pub fn large_with_hot_sites(events: usize) -> TraceSpec {
         TraceSpec { repeat_percent: 90, ..TraceSpec::large(events) }
     }
@@ -99,8 +99,11 @@ pub struct Generated {
     pub bytes: Vec<u8>,
     /// Alloc + promote + collect events written.
     pub events: u64,
+    /// Alloc events written, and the distinct call stacks (writer orientation, allocation site
+    /// first): for benches/codec.rs, which shares this file.
+    #[allow(dead_code)]
     pub allocs: u64,
-    /// The distinct call stacks, writer orientation (allocation site first).
+    #[allow(dead_code)]
     pub stacks: Vec<Vec<u64>>,
     /// The location list of every code used.
     pub locations: HashMap<u64, Arc<[Location]>>,

@@ -1,0 +1,8 @@
+//! What the integration tests share: traces built to order ([`traces`]), the known traces and
+//! golden files of the command-line tests ([`cli`]), and the allocation-counting global
+//! allocator ([`counting_alloc`]).
+
+#[cfg(feature = "cli")]
+pub mod cli;
+pub mod counting_alloc;
+pub mod traces;
