@@ -22,10 +22,11 @@
 //! Traces are read with [`trace::Reader`] and written with [`trace::Writer`].
 
 mod format;
+mod frames;
 mod runtime;
 
-#[cfg(feature = "cli")]
-pub mod cli;
+#[cfg(feature = "analysis")]
+pub mod analysis;
 
 pub use format::error::{Error, ErrorKind, Result};
 pub use runtime::allocator::MemtraceAllocator;
