@@ -27,6 +27,8 @@
 //! thread. A library unloaded and another loaded at its address, then sampled before the
 //! writer's next poll (milliseconds), could still be walked with the old rules.
 
+#[cfg(all(test, target_arch = "x86_64", target_os = "linux", target_env = "gnu"))]
+mod against_gimli;
 mod cache;
 mod interp;
 mod rule;
