@@ -44,10 +44,17 @@ pub mod trace {
     };
 }
 
-/// The format's internals, for this crate's benchmarks and fuzz targets only: not a stable
-/// API.
+/// The format's internals and a test hook, for this crate's benchmarks, fuzz targets and
+/// tests only: not a stable API.
 #[doc(hidden)]
 pub mod __internals {
     pub use crate::format::{backtrace_codec, buf, location_codec};
     pub use crate::runtime::symbolize::function_names;
+
+    /// Make the next sampled allocation panic inside the allocator's sampled path, to test
+    /// that it aborts rather than unwinds (debug builds only).
+    #[cfg(debug_assertions)]
+    pub fn panic_in_next_sample() {
+        crate::runtime::allocator::PANIC_IN_NEXT_SAMPLE.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
 }
