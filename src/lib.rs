@@ -34,8 +34,8 @@ pub use runtime::session::{start_tracing, stop_tracing, trace_if_requested, Trac
 pub use runtime::state::currently_tracing;
 pub use runtime::unwind::Unwinder;
 
-/// Reading and writing memtrace traces: a streaming [`Reader`] for format versions 1–3 and a
-/// [`Writer`] of version 3.
+/// Reading and writing memtrace traces: a streaming [`Reader`](trace::Reader) for format
+/// versions 1–3 and a [`Writer`](trace::Writer) of version 3.
 pub mod trace {
     pub use crate::format::location_codec::Location;
     pub use crate::format::trace::{

@@ -48,7 +48,7 @@ pub enum Unwinder {
 }
 
 impl Unwinder {
-    /// The name used by [`UNWINDER_VAR`](crate::tracer::UNWINDER_VAR) and in the trace's runtime parameters.
+    /// The name used by `MEMTRACE_UNWINDER` and in the trace's runtime parameters.
     pub fn name(self) -> &'static str {
         match self {
             Unwinder::Auto => "auto",
