@@ -63,6 +63,9 @@ fn fdes(object: &Object) -> (u64, Vec<(u64, u64)>) {
     (eh_frame, (0..count).map(|_| (relative(), relative())).collect())
 }
 
+type Section = EhFrame<EndianSlice<'static, LittleEndian>>;
+type Fde = FrameDescriptionEntry<EndianSlice<'static, LittleEndian>>;
+
 /// gimli's unwind context with room for as many `DW_CFA_remember_state`s as ours (8), plus the
 /// row it keeps for the CIE's initial rules.
 struct Storage;
@@ -77,7 +80,7 @@ impl<T: ReaderOffset> UnwindContextStorage<T> for Storage {
 ///
 /// # Safety
 /// `fde` is an FDE of the mapped `.eh_frame` section starting at `eh_frame`.
-unsafe fn section_up_to(eh_frame: u64, fde: u64) -> EhFrame<EndianSlice<'static, LittleEndian>> {
+unsafe fn section_up_to(eh_frame: u64, fde: u64) -> Section {
     // SAFETY: an FDE starts with its length word, and that many bytes follow it.
     let length = unsafe { (fde as *const u32).read_unaligned() } as u64;
     // SAFETY: the section is mapped from its start to the FDE's end and stays mapped (libc
@@ -115,17 +118,15 @@ fn gimli_rule(section: &Section, bases: &BaseAddresses, fde: &Fde, pc: u64) -> O
     Some(Rule::Step { cfa_in_rbp, cfa_offset, rbp_offset })
 }
 
-type Section = EhFrame<EndianSlice<'static, LittleEndian>>;
-type Fde = FrameDescriptionEntry<EndianSlice<'static, LittleEndian>>;
-
-/// The number of addresses compared in the object whose name `matches`, and the differences.
-fn compare(matches: impl Fn(&str) -> bool) -> (usize, Vec<String>) {
+/// In the object whose name `matches`: the number of addresses compared, how many of them
+/// have a rule the walk follows, and the differences.
+fn compare(matches: impl Fn(&str) -> bool) -> (usize, usize, Vec<String>) {
     let object = objects().into_iter().find(|o| matches(&o.name)).expect("the object is loaded");
     let (eh_frame, fdes) = fdes(&object);
     // Pointers in `.eh_frame` are pc-relative: with the section's address as its base, they
     // resolve to the addresses the code is loaded at.
     let bases = BaseAddresses::default().set_eh_frame(eh_frame);
-    let (mut compared, mut differences) = (0, Vec::new());
+    let (mut compared, mut followed, mut differences) = (0, 0, Vec::new());
     for (start, fde) in fdes {
         // SAFETY: the search table lists FDEs of the object's `.eh_frame`.
         let section = unsafe { section_up_to(eh_frame, fde) };
@@ -137,21 +138,23 @@ fn compare(matches: impl Fn(&str) -> bool) -> (usize, Vec<String>) {
             let ours = unsafe { rule_from_fde(fde as *const u8, start, pc) };
             let theirs = gimli_rule(&section, &bases, &parsed, pc);
             compared += 1;
+            followed += usize::from(ours.is_some());
             if ours != theirs {
                 differences.push(format!("{} at {pc:#x} (FDE {fde:#x}): ours {ours:?}, gimli {theirs:?}", object.name));
             }
         }
     }
-    (compared, differences)
+    (compared, followed, differences)
 }
 
 /// Compare the rules in the object `what` whose name `matches`.
 fn check(what: &str, matches: impl Fn(&str) -> bool) {
-    let (compared, differences) = compare(matches);
+    let (compared, followed, differences) = compare(matches);
     assert!(compared > 1000, "{what}: only {compared} addresses");
+    assert!(followed > compared / 2, "{what}: a rule the walk follows at only {followed} of {compared} addresses");
     let shown = differences[..differences.len().min(20)].join("\n");
     assert!(differences.is_empty(), "{what}: {} of {compared} addresses differ:\n{shown}", differences.len());
-    println!("{what}: the same rules at {compared} addresses");
+    println!("{what}: the same rules at {compared} addresses ({followed} followed by the walk)");
 }
 
 #[test]
