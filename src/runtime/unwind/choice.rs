@@ -65,7 +65,7 @@ pub(crate) enum Walker {
     /// libgcc's `_Unwind_Backtrace`, through `backtrace::trace_unsynchronized`.
     Libgcc = 0,
     FramePointers = 1,
-    /// The DWARF walk with cached rules ([`cfi`]); libgcc unwinds the stacks it cannot.
+    /// The DWARF walk with cached rules ([`cfi`](super::cfi)); libgcc unwinds the stacks it cannot.
     Cfi = 2,
 }
 
