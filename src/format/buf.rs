@@ -311,7 +311,7 @@ impl<'a> ReadCursor<'a> {
     /// Read an unsigned LEB128 integer (DWARF's variable-length encoding); `None` when the
     /// bytes end first or the value needs more than 64 bits.
     // Always inlined (the compiler inlines the fixed-width reads by itself): as an out-of-line
-    // call it made the CFI interpreter's rule computation about a third slower.
+    // call it made the CFI interpreter's rule computation slower (see the README's benchmarks).
     #[inline(always)]
     pub fn try_uleb128(&mut self) -> Option<u64> {
         let mut value = 0u64;
