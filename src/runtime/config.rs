@@ -23,7 +23,7 @@ pub(crate) const CONTEXT_VAR: &str = "MEMTRACE_CONTEXT";
 /// `frame-pointers` (see [`Unwinder`]).
 pub(crate) const UNWINDER_VAR: &str = "MEMTRACE_UNWINDER";
 
-/// How to trace: see [`start_tracing`].
+/// How to trace: see [`start_tracing`](crate::start_tracing).
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub struct TraceConfig {
@@ -95,7 +95,7 @@ pub enum StartError {
         /// What it must be instead, e.g. "a sampling rate in (0, 1]".
         expected: &'static str,
     },
-    /// The frame cap is not in 1..=[`MAX_FRAMES`].
+    /// The frame cap is not in 1..=128.
     InvalidFrameCap(usize),
     /// Allocations do not reach a [`crate::MemtraceAllocator`]: it is not the
     /// `#[global_allocator]`.

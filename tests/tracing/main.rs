@@ -223,6 +223,13 @@ fn child_role() {
             site_freed();
             panic!("deliberate panic");
         }
+        #[cfg(debug_assertions)]
+        "panic_in_sample" => {
+            let _guard = trace_if_requested();
+            memtrace_rs::__internals::panic_in_next_sample();
+            let unwound = std::panic::catch_unwind(|| black_box(vec![0u8; 64]));
+            eprintln!("the panic unwound out of the allocator: {unwound:?}");
+        }
         "loop" => {
             let _guard = trace_if_requested();
             let end = Instant::now() + Duration::from_secs(20);
@@ -984,6 +991,23 @@ fn panic_flushes_the_trace() {
     let freed: Vec<_> = trace.at_site("::site_freed").collect();
     assert!(freed.len() > 10);
     assert!(freed.iter().all(|(id, _)| trace.collected.contains(id)));
+    let _ = std::fs::remove_file(&path);
+}
+
+/// A panic inside the sampled path aborts the process with one `memtrace:` line: it never
+/// unwinds out of the allocator (which would be undefined behaviour).
+#[cfg(debug_assertions)]
+#[test]
+fn panic_in_the_sampled_path_aborts_instead_of_unwinding() {
+    use std::os::unix::process::ExitStatusExt;
+    let path = temp_path("panic-in-sample");
+    let out = run("panic_in_sample", &[("MEMTRACE_FILE", path.to_str().unwrap()), ("MEMTRACE_RATE", "1")]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.signal(), Some(libc::SIGABRT), "{:?}", out.status);
+    assert!(stderr.contains("deliberate panic in the sampled path"), "the hook did not fire");
+    assert!(!stderr.contains("unwound out of the allocator"));
+    assert_eq!(memtrace_messages(&out).len(), 1, "{stderr}");
+    assert!(memtrace_messages(&out)[0].contains("a panic in the allocator's sampled path"), "{stderr}");
     let _ = std::fs::remove_file(&path);
 }
 
