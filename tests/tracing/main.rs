@@ -14,6 +14,8 @@ use memtrace_rs::trace::{EventKind, Warning};
 use memtrace_rs::trace::{Info, ObjectId, Reader};
 use memtrace_rs::{currently_tracing, start_tracing, stop_tracing, trace_if_requested, MemtraceAllocator};
 
+mod faults;
+
 #[global_allocator]
 static GLOBAL: MemtraceAllocator = MemtraceAllocator::system();
 
@@ -283,7 +285,7 @@ fn child_role() {
             assert!(!currently_tracing());
             drop(kept);
         }
-        other => panic!("unknown role {other}"),
+        other => assert!(faults::child_role(other), "unknown role {other}"),
     }
 }
 
