@@ -21,12 +21,14 @@
 //! sampled (the estimate is unbiased for the bytes allocated after it).
 //!
 //! An allocation that crosses its countdown's point may cover many more: each whole word past
-//! the point is a sample point with probability `rate`, so their number is binomial, drawn in
-//! O(1) whatever the size (BTPE, an exact rejection sampler, from `rand_distr`: an allocation
-//! of 2^60 bytes must not walk its 2^57 · rate sample points one geometric gap at a time inside
-//! `GlobalAlloc`), and the distance from the last of them to the next one, beyond the block,
-//! is one geometric draw (memorylessness again). Both are exact, so the estimate stays
-//! unbiased for every size.
+//! the point is a sample point with probability `rate`, so their number is binomial. When few
+//! are expected (the common case: a block a fraction of the mean gap long) they are counted
+//! one geometric gap at a time, which takes little stack (the sampled path may run on a thread
+//! near the end of its stack); from [`LOOP_MEAN_LIMIT`] expected points on, their number is
+//! one exact Binomial draw (`rand_distr`: BTPE, a rejection sampler, O(1) whatever the size;
+//! an allocation of 2^60 bytes must not walk its 2^57 · rate gaps inside `GlobalAlloc`) and
+//! the distance from the last of them to the next point, beyond the block, one geometric draw
+//! (memorylessness again). Both ways are exact, so the estimate stays unbiased for every size.
 //!
 //! The thread state is a `const`-initialised set of [`Cell`]s with no destructor, so
 //! touching it never allocates, never registers a TLS destructor and cannot fail except
@@ -47,6 +49,10 @@ const MAX_DRAW_WORDS: u64 = 1 << 56;
 
 /// The longest countdown: a longer distance to the next sample point is cut at a checkpoint.
 const CHECKPOINT_BYTES: i64 = 4 << 20;
+
+/// The expected number of sample points past the countdown's point from which they are counted
+/// with one binomial draw rather than one geometric gap at a time (`1 +` that many draws).
+const LOOP_MEAN_LIMIT: f64 = 16.0;
 
 /// Identifies the current tracing session's sampling parameters. A thread whose countdown was
 /// drawn for another session redraws it at its next sample point or checkpoint.
@@ -175,13 +181,18 @@ impl ThreadState {
 /// `left`.
 pub(crate) fn count_sample_points(mut left: i64, mut checkpoint: bool, rng: &mut u64, rate: Rate) -> (i64, u64, bool) {
     let mut nsamples = 0;
-    if left <= 0 {
-        // The countdown's point is crossed (a sample point, unless a checkpoint), and so are
-        // the `past / 8` whole words after it, each a sample point with probability `p`; the
-        // next point is a geometric draw of words beyond the last of them.
-        let past = left.unsigned_abs();
+    // The countdown's point is crossed (a sample point, unless a checkpoint), and so are the
+    // `past / 8` whole words after it, each a sample point with probability `p`.
+    let past = left.unsigned_abs();
+    if left <= 0 && (past / WORD_BYTES) as f64 * rate.p >= LOOP_MEAN_LIMIT {
+        // The next point is a geometric draw of words beyond the last of them.
         nsamples = !checkpoint as u64 + binomial(past / WORD_BYTES, rate.p, rng);
         left = (draw_words(rng, rate) * WORD_BYTES) as i64 - (past % WORD_BYTES) as i64;
+        checkpoint = false;
+    }
+    while left <= 0 {
+        nsamples += !checkpoint as u64;
+        left += (draw_words(rng, rate) * WORD_BYTES) as i64;
         checkpoint = false;
     }
     if left > CHECKPOINT_BYTES {
@@ -194,11 +205,9 @@ pub(crate) fn count_sample_points(mut left: i64, mut checkpoint: bool, rng: &mut
 }
 
 /// How many of `words` independent words are sample points at probability `p`: an exact
-/// Binomial(words, p) draw in O(1) expected time (inversion below a mean of 10, BTPE above).
+/// Binomial(words, p) draw in O(1) expected time.
+#[inline(never)]
 fn binomial(words: u64, p: f64, rng: &mut u64) -> u64 {
-    if words == 0 {
-        return 0;
-    }
     // `p` is a valid rate, so the distribution always exists.
     Binomial::new(words, p).map_or(0, |b| b.sample(&mut SplitMix(rng)))
 }

@@ -93,15 +93,21 @@ pub struct TraceStats {
     pub dropped_table_full: u64,
     /// Sampled allocations dropped because no memory was left for their stacks.
     pub dropped_no_memory: u64,
+    /// Sampled allocations dropped because their thread had too little stack left to capture
+    /// their stacks.
+    pub dropped_no_stack: u64,
     /// Frees of sampled blocks lost because the writer was too far behind: the trace shows
     /// those blocks as never freed.
     pub frees_lost: u64,
+    /// Frees of sampled blocks lost because their thread had too little stack left to send
+    /// them: the trace shows those blocks as never freed.
+    pub frees_lost_no_stack: u64,
 }
 
 impl TraceStats {
     /// All sampled allocations dropped, whatever the reason.
     pub fn samples_dropped(&self) -> u64 {
-        self.dropped_writer_behind + self.dropped_table_full + self.dropped_no_memory
+        self.dropped_writer_behind + self.dropped_table_full + self.dropped_no_memory + self.dropped_no_stack
     }
 }
 
@@ -302,7 +308,9 @@ fn finish(session: Session) -> Option<Result<TraceStats, Error>> {
         dropped_writer_behind: losses.writer_behind,
         dropped_table_full: losses.table_full,
         dropped_no_memory: losses.no_memory,
+        dropped_no_stack: losses.no_stack,
         frees_lost: losses.frees,
+        frees_lost_no_stack: losses.frees_no_stack,
     };
     Some(match written.error {
         None => Ok(stats),
@@ -328,18 +336,21 @@ fn give_up(session: &Session) -> WriterOutcome {
 
 /// One line on stderr for lost samples, one for lost frees.
 fn report_losses(losses: &Losses) {
-    let Losses { writer_behind, table_full, no_memory, frees } = *losses;
-    let dropped = writer_behind + table_full + no_memory;
+    let Losses { writer_behind, table_full, no_memory, no_stack, frees: frees_behind, frees_no_stack } = *losses;
+    let dropped = writer_behind + table_full + no_memory + no_stack;
     if dropped > 0 {
         eprintln!(
             "memtrace: {dropped} samples were dropped ({writer_behind} with the trace writer too far behind, \
-             {table_full} with the sampled-block table full, {no_memory} with no memory left for their stacks)"
+             {table_full} with the sampled-block table full, {no_memory} with no memory left for their stacks, \
+             {no_stack} with too little stack left to capture theirs)"
         );
     }
+    let frees = frees_behind + frees_no_stack;
     if frees > 0 {
         eprintln!(
-            "memtrace: {frees} frees of sampled blocks were lost with the trace writer too far behind; the trace \
-             shows those blocks as never freed"
+            "memtrace: {frees} frees of sampled blocks were lost ({frees_behind} with the trace writer too far \
+             behind, {frees_no_stack} with too little stack left to send them); the trace shows those blocks as \
+             never freed"
         );
     }
 }
