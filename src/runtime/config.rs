@@ -28,7 +28,7 @@ pub(crate) const STOP_TIMEOUT_VAR: &str = "MEMTRACE_STOP_TIMEOUT";
 /// How long stopping waits for the writer thread by default.
 pub(crate) const DEFAULT_STOP_TIMEOUT: Duration = Duration::from_secs(1);
 
-/// How to trace: see [`start_tracing`].
+/// How to trace: see [`start_tracing`](crate::start_tracing).
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub struct TraceConfig {
@@ -114,7 +114,7 @@ pub enum StartError {
         /// What it must be instead, e.g. "a sampling rate in (0, 1]".
         expected: &'static str,
     },
-    /// The frame cap is not in 1..=[`MAX_FRAMES`].
+    /// The frame cap is not in 1..=128.
     InvalidFrameCap(usize),
     /// Allocations do not reach a [`crate::MemtraceAllocator`]: it is not the
     /// `#[global_allocator]`.

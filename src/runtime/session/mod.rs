@@ -138,9 +138,9 @@ struct Session {
 /// `MEMTRACE_CONTEXT` an optional description.
 ///
 /// The file variables are removed from the environment, so that child processes are not
-/// traced into the same file. Problems (a malformed rate, an unwritable or locked file) are
-/// reported on stderr in one line starting with `memtrace: `, and the program runs on
-/// untraced. Returns `None` when not tracing; keep the guard alive for as long as the program
+/// traced into the same file. Problems (a malformed rate, an unwritable or locked file, a
+/// FIFO that no process reads) are reported on stderr in one line starting with `memtrace: `,
+/// and the program runs on untraced. Returns `None` when not tracing; keep the guard alive for as long as the program
 /// should be traced.
 ///
 /// Call it first thing in `main`, before the program starts threads: removing the variables
@@ -164,8 +164,11 @@ pub fn trace_if_requested() -> Option<TraceGuard> {
 ///
 /// Only one trace can be recorded at a time. The file is created with mode 0600 (or
 /// truncated), after taking an exclusive `lockf` lock on it: a file another process is
-/// tracing into gives [`StartError::Locked`]. The first call in a process also calibrates the
-/// stack capture, which requires [`crate::MemtraceAllocator`] to be the global allocator.
+/// tracing into gives [`StartError::Locked`]. Opening never waits: a FIFO that no process has
+/// open for reading gives [`StartError::NoReader`]. A start that fails leaves no file it
+/// created behind, and a first packet that cannot be written (a context too long) is found
+/// before the file is touched. The first call in a process also calibrates the stack capture,
+/// which requires [`crate::MemtraceAllocator`] to be the global allocator.
 pub fn start_tracing(config: TraceConfig) -> Result<TraceGuard, StartError> {
     if !valid_rate(config.rate) {
         return Err(StartError::InvalidRate(config.rate));
@@ -259,7 +262,8 @@ fn start_writer(writer: Writer<File>, config: &TraceConfig, start_time: u64) -> 
 }
 
 /// Stop the running trace, if any, and flush it. Blocks still alive are not reported as
-/// collected.
+/// collected. Waits for the writer at most the session's
+/// [stop timeout](TraceConfig::stop_timeout), as the guard's drop and the exit hook do.
 pub fn stop_tracing() {
     stop_session(None);
 }
@@ -289,12 +293,17 @@ fn finish(session: Session) -> Option<Result<TraceStats, Error>> {
     }
     STATE.store(OFF, Ordering::SeqCst);
     handoff::unpublish();
-    let deadline = Instant::now() + session.stop_timeout;
+    // None: a timeout too long to count, waited for without limit.
+    let deadline = Instant::now().checked_add(session.stop_timeout);
     // A writer that stopped on a write error no longer drains the queue: then Stop may not
     // fit, and is not needed.
-    let draining = || !session.writer.is_finished() && Instant::now() < deadline;
+    let draining = || !session.writer.is_finished() && deadline.is_none_or(|deadline| Instant::now() < deadline);
     session.channel.send_stop(handoff::session_tag(session.id), draining);
-    let written = match session.outcome.recv_deadline(deadline) {
+    let outcome = match deadline {
+        Some(deadline) => session.outcome.recv_deadline(deadline),
+        None => session.outcome.recv().map_err(|_| RecvTimeoutError::Disconnected),
+    };
+    let written = match outcome {
         Ok(written) => written,
         // Panicked past the code that catches panics.
         Err(RecvTimeoutError::Disconnected) => WriterOutcome::panicked(),
