@@ -4,8 +4,8 @@
 //!
 //! The captures must be taken on the thread that starts tracing, but little else is: they go
 //! straight into a static table, not onto that thread's stack, and resolving their frames'
-//! names (the symbolizer parses debug info, and took 300 KB of stack in a debug build) runs
-//! on a thread of its own, so that a thread with a small stack can start tracing.
+//! names (the symbolizer parses debug info, with a large appetite for stack in unoptimised
+//! builds) runs on a thread of its own, so that a thread with a small stack can start tracing.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
