@@ -70,25 +70,35 @@ pub(crate) fn take_losses() -> Losses {
 /// Called (inside the tracer) for a sampled block of `size` bytes just allocated at `addr`.
 pub(crate) fn sampled_alloc(addr: usize, size: usize, nsamples: u64, entry: Entry) {
     let calibration = sampler::take_calibration_flag();
-    match STATE.load(Ordering::Relaxed) {
-        ON => {}
-        CALIBRATING if calibration => {
-            unwind::capture_calibration(entry);
-            return;
+    let record = match STATE.load(Ordering::Relaxed) {
+        // Checked here, in a small frame, before the path that takes the stack's measure.
+        ON if !unwind::stack_left_for_capture() => {
+            DROPPED_STACK.fetch_add(1, Ordering::Relaxed);
+            false
         }
-        _ => return,
+        ON => true,
+        // Calibration needs its captures (and calibrates on the stack that starts tracing).
+        CALIBRATING => calibration,
+        _ => false,
+    };
+    // One call site for samples and calibration captures: see `record_alloc`.
+    if record {
+        record_alloc(addr, size, nsamples, entry, calibration);
     }
-    // Checked here, in a small frame, before the path that takes the stack's measure.
-    if !unwind::stack_left_for_capture() {
-        DROPPED_STACK.fetch_add(1, Ordering::Relaxed);
-        return;
-    }
-    record_alloc(addr, size, nsamples, entry);
 }
 
-/// [`sampled_alloc`] of a session's sample with stack enough left.
+/// [`sampled_alloc`] of a session's sample with stack enough left, or of a `calibration`
+/// capture. Both reach the capture (inlined here) through the same frames, from the same call
+/// site (which the compiler may make a jump), so that calibration counts the tracer frames a
+/// sample's stack starts with.
 #[inline(never)]
-fn record_alloc(addr: usize, size: usize, nsamples: u64, entry: Entry) {
+fn record_alloc(addr: usize, size: usize, nsamples: u64, entry: Entry, calibration: bool) {
+    if calibration {
+        let mut slot = unwind::calibration_slot(entry);
+        let (n, frames) = &mut *slot;
+        *n = capture(entry, true, frames);
+        return;
+    }
     let Some((channel, session)) = handoff::current() else { return };
     let mut frames = match channel.frames_for_alloc() {
         Ok(frames) => frames,

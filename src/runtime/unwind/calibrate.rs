@@ -9,9 +9,9 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use parking_lot::Mutex;
+use parking_lot::{MappedMutexGuard, Mutex, MutexGuard};
 
-use super::capture::{capture, WALKER};
+use super::capture::WALKER;
 use super::choice::{Unwinder, Walker};
 use super::leading::{Leading, SHIM, SKIP};
 use super::{cfi, frame_pointers};
@@ -29,7 +29,7 @@ static CALIBRATED: [AtomicBool; 3] = [AtomicBool::new(false), AtomicBool::new(fa
 /// pointers: a frame chain; for the cached DWARF walk: libgcc's stacks).
 static USABLE: [AtomicBool; 3] = [AtomicBool::new(true), AtomicBool::new(false), AtomicBool::new(false)];
 /// A calibration capture: its frame count and frames.
-type Capture = (usize, [u64; MAX_FRAMES]);
+pub(crate) type Capture = (usize, [u64; MAX_FRAMES]);
 const NO_CAPTURE: Capture = (0, [0; MAX_FRAMES]);
 /// The captures made by the calibration markers, per [`Walker`] and [`Entry`].
 static CALIBRATION: Mutex<[[Capture; 3]; 3]> = parking_lot::const_mutex([[NO_CAPTURE; 3]; 3]);
@@ -38,14 +38,11 @@ static CALIBRATION: Mutex<[[Capture; 3]; 3]> = parking_lot::const_mutex([[NO_CAP
 /// `__libc_start_main`, `_start`; `start_thread`, `clone3`), which keeps no frame pointers.
 const C_START_FRAMES: usize = 3;
 
-/// Take a calibration capture in `entry` with the walker being calibrated, into its slot of
-/// the table (sampled path, inside the tracer).
-#[cold]
-#[inline(never)]
-pub(crate) fn capture_calibration(entry: Entry) {
-    let mut all = CALIBRATION.lock();
-    let (n, frames) = &mut all[WALKER.load(Ordering::Relaxed) as usize][entry as usize];
-    *n = capture(entry, true, frames);
+/// The slot of the table for a calibration capture taken in `entry` by the walker being
+/// calibrated: the sampled path captures into it (the capture inlined where a sample's is,
+/// so that both stacks hold the same tracer frames).
+pub(crate) fn calibration_slot(entry: Entry) -> MappedMutexGuard<'static, Capture> {
+    MutexGuard::map(CALIBRATION.lock(), |all| &mut all[WALKER.load(Ordering::Relaxed) as usize][entry as usize])
 }
 
 /// Measure, once per process, how many leading captured frames belong to the tracer, the
