@@ -43,7 +43,8 @@ pub(crate) fn child_role(role: &str) -> bool {
                 std::mem::forget(guard);
                 std::process::exit(0);
             }
-            drop(guard);
+            let error = guard.unwrap().finish().unwrap_err();
+            assert!(matches!(error.kind(), memtrace_rs::ErrorKind::WriterStalled(_)), "{error}");
             assert!(!currently_tracing());
         }
         "small_stack" => {
@@ -232,8 +233,8 @@ fn a_fifo_nobody_reads_is_reported_and_ignored() {
 }
 
 /// A reader that opens the FIFO and never reads: the writer blocks once the pipe is full, and
-/// the program still ends, after the stop timeout, with one message (from the guard's drop,
-/// or from the exit hook after `process::exit`).
+/// the program still ends, after the stop timeout, with one message (from the guard's
+/// `finish`, which says the writer stalled, or from the exit hook after `process::exit`).
 #[test]
 fn a_fifo_whose_reader_stalls_lets_the_program_finish() {
     for role in ["stalled", "stalled_exit"] {

@@ -54,8 +54,9 @@ pub struct TraceGuard {
 
 impl TraceGuard {
     /// Stop tracing, flush the trace and close it: what was written and what was lost, or
-    /// the error that stopped the writer. A session already stopped by [`stop_tracing`] or at
-    /// a write error gives its outcome too.
+    /// the error that stopped the writer ([`ErrorKind::WriterStalled`] when it was still
+    /// writing at the [stop timeout](TraceConfig::stop_timeout)). A session already stopped by
+    /// [`stop_tracing`] or at a write error gives its outcome too.
     pub fn finish(self) -> Result<TraceStats, Error> {
         let id = self.session;
         std::mem::forget(self);
