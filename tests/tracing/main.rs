@@ -14,6 +14,8 @@ use memtrace_rs::trace::{EventKind, Warning};
 use memtrace_rs::trace::{Info, ObjectId, Reader};
 use memtrace_rs::{currently_tracing, start_tracing, stop_tracing, trace_if_requested, MemtraceAllocator};
 
+mod faults;
+
 #[global_allocator]
 static GLOBAL: MemtraceAllocator = MemtraceAllocator::system();
 
@@ -295,7 +297,7 @@ fn child_role() {
                 eprintln!("stats: {} {}", stats.samples_written, stats.frees_written);
             }
         }
-        other => panic!("unknown role {other}"),
+        other => assert!(faults::child_role(other), "unknown role {other}"),
     }
 }
 
@@ -916,22 +918,20 @@ fn queue_full_drops_and_lost_frees_are_reported() {
     let fifo = temp_path("fifo");
     let marker = fifo.with_extension("done");
     let _ = std::fs::remove_file(&marker);
-    let c_fifo = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
-    // SAFETY: a valid C string.
-    assert_eq!(unsafe { libc::mkfifo(c_fifo.as_ptr(), 0o600) }, 0);
+    let mut reader = fifo_reader(&fifo);
     let mut proc = child(
         "writer_blocked",
         &[
             ("MEMTRACE_FILE", fifo.to_str().unwrap()),
             ("MEMTRACE_RATE", "1"),
             (SECOND_FILE_VAR, marker.to_str().unwrap()),
+            // Draining the queue into the FIFO takes the (unoptimised) writer a while.
+            ("MEMTRACE_STOP_TIMEOUT", "120"),
         ],
     )
     .stderr(std::process::Stdio::piped())
     .spawn()
     .unwrap();
-    // Opening blocks until the child's tracer opens the FIFO for writing.
-    let mut reader = std::fs::File::open(&fifo).unwrap();
     let deadline = Instant::now() + Duration::from_secs(60);
     while !marker.exists() {
         if Instant::now() >= deadline {
@@ -964,6 +964,24 @@ fn queue_full_drops_and_lost_frees_are_reported() {
     for p in [fifo, marker, path] {
         let _ = std::fs::remove_file(p);
     }
+}
+
+/// Make a FIFO at `path` and open it for reading, without waiting for a writer (the tracer
+/// refuses a FIFO nobody reads); reads then block as usual.
+fn fifo_reader(path: &Path) -> std::fs::File {
+    let c_path = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
+    // SAFETY: a valid C string.
+    assert_eq!(unsafe { libc::mkfifo(c_path.as_ptr(), 0o600) }, 0);
+    let reader =
+        std::os::unix::fs::OpenOptionsExt::custom_flags(std::fs::OpenOptions::new().read(true), libc::O_NONBLOCK)
+            .open(path)
+            .unwrap();
+    // SAFETY: fcntl on a descriptor we own.
+    unsafe {
+        let flags = libc::fcntl(reader.as_raw_fd(), libc::F_GETFL);
+        assert_eq!(libc::fcntl(reader.as_raw_fd(), libc::F_SETFL, flags & !libc::O_NONBLOCK), 0);
+    }
+    reader
 }
 
 #[test]
