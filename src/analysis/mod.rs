@@ -1,6 +1,6 @@
 //! Analysing traces: the streaming pass that every view of a trace is built on
 //! ([`Analysis`]), grouping its stacks into allocation sites ([`ranked`], with the
-//! allocator-frame rule [`is_allocator_frame`]), and the two event-by-event passes of the
+//! frame rules [`is_allocator_frame`] and [`is_root_frame`]), and the two event-by-event passes of the
 //! `memtrace` command line that need no analysis: [`dump`] and [`copy`].
 //!
 //! Byte figures are estimates: each sample of an allocation stands for
@@ -11,10 +11,10 @@ mod dump;
 mod pass;
 mod sites;
 
-pub use crate::frames::is_allocator_frame;
+pub use crate::frames::{is_allocator_frame, is_root_frame};
 pub use copy::{copy, Copied};
 pub use dump::dump;
 pub use pass::{
     short_path, Analysis, Bucket, Counts, Frame, FrameId, Measure, Options, Peak, Stack, StackStats, Tally, Timeline,
 };
-pub use sites::{ranked, Grouping, Site};
+pub use sites::{ranked, Grouping, Site, Trim};

@@ -1,11 +1,12 @@
 //! `memtrace flamegraph`: an interactive SVG flame graph (drawn by inferno) or folded stacks.
 //!
 //! Each stack's width is its estimated bytes for the chosen figure. Allocator frames are
-//! trimmed from the leaves unless asked otherwise, as for `hotspots --stacks`.
+//! trimmed from the leaves and the runtime's start-up frames from the roots unless asked
+//! otherwise, as for `hotspots --stacks`.
 
 use std::io::{self, Write};
 
-use memtrace_rs::analysis::{ranked, Analysis, Grouping, Measure, Options as AnalysisOptions};
+use memtrace_rs::analysis::{self, ranked, Analysis, Grouping, Measure, Options as AnalysisOptions};
 
 use super::args::Trim;
 use super::format;
@@ -21,7 +22,7 @@ pub struct Options {
     /// which a warning gives.)
     #[arg(long)]
     pub folded: bool,
-    /// Whether allocator frames are trimmed from the leaves.
+    /// Which frames are trimmed from the leaves and the roots.
     #[command(flatten)]
     pub trim: Trim,
 }
@@ -105,8 +106,8 @@ impl Folded {
 /// The folded stacks of `analysis` for `measure`: one `outer;...;inner count` line per
 /// stack whose count is not zero, largest first. The counts are bytes, or units of a power
 /// of two bytes chosen so that they add up to at most 2^53 (see [`Folded::unit_log2`]).
-pub fn folded(analysis: &Analysis, measure: Measure, keep_allocator_frames: bool) -> Folded {
-    let grouping = Grouping { stacks: true, keep_allocator_frames };
+pub fn folded(analysis: &Analysis, measure: Measure, trim: analysis::Trim) -> Folded {
+    let grouping = Grouping { stacks: true, trim };
     let sites = ranked(analysis, grouping, measure);
     let bytes: Vec<f64> = sites.iter().map(|s| analysis.bytes(s.stats.get(measure).samples).min(f64::MAX)).collect();
     let total = bytes.iter().sum::<f64>().min(f64::MAX);
@@ -176,7 +177,7 @@ pub fn title(analysis: &Analysis, weight: &Weight) -> String {
 /// Write the flame graph (or the folded stacks) of `analysis` as `options` ask. Returns the
 /// unit of the folded counts as a power of two bytes (see [`Folded::unit_log2`]).
 pub fn write(analysis: &Analysis, options: &Options, out: &mut impl Write) -> io::Result<u32> {
-    let folded = folded(analysis, options.weight.measure(), options.trim.keep_allocator_frames);
+    let folded = folded(analysis, options.weight.measure(), options.trim.frames());
     if options.folded {
         for line in &folded.lines {
             writeln!(out, "{line}")?;

@@ -84,6 +84,9 @@ enum Command {
         /// Where to write the profile (conventionally *.pb.gz).
         #[arg(short, long)]
         output: PathBuf,
+        /// Which frames are trimmed from the stacks.
+        #[command(flatten)]
+        trim: args::Trim,
     },
     /// Chart the estimated live heap and allocation rate over time (SVG, or CSV for *.csv).
     Timeline {
@@ -198,9 +201,9 @@ fn run(cli: Cli) -> Result<(), Failure> {
             }
             Ok(())
         }
-        Command::Pprof { file, output } => {
+        Command::Pprof { file, output, trim } => {
             let analysis = analyse(&file, AnalysisOptions { stacks: true, live_at: None })?;
-            to_file(&output, |out| pprof::write(&analysis, out))
+            to_file(&output, |out| pprof::write(&analysis, trim.frames(), out))
         }
         Command::Timeline { file, output } => {
             let analysis = analyse(&file, AnalysisOptions::default())?;

@@ -99,6 +99,17 @@ pub fn locations(code: u64) -> Arc<[Location]> {
     }])
 }
 
+/// A one-frame location list: `function` at line 1 of `file`.
+pub fn location_at(function: &str, file: &str) -> Arc<[Location]> {
+    Arc::from(vec![Location {
+        filename: file.as_bytes().into(),
+        line: 1,
+        start_char: 0,
+        end_char: 0,
+        defname: function.as_bytes().into(),
+    }])
+}
+
 /// Builds a trace event by event.
 pub struct TraceBuilder {
     writer: Writer<Vec<u8>>,
@@ -111,6 +122,18 @@ impl TraceBuilder {
 
     /// An allocation at `at` µs after the start, with `stack` innermost first.
     pub fn alloc(&mut self, at: u64, nsamples: u64, stack: &[u64]) -> ObjectId {
+        self.alloc_with(at, nsamples, stack, locations)
+    }
+
+    /// An allocation at `at` µs after the start, with `stack` innermost first and its
+    /// codes' locations given by `locations`.
+    pub fn alloc_with(
+        &mut self,
+        at: u64,
+        nsamples: u64,
+        stack: &[u64],
+        locations: impl FnMut(u64) -> Arc<[Location]>,
+    ) -> ObjectId {
         let alloc = NewAlloc { length: nsamples, nsamples, source: AllocSource::External, callstack: stack, drop: 0 };
         self.writer.put_alloc(0, START + at, &alloc, locations).unwrap()
     }
