@@ -4,17 +4,21 @@
 //! `memtrace` command line that need no analysis: [`dump`] and [`copy`].
 //!
 //! Byte figures are estimates: each sample of an allocation stands for
-//! `word_size / 8 / sample_rate` bytes ([`Analysis::bytes`]).
+//! `word_size / 8 / sample_rate` bytes ([`Analysis::bytes`]), with a 95 % interval from
+//! the sample count ([`Analysis::estimate`]).
 
 mod copy;
 mod dump;
+mod estimate;
 mod pass;
 mod sites;
 
 pub use crate::frames::{is_allocator_frame, is_root_frame};
 pub use copy::{copy, Copied};
 pub use dump::dump;
+pub use estimate::{poisson_interval, Estimate, FEW_SAMPLES};
 pub use pass::{
-    short_path, Analysis, Bucket, Counts, Frame, FrameId, Measure, Options, Peak, Stack, StackStats, Tally, Timeline,
+    short_path, Analysis, Bucket, Counts, Frame, FrameId, Measure, Options, Origin, Peak, Stack, StackStats, Tally,
+    Timeline,
 };
 pub use sites::{ranked, Grouping, Site, Trim};

@@ -36,6 +36,7 @@ use std::collections::HashMap;
 use std::io::Read;
 use std::path::Path;
 
+use super::estimate::Estimate;
 use crate::format::hash::FastMap;
 use crate::format::location_codec::Location;
 use crate::format::trace::{AllocSource, EventKind, Info, LocationTable, ObjectId, Reader, Timestamp, Warning};
@@ -298,6 +299,17 @@ impl Timeline {
         self.buckets = merged;
         self.width *= 2;
     }
+}
+
+/// Where a trace comes from, which decides the words used for it: Rust traces have
+/// allocations and frees of sampled blocks; OCaml traces have minor and major allocations,
+/// promotions, collections and domains.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Origin {
+    /// This crate's allocator (or any trace of external allocations only).
+    Rust,
+    /// OCaml's memtrace.
+    OCaml,
 }
 
 /// The total live estimate at its highest.
@@ -620,6 +632,23 @@ impl Analysis {
     /// Estimated bytes for `samples` at this trace's rate and word size.
     pub fn bytes(&self, samples: u64) -> f64 {
         self.info.bytes_for_samples(samples)
+    }
+
+    /// The estimate of `samples` with its 95 % interval.
+    pub fn estimate(&self, samples: u64) -> Estimate {
+        Estimate::new(samples, self.bytes(1))
+    }
+
+    /// Where the trace comes from: this crate's allocator (its runtime parameters start with
+    /// `memtrace-rs`, or every allocation is external and nothing was promoted) or OCaml.
+    pub fn origin(&self) -> Origin {
+        let c = &self.counts;
+        let ocaml_events = c.allocs_minor > 0 || c.allocs_major > 0 || c.promotes > 0;
+        if self.info.runtime_params.starts_with(b"memtrace-rs") || (!ocaml_events && c.allocs_external > 0) {
+            Origin::Rust
+        } else {
+            Origin::OCaml
+        }
     }
 
     /// Time from the trace start to its last event, in µs.

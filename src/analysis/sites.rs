@@ -69,13 +69,17 @@ impl Site {
         self.frames.first().map_or_else(|| "(no backtrace)".to_string(), |&f| analysis.frames[f].label())
     }
 
+    /// The labels of the site's frames, innermost first (`(no backtrace)` when it has none).
+    pub fn labels(&self, analysis: &Analysis) -> Vec<String> {
+        if self.frames.is_empty() {
+            return vec![self.label(analysis)];
+        }
+        self.frames.iter().map(|&f| analysis.frames[f].label()).collect()
+    }
+
     /// A key that identifies the site across traces: the labels of all its frames.
     pub fn key(&self, analysis: &Analysis) -> String {
-        if self.frames.is_empty() {
-            return self.label(analysis);
-        }
-        let labels: Vec<String> = self.frames.iter().map(|&f| analysis.frames[f].label()).collect();
-        labels.join(" <- ")
+        self.labels(analysis).join(" <- ")
     }
 }
 

@@ -130,7 +130,7 @@ fn huge_but_finite_estimates_are_analysed() {
     let known = write_trace(dir.path(), "known.ctf", &known_trace());
     assert_eq!(run_all(&huge, &known), 15, "every command succeeds on a valid trace");
     let o = memtrace(dir.path(), &["info", huge.to_str().unwrap()]);
-    assert!(o.stdout.contains("1.5e29 B (1.47") && o.stdout.contains("e29 bytes"), "{}", o.stdout);
+    assert!(o.stdout.contains("1.5e29 B ±0.0% (1.47") && o.stdout.contains("e29 bytes"), "{}", o.stdout);
 }
 
 #[test]

@@ -48,8 +48,8 @@ fn the_cli_agrees_with_the_sample_apps_own_summary() {
 
     let memtrace = env!("CARGO_BIN_EXE_memtrace");
     let info = run(Command::new(memtrace).arg("info").arg(&trace));
-    assert_eq!(number_after(&info, "Allocations:"), sampled, "{info}\n{app}");
-    assert_eq!(number_after(&info, "Collections:"), collected, "{info}\n{app}");
+    assert_eq!(number_after(&info, "Sampled blocks:"), sampled, "{info}\n{app}");
+    assert_eq!(number_after(&info, "Frees:"), collected, "{info}\n{app}");
     assert!(info.contains("sample-app") && info.contains("Truncated:          no"), "{info}");
 
     // The same top three sites. Two sites with equal estimates may come in either order,

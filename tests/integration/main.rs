@@ -11,6 +11,8 @@ mod util;
 #[cfg(feature = "cli")]
 mod cli_analysis;
 #[cfg(feature = "cli")]
+mod cli_diff;
+#[cfg(feature = "cli")]
 mod cli_errors;
 #[cfg(feature = "cli")]
 mod cli_golden;

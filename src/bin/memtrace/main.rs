@@ -145,7 +145,7 @@ impl std::error::Error for Failure {}
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match run(cli) {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => code,
         Err(e) if e.is_broken_pipe() => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("memtrace: {e}");
@@ -154,7 +154,12 @@ fn main() -> ExitCode {
     }
 }
 
-fn run(cli: Cli) -> Result<(), Failure> {
+/// The exit status of `diff --fail-above` when the limit is exceeded (1 is for errors, 2
+/// for bad arguments).
+const REGRESSION: u8 = 3;
+
+fn run(cli: Cli) -> Result<ExitCode, Failure> {
+    let mut status = ExitCode::SUCCESS;
     match cli.command {
         Command::Info { file } => {
             let analysis = analyse(&file, AnalysisOptions::default())?;
@@ -214,13 +219,30 @@ fn run(cli: Cli) -> Result<(), Failure> {
             let stacks = AnalysisOptions { stacks: true, live_at: None };
             let (a, b) = (analyse(&base, stacks)?, analyse(&new, stacks)?);
             let names = (base.display().to_string(), new.display().to_string());
-            to_stdout(|out| diff::write(&a, &b, (&names.0, &names.1), &options, out))
+            to_stdout(|out| diff::write(&a, &b, (&names.0, &names.1), &options, out))?;
+            if let Some(limit) = options.fail_above {
+                let total = diff::total(&a, &b, &options);
+                if diff::exceeds(&total, limit) {
+                    let unit = if options.per_second { "/s" } else { "" };
+                    eprintln!(
+                        "memtrace: {}: {} grew by {}{unit} (±{}{unit}) from {}, more than the limit allows",
+                        new.display(),
+                        options.ranking.by.describe(),
+                        format::bytes(total.delta()),
+                        format::bytes(total.margin()),
+                        base.display()
+                    );
+                    status = ExitCode::from(REGRESSION);
+                }
+            }
+            Ok(())
         }
         Command::Report { file, output, options } => {
             let analysis = analyse(&file, AnalysisOptions { stacks: true, live_at: None })?;
             to_file(&output, |out| report::write(&analysis, &file.display().to_string(), &options, out))
         }
-    }
+    }?;
+    Ok(status)
 }
 
 /// Analyse the trace at `path` with a progress bar on a terminal, printing the reader's
