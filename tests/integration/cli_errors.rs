@@ -195,3 +195,51 @@ fn copy_drops_collects_of_unknown_objects_with_one_warning() {
     let text = String::from_utf8_lossy(&dump.stdout).into_owned();
     assert_eq!(text.lines().filter(|l| l.ends_with(" collect")).count(), 2, "{text}");
 }
+
+#[test]
+fn an_output_that_is_the_input_is_refused_and_the_input_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = write_trace(dir.path(), "t.ctf", &known_trace());
+    std::os::unix::fs::symlink(&trace, dir.path().join("link.ctf")).unwrap();
+    let t = trace.to_str().unwrap();
+    let link = dir.path().join("link.ctf");
+    let link = link.to_str().unwrap();
+    let dotted = format!("{}/./t.ctf", dir.path().display());
+    for args in [
+        vec!["copy", t, t],
+        vec!["copy", t, &dotted],
+        vec!["report", t, "-o", link],
+        vec!["flamegraph", t, "-o", t],
+        vec!["pprof", t, "-o", link],
+        vec!["timeline", t, "-o", &dotted],
+    ] {
+        let o = memtrace(&args);
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(1), "{args:?}: {err}");
+        assert!(err.starts_with("memtrace: ") && err.contains("refusing to overwrite it"), "{args:?}: {err}");
+        assert_eq!(std::fs::read(&trace).unwrap(), known_trace(), "{args:?} damaged the input");
+    }
+}
+
+#[test]
+fn dash_writes_to_stdout() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = write_trace(dir.path(), "t.ctf", &known_trace());
+    let t = trace.to_str().unwrap();
+    let copied = memtrace(&["copy", t, "-"]);
+    assert!(copied.status.success(), "{}", stderr(&copied));
+    assert_eq!(copied.stdout, known_trace(), "copy to stdout");
+    for (args, start) in [
+        (vec!["flamegraph", t, "-o", "-", "--folded"], "main (src/app.rs:10);"),
+        (vec!["flamegraph", t, "-o", "-"], "<?xml"),
+        (vec!["timeline", t, "-o", "-"], "<svg"),
+        (vec!["report", t, "-o", "-"], "<!DOCTYPE html>"),
+        (vec!["pprof", t, "-o", "-"], "\u{1f}"),
+    ] {
+        let o = memtrace(&args);
+        assert!(o.status.success(), "{args:?}: {}", stderr(&o));
+        let text = String::from_utf8_lossy(&o.stdout);
+        assert!(text.starts_with(start), "{args:?}: {}", &text[..text.len().min(80)]);
+    }
+    assert!(!Path::new("-").exists() && !dir.path().join("-").exists(), "a file named `-`");
+}

@@ -10,6 +10,7 @@ mod flamegraph;
 mod format;
 mod hotspots;
 mod info;
+mod output;
 mod pprof;
 mod profile_proto;
 mod progress;
@@ -18,7 +19,6 @@ mod timeline;
 
 use std::cell::Cell;
 use std::fmt;
-use std::fs::File;
 use std::io::{self, BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -28,6 +28,7 @@ use clap::{Parser, Subcommand};
 
 use memtrace_rs::analysis::{Analysis, Options as AnalysisOptions};
 use memtrace_rs::trace::{Reader, Warning};
+use output::Output;
 use progress::Progress;
 
 /// Analyse memtrace traces (from this crate's allocator or from OCaml's memtrace).
@@ -57,7 +58,7 @@ enum Command {
     Copy {
         /// The trace to read.
         input: PathBuf,
-        /// Where to write the copy.
+        /// Where to write the copy; `-` for stdout.
         output: PathBuf,
     },
     /// Rank allocation sites (or whole stacks) by estimated bytes.
@@ -71,7 +72,7 @@ enum Command {
     Flamegraph {
         /// The trace file.
         file: PathBuf,
-        /// Where to write the SVG (or the folded stacks).
+        /// Where to write the SVG (or the folded stacks); `-` for stdout.
         #[arg(short, long)]
         output: PathBuf,
         #[command(flatten)]
@@ -81,7 +82,7 @@ enum Command {
     Pprof {
         /// The trace file.
         file: PathBuf,
-        /// Where to write the profile (conventionally *.pb.gz).
+        /// Where to write the profile (conventionally *.pb.gz); `-` for stdout.
         #[arg(short, long)]
         output: PathBuf,
         /// Which frames are trimmed from the stacks.
@@ -92,7 +93,7 @@ enum Command {
     Timeline {
         /// The trace file.
         file: PathBuf,
-        /// Where to write the chart: *.csv for CSV, anything else for SVG.
+        /// Where to write the chart: *.csv for CSV, anything else (or `-`, stdout) for SVG.
         #[arg(short, long)]
         output: PathBuf,
     },
@@ -109,7 +110,7 @@ enum Command {
     Report {
         /// The trace file.
         file: PathBuf,
-        /// Where to write the HTML page.
+        /// Where to write the HTML page; `-` for stdout.
         #[arg(short, long)]
         output: PathBuf,
         #[command(flatten)]
@@ -193,7 +194,7 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
         Command::Flamegraph { file, output, options } => {
             let analysis = analyse(&file, options.weight.analysis_options())?;
             let mut unit_log2 = 0;
-            to_file(&output, |out| {
+            to_file(&output, &[&file], |out| {
                 unit_log2 = flamegraph::write(&analysis, &options, out)?;
                 Ok(())
             })?;
@@ -208,12 +209,12 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
         }
         Command::Pprof { file, output, trim } => {
             let analysis = analyse(&file, AnalysisOptions { stacks: true, live_at: None })?;
-            to_file(&output, |out| pprof::write(&analysis, trim.frames(), out))
+            to_file(&output, &[&file], |out| pprof::write(&analysis, trim.frames(), out))
         }
         Command::Timeline { file, output } => {
             let analysis = analyse(&file, AnalysisOptions::default())?;
             let csv = output.extension().is_some_and(|e| e.eq_ignore_ascii_case("csv"));
-            to_file(&output, |out| timeline::write(&analysis, csv, out))
+            to_file(&output, &[&file], |out| timeline::write(&analysis, csv, out))
         }
         Command::Diff { base, new, options } => {
             let stacks = AnalysisOptions { stacks: true, live_at: None };
@@ -239,7 +240,7 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
         }
         Command::Report { file, output, options } => {
             let analysis = analyse(&file, AnalysisOptions { stacks: true, live_at: None })?;
-            to_file(&output, |out| report::write(&analysis, &file.display().to_string(), &options, out))
+            to_file(&output, &[&file], |out| report::write(&analysis, &file.display().to_string(), &options, out))
         }
     }?;
     Ok(status)
@@ -314,8 +315,8 @@ fn to_stdout(write: impl FnOnce(&mut BufWriter<io::StdoutLock<'static>>) -> io::
     write(&mut out).and_then(|()| out.flush()).map_err(|e| Failure::new(Path::new("<stdout>"), e))
 }
 
-/// Create the file at `path` and run `write` on it, buffered.
-fn to_file(path: &Path, write: impl FnOnce(&mut BufWriter<File>) -> io::Result<()>) -> Result<(), Failure> {
-    let mut out = BufWriter::new(File::create(path).map_err(|e| Failure::new(path, e))?);
-    write(&mut out).and_then(|()| out.flush()).map_err(|e| Failure::new(path, e))
+/// Open the output at `path` (`-` for stdout, never one of `inputs`) and run `write` on it.
+fn to_file(path: &Path, inputs: &[&Path], write: impl FnOnce(&mut Output) -> io::Result<()>) -> Result<(), Failure> {
+    let mut out = Output::create(path, inputs)?;
+    write(&mut out).and_then(|()| out.flush()).map_err(|e| Failure::new(out.name(path), e))
 }
