@@ -38,6 +38,9 @@ pub struct Options {
     /// gates.
     #[arg(long, value_name = "LIMIT", value_parser = parse_limit)]
     pub fail_above: Option<Limit>,
+    /// Text or JSON.
+    #[command(flatten)]
+    pub format: super::json::FormatArgs,
 }
 
 /// A limit on growth.

@@ -16,6 +16,9 @@ pub struct Options {
     /// With --stacks, the most frames shown per stack.
     #[arg(long, default_value_t = 16)]
     pub frames: usize,
+    /// Text or JSON.
+    #[command(flatten)]
+    pub format: super::json::FormatArgs,
 }
 
 /// Print the `options.ranking.top` sites of `analysis` (the trace called `name`): for each

@@ -10,6 +10,7 @@ mod flamegraph;
 mod format;
 mod hotspots;
 mod info;
+mod json;
 mod output;
 mod pprof;
 mod profile_proto;
@@ -48,6 +49,8 @@ enum Command {
     Info {
         /// The trace file.
         file: PathBuf,
+        #[command(flatten)]
+        format: json::FormatArgs,
     },
     /// Print every event, exactly as upstream's `dump_trace` does.
     Dump {
@@ -162,9 +165,16 @@ const REGRESSION: u8 = 3;
 fn run(cli: Cli) -> Result<ExitCode, Failure> {
     let mut status = ExitCode::SUCCESS;
     match cli.command {
-        Command::Info { file } => {
+        Command::Info { file, format } => {
             let analysis = analyse(&file, AnalysisOptions::default())?;
-            to_stdout(|out| info::write(&analysis, &file.display().to_string(), out))
+            let name = file.display().to_string();
+            to_stdout(|out| {
+                if format.is_json() {
+                    json::info(&analysis, &name, out)
+                } else {
+                    info::write(&analysis, &name, out)
+                }
+            })
         }
         Command::Dump { file } => {
             let (stdout, failed) = Watched::new(io::stdout().lock());
@@ -189,7 +199,14 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
         }
         Command::Hotspots { file, options } => {
             let analysis = analyse(&file, AnalysisOptions { stacks: true, live_at: None })?;
-            to_stdout(|out| hotspots::write(&analysis, &file.display().to_string(), &options, out))
+            let name = file.display().to_string();
+            to_stdout(|out| {
+                if options.format.is_json() {
+                    json::hotspots(&analysis, &name, &options, out)
+                } else {
+                    hotspots::write(&analysis, &name, &options, out)
+                }
+            })
         }
         Command::Flamegraph { file, output, options } => {
             let analysis = analyse(&file, options.weight.analysis_options())?;
@@ -220,7 +237,14 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
             let stacks = AnalysisOptions { stacks: true, live_at: None };
             let (a, b) = (analyse(&base, stacks)?, analyse(&new, stacks)?);
             let names = (base.display().to_string(), new.display().to_string());
-            to_stdout(|out| diff::write(&a, &b, (&names.0, &names.1), &options, out))?;
+            let names = (names.0.as_str(), names.1.as_str());
+            to_stdout(|out| {
+                if options.format.is_json() {
+                    json::diff(&a, &b, names, &options, out)
+                } else {
+                    diff::write(&a, &b, names, &options, out)
+                }
+            })?;
             if let Some(limit) = options.fail_above {
                 let total = diff::total(&a, &b, &options);
                 if diff::exceeds(&total, limit) {
