@@ -243,3 +243,30 @@ fn dash_writes_to_stdout() {
     }
     assert!(!Path::new("-").exists() && !dir.path().join("-").exists(), "a file named `-`");
 }
+
+#[test]
+fn times_outside_the_trace_and_empty_results_are_said() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = write_trace(dir.path(), "t.ctf", &known_trace());
+    let t = trace.to_str().unwrap();
+    let out = dir.path().join("f.txt");
+    let out = out.to_str().unwrap();
+    // The known trace lasts 70 µs.
+    expect_failure(&["flamegraph", "{}", "-o", out, "--live-at", "99"], &trace, &["after the trace's last event"]);
+    let empty = memtrace(&["flamegraph", t, "-o", out, "--folded", "--live-at", "0"]);
+    assert!(empty.status.success());
+    assert_eq!(stderr(&empty), format!("memtrace: warning: {t}: nothing to draw: nothing sampled is live at 0 s\n"));
+    let none = write_trace(dir.path(), "none.ctf", &TraceBuilder::new().finish());
+    let hot = memtrace(&["hotspots", none.to_str().unwrap()]);
+    assert!(String::from_utf8_lossy(&hot.stdout).contains("(none: no sampled allocation"), "{hot:?}");
+}
+
+#[test]
+fn short_and_long_help_agree() {
+    let short = String::from_utf8(memtrace(&["-h"]).stdout).unwrap();
+    let long = String::from_utf8(memtrace(&["--help"]).stdout).unwrap();
+    // (clap drops the summary's final period in the short form.)
+    let first = |text: &str| text.lines().next().unwrap().trim_end_matches('.').to_string();
+    assert_eq!(first(&short), first(&long), "-h and --help begin differently");
+    assert!(short.starts_with("Analyse memtrace traces"), "{short}");
+}

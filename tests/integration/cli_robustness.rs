@@ -199,7 +199,7 @@ fn analyse_and_write(trace: &[u8], outputs: bool) -> bool {
         &["info", "mutant.ctf"][..],
         &["hotspots", "mutant.ctf", "--top", "10", "--by", "live-peak", "--stacks", "--frames", "8"],
         &["diff", "mutant.ctf", ocamlopt, "--top", "10", "--by", "live-peak", "--stacks"],
-        &["flamegraph", "mutant.ctf", "-o", "f.svg", "--live-at", "0.1"],
+        &["flamegraph", "mutant.ctf", "-o", "f.svg", "--live-at", "0"],
         &["pprof", "mutant.ctf", "-o", "p.pb.gz"],
         &["timeline", "mutant.ctf", "-o", "t.csv"],
         &["timeline", "mutant.ctf", "-o", "t.svg"],

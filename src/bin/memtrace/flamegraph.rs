@@ -64,6 +64,16 @@ impl Weight {
         AnalysisOptions { stacks: true, live_at: self.live_at.map(|s| (s * 1e6).round() as u64) }
     }
 
+    /// Why a flame graph of this figure can be empty.
+    pub fn nothing(&self) -> String {
+        match (self.measure(), self.live_at) {
+            (Measure::LiveEnd, _) => "nothing sampled is live at the end".to_string(),
+            (Measure::LivePeak, _) => "nothing sampled is live at the peak".to_string(),
+            (Measure::LiveAt, Some(at)) => format!("nothing sampled is live at {at} s"),
+            _ => "no allocation was sampled".to_string(),
+        }
+    }
+
     fn describe(&self) -> String {
         match (self.measure(), self.live_at) {
             (Measure::LiveEnd, _) => "Bytes live at the end".to_string(),
@@ -175,8 +185,9 @@ pub fn title(analysis: &Analysis, weight: &Weight) -> String {
 }
 
 /// Write the flame graph (or the folded stacks) of `analysis` as `options` ask. Returns the
-/// unit of the folded counts as a power of two bytes (see [`Folded::unit_log2`]).
-pub fn write(analysis: &Analysis, options: &Options, out: &mut impl Write) -> io::Result<u32> {
+/// unit of the folded counts as a power of two bytes (see [`Folded::unit_log2`]) and whether
+/// there was nothing to draw.
+pub fn write(analysis: &Analysis, options: &Options, out: &mut impl Write) -> io::Result<(u32, bool)> {
     let folded = folded(analysis, options.weight.measure(), options.trim.frames());
     if options.folded {
         for line in &folded.lines {
@@ -185,5 +196,5 @@ pub fn write(analysis: &Analysis, options: &Options, out: &mut impl Write) -> io
     } else {
         write_svg(&title(analysis, &options.weight), &folded, out)?;
     }
-    Ok(folded.unit_log2)
+    Ok((folded.unit_log2, folded.lines.is_empty()))
 }

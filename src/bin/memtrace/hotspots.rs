@@ -39,6 +39,9 @@ pub fn write(analysis: &Analysis, name: &str, options: &Options, out: &mut impl 
         total.samples
     )?;
     writeln!(out, "{:>12} {:>7} {:>8} {:>9} {:>10}  site", "bytes", "±95%", "%", "samples", "count")?;
+    if ranked.is_empty() {
+        writeln!(out, "(none: no sampled allocation counts towards {})", options.ranking.by.describe())?;
+    }
     let mut rough = false;
     for site in ranked.iter().take(options.ranking.top) {
         let tally = site.stats.get(measure);

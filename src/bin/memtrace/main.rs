@@ -37,7 +37,7 @@ use progress::Progress;
 /// Byte figures are estimates: each sample of an allocation stands for
 /// word_size / 8 / sample_rate bytes.
 #[derive(Debug, Parser)]
-#[command(name = "memtrace", version, about)]
+#[command(name = "memtrace", version)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -125,22 +125,39 @@ enum Command {
 #[derive(Debug)]
 struct Failure {
     path: PathBuf,
-    error: memtrace_rs::Error,
+    error: Problem,
+}
+
+/// What went wrong.
+#[derive(Debug)]
+enum Problem {
+    /// Reading or writing failed.
+    Error(memtrace_rs::Error),
+    /// The request cannot be met (an output that is the input, a time outside the trace).
+    Refused(String),
 }
 
 impl Failure {
     fn new(path: &Path, error: impl Into<memtrace_rs::Error>) -> Failure {
-        Failure { path: path.to_path_buf(), error: error.into() }
+        Failure { path: path.to_path_buf(), error: Problem::Error(error.into()) }
+    }
+
+    fn refused(path: &Path, why: String) -> Failure {
+        Failure { path: path.to_path_buf(), error: Problem::Refused(why) }
     }
 
     fn is_broken_pipe(&self) -> bool {
-        matches!(self.error.kind(), memtrace_rs::ErrorKind::Io(e) if e.kind() == io::ErrorKind::BrokenPipe)
+        matches!(&self.error, Problem::Error(e)
+            if matches!(e.kind(), memtrace_rs::ErrorKind::Io(e) if e.kind() == io::ErrorKind::BrokenPipe))
     }
 }
 
 impl fmt::Display for Failure {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {}", self.path.display(), self.error)
+        match &self.error {
+            Problem::Error(e) => write!(f, "{}: {e}", self.path.display()),
+            Problem::Refused(why) => write!(f, "{}: {why}", self.path.display()),
+        }
     }
 }
 
@@ -210,11 +227,21 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
         }
         Command::Flamegraph { file, output, options } => {
             let analysis = analyse(&file, options.weight.analysis_options())?;
-            let mut unit_log2 = 0;
+            if let Some(at) = options.weight.live_at {
+                let end = analysis.duration();
+                if at * 1e6 > end as f64 {
+                    let why = format!("--live-at {at} s is after the trace's last event, at {}", format::seconds(end));
+                    return Err(Failure::refused(&file, why));
+                }
+            }
+            let (mut unit_log2, mut empty) = (0, false);
             to_file(&output, &[&file], |out| {
-                unit_log2 = flamegraph::write(&analysis, &options, out)?;
+                (unit_log2, empty) = flamegraph::write(&analysis, &options, out)?;
                 Ok(())
             })?;
+            if empty {
+                eprintln!("memtrace: warning: {}: nothing to draw: {}", file.display(), options.weight.nothing());
+            }
             if options.folded && unit_log2 > 0 {
                 eprintln!(
                     "memtrace: warning: {}: the estimates add up to more than 2^53 bytes: the folded counts are in \

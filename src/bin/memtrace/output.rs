@@ -27,8 +27,8 @@ impl Output {
             let same =
                 |input: &&&Path| std::fs::metadata(input).is_ok_and(|i| i.dev() == out.dev() && i.ino() == out.ino());
             if let Some(input) = inputs.iter().find(same) {
-                let message = format!("is the input {}: refusing to overwrite it", input.display());
-                return Err(Failure::new(path, io::Error::new(io::ErrorKind::AlreadyExists, message)));
+                let why = format!("is the input {}: refusing to overwrite it", input.display());
+                return Err(Failure::refused(path, why));
             }
         }
         Ok(Output::File(BufWriter::new(File::create(path).map_err(|e| Failure::new(path, e))?)))
