@@ -40,7 +40,13 @@ use super::estimate::Estimate;
 use crate::format::hash::FastMap;
 use crate::format::location_codec::Location;
 use crate::format::trace::{AllocSource, EventKind, Info, LocationTable, ObjectId, Reader, Timestamp, Warning};
-use crate::Result;
+use crate::{Error, ErrorKind, Result};
+
+/// Most frames the distinct stacks may hold in all (256 MiB of location codes): a trace
+/// built to have ever deeper stacks (each one frame longer than the last) is small on disk
+/// but quadratic in frames, and is refused rather than allowed to exhaust memory. Real
+/// traces hold far fewer (this crate's allocator keeps at most 64 frames per stack).
+pub const MAX_STACK_FRAMES: usize = 32 << 20;
 
 /// Events between two progress updates.
 const PROGRESS_EVERY: u64 = 1 << 14;
@@ -377,6 +383,8 @@ struct Pass {
     start: Timestamp,
     rate: f64,
     index: FastMap<Box<[u64]>, u32>,
+    /// Frames of all the stacks in `index`.
+    stack_frames: usize,
     /// The id of the empty stack, kept out of `index`.
     empty_stack: Option<u32>,
     stacks: Vec<StackState>,
@@ -398,16 +406,24 @@ struct Pass {
 }
 
 impl Pass {
-    fn stack_id(&mut self, codes: &[u64]) -> u32 {
+    fn stack_id(&mut self, codes: &[u64]) -> Result<u32> {
         // The empty stack (every allocation when backtraces are not decoded) has its own
         // slot: looking it up would memcmp two dangling pointers, and glibc's AVX-512
         // memcmp makes that slow even for zero bytes (a masked load from page zero).
         if codes.is_empty() {
             if let Some(id) = self.empty_stack {
-                return id;
+                return Ok(id);
             }
         } else if let Some(&id) = self.index.get(codes) {
-            return id;
+            return Ok(id);
+        }
+        self.stack_frames += codes.len();
+        if self.stack_frames > MAX_STACK_FRAMES {
+            return Err(Error::new(ErrorKind::TooLarge(format!(
+                "the trace's distinct stacks hold more than {MAX_STACK_FRAMES} frames in all (stacks up to {} \
+                 frames deep): too many to analyse",
+                codes.len()
+            ))));
         }
         let id = self.stacks.len() as u32;
         if codes.is_empty() {
@@ -416,7 +432,7 @@ impl Pass {
             self.index.insert(codes.into(), id);
         }
         self.stacks.push(StackState::default());
-        id
+        Ok(id)
     }
 
     /// Save the stack's live figure for the current peak before it changes.
@@ -436,8 +452,8 @@ impl Pass {
         self.snapshot_taken = true;
     }
 
-    fn alloc(&mut self, id: ObjectId, length: u64, samples: u64, codes: &[u64]) {
-        let stack = self.stack_id(codes);
+    fn alloc(&mut self, id: ObjectId, length: u64, samples: u64, codes: &[u64]) -> Result<()> {
+        let stack = self.stack_id(codes)?;
         // Expectation one only for sizes that are whole words: see the module documentation.
         let objects = samples as f64 / (length.max(1) as f64 * self.rate);
         let state = self.touch(stack);
@@ -449,6 +465,7 @@ impl Pass {
             self.free(old);
         }
         self.live_total = self.live_total.saturating_add(u128::from(samples));
+        Ok(())
     }
 
     fn collect(&mut self, id: ObjectId) {
@@ -576,6 +593,7 @@ impl Analysis {
             start: info.start_time,
             rate: info.sample_rate,
             index: FastMap::default(),
+            stack_frames: 0,
             empty_stack: None,
             stacks: Vec::new(),
             live: FastMap::default(),
@@ -612,7 +630,7 @@ impl Analysis {
                     c.samples = c.samples.saturating_add(a.nsamples);
                     c.words = c.words.saturating_add(a.length);
                     allocated = a.nsamples;
-                    pass.alloc(a.id, a.length, a.nsamples, a.backtrace);
+                    pass.alloc(a.id, a.length, a.nsamples, a.backtrace)?;
                 }
                 EventKind::Promote { .. } => pass.counts.promotes += 1,
                 EventKind::Collect { id } => {

@@ -96,11 +96,19 @@ fn parse_seconds(s: &str) -> Result<f64, String> {
 /// counts up in 64-bit integers, and an `f64` holds every whole number up to here.
 const MAX_TOTAL: f64 = (1u64 << 53) as f64;
 
+/// Most bytes of folded stacks kept in memory (and drawn): deep stacks of long names would
+/// otherwise make a line per stack of depth × name length. Stacks past the limit (the
+/// smallest, since they come largest first) are left out, and [`Folded::left_out`] says how
+/// many.
+const MAX_FOLDED_BYTES: usize = 256 << 20;
+
 /// Folded stacks and the unit of their counts.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Folded {
     /// One `outer;...;inner count` line per stack, largest first.
     pub lines: Vec<String>,
+    /// Stacks left out because the lines reached [`MAX_FOLDED_BYTES`].
+    pub left_out: usize,
     /// The counts are in units of `2^unit_log2` bytes: 0 (bytes) unless the estimates add
     /// up to more than 2^53 bytes (8 PiB), which only absurd estimates do.
     pub unit_log2: u32,
@@ -129,6 +137,7 @@ pub fn folded(analysis: &Analysis, measure: Measure, trim: analysis::Trim) -> Fo
     // Rounding (or a sum that reached infinity) can still push the total a little past
     // the limit: never let it get near 2^64.
     let mut room = 1u64 << 62;
+    let (mut size, mut left_out) = (0usize, 0);
     let lines = sites
         .iter()
         .zip(bytes)
@@ -137,6 +146,12 @@ pub fn folded(analysis: &Analysis, measure: Measure, trim: analysis::Trim) -> Fo
             if count == 0 {
                 return None;
             }
+            let length: usize = site.frames.iter().map(|&f| analysis.frames[f].label().len() + 1).sum();
+            if size + length > MAX_FOLDED_BYTES {
+                left_out += 1;
+                return None;
+            }
+            size += length;
             room -= count;
             let mut line = String::new();
             if site.frames.is_empty() {
@@ -157,7 +172,7 @@ pub fn folded(analysis: &Analysis, measure: Measure, trim: analysis::Trim) -> Fo
             Some(line)
         })
         .collect();
-    Folded { lines, unit_log2 }
+    Folded { lines, left_out, unit_log2 }
 }
 
 /// Draw `folded` as an interactive SVG titled `title`, widths and figures in bytes. With no
@@ -184,10 +199,19 @@ pub fn title(analysis: &Analysis, weight: &Weight) -> String {
     format!("{} (estimated): {}", weight.describe(), String::from_utf8_lossy(&analysis.info.executable_name))
 }
 
-/// Write the flame graph (or the folded stacks) of `analysis` as `options` ask. Returns the
-/// unit of the folded counts as a power of two bytes (see [`Folded::unit_log2`]) and whether
-/// there was nothing to draw.
-pub fn write(analysis: &Analysis, options: &Options, out: &mut impl Write) -> io::Result<(u32, bool)> {
+/// What [`write`] drew, for the warnings it calls for.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Drawn {
+    /// The unit of the counts as a power of two bytes (see [`Folded::unit_log2`]).
+    pub unit_log2: u32,
+    /// Nothing was drawn.
+    pub empty: bool,
+    /// Stacks left out (see [`Folded::left_out`]).
+    pub left_out: usize,
+}
+
+/// Write the flame graph (or the folded stacks) of `analysis` as `options` ask.
+pub fn write(analysis: &Analysis, options: &Options, out: &mut impl Write) -> io::Result<Drawn> {
     let folded = folded(analysis, options.weight.measure(), options.trim.frames());
     if options.folded {
         for line in &folded.lines {
@@ -196,5 +220,5 @@ pub fn write(analysis: &Analysis, options: &Options, out: &mut impl Write) -> io
     } else {
         write_svg(&title(analysis, &options.weight), &folded, out)?;
     }
-    Ok((folded.unit_log2, folded.lines.is_empty()))
+    Ok(Drawn { unit_log2: folded.unit_log2, empty: folded.lines.is_empty(), left_out: folded.left_out })
 }

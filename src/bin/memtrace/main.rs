@@ -234,19 +234,27 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
                     return Err(Failure::refused(&file, why));
                 }
             }
-            let (mut unit_log2, mut empty) = (0, false);
+            let mut drawn = flamegraph::Drawn::default();
             to_file(&output, &[&file], |out| {
-                (unit_log2, empty) = flamegraph::write(&analysis, &options, out)?;
+                drawn = flamegraph::write(&analysis, &options, out)?;
                 Ok(())
             })?;
-            if empty {
-                eprintln!("memtrace: warning: {}: nothing to draw: {}", file.display(), options.weight.nothing());
+            let name = file.display();
+            if drawn.left_out > 0 {
+                eprintln!(
+                    "memtrace: warning: {name}: {} of the smallest stacks are left out: the stacks drawn fill \
+                     the limit of 256 MiB of folded text",
+                    drawn.left_out
+                );
+            } else if drawn.empty {
+                eprintln!("memtrace: warning: {name}: nothing to draw: {}", options.weight.nothing());
             }
-            if options.folded && unit_log2 > 0 {
+            if options.folded && drawn.unit_log2 > 0 {
                 eprintln!(
                     "memtrace: warning: {}: the estimates add up to more than 2^53 bytes: the folded counts are in \
-                     units of 2^{unit_log2} bytes",
-                    output.display()
+                     units of 2^{} bytes",
+                    output.display(),
+                    drawn.unit_log2
                 );
             }
             Ok(())

@@ -61,6 +61,9 @@ pub fn write(analysis: &Analysis, name: &str, options: &Options, out: &mut impl 
     writeln!(out, "<h2>Flame graph of bytes allocated</h2>\n<div class=\"flamegraph\">")?;
     let weight = flamegraph::Weight::default();
     let folded = flamegraph::folded(analysis, Measure::Allocated, options.trim.frames());
+    if folded.left_out > 0 {
+        writeln!(out, "<p>{} of the smallest stacks are left out of the flame graph.</p>", folded.left_out)?;
+    }
     let mut svg = Vec::new();
     flamegraph::write_svg(&flamegraph::title(analysis, &weight), &folded, &mut svg)?;
     out.write_all(inline_svg(&svg))?;
