@@ -75,7 +75,7 @@ const C_ROOTS: [&str; 8] =
 /// Prefixes (after any leading `<`) of the standard library's code that runs `main` or a
 /// spawned thread's closure: the runtime's start, panic catching, the thread spawn
 /// closures and the `FnOnce` calls between them.
-const RUST_ROOT_PREFIXES: [&str; 8] = [
+const RUST_ROOT_PREFIXES: [&str; 9] = [
     "std::rt::",
     "std::panicking::",
     "std::panic::",
@@ -84,6 +84,8 @@ const RUST_ROOT_PREFIXES: [&str; 8] = [
     "std::thread::",
     "core::ops::function::",
     "alloc::boxed::Box<dyn core::ops::function::FnOnce",
+    // The same with its generic arguments elided (`analysis::short_name`).
+    "alloc::boxed::Box as core::ops::function::FnOnce",
 ];
 
 /// Source paths of the same code (line-tables-only debug info names inlined frames without

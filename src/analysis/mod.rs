@@ -10,6 +10,7 @@
 mod copy;
 mod dump;
 mod estimate;
+mod names;
 mod pass;
 mod sites;
 
@@ -17,6 +18,7 @@ pub use crate::frames::{is_allocator_frame, is_root_frame};
 pub use copy::{copy, Copied};
 pub use dump::dump;
 pub use estimate::{poisson_interval, Estimate, FEW_SAMPLES};
+pub use names::short_name;
 pub use pass::{
     short_path, Analysis, Bucket, Counts, Frame, FrameId, Measure, Options, Origin, Peak, Stack, StackStats, Tally,
     Timeline,

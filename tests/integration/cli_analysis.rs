@@ -264,3 +264,32 @@ fn root_frames_are_trimmed_from_the_outer_end_unless_kept() {
     let g = Grouping { stacks: true, trim: Trim::default() };
     assert_eq!(sites::ranked(&a, g, Measure::Allocated)[0].frames.len(), 2);
 }
+
+#[test]
+fn one_site_per_function_whatever_its_spelling() {
+    // Line-tables-only debug info: the inlined `alloc` has no path, the out-of-line one has,
+    // and both sit at the same source line; generic arguments differ between instances.
+    let names = [
+        ("alloc", "/rustc/x/library/alloc/src/alloc.rs"),
+        ("alloc::alloc::alloc", "/rustc/x/library/alloc/src/alloc.rs"),
+        ("from_elem<u8>", "src/app.rs"),
+        ("from_elem<u32>", "src/app.rs"),
+    ];
+    let mut b = TraceBuilder::new();
+    for (i, code) in [(0u64, 300u64), (1, 301), (2, 302), (3, 303)] {
+        b.alloc_with(10 + i, 1, &[code], |c| location_at(names[(c - 300) as usize].0, names[(c - 300) as usize].1));
+    }
+    let mut a = analyse(&b.finish(), STACKS);
+    let g = Grouping { stacks: false, trim: Trim { keep_allocator_frames: true, keep_root_frames: true } };
+    assert_eq!(sites::ranked(&a, g, Measure::Allocated).len(), 4);
+    a.shorten_names();
+    let sites: Vec<(String, u64)> =
+        sites::ranked(&a, g, Measure::Allocated).iter().map(|s| (s.label(&a), s.stats.allocated.samples)).collect();
+    assert_eq!(
+        sites,
+        [
+            ("alloc::alloc::alloc (/rustc/x/library/alloc/src/alloc.rs:1)".to_string(), 2),
+            ("from_elem (src/app.rs:1)".to_string(), 2)
+        ]
+    );
+}

@@ -74,6 +74,10 @@ fn folded_stacks_of_the_known_trace() {
     assert_eq!(folded(dir, "known.ctf", &["--live-at", "0.000045"]).len(), 2);
     assert_eq!(
         folded(dir, "known.ctf", &["--live-end", "--keep-allocator-frames"]),
+        ["main (src/app.rs:10);app::run (src/app.rs:20);app::load (src/app.rs:30);hashbrown::raw::RawTable::reserve_rehash (src/app.rs:80) 800"]
+    );
+    assert_eq!(
+        folded(dir, "known.ctf", &["--live-end", "--keep-allocator-frames", "--full-names"]),
         ["main (src/app.rs:10);app::run (src/app.rs:20);app::load (src/app.rs:30);hashbrown::raw::RawTable<T,A>::reserve_rehash (src/app.rs:80) 800"]
     );
 }

@@ -57,7 +57,8 @@ fn samples(p: &Profile) -> Vec<(Vec<SourceLine>, Vec<i64>)> {
 #[test]
 fn known_trace_profile() {
     let dir = tempfile::tempdir().unwrap();
-    let p = round_trip(&write_trace(dir.path(), "known.ctf", &known_trace()), &["--keep-allocator-frames"]);
+    let p =
+        round_trip(&write_trace(dir.path(), "known.ctf", &known_trace()), &["--keep-allocator-frames", "--full-names"]);
     assert_eq!(p.string_table[0], "");
     let types: Vec<(&str, &str)> = p.sample_type.iter().map(|t| (string(&p, t.r#type), string(&p, t.unit))).collect();
     assert_eq!(
@@ -92,7 +93,7 @@ fn known_trace_profile() {
 #[test]
 fn allocator_frames_are_trimmed_by_default() {
     let dir = tempfile::tempdir().unwrap();
-    let p = round_trip(&write_trace(dir.path(), "known.ctf", &known_trace()), &[]);
+    let p = round_trip(&write_trace(dir.path(), "known.ctf", &known_trace()), &["--full-names"]);
     let samples = samples(&p);
     // `load` and `rehash` differ only in their allocator frames: two samples of one stack.
     assert_eq!(
@@ -156,7 +157,7 @@ fn go_pprof_shows_full_names_and_no_allocator_frame_on_top() {
     // With every frame kept, pprof must show the names whole: given a system name equal to
     // the name, it would shorten `<alloc::string::String as core::clone::Clone>::clone` to
     // `::clone` and drop generic arguments.
-    memtrace_ok(dir.path(), &["pprof", trace, "-o", "kept.pb.gz", "--keep-allocator-frames"]);
+    memtrace_ok(dir.path(), &["pprof", trace, "-o", "kept.pb.gz", "--keep-allocator-frames", "--full-names"]);
     let rows = pprof_top(&dir.path().join("kept.pb.gz"), &["-sample_index=alloc_space"]).unwrap();
     let names: Vec<&str> = rows.iter().map(|(_, name)| name.as_str()).collect();
     for (_, function) in FUNCTIONS {

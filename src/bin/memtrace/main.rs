@@ -41,6 +41,10 @@ use progress::Progress;
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// Show Rust function names in full, with their generic arguments, however long
+    /// (by default generic arguments are elided and names cut at 240 bytes).
+    #[arg(long, global = true)]
+    full_names: bool,
 }
 
 #[derive(Debug, Subcommand)]
@@ -181,6 +185,8 @@ const REGRESSION: u8 = 3;
 
 fn run(cli: Cli) -> Result<ExitCode, Failure> {
     let mut status = ExitCode::SUCCESS;
+    let full_names = cli.full_names;
+    let analyse = |path: &Path, options| analyse(path, options, full_names);
     match cli.command {
         Command::Info { file, format } => {
             let analysis = analyse(&file, AnalysisOptions::default())?;
@@ -306,8 +312,8 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
 }
 
 /// Analyse the trace at `path` with a progress bar on a terminal, printing the reader's
-/// warnings to stderr.
-fn analyse(path: &Path, options: AnalysisOptions) -> Result<Analysis, Failure> {
+/// warnings to stderr; names shortened unless `full_names`.
+fn analyse(path: &Path, options: AnalysisOptions, full_names: bool) -> Result<Analysis, Failure> {
     let read = || -> memtrace_rs::Result<Analysis> {
         let size = std::fs::metadata(path)?.len();
         let label = path.file_name().map_or_else(String::new, |n| n.to_string_lossy().into_owned());
@@ -316,7 +322,10 @@ fn analyse(path: &Path, options: AnalysisOptions) -> Result<Analysis, Failure> {
         progress.finish();
         analysis
     };
-    let analysis = read().map_err(|e| Failure::new(path, e))?;
+    let mut analysis = read().map_err(|e| Failure::new(path, e))?;
+    if !full_names {
+        analysis.shorten_names();
+    }
     for warning in &analysis.warnings {
         eprintln!("memtrace: warning: {}: {}", path.display(), describe(warning));
     }
