@@ -42,7 +42,9 @@ pub fn short_name(name: &str) -> String {
                 }
             }
             '>' if !open.is_empty() && !arrow => {
-                if !open.pop().unwrap_or(false) && !dropping {
+                // A qualified path's `>` stays, unless inside dropped arguments.
+                let kept = open.pop() == Some(false) && !dropping;
+                if kept {
                     out.push(c);
                 }
             }
