@@ -98,7 +98,7 @@ fn svgs_are_well_formed() {
     let svg = String::from_utf8(output(dir, "flamegraph", "known.ctf", "flame.svg", &[])).unwrap();
     assert!(svg.contains("app::parse (src/app.rs:40)") && svg.contains("bytes"));
     let chart = String::from_utf8(output(dir, "timeline", "known.ctf", "chart.svg", &[])).unwrap();
-    assert!(chart.contains("peak 6.2 KiB at 0.000040 s"), "the peak is marked");
+    assert!(chart.contains("peak 6.2 KiB at 40 µs"), "the peak is marked");
 }
 
 #[test]

@@ -31,6 +31,28 @@ pub fn bytes(b: f64) -> String {
     format!("{value:.1} {}", UNITS[unit])
 }
 
+/// [`bytes`] without a decimal that is zero: `20 MiB`, `2.5 KiB` (for axis ticks).
+pub fn round_bytes(b: f64) -> String {
+    let text = bytes(b);
+    match text.split_once(".0 ") {
+        Some((whole, unit)) => format!("{whole} {unit}"),
+        None => text,
+    }
+}
+
+/// A duration in microseconds with a sane number of digits: `70 µs`, `705.2 ms`, `1.23 s`,
+/// `12.3 s`, `754 s`.
+pub fn duration(us: u64) -> String {
+    let s = us as f64 / 1e6;
+    match us {
+        0..1_000 => format!("{us} µs"),
+        1_000..1_000_000 => format!("{:.1} ms", us as f64 / 1e3),
+        1_000_000..10_000_000 => format!("{s:.2} s"),
+        10_000_000..100_000_000 => format!("{s:.1} s"),
+        _ => format!("{s:.0} s"),
+    }
+}
+
 /// An estimate with its uncertainty: `2.4 GiB ±1.1%`; from fewer than
 /// [`FEW_SAMPLES`](memtrace_rs::analysis::FEW_SAMPLES) samples, whose interval is lopsided,
 /// the interval itself and a mark: `800 B [95%: 20 B–4.4 KiB, rough]`.
