@@ -48,6 +48,22 @@ use crate::{Error, ErrorKind, Result};
 /// traces hold far fewer (this crate's allocator keeps at most 64 frames per stack).
 pub const MAX_STACK_FRAMES: usize = 32 << 20;
 
+/// Allocations freed within this many µs of their allocation count as temporary
+/// ([`Measure::Temporary`]).
+pub const TEMPORARY_US: u64 = 1_000;
+
+/// Entries of [`Analysis::sizes`]: one per power of two of a `u64`, and one for zero.
+const SIZE_BUCKETS: usize = 65;
+
+/// The entry of [`Analysis::sizes`] for `bytes`: the least `i` with `bytes ≤ 2^i`.
+fn size_bucket(bytes: u64) -> usize {
+    if bytes == 0 {
+        0
+    } else {
+        (64 - (bytes - 1).leading_zeros()) as usize
+    }
+}
+
 /// Events between two progress updates.
 const PROGRESS_EVERY: u64 = 1 << 14;
 /// Most buckets a [`Timeline`] holds; adjacent buckets are merged when it would overflow.
@@ -122,6 +138,9 @@ pub enum Measure {
     LivePeak,
     /// What is live at [`Options::live_at`].
     LiveAt,
+    /// What was freed within [`TEMPORARY_US`] of its allocation: short-lived, temporary
+    /// allocations.
+    Temporary,
 }
 
 /// The figures of one stack.
@@ -137,6 +156,8 @@ pub struct StackStats {
     pub live_peak: Tally,
     /// Live at [`Options::live_at`] (zero when no time was asked for).
     pub live_at: Tally,
+    /// Freed within [`TEMPORARY_US`] of the allocation.
+    pub temporary: Tally,
 }
 
 impl StackStats {
@@ -147,6 +168,7 @@ impl StackStats {
             Measure::LiveEnd => self.live_end,
             Measure::LivePeak => self.live_peak,
             Measure::LiveAt => self.live_at,
+            Measure::Temporary => self.temporary,
         }
     }
 
@@ -158,6 +180,7 @@ impl StackStats {
             (&mut self.live_end, other.live_end),
             (&mut self.live_peak, other.live_peak),
             (&mut self.live_at, other.live_at),
+            (&mut self.temporary, other.temporary),
         ] {
             a.add(b.samples, b.objects);
         }
@@ -356,6 +379,9 @@ pub struct Analysis {
     pub frames: Vec<Frame>,
     /// The frames of each location code of the stacks, outermost first.
     pub code_frames: HashMap<u64, Vec<FrameId>>,
+    /// Sampled allocations by size: entry `i` counts those of more than `2^(i-1)` and at
+    /// most `2^i` bytes (entry 0: at most one byte), their sizes rounded up to whole words.
+    pub sizes: Vec<Tally>,
 }
 
 /// Per-stack state while reading.
@@ -368,6 +394,7 @@ struct StackState {
     at_peak: Acc,
     stamp: u64,
     at_time: Acc,
+    temporary: Tally,
 }
 
 /// A sampled object not yet collected.
@@ -376,6 +403,8 @@ struct LiveObject {
     stack: u32,
     samples: u64,
     objects: f64,
+    /// When it was allocated.
+    born: Timestamp,
 }
 
 /// The state of the pass.
@@ -399,6 +428,10 @@ struct Pass {
     peaks: u64,
     live_at: Option<u64>,
     snapshot_taken: bool,
+    /// Bytes per word.
+    word_bytes: u64,
+    /// See [`Analysis::sizes`].
+    sizes: Vec<Tally>,
     counts: Counts,
     domains: Vec<u16>,
     end_time: Timestamp,
@@ -452,15 +485,17 @@ impl Pass {
         self.snapshot_taken = true;
     }
 
-    fn alloc(&mut self, id: ObjectId, length: u64, samples: u64, codes: &[u64]) -> Result<()> {
+    fn alloc(&mut self, time: Timestamp, id: ObjectId, length: u64, samples: u64, codes: &[u64]) -> Result<()> {
         let stack = self.stack_id(codes)?;
         // Expectation one only for sizes that are whole words: see the module documentation.
         let objects = samples as f64 / (length.max(1) as f64 * self.rate);
+        let size = length.saturating_mul(self.word_bytes);
+        self.sizes[size_bucket(size)].add(samples, objects);
         let state = self.touch(stack);
         state.allocs = state.allocs.saturating_add(1);
         state.allocated.add(samples, objects);
         state.live.add(samples, objects);
-        if let Some(old) = self.live.insert(id, LiveObject { stack, samples, objects }) {
+        if let Some(old) = self.live.insert(id, LiveObject { stack, samples, objects, born: time }) {
             // A reused id: the old object is gone.
             self.free(old);
         }
@@ -468,8 +503,11 @@ impl Pass {
         Ok(())
     }
 
-    fn collect(&mut self, id: ObjectId) {
+    fn collect(&mut self, time: Timestamp, id: ObjectId) {
         if let Some(object) = self.live.remove(&id) {
+            if time.saturating_sub(object.born) <= TEMPORARY_US {
+                self.stacks[object.stack as usize].temporary.add(object.samples, object.objects);
+            }
             self.free(object);
         }
     }
@@ -511,6 +549,7 @@ impl Pass {
                 live_end: s.live.tally(),
                 live_peak: live_peak.tally(),
                 live_at: s.at_time.tally(),
+                temporary: s.temporary,
             };
             stacks.push(Stack { codes, stats });
         }
@@ -528,6 +567,7 @@ impl Pass {
             stacks,
             frames: frames.frames,
             code_frames: frames.by_code,
+            sizes: self.sizes,
             info,
         }
     }
@@ -603,6 +643,8 @@ impl Analysis {
             peaks: 0,
             live_at: options.live_at,
             snapshot_taken: false,
+            word_bytes: u64::from(info.word_size / 8),
+            sizes: vec![Tally::default(); SIZE_BUCKETS],
             counts: Counts::default(),
             domains: Vec::new(),
             end_time: info.start_time,
@@ -630,12 +672,12 @@ impl Analysis {
                     c.samples = c.samples.saturating_add(a.nsamples);
                     c.words = c.words.saturating_add(a.length);
                     allocated = a.nsamples;
-                    pass.alloc(a.id, a.length, a.nsamples, a.backtrace)?;
+                    pass.alloc(event.time, a.id, a.length, a.nsamples, a.backtrace)?;
                 }
                 EventKind::Promote { .. } => pass.counts.promotes += 1,
                 EventKind::Collect { id } => {
                     pass.counts.collects += 1;
-                    pass.collect(id);
+                    pass.collect(event.time, id);
                 }
             }
             pass.after_event(event.time, allocated);

@@ -293,3 +293,29 @@ fn one_site_per_function_whatever_its_spelling() {
         ]
     );
 }
+
+#[test]
+fn temporary_allocations_are_those_freed_within_a_millisecond() {
+    // In the known trace every freed object lived 20 or 30 µs.
+    let t = known_trace();
+    let g = Grouping::default();
+    let (parse, load) = ("app::parse (src/app.rs:40)", "app::load (src/app.rs:30)");
+    assert_eq!(ranked(&t, STACKS, g, Measure::Temporary), owned(&[(parse, 5600.0), (load, 2400.0)]));
+    // One object freed after 1 ms is not temporary, one freed after exactly 1 ms is.
+    let mut b = TraceBuilder::new();
+    let long = b.alloc(10, 2, &PARSE);
+    let short = b.alloc(20, 3, &LOAD);
+    b.free(1_011, long);
+    b.free(1_020, short);
+    assert_eq!(ranked(&b.finish(), STACKS, g, Measure::Temporary), owned(&[(load, 2400.0)]));
+}
+
+#[test]
+fn sizes_are_counted_by_power_of_two() {
+    // Lengths 2, 3, 5 and 1 words: 16, 24, 40 and 8 bytes, 100 objects each.
+    let a = analyse(&known_trace(), Options::default());
+    let by_bucket: Vec<(usize, u64)> =
+        a.sizes.iter().enumerate().filter(|(_, t)| t.samples > 0).map(|(i, t)| (i, t.samples)).collect();
+    assert_eq!(by_bucket, [(3, 1), (4, 2), (5, 3), (6, 5)]);
+    assert!(a.sizes.iter().filter(|t| t.samples > 0).all(|t| (t.objects - 100.0).abs() < 1e-9));
+}

@@ -13,8 +13,8 @@ fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
-const SUBCOMMANDS: [&str; 9] =
-    ["info", "dump", "copy", "hotspots", "flamegraph", "pprof", "timeline", "diff", "report"];
+const SUBCOMMANDS: [&str; 10] =
+    ["info", "sizes", "dump", "copy", "hotspots", "flamegraph", "pprof", "timeline", "diff", "report"];
 
 #[test]
 fn every_subcommand_has_help() {
@@ -46,6 +46,7 @@ fn expect_failure(args: &[&str], path: &Path, needles: &[&str]) {
 fn all_commands(out: &str) -> Vec<Vec<&str>> {
     vec![
         vec!["info", "{}"],
+        vec!["sizes", "{}"],
         vec!["dump", "{}"],
         vec!["copy", "{}", out],
         vec!["hotspots", "{}"],

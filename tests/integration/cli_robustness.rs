@@ -59,7 +59,9 @@ fn run_all(trace: &Path, other: &Path) -> usize {
         (file("f.svg"), file("f.txt"), file("p.pb.gz"), file("t.svg"), file("t.csv"), file("r.html"), file("c.ctf"));
     let commands: Vec<Vec<&str>> = vec![
         vec!["info", t],
+        vec!["sizes", t],
         vec!["hotspots", t],
+        vec!["hotspots", t, "--by", "temporary"],
         vec!["hotspots", t, "--stacks", "--by", "live-peak"],
         vec!["hotspots", t, "--by", "live-end", "--keep-allocator-frames"],
         vec!["flamegraph", t, "-o", &svg],
@@ -109,7 +111,7 @@ fn huge_sample_counts_are_analysed() {
     let dir = tempfile::tempdir().unwrap();
     let huge = write_trace(dir.path(), "huge.ctf", &huge_trace(0.01));
     let known = write_trace(dir.path(), "known.ctf", &known_trace());
-    assert_eq!(run_all(&huge, &known), 15, "every command succeeds on a valid trace");
+    assert_eq!(run_all(&huge, &known), 17, "every command succeeds on a valid trace");
 
     // The totals saturate instead of wrapping; the live figures are exact until reported.
     let a = analyse(&huge_trace(0.01), Options { stacks: true, live_at: Some(45) });
@@ -128,7 +130,7 @@ fn huge_but_finite_estimates_are_analysed() {
     let dir = tempfile::tempdir().unwrap();
     let huge = write_trace(dir.path(), "huge.ctf", &huge_trace(1e-9));
     let known = write_trace(dir.path(), "known.ctf", &known_trace());
-    assert_eq!(run_all(&huge, &known), 15, "every command succeeds on a valid trace");
+    assert_eq!(run_all(&huge, &known), 17, "every command succeeds on a valid trace");
     let o = memtrace(dir.path(), &["info", huge.to_str().unwrap()]);
     assert!(o.stdout.contains("1.5e29 B ±0.0% (1.47") && o.stdout.contains("e29 bytes"), "{}", o.stdout);
 }
@@ -344,6 +346,7 @@ fn crafted_deep_traces_run_every_subcommand_in_2_gib() {
     for t in ["deep.ctf", "deeper.ctf"] {
         for args in [
             &["info", t][..],
+            &["sizes", t],
             &["hotspots", t],
             &["hotspots", t, "--stacks"],
             &["flamegraph", t, "-o", "f.svg"],

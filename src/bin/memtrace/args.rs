@@ -68,6 +68,9 @@ pub enum By {
     LiveEnd,
     /// Bytes live when the total live estimate peaks.
     LivePeak,
+    /// Bytes freed within a millisecond of their allocation: short-lived, temporary
+    /// allocations (by the lifetimes the trace records).
+    Temporary,
 }
 
 impl By {
@@ -77,6 +80,7 @@ impl By {
             By::Allocated => Measure::Allocated,
             By::LiveEnd => Measure::LiveEnd,
             By::LivePeak => Measure::LivePeak,
+            By::Temporary => Measure::Temporary,
         }
     }
 
@@ -86,6 +90,7 @@ impl By {
             By::Allocated => "bytes allocated",
             By::LiveEnd => "bytes live at the end",
             By::LivePeak => "bytes live at the peak",
+            By::Temporary => "bytes freed within 1 ms",
         }
     }
 }

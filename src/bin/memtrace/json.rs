@@ -66,6 +66,7 @@ fn by_name(by: By) -> &'static str {
         By::Allocated => "allocated",
         By::LiveEnd => "live-end",
         By::LivePeak => "live-peak",
+        By::Temporary => "temporary",
     }
 }
 

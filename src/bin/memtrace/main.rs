@@ -16,6 +16,7 @@ mod pprof;
 mod profile_proto;
 mod progress;
 mod report;
+mod sizes;
 mod timeline;
 
 use std::cell::Cell;
@@ -55,6 +56,11 @@ enum Command {
         file: PathBuf,
         #[command(flatten)]
         format: json::FormatArgs,
+    },
+    /// Show a histogram of allocation sizes (powers of two) with estimated counts and bytes.
+    Sizes {
+        /// The trace file.
+        file: PathBuf,
     },
     /// Print every event, exactly as upstream's `dump_trace` does.
     Dump {
@@ -198,6 +204,10 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
                     info::write(&analysis, &name, out)
                 }
             })
+        }
+        Command::Sizes { file } => {
+            let analysis = analyse(&file, AnalysisOptions::default())?;
+            to_stdout(|out| sizes::write(&analysis, &file.display().to_string(), out))
         }
         Command::Dump { file } => {
             let (stdout, failed) = Watched::new(io::stdout().lock());
