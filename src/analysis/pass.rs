@@ -5,9 +5,13 @@
 //! - distinct stacks, interned by their location codes, each with its allocation totals and
 //!   its live estimate (at the end, at the peak of the total live estimate, and at an
 //!   optional chosen time);
-//! - the live set: every sampled object not yet collected, with its stack and samples;
-//! - event counts and the total live estimate with its peak;
+//! - the live set: every sampled object not yet collected, with its stack, samples and
+//!   birth (for the temporary figure: what is freed within [`TEMPORARY_US`]);
+//! - event counts, a histogram of sizes, and the total live estimate with its peak;
 //! - a [`Timeline`] of fixed size, whose buckets widen as the trace gets longer.
+//!
+//! Stacks are kept whole, so a crafted trace of ever deeper stacks is quadratic in frames:
+//! the pass refuses one past [`MAX_STACK_FRAMES`] frames in all rather than exhaust memory.
 //!
 //! At the end the location codes of the stacks are resolved once each into [`Frame`]s.
 //! Estimates follow the trace's rate and word size ([`Info::bytes_for_samples`]); the number

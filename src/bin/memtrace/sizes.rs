@@ -24,7 +24,7 @@ pub fn write(analysis: &Analysis, name: &str, out: &mut impl Write) -> io::Resul
         rough |= e.is_rough();
         let low = if i == 0 { 0.0 } else { 2f64.powi(i as i32 - 1) + 1.0 };
         let range = format!("{} – {}", format::round_bytes(low), format::round_bytes(2f64.powi(i as i32)));
-        let bar = "#".repeat((40 * tally.samples / largest) as usize);
+        let bar = "#".repeat((40 * u128::from(tally.samples) / u128::from(largest)) as usize);
         writeln!(
             out,
             "{range:>21} {:>12} {:>12} {:>7} {:>8}  {bar}",
