@@ -89,7 +89,8 @@ pub struct Tally {
     /// Sampled words.
     pub samples: u64,
     /// Estimated number of objects: too low for allocations whose size is not a whole
-    /// number of words (see the [module documentation](self)).
+    /// number of words (a Rust allocation of `n` bytes is recorded as `ceil(n / 8)` words
+    /// but only its `n` bytes are sampled: 1-byte allocations count 1/8 each).
     pub objects: f64,
 }
 
