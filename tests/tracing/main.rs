@@ -99,19 +99,21 @@ fn stress_site(size: usize) -> Vec<u8> {
 /// Traced sessions of the coverage test, each with a fresh sample of `site_covered`.
 #[cfg(feature = "analysis")]
 const COVERAGE_ROUNDS: usize = 200;
-#[cfg(not(feature = "analysis"))]
-const COVERAGE_ROUNDS: usize = 0;
 /// The sample rate of the coverage test's sessions: `site_covered` gets about 40 samples.
+#[cfg(feature = "analysis")]
 const COVERAGE_RATE: f64 = 1e-3;
 /// Blocks `site_covered` allocates, of sizes 1 to 1 600 bytes.
+#[cfg(feature = "analysis")]
 const COVERAGE_BLOCKS: usize = 400;
 
 /// The bytes `site_covered` allocates.
+#[cfg(feature = "analysis")]
 fn covered_bytes() -> u64 {
     (0..COVERAGE_BLOCKS).map(|i| 1 + (i * 397) % 1600).sum::<usize>() as u64
 }
 
 /// Allocates (and frees) blocks of known sizes.
+#[cfg(feature = "analysis")]
 #[inline(never)]
 fn site_covered() -> usize {
     (0..COVERAGE_BLOCKS).map(|i| black_box(vec![1u8; 1 + (i * 397) % 1600]).len()).sum()
@@ -136,6 +138,7 @@ fn child_role() {
             drop(guard);
             drop(kept);
         }
+        #[cfg(feature = "analysis")]
         "coverage" => {
             let dir = PathBuf::from(std::env::var_os("MEMTRACE_TEST_DIR").unwrap());
             for round in 0..COVERAGE_ROUNDS {
