@@ -125,23 +125,6 @@ fn upstream_profile_keeps_totals_and_inlined_frames() {
     assert_eq!(got, want);
 }
 
-/// `go tool pprof -top` of the profile at `profile` with `args`: its rows as `(flat, name)`,
-/// or `None` when `go` is not installed.
-fn pprof_top(profile: &Path, args: &[&str]) -> Option<Vec<(String, String)>> {
-    let out = std::process::Command::new("go").args(["tool", "pprof", "-top"]).args(args).arg(profile).output().ok()?;
-    assert!(out.status.success(), "go tool pprof: {}", String::from_utf8_lossy(&out.stderr));
-    let text = String::from_utf8(out.stdout).unwrap();
-    let rows = text.lines().skip_while(|l| !l.trim_start().starts_with("flat")).skip(1);
-    // "      flat  flat%   sum%        cum   cum%  name", the name possibly with spaces.
-    Some(
-        rows.map(|l| {
-            let fields: Vec<&str> = l.split_whitespace().collect();
-            (fields[0].to_string(), fields[5..].join(" "))
-        })
-        .collect(),
-    )
-}
-
 #[test]
 fn go_pprof_shows_full_names_and_no_allocator_frame_on_top() {
     let dir = tempfile::tempdir().unwrap();
