@@ -1,11 +1,12 @@
 //! The one list of frame names that are not the program's own code: the tracer, the entry
-//! points `#[global_allocator]` generates, and the allocation machinery of the standard
-//! library and its collections.
+//! points `#[global_allocator]` generates, the allocation machinery of the standard
+//! library and its collections, and the runtime's frames that start the program and its
+//! threads.
 //!
 //! The runtime uses the first two to find where a captured stack leaves the tracer
-//! ([`is_allocator_shim`], [`is_tracer_frame`]); the analysis uses all of them to find the
-//! frame that allocated ([`is_allocator_frame`], re-exported as
-//! `memtrace_rs::analysis::is_allocator_frame`).
+//! ([`is_allocator_shim`], [`is_tracer_frame`]); the analysis uses the others to find the
+//! frame that allocated ([`is_allocator_frame`]) and where the program's own code starts
+//! ([`is_root_frame`]), both re-exported by `memtrace_rs::analysis`.
 
 // Without the analysis, only the runtime's part of the list is used.
 #![cfg_attr(not(feature = "analysis"), allow(dead_code))]
@@ -65,4 +66,55 @@ pub fn is_allocator_frame(function: &str, file: &str) -> bool {
         || LIBRARY_INFIXES.iter().any(|p| function.contains(p))
         || C_ALLOCATOR.contains(&function)
         || LIBRARY_FILES.iter().any(|p| file.contains(p))
+}
+
+/// C start-up and thread entry points, matched exactly.
+const C_ROOTS: [&str; 8] =
+    ["_start", "__libc_start_main", "__libc_start_call_main", "start_thread", "clone", "clone3", "__clone", "__clone3"];
+
+/// Prefixes (after any leading `<`) of the standard library's code that runs `main` or a
+/// spawned thread's closure: the runtime's start, panic catching, the thread spawn
+/// closures and the `FnOnce` calls between them.
+const RUST_ROOT_PREFIXES: [&str; 9] = [
+    "std::rt::",
+    "std::panicking::",
+    "std::panic::",
+    "std::sys::backtrace::",
+    "std::sys::thread::",
+    "std::thread::",
+    "core::ops::function::",
+    "alloc::boxed::Box<dyn core::ops::function::FnOnce",
+    // The same with its generic arguments elided (`analysis::short_name`).
+    "alloc::boxed::Box as core::ops::function::FnOnce",
+];
+
+/// Source paths of the same code (line-tables-only debug info names inlined frames without
+/// their path: `lang_start`, `call_once`, `{closure#0}`), and of the C library's start-up.
+const ROOT_FILES: [&str; 11] = [
+    "/library/std/src/rt.rs",
+    "/library/std/src/panicking.rs",
+    "/library/std/src/panic.rs",
+    "/library/std/src/sys/backtrace.rs",
+    "/library/std/src/sys/thread/",
+    "/library/std/src/thread/",
+    "/library/core/src/ops/function.rs",
+    "/library/core/src/panic/unwind_safe.rs",
+    "/library/alloc/src/boxed.rs",
+    "/nptl/",
+    "/csu/",
+];
+
+/// True when a frame of `function` in source `file` belongs to the code that starts the
+/// program or one of its threads (`_start`, `std::rt::lang_start`, the thread-spawn
+/// closures, …) rather than to the program. Only meant for the outer end of a stack:
+/// `core::ops::function` frames between two of the program's functions are its own calls.
+/// Frames of OCaml programs never are.
+pub fn is_root_frame(function: &str, file: &str) -> bool {
+    let path = function.strip_prefix('<').unwrap_or(function);
+    // The C `main` that rustc generates has no source line; a program's own `main` has.
+    let c_main = function == "main" && (file.is_empty() || file == "<unknown>");
+    c_main
+        || C_ROOTS.contains(&function)
+        || RUST_ROOT_PREFIXES.iter().any(|p| path.starts_with(p))
+        || ROOT_FILES.iter().any(|p| file.contains(p))
 }

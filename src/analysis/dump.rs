@@ -37,12 +37,15 @@ pub fn dump(path: &std::path::Path, out: &mut impl Write, warn: &mut impl Write)
                 line.push(b' ');
                 put_space_padded(&mut line, alloc.common_prefix as i64, 4);
                 line.push(b':');
+                // Frames go straight out: a line holds the whole stack, whatever its depth.
+                out.write_all(&line)?;
+                line.clear();
                 for &code in alloc.backtrace {
                     let text = match frame_text.get(&code) {
                         Some(text) => text,
                         None => frame_text.entry(code).or_insert(format_frame(code, event.locations.get(code)?)),
                     };
-                    line.extend_from_slice(text);
+                    out.write_all(text)?;
                 }
             }
             EventKind::Promote { id } => {

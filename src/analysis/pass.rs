@@ -5,9 +5,13 @@
 //! - distinct stacks, interned by their location codes, each with its allocation totals and
 //!   its live estimate (at the end, at the peak of the total live estimate, and at an
 //!   optional chosen time);
-//! - the live set: every sampled object not yet collected, with its stack and samples;
-//! - event counts and the total live estimate with its peak;
+//! - the live set: every sampled object not yet collected, with its stack, samples and
+//!   birth (for the temporary figure: what is freed within [`TEMPORARY_US`]);
+//! - event counts, a histogram of sizes, and the total live estimate with its peak;
 //! - a [`Timeline`] of fixed size, whose buckets widen as the trace gets longer.
+//!
+//! Stacks are kept whole, so a crafted trace of ever deeper stacks is quadratic in frames:
+//! the pass refuses one past [`MAX_STACK_FRAMES`] frames in all rather than exhaust memory.
 //!
 //! At the end the location codes of the stacks are resolved once each into [`Frame`]s.
 //! Estimates follow the trace's rate and word size ([`Info::bytes_for_samples`]); the number
@@ -36,10 +40,33 @@ use std::collections::HashMap;
 use std::io::Read;
 use std::path::Path;
 
+use super::estimate::Estimate;
 use crate::format::hash::FastMap;
 use crate::format::location_codec::Location;
 use crate::format::trace::{AllocSource, EventKind, Info, LocationTable, ObjectId, Reader, Timestamp, Warning};
-use crate::Result;
+use crate::{Error, ErrorKind, Result};
+
+/// Most frames the distinct stacks may hold in all (256 MiB of location codes): a trace
+/// built to have ever deeper stacks (each one frame longer than the last) is small on disk
+/// but quadratic in frames, and is refused rather than allowed to exhaust memory. Real
+/// traces hold far fewer (this crate's allocator keeps at most 64 frames per stack).
+pub const MAX_STACK_FRAMES: usize = 32 << 20;
+
+/// Allocations freed within this many µs of their allocation count as temporary
+/// ([`Measure::Temporary`]).
+pub const TEMPORARY_US: u64 = 1_000;
+
+/// Entries of [`Analysis::sizes`]: one per power of two of a `u64`, and one for zero.
+const SIZE_BUCKETS: usize = 65;
+
+/// The entry of [`Analysis::sizes`] for `bytes`: the least `i` with `bytes ≤ 2^i`.
+fn size_bucket(bytes: u64) -> usize {
+    if bytes == 0 {
+        0
+    } else {
+        (64 - (bytes - 1).leading_zeros()) as usize
+    }
+}
 
 /// Events between two progress updates.
 const PROGRESS_EVERY: u64 = 1 << 14;
@@ -62,7 +89,8 @@ pub struct Tally {
     /// Sampled words.
     pub samples: u64,
     /// Estimated number of objects: too low for allocations whose size is not a whole
-    /// number of words (see the [module documentation](self)).
+    /// number of words (a Rust allocation of `n` bytes is recorded as `ceil(n / 8)` words
+    /// but only its `n` bytes are sampled: 1-byte allocations count 1/8 each).
     pub objects: f64,
 }
 
@@ -115,6 +143,9 @@ pub enum Measure {
     LivePeak,
     /// What is live at [`Options::live_at`].
     LiveAt,
+    /// What was freed within [`TEMPORARY_US`] of its allocation: short-lived, temporary
+    /// allocations.
+    Temporary,
 }
 
 /// The figures of one stack.
@@ -130,6 +161,8 @@ pub struct StackStats {
     pub live_peak: Tally,
     /// Live at [`Options::live_at`] (zero when no time was asked for).
     pub live_at: Tally,
+    /// Freed within [`TEMPORARY_US`] of the allocation.
+    pub temporary: Tally,
 }
 
 impl StackStats {
@@ -140,6 +173,7 @@ impl StackStats {
             Measure::LiveEnd => self.live_end,
             Measure::LivePeak => self.live_peak,
             Measure::LiveAt => self.live_at,
+            Measure::Temporary => self.temporary,
         }
     }
 
@@ -151,6 +185,7 @@ impl StackStats {
             (&mut self.live_end, other.live_end),
             (&mut self.live_peak, other.live_peak),
             (&mut self.live_at, other.live_at),
+            (&mut self.temporary, other.temporary),
         ] {
             a.add(b.samples, b.objects);
         }
@@ -300,6 +335,17 @@ impl Timeline {
     }
 }
 
+/// Where a trace comes from, which decides the words used for it: Rust traces have
+/// allocations and frees of sampled blocks; OCaml traces have minor and major allocations,
+/// promotions, collections and domains.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Origin {
+    /// This crate's allocator (or any trace of external allocations only).
+    Rust,
+    /// OCaml's memtrace.
+    OCaml,
+}
+
 /// The total live estimate at its highest.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Peak {
@@ -338,6 +384,9 @@ pub struct Analysis {
     pub frames: Vec<Frame>,
     /// The frames of each location code of the stacks, outermost first.
     pub code_frames: HashMap<u64, Vec<FrameId>>,
+    /// Sampled allocations by size: entry `i` counts those of more than `2^(i-1)` and at
+    /// most `2^i` bytes (entry 0: at most one byte), their sizes rounded up to whole words.
+    pub sizes: Vec<Tally>,
 }
 
 /// Per-stack state while reading.
@@ -350,6 +399,7 @@ struct StackState {
     at_peak: Acc,
     stamp: u64,
     at_time: Acc,
+    temporary: Tally,
 }
 
 /// A sampled object not yet collected.
@@ -358,6 +408,8 @@ struct LiveObject {
     stack: u32,
     samples: u64,
     objects: f64,
+    /// When it was allocated.
+    born: Timestamp,
 }
 
 /// The state of the pass.
@@ -365,6 +417,8 @@ struct Pass {
     start: Timestamp,
     rate: f64,
     index: FastMap<Box<[u64]>, u32>,
+    /// Frames of all the stacks in `index`.
+    stack_frames: usize,
     /// The id of the empty stack, kept out of `index`.
     empty_stack: Option<u32>,
     stacks: Vec<StackState>,
@@ -379,6 +433,10 @@ struct Pass {
     peaks: u64,
     live_at: Option<u64>,
     snapshot_taken: bool,
+    /// Bytes per word.
+    word_bytes: u64,
+    /// See [`Analysis::sizes`].
+    sizes: Vec<Tally>,
     counts: Counts,
     domains: Vec<u16>,
     end_time: Timestamp,
@@ -386,16 +444,24 @@ struct Pass {
 }
 
 impl Pass {
-    fn stack_id(&mut self, codes: &[u64]) -> u32 {
+    fn stack_id(&mut self, codes: &[u64]) -> Result<u32> {
         // The empty stack (every allocation when backtraces are not decoded) has its own
         // slot: looking it up would memcmp two dangling pointers, and glibc's AVX-512
         // memcmp makes that slow even for zero bytes (a masked load from page zero).
         if codes.is_empty() {
             if let Some(id) = self.empty_stack {
-                return id;
+                return Ok(id);
             }
         } else if let Some(&id) = self.index.get(codes) {
-            return id;
+            return Ok(id);
+        }
+        self.stack_frames += codes.len();
+        if self.stack_frames > MAX_STACK_FRAMES {
+            return Err(Error::new(ErrorKind::TooLarge(format!(
+                "the trace's distinct stacks hold more than {MAX_STACK_FRAMES} frames in all (stacks up to {} \
+                 frames deep): too many to analyse",
+                codes.len()
+            ))));
         }
         let id = self.stacks.len() as u32;
         if codes.is_empty() {
@@ -404,7 +470,7 @@ impl Pass {
             self.index.insert(codes.into(), id);
         }
         self.stacks.push(StackState::default());
-        id
+        Ok(id)
     }
 
     /// Save the stack's live figure for the current peak before it changes.
@@ -424,23 +490,29 @@ impl Pass {
         self.snapshot_taken = true;
     }
 
-    fn alloc(&mut self, id: ObjectId, length: u64, samples: u64, codes: &[u64]) {
-        let stack = self.stack_id(codes);
+    fn alloc(&mut self, time: Timestamp, id: ObjectId, length: u64, samples: u64, codes: &[u64]) -> Result<()> {
+        let stack = self.stack_id(codes)?;
         // Expectation one only for sizes that are whole words: see the module documentation.
         let objects = samples as f64 / (length.max(1) as f64 * self.rate);
+        let size = length.saturating_mul(self.word_bytes);
+        self.sizes[size_bucket(size)].add(samples, objects);
         let state = self.touch(stack);
         state.allocs = state.allocs.saturating_add(1);
         state.allocated.add(samples, objects);
         state.live.add(samples, objects);
-        if let Some(old) = self.live.insert(id, LiveObject { stack, samples, objects }) {
+        if let Some(old) = self.live.insert(id, LiveObject { stack, samples, objects, born: time }) {
             // A reused id: the old object is gone.
             self.free(old);
         }
         self.live_total = self.live_total.saturating_add(u128::from(samples));
+        Ok(())
     }
 
-    fn collect(&mut self, id: ObjectId) {
+    fn collect(&mut self, time: Timestamp, id: ObjectId) {
         if let Some(object) = self.live.remove(&id) {
+            if time.saturating_sub(object.born) <= TEMPORARY_US {
+                self.stacks[object.stack as usize].temporary.add(object.samples, object.objects);
+            }
             self.free(object);
         }
     }
@@ -482,6 +554,7 @@ impl Pass {
                 live_end: s.live.tally(),
                 live_peak: live_peak.tally(),
                 live_at: s.at_time.tally(),
+                temporary: s.temporary,
             };
             stacks.push(Stack { codes, stats });
         }
@@ -499,6 +572,7 @@ impl Pass {
             stacks,
             frames: frames.frames,
             code_frames: frames.by_code,
+            sizes: self.sizes,
             info,
         }
     }
@@ -564,6 +638,7 @@ impl Analysis {
             start: info.start_time,
             rate: info.sample_rate,
             index: FastMap::default(),
+            stack_frames: 0,
             empty_stack: None,
             stacks: Vec::new(),
             live: FastMap::default(),
@@ -573,6 +648,8 @@ impl Analysis {
             peaks: 0,
             live_at: options.live_at,
             snapshot_taken: false,
+            word_bytes: u64::from(info.word_size / 8),
+            sizes: vec![Tally::default(); SIZE_BUCKETS],
             counts: Counts::default(),
             domains: Vec::new(),
             end_time: info.start_time,
@@ -600,12 +677,12 @@ impl Analysis {
                     c.samples = c.samples.saturating_add(a.nsamples);
                     c.words = c.words.saturating_add(a.length);
                     allocated = a.nsamples;
-                    pass.alloc(a.id, a.length, a.nsamples, a.backtrace);
+                    pass.alloc(event.time, a.id, a.length, a.nsamples, a.backtrace)?;
                 }
                 EventKind::Promote { .. } => pass.counts.promotes += 1,
                 EventKind::Collect { id } => {
                     pass.counts.collects += 1;
-                    pass.collect(id);
+                    pass.collect(event.time, id);
                 }
             }
             pass.after_event(event.time, allocated);
@@ -620,6 +697,23 @@ impl Analysis {
     /// Estimated bytes for `samples` at this trace's rate and word size.
     pub fn bytes(&self, samples: u64) -> f64 {
         self.info.bytes_for_samples(samples)
+    }
+
+    /// The estimate of `samples` with its 95 % interval.
+    pub fn estimate(&self, samples: u64) -> Estimate {
+        Estimate::new(samples, self.bytes(1))
+    }
+
+    /// Where the trace comes from: this crate's allocator (its runtime parameters start with
+    /// `memtrace-rs`, or every allocation is external and nothing was promoted) or OCaml.
+    pub fn origin(&self) -> Origin {
+        let c = &self.counts;
+        let ocaml_events = c.allocs_minor > 0 || c.allocs_major > 0 || c.promotes > 0;
+        if self.info.runtime_params.starts_with(b"memtrace-rs") || (!ocaml_events && c.allocs_external > 0) {
+            Origin::Rust
+        } else {
+            Origin::OCaml
+        }
     }
 
     /// Time from the trace start to its last event, in µs.

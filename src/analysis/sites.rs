@@ -2,24 +2,55 @@
 //!
 //! A site is the innermost frame outside the allocator machinery ([`is_allocator_frame`]:
 //! the standard library's allocation and collections, hashbrown, this crate's allocator
-//! and the unwinder). Frames are trimmed
+//! and the unwinder); whole stacks also lose the runtime's start-up frames at their outer
+//! end ([`is_root_frame`]). Allocator frames are trimmed
 //! from the inner end only, so a program's closure called from `core` is still a site. With
 //! [`Grouping::stacks`] a site is the whole stack with those frames trimmed. OCaml traces
 //! never match these patterns, so their site is simply the innermost frame.
 
 use std::collections::HashMap;
+use std::ops::Range;
 
 use super::pass::{Analysis, FrameId, Measure, StackStats};
-use crate::frames::is_allocator_frame;
+use crate::frames::{is_allocator_frame, is_root_frame};
 
 /// How stacks are grouped into sites.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Grouping {
     /// A site is the whole stack (trimmed) rather than its innermost frame.
     pub stacks: bool,
-    /// Allocator frames are kept instead of trimmed from the inner end of each stack: a
-    /// site is then the innermost frame whatever it is.
+    /// Which frames are trimmed from the ends of each stack.
+    pub trim: Trim,
+}
+
+/// Which frames are trimmed from the ends of stacks: by default the allocator machinery
+/// from the inner end ([`is_allocator_frame`]) and the runtime's start-up frames from the
+/// outer end ([`is_root_frame`]). A stack made only of such frames keeps them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Trim {
+    /// Keep allocator frames: a site is then the innermost frame whatever it is.
     pub keep_allocator_frames: bool,
+    /// Keep the frames that start the program and its threads (`_start`, `main`,
+    /// `std::rt::lang_start`, thread-spawn closures, …).
+    pub keep_root_frames: bool,
+}
+
+impl Trim {
+    /// The range of `frames` (innermost first) that is kept.
+    pub fn kept(self, analysis: &Analysis, frames: &[FrameId]) -> Range<usize> {
+        let frame = |i: usize| &analysis.frames[frames[i]];
+        let mut start = 0;
+        if !self.keep_allocator_frames {
+            start = (0..frames.len()).find(|&i| !is_allocator_frame(&frame(i).function, &frame(i).file)).unwrap_or(0);
+        }
+        let mut end = frames.len();
+        if !self.keep_root_frames {
+            if let Some(last) = (start..end).rev().find(|&i| !is_root_frame(&frame(i).function, &frame(i).file)) {
+                end = last + 1;
+            }
+        }
+        start..end
+    }
 }
 
 /// A group of stacks sharing a site.
@@ -38,13 +69,17 @@ impl Site {
         self.frames.first().map_or_else(|| "(no backtrace)".to_string(), |&f| analysis.frames[f].label())
     }
 
+    /// The labels of the site's frames, innermost first (`(no backtrace)` when it has none).
+    pub fn labels(&self, analysis: &Analysis) -> Vec<String> {
+        if self.frames.is_empty() {
+            return vec![self.label(analysis)];
+        }
+        self.frames.iter().map(|&f| analysis.frames[f].label()).collect()
+    }
+
     /// A key that identifies the site across traces: the labels of all its frames.
     pub fn key(&self, analysis: &Analysis) -> String {
-        if self.frames.is_empty() {
-            return self.label(analysis);
-        }
-        let labels: Vec<String> = self.frames.iter().map(|&f| analysis.frames[f].label()).collect();
-        labels.join(" <- ")
+        self.labels(analysis).join(" <- ")
     }
 }
 
@@ -54,14 +89,9 @@ pub fn ranked(analysis: &Analysis, grouping: Grouping, measure: Measure) -> Vec<
     let mut by_frames: HashMap<Vec<FrameId>, StackStats> = HashMap::new();
     for stack in &analysis.stacks {
         let mut frames: Vec<FrameId> = analysis.stack_frames(stack).rev().collect();
-        if !grouping.keep_allocator_frames {
-            // Trim machinery from the inner end, unless the whole stack is machinery.
-            if let Some(first) =
-                frames.iter().position(|&f| !is_allocator_frame(&analysis.frames[f].function, &analysis.frames[f].file))
-            {
-                frames.drain(..first);
-            }
-        }
+        let kept = grouping.trim.kept(analysis, &frames);
+        frames.truncate(kept.end);
+        frames.drain(..kept.start);
         if !grouping.stacks {
             frames.truncate(1);
         }

@@ -1,7 +1,7 @@
 //! The streaming analysis against traces whose true answer is worked out by hand (see
 //! `util::cli::known_trace`), site selection, and bounded growth on long traces.
 use crate::util::cli::*;
-use memtrace_rs::analysis::{self as sites, is_allocator_frame, Grouping, Measure, Options};
+use memtrace_rs::analysis::{self as sites, is_allocator_frame, is_root_frame, Grouping, Measure, Options, Trim};
 
 const STACKS: Options = Options { stacks: true, live_at: None };
 
@@ -53,7 +53,7 @@ fn sites_skip_allocator_frames() {
 
 #[test]
 fn allocator_frames_can_be_kept() {
-    let g = Grouping { stacks: false, keep_allocator_frames: true };
+    let g = Grouping { stacks: false, trim: Trim { keep_allocator_frames: true, keep_root_frames: false } };
     assert_eq!(
         ranked(&known_trace(), STACKS, g, Measure::Allocated),
         owned(&[
@@ -67,7 +67,7 @@ fn allocator_frames_can_be_kept() {
 #[test]
 fn whole_stacks_are_trimmed_and_merged() {
     let a = analyse(&known_trace(), STACKS);
-    let g = Grouping { stacks: true, keep_allocator_frames: false };
+    let g = Grouping { stacks: true, trim: Trim::default() };
     let keys: Vec<(String, u64)> =
         sites::ranked(&a, g, Measure::Allocated).iter().map(|s| (s.key(&a), s.stats.allocated.samples)).collect();
     assert_eq!(
@@ -202,4 +202,120 @@ fn long_traces_keep_bounded_state() {
     assert_eq!(a.live_end, 100);
     assert!(a.timeline.buckets.len() <= 1024);
     assert_eq!(a.peak.samples, 101, "an allocation is recorded before the free that follows it");
+}
+
+#[test]
+fn root_frame_patterns() {
+    let rustc = "/rustc/59807616e1fa2540724bfbac14d7976d7e4a3860/library";
+    // Names and files of the frames above `main` and a spawned closure in a release build.
+    for (function, file) in [
+        ("_start", "<unknown>".to_string()),
+        ("__libc_start_call_main", "./csu/../sysdeps/nptl/libc_start_call_main.h".to_string()),
+        ("start_thread", "./nptl/pthread_create.c".to_string()),
+        ("main", "<unknown>".to_string()),
+        ("std::rt::lang_start_internal", format!("{rustc}/std/src/rt.rs")),
+        ("call_once<fn(), ()>", format!("{rustc}/core/src/ops/function.rs")),
+        ("__rust_begin_short_backtrace<fn(), ()>", format!("{rustc}/std/src/sys/backtrace.rs")),
+        ("{closure#1}<app::run::{closure_env#0}, ()>", format!("{rustc}/std/src/thread/lifecycle.rs")),
+        ("<std::sys::thread::unix::Thread>::new::thread_start", format!("{rustc}/std/src/sys/thread/unix.rs")),
+        ("std::panicking::catch_unwind::do_call::<isize>", String::new()),
+    ] {
+        assert!(is_root_frame(function, &file), "{function} {file}");
+    }
+    for (function, file) in [("main", "src/main.rs"), ("app::run", "src/app.rs"), ("Stdlib__list.iter", "list.ml")] {
+        assert!(!is_root_frame(function, file), "{function} {file}");
+    }
+}
+
+/// A stack of a spawned thread in a release build, innermost first: allocator frames, the
+/// program's two frames, then the runtime's.
+const THREAD_STACK: [(&str, &str); 7] = [
+    ("alloc", "/rustc/x/library/alloc/src/alloc.rs"),
+    ("make_message", "src/app.rs"),
+    ("{closure#0}", "src/app.rs"),
+    ("__rust_begin_short_backtrace<app::{closure_env#0}, ()>", "/rustc/x/library/std/src/sys/backtrace.rs"),
+    ("call_once<(), ()>", "/rustc/x/library/core/src/ops/function.rs"),
+    ("<std::sys::thread::unix::Thread>::new::thread_start", "/rustc/x/library/std/src/sys/thread/unix.rs"),
+    ("start_thread", "./nptl/pthread_create.c"),
+];
+
+#[test]
+fn root_frames_are_trimmed_from_the_outer_end_unless_kept() {
+    let mut b = TraceBuilder::new();
+    let stack: Vec<u64> = (0..THREAD_STACK.len() as u64).map(|i| 100 + i).collect();
+    b.alloc_with(10, 1, &stack, |code| {
+        let (function, file) = THREAD_STACK[(code - 100) as usize];
+        location_at(function, file)
+    });
+    let a = analyse(&b.finish(), STACKS);
+    let keys = |trim: Trim| -> Vec<String> {
+        let g = Grouping { stacks: true, trim };
+        sites::ranked(&a, g, Measure::Allocated).iter().map(|s| s.key(&a)).collect()
+    };
+    assert_eq!(keys(Trim::default()), ["make_message (src/app.rs:1) <- {closure#0} (src/app.rs:1)"]);
+    let kept = keys(Trim { keep_allocator_frames: true, keep_root_frames: true });
+    assert_eq!(kept[0].matches(" <- ").count(), THREAD_STACK.len() - 1, "{kept:?}");
+    // A stack of nothing but runtime frames keeps them.
+    let mut b = TraceBuilder::new();
+    b.alloc_with(10, 1, &[200, 201], |code| {
+        location_at(["std::rt::lang_start_internal", "_start"][(code - 200) as usize], "")
+    });
+    let a = analyse(&b.finish(), STACKS);
+    let g = Grouping { stacks: true, trim: Trim::default() };
+    assert_eq!(sites::ranked(&a, g, Measure::Allocated)[0].frames.len(), 2);
+}
+
+#[test]
+fn one_site_per_function_whatever_its_spelling() {
+    // Line-tables-only debug info: the inlined `alloc` has no path, the out-of-line one has,
+    // and both sit at the same source line; generic arguments differ between instances.
+    let names = [
+        ("alloc", "/rustc/x/library/alloc/src/alloc.rs"),
+        ("alloc::alloc::alloc", "/rustc/x/library/alloc/src/alloc.rs"),
+        ("from_elem<u8>", "src/app.rs"),
+        ("from_elem<u32>", "src/app.rs"),
+    ];
+    let mut b = TraceBuilder::new();
+    for (i, code) in [(0u64, 300u64), (1, 301), (2, 302), (3, 303)] {
+        b.alloc_with(10 + i, 1, &[code], |c| location_at(names[(c - 300) as usize].0, names[(c - 300) as usize].1));
+    }
+    let mut a = analyse(&b.finish(), STACKS);
+    let g = Grouping { stacks: false, trim: Trim { keep_allocator_frames: true, keep_root_frames: true } };
+    assert_eq!(sites::ranked(&a, g, Measure::Allocated).len(), 4);
+    a.shorten_names();
+    let sites: Vec<(String, u64)> =
+        sites::ranked(&a, g, Measure::Allocated).iter().map(|s| (s.label(&a), s.stats.allocated.samples)).collect();
+    assert_eq!(
+        sites,
+        [
+            ("alloc::alloc::alloc (/rustc/x/library/alloc/src/alloc.rs:1)".to_string(), 2),
+            ("from_elem (src/app.rs:1)".to_string(), 2)
+        ]
+    );
+}
+
+#[test]
+fn temporary_allocations_are_those_freed_within_a_millisecond() {
+    // In the known trace every freed object lived 20 or 30 µs.
+    let t = known_trace();
+    let g = Grouping::default();
+    let (parse, load) = ("app::parse (src/app.rs:40)", "app::load (src/app.rs:30)");
+    assert_eq!(ranked(&t, STACKS, g, Measure::Temporary), owned(&[(parse, 5600.0), (load, 2400.0)]));
+    // One object freed after 1 ms is not temporary, one freed after exactly 1 ms is.
+    let mut b = TraceBuilder::new();
+    let long = b.alloc(10, 2, &PARSE);
+    let short = b.alloc(20, 3, &LOAD);
+    b.free(1_011, long);
+    b.free(1_020, short);
+    assert_eq!(ranked(&b.finish(), STACKS, g, Measure::Temporary), owned(&[(load, 2400.0)]));
+}
+
+#[test]
+fn sizes_are_counted_by_power_of_two() {
+    // Lengths 2, 3, 5 and 1 words: 16, 24, 40 and 8 bytes, 100 objects each.
+    let a = analyse(&known_trace(), Options::default());
+    let by_bucket: Vec<(usize, u64)> =
+        a.sizes.iter().enumerate().filter(|(_, t)| t.samples > 0).map(|(i, t)| (i, t.samples)).collect();
+    assert_eq!(by_bucket, [(3, 1), (4, 2), (5, 3), (6, 5)]);
+    assert!(a.sizes.iter().filter(|t| t.samples > 0).all(|t| (t.objects - 100.0).abs() < 1e-9));
 }

@@ -13,8 +13,8 @@ fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
-const SUBCOMMANDS: [&str; 9] =
-    ["info", "dump", "copy", "hotspots", "flamegraph", "pprof", "timeline", "diff", "report"];
+const SUBCOMMANDS: [&str; 10] =
+    ["info", "sizes", "dump", "copy", "hotspots", "flamegraph", "pprof", "timeline", "diff", "report"];
 
 #[test]
 fn every_subcommand_has_help() {
@@ -46,6 +46,7 @@ fn expect_failure(args: &[&str], path: &Path, needles: &[&str]) {
 fn all_commands(out: &str) -> Vec<Vec<&str>> {
     vec![
         vec!["info", "{}"],
+        vec!["sizes", "{}"],
         vec!["dump", "{}"],
         vec!["copy", "{}", out],
         vec!["hotspots", "{}"],
@@ -194,4 +195,79 @@ fn copy_drops_collects_of_unknown_objects_with_one_warning() {
     let dump = memtrace(&["dump", copy.to_str().unwrap()]);
     let text = String::from_utf8_lossy(&dump.stdout).into_owned();
     assert_eq!(text.lines().filter(|l| l.ends_with(" collect")).count(), 2, "{text}");
+}
+
+#[test]
+fn an_output_that_is_the_input_is_refused_and_the_input_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = write_trace(dir.path(), "t.ctf", &known_trace());
+    std::os::unix::fs::symlink(&trace, dir.path().join("link.ctf")).unwrap();
+    let t = trace.to_str().unwrap();
+    let link = dir.path().join("link.ctf");
+    let link = link.to_str().unwrap();
+    let dotted = format!("{}/./t.ctf", dir.path().display());
+    for args in [
+        vec!["copy", t, t],
+        vec!["copy", t, &dotted],
+        vec!["report", t, "-o", link],
+        vec!["flamegraph", t, "-o", t],
+        vec!["pprof", t, "-o", link],
+        vec!["timeline", t, "-o", &dotted],
+    ] {
+        let o = memtrace(&args);
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(1), "{args:?}: {err}");
+        assert!(err.starts_with("memtrace: ") && err.contains("refusing to overwrite it"), "{args:?}: {err}");
+        assert_eq!(std::fs::read(&trace).unwrap(), known_trace(), "{args:?} damaged the input");
+    }
+}
+
+#[test]
+fn dash_writes_to_stdout() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = write_trace(dir.path(), "t.ctf", &known_trace());
+    let t = trace.to_str().unwrap();
+    let copied = memtrace(&["copy", t, "-"]);
+    assert!(copied.status.success(), "{}", stderr(&copied));
+    assert_eq!(copied.stdout, known_trace(), "copy to stdout");
+    for (args, start) in [
+        (vec!["flamegraph", t, "-o", "-", "--folded"], "main (src/app.rs:10);"),
+        (vec!["flamegraph", t, "-o", "-"], "<?xml"),
+        (vec!["timeline", t, "-o", "-"], "<svg"),
+        (vec!["report", t, "-o", "-"], "<!DOCTYPE html>"),
+        (vec!["pprof", t, "-o", "-"], "\u{1f}"),
+    ] {
+        let o = memtrace(&args);
+        assert!(o.status.success(), "{args:?}: {}", stderr(&o));
+        let text = String::from_utf8_lossy(&o.stdout);
+        assert!(text.starts_with(start), "{args:?}: {}", &text[..text.len().min(80)]);
+    }
+    assert!(!Path::new("-").exists() && !dir.path().join("-").exists(), "a file named `-`");
+}
+
+#[test]
+fn times_outside_the_trace_and_empty_results_are_said() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = write_trace(dir.path(), "t.ctf", &known_trace());
+    let t = trace.to_str().unwrap();
+    let out = dir.path().join("f.txt");
+    let out = out.to_str().unwrap();
+    // The known trace lasts 70 µs.
+    expect_failure(&["flamegraph", "{}", "-o", out, "--live-at", "99"], &trace, &["after the trace's last event"]);
+    let empty = memtrace(&["flamegraph", t, "-o", out, "--folded", "--live-at", "0"]);
+    assert!(empty.status.success());
+    assert_eq!(stderr(&empty), format!("memtrace: warning: {t}: nothing to draw: nothing sampled is live at 0 s\n"));
+    let none = write_trace(dir.path(), "none.ctf", &TraceBuilder::new().finish());
+    let hot = memtrace(&["hotspots", none.to_str().unwrap()]);
+    assert!(String::from_utf8_lossy(&hot.stdout).contains("(none: no sampled allocation"), "{hot:?}");
+}
+
+#[test]
+fn short_and_long_help_agree() {
+    let short = String::from_utf8(memtrace(&["-h"]).stdout).unwrap();
+    let long = String::from_utf8(memtrace(&["--help"]).stdout).unwrap();
+    // (clap drops the summary's final period in the short form.)
+    let first = |text: &str| text.lines().next().unwrap().trim_end_matches('.').to_string();
+    assert_eq!(first(&short), first(&long), "-h and --help begin differently");
+    assert!(short.starts_with("Analyse memtrace traces"), "{short}");
 }

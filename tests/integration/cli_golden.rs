@@ -89,6 +89,8 @@ fn built_trace_info_and_hotspots() {
         out.push('\n');
     }
     golden("known.hotspots.txt", out.as_bytes());
+    golden("known.sizes.txt", memtrace_ok(dir, &["sizes", "known.ctf"]).as_bytes());
+    golden("known.temporary.txt", hotspots(dir, "known.ctf", 10, &["--by", "temporary"]).as_bytes());
 }
 
 #[test]

@@ -11,11 +11,13 @@ use prost::Message;
 mod profile_proto;
 use profile_proto::Profile;
 
-/// Write the gzipped profile of the trace at `trace` with the binary, then gunzip and
-/// decode it.
-fn round_trip(trace: &Path) -> Profile {
+/// Write the gzipped profile of the trace at `trace` with the binary (and the flags `args`),
+/// then gunzip and decode it.
+fn round_trip(trace: &Path, args: &[&str]) -> Profile {
     let dir = tempfile::tempdir().unwrap();
-    memtrace_ok(dir.path(), &["pprof", trace.to_str().unwrap(), "-o", "heap.pb.gz"]);
+    let mut all = vec!["pprof", trace.to_str().unwrap(), "-o", "heap.pb.gz"];
+    all.extend(args);
+    memtrace_ok(dir.path(), &all);
     let gz = std::fs::read(dir.path().join("heap.pb.gz")).unwrap();
     let mut raw = Vec::new();
     flate2::read::GzDecoder::new(&gz[..]).read_to_end(&mut raw).unwrap();
@@ -41,10 +43,22 @@ fn frames(p: &Profile, location_ids: &[u64]) -> Vec<SourceLine> {
         .collect()
 }
 
+/// The source lines of the known trace's codes in `stack` (innermost first).
+fn expect(stack: &[u64]) -> Vec<SourceLine> {
+    let name = |code: u64| FUNCTIONS.iter().find(|(c, _)| *c == code).unwrap().1.to_string();
+    stack.iter().map(|&c| (name(c), "src/app.rs".to_string(), c as i64 * 10)).collect()
+}
+
+/// Each sample's source lines (leaf first) and values.
+fn samples(p: &Profile) -> Vec<(Vec<SourceLine>, Vec<i64>)> {
+    p.sample.iter().map(|s| (frames(p, &s.location_id), s.value.clone())).collect()
+}
+
 #[test]
 fn known_trace_profile() {
     let dir = tempfile::tempdir().unwrap();
-    let p = round_trip(&write_trace(dir.path(), "known.ctf", &known_trace()));
+    let p =
+        round_trip(&write_trace(dir.path(), "known.ctf", &known_trace()), &["--keep-allocator-frames", "--full-names"]);
     assert_eq!(p.string_table[0], "");
     let types: Vec<(&str, &str)> = p.sample_type.iter().map(|t| (string(&p, t.r#type), string(&p, t.unit))).collect();
     assert_eq!(
@@ -59,12 +73,7 @@ fn known_trace_profile() {
     assert_eq!(p.mapping.len(), 1);
     assert_eq!(string(&p, p.mapping[0].filename), "/usr/bin/test-app");
 
-    let name = |code: u64| FUNCTIONS.iter().find(|(c, _)| *c == code).unwrap().1.to_string();
-    let expect = |stack: &[u64]| -> Vec<SourceLine> {
-        stack.iter().map(|&c| (name(c), "src/app.rs".to_string(), c as i64 * 10)).collect()
-    };
-    let samples: Vec<(Vec<SourceLine>, Vec<i64>)> =
-        p.sample.iter().map(|s| (frames(&p, &s.location_id), s.value.clone())).collect();
+    let samples = samples(&p);
     assert_eq!(
         samples,
         vec![
@@ -82,9 +91,27 @@ fn known_trace_profile() {
 }
 
 #[test]
+fn allocator_frames_are_trimmed_by_default() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = round_trip(&write_trace(dir.path(), "known.ctf", &known_trace()), &["--full-names"]);
+    let samples = samples(&p);
+    // `load` and `rehash` differ only in their allocator frames: two samples of one stack.
+    assert_eq!(
+        samples,
+        vec![
+            (expect(&PARSE[2..]), vec![200, 5600, 0, 0]),
+            (expect(&LOAD[1..]), vec![100, 2400, 0, 0]),
+            (expect(&REHASH[1..]), vec![100, 800, 100, 800]),
+        ]
+    );
+    assert_eq!(p.location.len(), 4, "one location per kept code");
+    assert!(p.function.iter().all(|f| f.system_name == 0), "no system name for pprof to shorten");
+}
+
+#[test]
 fn upstream_profile_keeps_totals_and_inlined_frames() {
     let a = upstream("ocamlopt");
-    let p = round_trip(&data("ocamlopt.ctf"));
+    let p = round_trip(&data("ocamlopt.ctf"), &[]);
     assert_eq!(p.sample.len(), a.stacks.len());
     let total = |i: usize| p.sample.iter().map(|s| s.value[i]).sum::<i64>();
     assert_eq!(total(1), 670_400_000, "alloc_space: 1676 samples of 400000 bytes");
@@ -96,4 +123,27 @@ fn upstream_profile_keeps_totals_and_inlined_frames() {
     let want: Vec<String> = a.stack_frames(stack).rev().map(|f| a.frames[f].function.clone()).collect();
     let got: Vec<String> = frames(&p, &p.sample[0].location_id).into_iter().map(|f| f.0).collect();
     assert_eq!(got, want);
+}
+
+#[test]
+fn go_pprof_shows_full_names_and_no_allocator_frame_on_top() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = write_trace(dir.path(), "known.ctf", &known_trace());
+    let trace = trace.to_str().unwrap();
+    memtrace_ok(dir.path(), &["pprof", trace, "-o", "trimmed.pb.gz"]);
+    let Some(rows) = pprof_top(&dir.path().join("trimmed.pb.gz"), &["-sample_index=alloc_space"]) else {
+        println!("skipped: go is not installed");
+        return;
+    };
+    let flat: Vec<&str> = rows.iter().filter(|(flat, _)| flat != "0").map(|(_, name)| name.as_str()).collect();
+    assert_eq!(flat, ["app::parse", "app::load"], "{rows:?}");
+    // With every frame kept, pprof must show the names whole: given a system name equal to
+    // the name, it would shorten `<alloc::string::String as core::clone::Clone>::clone` to
+    // `::clone` and drop generic arguments.
+    memtrace_ok(dir.path(), &["pprof", trace, "-o", "kept.pb.gz", "--keep-allocator-frames", "--full-names"]);
+    let rows = pprof_top(&dir.path().join("kept.pb.gz"), &["-sample_index=alloc_space"]).unwrap();
+    let names: Vec<&str> = rows.iter().map(|(_, name)| name.as_str()).collect();
+    for (_, function) in FUNCTIONS {
+        assert!(names.contains(&function), "{function} not in {names:?}");
+    }
 }

@@ -6,7 +6,7 @@ use std::io::Cursor;
 use std::path::Path;
 
 use crate::util::cli::*;
-use memtrace_rs::analysis::{self, Analysis, Grouping, Measure, Options};
+use memtrace_rs::analysis::{self, Analysis, Grouping, Measure, Options, Trim};
 use memtrace_rs::trace::{AllocSource, Info, NewAlloc, Reader, Writer};
 
 /// The most samples one allocation can have (the writer's limit).
@@ -59,7 +59,9 @@ fn run_all(trace: &Path, other: &Path) -> usize {
         (file("f.svg"), file("f.txt"), file("p.pb.gz"), file("t.svg"), file("t.csv"), file("r.html"), file("c.ctf"));
     let commands: Vec<Vec<&str>> = vec![
         vec!["info", t],
+        vec!["sizes", t],
         vec!["hotspots", t],
+        vec!["hotspots", t, "--by", "temporary"],
         vec!["hotspots", t, "--stacks", "--by", "live-peak"],
         vec!["hotspots", t, "--by", "live-end", "--keep-allocator-frames"],
         vec!["flamegraph", t, "-o", &svg],
@@ -109,7 +111,7 @@ fn huge_sample_counts_are_analysed() {
     let dir = tempfile::tempdir().unwrap();
     let huge = write_trace(dir.path(), "huge.ctf", &huge_trace(0.01));
     let known = write_trace(dir.path(), "known.ctf", &known_trace());
-    assert_eq!(run_all(&huge, &known), 15, "every command succeeds on a valid trace");
+    assert_eq!(run_all(&huge, &known), 17, "every command succeeds on a valid trace");
 
     // The totals saturate instead of wrapping; the live figures are exact until reported.
     let a = analyse(&huge_trace(0.01), Options { stacks: true, live_at: Some(45) });
@@ -128,9 +130,9 @@ fn huge_but_finite_estimates_are_analysed() {
     let dir = tempfile::tempdir().unwrap();
     let huge = write_trace(dir.path(), "huge.ctf", &huge_trace(1e-9));
     let known = write_trace(dir.path(), "known.ctf", &known_trace());
-    assert_eq!(run_all(&huge, &known), 15, "every command succeeds on a valid trace");
+    assert_eq!(run_all(&huge, &known), 17, "every command succeeds on a valid trace");
     let o = memtrace(dir.path(), &["info", huge.to_str().unwrap()]);
-    assert!(o.stdout.contains("1.5e29 B (1.47") && o.stdout.contains("e29 bytes"), "{}", o.stdout);
+    assert!(o.stdout.contains("1.5e29 B ±0.0% (1.47") && o.stdout.contains("e29 bytes"), "{}", o.stdout);
 }
 
 #[test]
@@ -199,7 +201,7 @@ fn analyse_and_write(trace: &[u8], outputs: bool) -> bool {
         &["info", "mutant.ctf"][..],
         &["hotspots", "mutant.ctf", "--top", "10", "--by", "live-peak", "--stacks", "--frames", "8"],
         &["diff", "mutant.ctf", ocamlopt, "--top", "10", "--by", "live-peak", "--stacks"],
-        &["flamegraph", "mutant.ctf", "-o", "f.svg", "--live-at", "0.1"],
+        &["flamegraph", "mutant.ctf", "-o", "f.svg", "--live-at", "0"],
         &["pprof", "mutant.ctf", "-o", "p.pb.gz"],
         &["timeline", "mutant.ctf", "-o", "t.csv"],
         &["timeline", "mutant.ctf", "-o", "t.svg"],
@@ -280,10 +282,90 @@ fn folded_counts_of_absurd_estimates_fit_flame_graph_tools() {
         let total: u128 = counts.iter().map(|&c| u128::from(c)).sum();
         assert!(total <= 1 << 53 && total > 1 << 52, "{rate}: {counts:?}");
         let a = analyse(&trace, Options { stacks: true, live_at: None });
-        let grouping = Grouping { stacks: true, keep_allocator_frames: false };
+        let grouping = Grouping { stacks: true, trim: Trim::default() };
         let top = analysis::ranked(&a, grouping, Measure::Allocated)[0].stats.allocated;
         let unit = 2f64.powi(unit_log2 as i32);
         assert!((counts[0] as f64 * unit / a.bytes(top.samples) - 1.0).abs() < 1e-6, "{rate}: the unit");
     }
     assert_eq!(folded(&known_trace()).1, 0);
+}
+
+/// A trace of one allocation whose stack has 60 000 frames, one of them named with 200 000
+/// characters (the writer keeps what the format allows of both): every view that writes a
+/// stack out in full would repeat the name's frame's label, whatever its length.
+fn deep_trace_with_a_long_name() -> Vec<u8> {
+    let long = format!("app::{}", "x".repeat(200_000));
+    let stack: Vec<u64> = (1..=60_000).collect();
+    let mut t = TraceBuilder::new();
+    t.alloc_with(10, 3, &stack, |code| location_at(if code == 30_000 { &long } else { "app::recurse" }, "src/app.rs"));
+    t.finish()
+}
+
+/// A trace whose every stack is one frame longer than the last (a recursion allocating on
+/// the way down): small on disk, since each stack shares all but one frame with the one
+/// before, but `n²/2` frames if each stack is kept whole.
+fn ever_deeper_trace(n: u64) -> Vec<u8> {
+    let mut t = TraceBuilder::new();
+    let mut stack: Vec<u64> = Vec::new();
+    for i in 0..n {
+        stack.insert(0, 1_000 + i);
+        t.alloc_with(i, 1, &stack, |code| location_at(if code % 7 == 0 { "app::a" } else { "app::b" }, "src/app.rs"));
+    }
+    t.finish()
+}
+
+/// Run `memtrace args` in `dir` under an address-space limit of 2 GiB, its output thrown
+/// away; its exit status and stderr.
+fn memtrace_in_2_gib(dir: &Path, args: &[&str]) -> (Option<i32>, String) {
+    use std::os::unix::process::CommandExt;
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_memtrace"));
+    command.args(args).current_dir(dir).stdout(std::process::Stdio::null()).stderr(std::process::Stdio::piped());
+    // SAFETY: setrlimit is async-signal-safe and touches no memory of the parent; the
+    // closure runs in the child between fork and exec.
+    unsafe {
+        command.pre_exec(|| {
+            let limit = libc::rlimit { rlim_cur: 2 << 30, rlim_max: 2 << 30 };
+            if libc::setrlimit(libc::RLIMIT_AS, &limit) == 0 {
+                Ok(())
+            } else {
+                Err(std::io::Error::last_os_error())
+            }
+        });
+    }
+    let out = command.output().unwrap();
+    (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+#[test]
+fn crafted_deep_traces_run_every_subcommand_in_2_gib() {
+    let dir = tempfile::tempdir().unwrap();
+    let dir = dir.path();
+    write_trace(dir, "deep.ctf", &deep_trace_with_a_long_name());
+    // 8 200 stacks of 1 to 8 200 frames: 33.6 million frames, past the analysis's limit.
+    write_trace(dir, "deeper.ctf", &ever_deeper_trace(8_200));
+    for t in ["deep.ctf", "deeper.ctf"] {
+        for args in [
+            &["info", t][..],
+            &["sizes", t],
+            &["hotspots", t],
+            &["hotspots", t, "--stacks"],
+            &["flamegraph", t, "-o", "f.svg"],
+            &["flamegraph", t, "-o", "f.txt", "--folded"],
+            &["pprof", t, "-o", "p.pb.gz"],
+            &["timeline", t, "-o", "t.svg"],
+            &["diff", t, t, "--stacks"],
+            &["report", t, "-o", "r.html"],
+            &["dump", t],
+            &["copy", t, "c.ctf"],
+        ] {
+            let (code, stderr) = memtrace_in_2_gib(dir, args);
+            assert!(matches!(code, Some(0 | 1)), "memtrace {args:?}: {code:?}\n{stderr}");
+            if code == Some(1) {
+                assert!(stderr.starts_with("memtrace: ") && stderr.lines().count() == 1, "{args:?}: {stderr}");
+            }
+        }
+    }
+    let (code, stderr) = memtrace_in_2_gib(dir, &["hotspots", "deeper.ctf"]);
+    assert_eq!(code, Some(1));
+    assert!(stderr.contains("frames in all") && stderr.contains("too many to analyse"), "{stderr}");
 }

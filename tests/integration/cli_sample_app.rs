@@ -48,8 +48,8 @@ fn the_cli_agrees_with_the_sample_apps_own_summary() {
 
     let memtrace = env!("CARGO_BIN_EXE_memtrace");
     let info = run(Command::new(memtrace).arg("info").arg(&trace));
-    assert_eq!(number_after(&info, "Allocations:"), sampled, "{info}\n{app}");
-    assert_eq!(number_after(&info, "Collections:"), collected, "{info}\n{app}");
+    assert_eq!(number_after(&info, "Sampled blocks:"), sampled, "{info}\n{app}");
+    assert_eq!(number_after(&info, "Frees:"), collected, "{info}\n{app}");
     assert!(info.contains("sample-app") && info.contains("Truncated:          no"), "{info}");
 
     // The same top three sites. Two sites with equal estimates may come in either order,
@@ -71,6 +71,20 @@ fn the_cli_agrees_with_the_sample_apps_own_summary() {
     app_top.sort();
     assert_eq!(cli_top, app_top, "{hotspots}\n{app}");
     assert!(hotspots.contains("sample-app.rs:111"), "{hotspots}");
+
+    // pprof of the same trace: the program's function on top, no allocator frame with bytes
+    // of its own (when `go` is installed).
+    run(Command::new(memtrace).arg("pprof").arg(&trace).arg("-o").arg(dir.path().join("heap.pb.gz")));
+    let profile = dir.path().join("heap.pb.gz");
+    let Some(rows) = crate::util::cli::pprof_top(&profile, &["-sample_index=alloc_space"]) else {
+        println!("skipped the pprof read-back: go is not installed");
+        return;
+    };
+    let flat: Vec<&str> = rows.iter().filter(|(flat, _)| flat != "0").map(|(_, name)| name.as_str()).collect();
+    assert!(flat.first().is_some_and(|n| n.ends_with("make_message")), "{rows:?}");
+    for name in &flat {
+        assert!(!memtrace_rs::analysis::is_allocator_frame(name, ""), "allocator frame {name} in {rows:?}");
+    }
 }
 
 /// Whether a "name file:line" site is `make_message`'s: by path, or by the bare name that

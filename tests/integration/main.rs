@@ -11,9 +11,13 @@ mod util;
 #[cfg(feature = "cli")]
 mod cli_analysis;
 #[cfg(feature = "cli")]
+mod cli_diff;
+#[cfg(feature = "cli")]
 mod cli_errors;
 #[cfg(feature = "cli")]
 mod cli_golden;
+#[cfg(feature = "cli")]
+mod cli_json;
 #[cfg(feature = "cli")]
 mod cli_markup;
 #[cfg(feature = "cli")]

@@ -98,6 +98,29 @@ fn stress_site(size: usize) -> Vec<u8> {
     vec![7u8; size]
 }
 
+/// Traced sessions of the coverage test, each with a fresh sample of `site_covered`.
+#[cfg(feature = "analysis")]
+const COVERAGE_ROUNDS: usize = 200;
+/// The sample rate of the coverage test's sessions: `site_covered` gets about 40 samples.
+#[cfg(feature = "analysis")]
+const COVERAGE_RATE: f64 = 1e-3;
+/// Blocks `site_covered` allocates, of sizes 1 to 1 600 bytes.
+#[cfg(feature = "analysis")]
+const COVERAGE_BLOCKS: usize = 400;
+
+/// The bytes `site_covered` allocates.
+#[cfg(feature = "analysis")]
+fn covered_bytes() -> u64 {
+    (0..COVERAGE_BLOCKS).map(|i| 1 + (i * 397) % 1600).sum::<usize>() as u64
+}
+
+/// Allocates (and frees) blocks of known sizes.
+#[cfg(feature = "analysis")]
+#[inline(never)]
+fn site_covered() -> usize {
+    (0..COVERAGE_BLOCKS).map(|i| black_box(vec![1u8; 1 + (i * 397) % 1600]).len()).sum()
+}
+
 // ---------------------------------------------------------------------------------------------
 // Child roles
 
@@ -116,6 +139,16 @@ fn child_role() {
             site_direct();
             drop(guard);
             drop(kept);
+        }
+        #[cfg(feature = "analysis")]
+        "coverage" => {
+            let dir = PathBuf::from(std::env::var_os("MEMTRACE_TEST_DIR").unwrap());
+            for round in 0..COVERAGE_ROUNDS {
+                let config = memtrace_rs::TraceConfig::new(dir.join(format!("{round}.ctf"))).rate(COVERAGE_RATE);
+                let guard = start_tracing(config).unwrap();
+                black_box(site_covered());
+                guard.finish().unwrap();
+            }
         }
         "stress" => {
             let _guard = trace_if_requested();
@@ -1154,4 +1187,30 @@ fn explicit_api_sessions() {
     assert_eq!(mode & 0o777, 0o600);
     let _ = std::fs::remove_file(&first);
     let _ = std::fs::remove_file(&second);
+}
+
+/// The 95 % interval of a byte estimate covers the bytes a known site really allocated in
+/// about 95 % of independently sampled sessions: 200 sessions, each with about 40 samples
+/// at the site, must cover it 181 to 197 times (three standard deviations of a binomial with
+/// p = 0.95 around 190; a Byar or normal interval that is too narrow or too wide fails).
+#[cfg(feature = "analysis")]
+#[test]
+fn estimate_intervals_cover_the_true_bytes_95_percent_of_the_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = run("coverage", &[("MEMTRACE_TEST_DIR", dir.path().to_str().unwrap())]);
+    assert!(out.status.success());
+    let truth = covered_bytes() as f64;
+    let (mut covered, mut samples) = (0, 0);
+    for round in 0..COVERAGE_ROUNDS {
+        let trace = Trace::read(&dir.path().join(format!("{round}.ctf")));
+        let n: u64 = trace.at_site("::site_covered").map(|(_, a)| a.nsamples).sum();
+        let e = memtrace_rs::analysis::Estimate::new(n, trace.info.bytes_for_samples(1));
+        covered += usize::from(e.low <= truth && truth <= e.high);
+        samples += n;
+    }
+    let mean = samples as f64 / COVERAGE_ROUNDS as f64;
+    eprintln!("covered {covered} of {COVERAGE_ROUNDS}, {mean:.1} samples per session");
+    let expected = truth * COVERAGE_RATE / 8.0;
+    assert!((mean / expected - 1.0).abs() < 0.05, "{mean} samples per session, {expected} expected");
+    assert!((181..=197).contains(&covered), "the interval covered the truth in {covered} of {COVERAGE_ROUNDS}");
 }

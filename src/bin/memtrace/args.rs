@@ -1,7 +1,7 @@
 //! Flags shared by several subcommands: which sites to rank, by what figure, and whether
 //! allocator frames are trimmed.
 
-use memtrace_rs::analysis::{Grouping as SiteGrouping, Measure};
+use memtrace_rs::analysis::{self, Measure};
 
 /// Which sites to list and by what figure (flags shared by `hotspots` and `diff`).
 #[derive(Debug, Clone, Copy, clap::Args)]
@@ -30,13 +30,13 @@ pub struct Grouping {
 
 impl Grouping {
     /// The analysis's grouping.
-    pub fn sites(self) -> SiteGrouping {
-        SiteGrouping { stacks: self.stacks, keep_allocator_frames: self.trim.keep_allocator_frames }
+    pub fn sites(self) -> analysis::Grouping {
+        analysis::Grouping { stacks: self.stacks, trim: self.trim.frames() }
     }
 }
 
-/// Whether allocator frames are trimmed from the inner end of stacks (the flag shared by
-/// [`Grouping`] and `flamegraph`).
+/// Which frames are trimmed from the ends of stacks (the flags of every subcommand that
+/// groups or draws stacks).
 #[derive(Debug, Clone, Copy, Default, clap::Args)]
 pub struct Trim {
     /// Keep allocator frames (alloc::, RawVec, __rust_alloc, ...) instead of trimming them
@@ -44,6 +44,18 @@ pub struct Trim {
     /// frame whatever it is.
     #[arg(long)]
     pub keep_allocator_frames: bool,
+    /// Keep the frames that start the program and its threads (_start, main,
+    /// std::rt::lang_start, thread-spawn closures, ...) instead of trimming them from the
+    /// outer end of each stack.
+    #[arg(long)]
+    pub keep_root_frames: bool,
+}
+
+impl Trim {
+    /// The analysis's trimming.
+    pub fn frames(self) -> analysis::Trim {
+        analysis::Trim { keep_allocator_frames: self.keep_allocator_frames, keep_root_frames: self.keep_root_frames }
+    }
 }
 
 /// The figure sites are ranked by (`--by`).
@@ -56,6 +68,9 @@ pub enum By {
     LiveEnd,
     /// Bytes live when the total live estimate peaks.
     LivePeak,
+    /// Bytes freed within a millisecond of their allocation: short-lived, temporary
+    /// allocations (by the lifetimes the trace records).
+    Temporary,
 }
 
 impl By {
@@ -65,6 +80,7 @@ impl By {
             By::Allocated => Measure::Allocated,
             By::LiveEnd => Measure::LiveEnd,
             By::LivePeak => Measure::LivePeak,
+            By::Temporary => Measure::Temporary,
         }
     }
 
@@ -74,6 +90,7 @@ impl By {
             By::Allocated => "bytes allocated",
             By::LiveEnd => "bytes live at the end",
             By::LivePeak => "bytes live at the peak",
+            By::Temporary => "bytes freed within 1 ms",
         }
     }
 }

@@ -1,7 +1,11 @@
-//! `memtrace diff`: the sites whose estimated bytes changed most between two traces.
+//! `memtrace diff`: the sites whose estimated bytes changed between two traces, those
+//! beyond the sampling noise first, and an optional regression gate for CI.
 //!
 //! Sites are matched by their labels (function, file and line), so the two traces may come
-//! from different builds or runs of the program.
+//! from different builds or runs of the program. A change is beyond the noise when it is
+//! larger than its 95 % margin: the sample counts of both sides are Poisson, so the change
+//! of `n_new × b_new − n_base × b_base` bytes (`b` the bytes per sample of each trace) has
+//! a standard deviation of about `√(n_new × b_new² + n_base × b_base²)`.
 
 use std::collections::HashMap;
 use std::io::{self, Write};
@@ -11,51 +15,162 @@ use memtrace_rs::analysis::{ranked, Analysis};
 use super::args::Ranking;
 use super::format;
 
+/// The standard normal quantile of 97.5 %: changes beyond `Z` standard deviations are
+/// beyond the noise at 95 %.
+const Z: f64 = 1.959_963_984_540_054;
+
 /// Options of `memtrace diff`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct Options {
     /// Which sites, by what figure.
     #[command(flatten)]
     pub ranking: Ranking,
+    /// With --stacks, the most frames shown per stack.
+    #[arg(long, default_value_t = 16)]
+    pub frames: usize,
+    /// Compare bytes per second of each trace's duration instead of bytes, for traces of
+    /// runs of different lengths.
+    #[arg(long)]
+    pub per_second: bool,
+    /// Exit with status 3 when the total grows by more than LIMIT beyond the sampling noise
+    /// (the lower end of the growth's 95% interval is above LIMIT): bytes (`1048576`, `512KiB`,
+    /// `10MiB`, `1GiB`) or a percentage of the base total (`5%`). For CI memory-regression
+    /// gates.
+    #[arg(long, value_name = "LIMIT", value_parser = parse_limit)]
+    pub fail_above: Option<Limit>,
+    /// Text or JSON.
+    #[command(flatten)]
+    pub format: super::json::FormatArgs,
+}
+
+/// A limit on growth.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Limit {
+    /// Bytes (or bytes per second with `--per-second`).
+    Bytes(f64),
+    /// Percent of the base total.
+    Percent(f64),
+}
+
+/// `LIMIT` of `--fail-above`.
+fn parse_limit(s: &str) -> Result<Limit, String> {
+    let bad = || format!("`{s}` is not a number of bytes (1048576, 512KiB, 10MiB) or a percentage (5%)");
+    let t = s.trim();
+    if let Some(p) = t.strip_suffix('%') {
+        return p.trim().parse::<f64>().ok().filter(|v| v.is_finite() && *v >= 0.0).map(Limit::Percent).ok_or_else(bad);
+    }
+    let units = [("KiB", 1024f64), ("MiB", 1024f64.powi(2)), ("GiB", 1024f64.powi(3)), ("TiB", 1024f64.powi(4))];
+    let (number, scale) = units
+        .iter()
+        .find_map(|(u, scale)| t.strip_suffix(u).map(|n| (n, *scale)))
+        .unwrap_or((t.trim_end_matches('B'), 1.0));
+    number
+        .trim()
+        .parse::<f64>()
+        .ok()
+        .filter(|v| v.is_finite() && *v >= 0.0)
+        .map(|v| Limit::Bytes(v * scale))
+        .ok_or_else(bad)
+}
+
+/// A figure of one site (or of the total) in one trace.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Side {
+    /// Samples.
+    pub samples: u64,
+    /// Estimated bytes (per second with `--per-second`).
+    pub value: f64,
+    /// The estimate's variance.
+    pub variance: f64,
+}
+
+impl Side {
+    /// The figure of `samples` samples in `analysis`, per second when `per_second`.
+    fn new(analysis: &Analysis, samples: u64, per_second: bool) -> Side {
+        let seconds = analysis.duration() as f64 / 1e6;
+        let scale = analysis.bytes(1) / if per_second && seconds > 0.0 { seconds } else { 1.0 };
+        Side { samples, value: samples as f64 * scale, variance: samples as f64 * scale * scale }
+    }
+
+    fn add(&mut self, other: Side) {
+        self.samples = self.samples.saturating_add(other.samples);
+        self.value += other.value;
+        self.variance += other.variance;
+    }
 }
 
 /// One site's figure in both traces.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Change {
-    /// The site (its frames' labels, innermost first).
-    pub site: String,
-    /// Estimated bytes in the base trace.
-    pub base: f64,
-    /// Estimated bytes in the new trace.
-    pub new: f64,
+    /// The site's frames' labels, innermost first.
+    pub frames: Vec<String>,
+    /// The figure in the base trace.
+    pub base: Side,
+    /// The figure in the new trace.
+    pub new: Side,
 }
 
 impl Change {
     /// `new - base`.
     pub fn delta(&self) -> f64 {
-        self.new - self.base
+        self.new.value - self.base.value
+    }
+
+    /// The 95 % margin of the change: a change within it may be sampling noise.
+    pub fn margin(&self) -> f64 {
+        Z * (self.base.variance + self.new.variance).sqrt()
+    }
+
+    /// Whether the change is larger than its margin.
+    pub fn beyond_noise(&self) -> bool {
+        self.delta().abs() > self.margin()
     }
 }
 
-/// Every site whose figure differs, largest change (in absolute value) first.
+/// Every site whose figure differs: those beyond the noise first, each group by the size
+/// of the change.
 pub fn changes(base: &Analysis, new: &Analysis, options: &Options) -> Vec<Change> {
     let measure = options.ranking.by.measure();
     let mut by_site: HashMap<String, Change> = HashMap::new();
     for (analysis, is_new) in [(base, false), (new, true)] {
         for site in ranked(analysis, options.ranking.grouping.sites(), measure) {
-            let key = site.key(analysis);
-            let bytes = analysis.bytes(site.stats.get(measure).samples);
-            let change = by_site.entry(key).or_insert_with_key(|k| Change { site: k.clone(), base: 0.0, new: 0.0 });
+            let side = Side::new(analysis, site.stats.get(measure).samples, options.per_second);
+            let change = by_site.entry(site.key(analysis)).or_insert_with(|| Change {
+                frames: site.labels(analysis),
+                base: Side::default(),
+                new: Side::default(),
+            });
             if is_new {
-                change.new += bytes;
+                change.new.add(side);
             } else {
-                change.base += bytes;
+                change.base.add(side);
             }
         }
     }
     let mut changes: Vec<Change> = by_site.into_values().filter(|c| c.delta() != 0.0).collect();
-    changes.sort_by(|a, b| b.delta().abs().total_cmp(&a.delta().abs()).then_with(|| a.site.cmp(&b.site)));
+    changes.sort_by(|a, b| {
+        b.beyond_noise()
+            .cmp(&a.beyond_noise())
+            .then_with(|| b.delta().abs().total_cmp(&a.delta().abs()))
+            .then_with(|| a.frames.cmp(&b.frames))
+    });
     changes
+}
+
+/// The totals of both traces as one change.
+pub fn total(base: &Analysis, new: &Analysis, options: &Options) -> Change {
+    let measure = options.ranking.by.measure();
+    let side = |a: &Analysis| Side::new(a, a.totals().get(measure).samples, options.per_second);
+    Change { frames: Vec::new(), base: side(base), new: side(new) }
+}
+
+/// Whether `total` grew by more than `limit` beyond the noise.
+pub fn exceeds(total: &Change, limit: Limit) -> bool {
+    let limit = match limit {
+        Limit::Bytes(b) => b,
+        Limit::Percent(p) => total.base.value * p / 100.0,
+    };
+    total.delta() - total.margin() > limit
 }
 
 /// Print the `options.ranking.top` largest changes from `base` to `new` (traces named by the
@@ -67,31 +182,70 @@ pub fn write(
     options: &Options,
     out: &mut impl Write,
 ) -> io::Result<()> {
-    let measure = options.ranking.by.measure();
-    let total_base = base.bytes(base.totals().get(measure).samples);
-    let total_new = new.bytes(new.totals().get(measure).samples);
+    let unit = if options.per_second { "/s" } else { "" };
+    let figure = |v: f64| format!("{}{unit}", format::bytes(v));
+    let signed = |v: f64| format!("{}{unit}", format::signed_bytes(v));
+    let total = total(base, new, options);
     let changes = changes(base, new, options);
+    let beyond = changes.iter().filter(|c| c.beyond_noise()).count();
     writeln!(
         out,
-        "Changes in {} (estimated) from {} to {}: total {} -> {} ({}, {} sites changed)",
+        "Changes in {}{} (estimated) from {} to {}: total {} -> {} ({} ±{}); {} sites changed, {beyond} beyond \
+         the sampling noise",
         options.ranking.by.describe(),
+        if options.per_second { " per second" } else { "" },
         names.0,
         names.1,
-        format::bytes(total_base),
-        format::bytes(total_new),
-        format::signed_bytes(total_new - total_base),
+        figure(total.base.value),
+        figure(total.new.value),
+        signed(total.delta()),
+        figure(total.margin()),
         changes.len()
     )?;
-    writeln!(out, "{:>12} {:>12} {:>12}  site", "base", "new", "change")?;
+    writeln!(out, "{:>12} {:>12} {:>12} {:>12}  site", "base", "new", "change", "±95%")?;
     for c in changes.iter().take(options.ranking.top) {
+        let shown = options.frames.max(1).min(c.frames.len());
+        let mut site = c.frames[..shown].join(" <- ");
+        if shown < c.frames.len() {
+            site += &format!(" <- ... {} more frames", c.frames.len() - shown);
+        }
+        let noise = if c.beyond_noise() { "" } else { "  (within noise)" };
         writeln!(
             out,
-            "{:>12} {:>12} {:>12}  {}",
-            format::bytes(c.base),
-            format::bytes(c.new),
-            format::signed_bytes(c.delta()),
-            c.site
+            "{:>12} {:>12} {:>12} {:>12}  {site}{noise}",
+            figure(c.base.value),
+            figure(c.new.value),
+            signed(c.delta()),
+            format!("±{}", figure(c.margin()))
         )?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn limits_in_bytes_and_percent() {
+        assert_eq!(parse_limit("5%"), Ok(Limit::Percent(5.0)));
+        assert_eq!(parse_limit("1048576"), Ok(Limit::Bytes(1048576.0)));
+        assert_eq!(parse_limit("512KiB"), Ok(Limit::Bytes(512.0 * 1024.0)));
+        assert_eq!(parse_limit("10 MiB"), Ok(Limit::Bytes(10.0 * 1024.0 * 1024.0)));
+        assert_eq!(parse_limit("100B"), Ok(Limit::Bytes(100.0)));
+        for bad in ["", "x", "-1", "5%%", "1e999", "NaN"] {
+            assert!(parse_limit(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn noise_is_the_poisson_margin_of_both_sides() {
+        let side = |n: u64| Side { samples: n, value: n as f64 * 10.0, variance: n as f64 * 100.0 };
+        let c = Change { frames: Vec::new(), base: side(100), new: side(125) };
+        assert!((c.margin() - Z * 150.0).abs() < 1e-9);
+        assert!(!c.beyond_noise(), "25 samples more on 100 is 1.67 standard deviations");
+        let c = Change { frames: Vec::new(), base: side(100), new: side(150) };
+        assert!(c.beyond_noise());
+        assert!(exceeds(&c, Limit::Percent(10.0)) && !exceeds(&c, Limit::Percent(30.0)));
+    }
 }

@@ -1,11 +1,12 @@
 //! `memtrace flamegraph`: an interactive SVG flame graph (drawn by inferno) or folded stacks.
 //!
 //! Each stack's width is its estimated bytes for the chosen figure. Allocator frames are
-//! trimmed from the leaves unless asked otherwise, as for `hotspots --stacks`.
+//! trimmed from the leaves and the runtime's start-up frames from the roots unless asked
+//! otherwise, as for `hotspots --stacks`.
 
 use std::io::{self, Write};
 
-use memtrace_rs::analysis::{ranked, Analysis, Grouping, Measure, Options as AnalysisOptions};
+use memtrace_rs::analysis::{self, ranked, Analysis, Grouping, Measure, Options as AnalysisOptions};
 
 use super::args::Trim;
 use super::format;
@@ -21,7 +22,7 @@ pub struct Options {
     /// which a warning gives.)
     #[arg(long)]
     pub folded: bool,
-    /// Whether allocator frames are trimmed from the leaves.
+    /// Which frames are trimmed from the leaves and the roots.
     #[command(flatten)]
     pub trim: Trim,
 }
@@ -63,6 +64,16 @@ impl Weight {
         AnalysisOptions { stacks: true, live_at: self.live_at.map(|s| (s * 1e6).round() as u64) }
     }
 
+    /// Why a flame graph of this figure can be empty.
+    pub fn nothing(&self) -> String {
+        match (self.measure(), self.live_at) {
+            (Measure::LiveEnd, _) => "nothing sampled is live at the end".to_string(),
+            (Measure::LivePeak, _) => "nothing sampled is live at the peak".to_string(),
+            (Measure::LiveAt, Some(at)) => format!("nothing sampled is live at {at} s"),
+            _ => "no allocation was sampled".to_string(),
+        }
+    }
+
     fn describe(&self) -> String {
         match (self.measure(), self.live_at) {
             (Measure::LiveEnd, _) => "Bytes live at the end".to_string(),
@@ -85,11 +96,19 @@ fn parse_seconds(s: &str) -> Result<f64, String> {
 /// counts up in 64-bit integers, and an `f64` holds every whole number up to here.
 const MAX_TOTAL: f64 = (1u64 << 53) as f64;
 
+/// Most bytes of folded stacks kept in memory (and drawn): deep stacks of long names would
+/// otherwise make a line per stack of depth × name length. Stacks past the limit (the
+/// smallest, since they come largest first) are left out, and [`Folded::left_out`] says how
+/// many.
+const MAX_FOLDED_BYTES: usize = 256 << 20;
+
 /// Folded stacks and the unit of their counts.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Folded {
     /// One `outer;...;inner count` line per stack, largest first.
     pub lines: Vec<String>,
+    /// Stacks left out because the lines reached [`MAX_FOLDED_BYTES`].
+    pub left_out: usize,
     /// The counts are in units of `2^unit_log2` bytes: 0 (bytes) unless the estimates add
     /// up to more than 2^53 bytes (8 PiB), which only absurd estimates do.
     pub unit_log2: u32,
@@ -105,8 +124,8 @@ impl Folded {
 /// The folded stacks of `analysis` for `measure`: one `outer;...;inner count` line per
 /// stack whose count is not zero, largest first. The counts are bytes, or units of a power
 /// of two bytes chosen so that they add up to at most 2^53 (see [`Folded::unit_log2`]).
-pub fn folded(analysis: &Analysis, measure: Measure, keep_allocator_frames: bool) -> Folded {
-    let grouping = Grouping { stacks: true, keep_allocator_frames };
+pub fn folded(analysis: &Analysis, measure: Measure, trim: analysis::Trim) -> Folded {
+    let grouping = Grouping { stacks: true, trim };
     let sites = ranked(analysis, grouping, measure);
     let bytes: Vec<f64> = sites.iter().map(|s| analysis.bytes(s.stats.get(measure).samples).min(f64::MAX)).collect();
     let total = bytes.iter().sum::<f64>().min(f64::MAX);
@@ -118,6 +137,7 @@ pub fn folded(analysis: &Analysis, measure: Measure, keep_allocator_frames: bool
     // Rounding (or a sum that reached infinity) can still push the total a little past
     // the limit: never let it get near 2^64.
     let mut room = 1u64 << 62;
+    let (mut size, mut left_out) = (0usize, 0);
     let lines = sites
         .iter()
         .zip(bytes)
@@ -126,6 +146,12 @@ pub fn folded(analysis: &Analysis, measure: Measure, keep_allocator_frames: bool
             if count == 0 {
                 return None;
             }
+            let length: usize = site.frames.iter().map(|&f| analysis.frames[f].label().len() + 1).sum();
+            if size + length > MAX_FOLDED_BYTES {
+                left_out += 1;
+                return None;
+            }
+            size += length;
             room -= count;
             let mut line = String::new();
             if site.frames.is_empty() {
@@ -146,7 +172,7 @@ pub fn folded(analysis: &Analysis, measure: Measure, keep_allocator_frames: bool
             Some(line)
         })
         .collect();
-    Folded { lines, unit_log2 }
+    Folded { lines, left_out, unit_log2 }
 }
 
 /// Draw `folded` as an interactive SVG titled `title`, widths and figures in bytes. With no
@@ -173,10 +199,20 @@ pub fn title(analysis: &Analysis, weight: &Weight) -> String {
     format!("{} (estimated): {}", weight.describe(), String::from_utf8_lossy(&analysis.info.executable_name))
 }
 
-/// Write the flame graph (or the folded stacks) of `analysis` as `options` ask. Returns the
-/// unit of the folded counts as a power of two bytes (see [`Folded::unit_log2`]).
-pub fn write(analysis: &Analysis, options: &Options, out: &mut impl Write) -> io::Result<u32> {
-    let folded = folded(analysis, options.weight.measure(), options.trim.keep_allocator_frames);
+/// What [`write`] drew, for the warnings it calls for.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Drawn {
+    /// The unit of the counts as a power of two bytes (see [`Folded::unit_log2`]).
+    pub unit_log2: u32,
+    /// Nothing was drawn.
+    pub empty: bool,
+    /// Stacks left out (see [`Folded::left_out`]).
+    pub left_out: usize,
+}
+
+/// Write the flame graph (or the folded stacks) of `analysis` as `options` ask.
+pub fn write(analysis: &Analysis, options: &Options, out: &mut impl Write) -> io::Result<Drawn> {
+    let folded = folded(analysis, options.weight.measure(), options.trim.frames());
     if options.folded {
         for line in &folded.lines {
             writeln!(out, "{line}")?;
@@ -184,5 +220,5 @@ pub fn write(analysis: &Analysis, options: &Options, out: &mut impl Write) -> io
     } else {
         write_svg(&title(analysis, &options.weight), &folded, out)?;
     }
-    Ok(folded.unit_log2)
+    Ok(Drawn { unit_log2: folded.unit_log2, empty: folded.lines.is_empty(), left_out: folded.left_out })
 }

@@ -1,6 +1,7 @@
 //! Text formatting shared by every output: byte sizes, percentages, times and dates, and
 //! escaping for XML/HTML markup.
 
+use memtrace_rs::analysis::Estimate;
 use memtrace_rs::trace::Timestamp;
 
 /// A byte count in binary units with one decimal (`0 B`, `812 B`, `1.5 KiB`, `3.2 GiB`).
@@ -28,6 +29,65 @@ pub fn bytes(b: f64) -> String {
         return format!("{b:.1e} B");
     }
     format!("{value:.1} {}", UNITS[unit])
+}
+
+/// [`bytes`] without a decimal that is zero: `20 MiB`, `2.5 KiB` (for axis ticks).
+pub fn round_bytes(b: f64) -> String {
+    let text = bytes(b);
+    match text.split_once(".0 ") {
+        Some((whole, unit)) => format!("{whole} {unit}"),
+        None => text,
+    }
+}
+
+/// A duration in microseconds with a sane number of digits: `70 µs`, `705.2 ms`, `1.23 s`,
+/// `12.3 s`, `754 s`.
+pub fn duration(us: u64) -> String {
+    let s = us as f64 / 1e6;
+    match us {
+        0..1_000 => format!("{us} µs"),
+        1_000..1_000_000 => format!("{:.1} ms", us as f64 / 1e3),
+        1_000_000..10_000_000 => format!("{s:.2} s"),
+        10_000_000..100_000_000 => format!("{s:.1} s"),
+        _ => format!("{s:.0} s"),
+    }
+}
+
+/// An estimate with its uncertainty: `2.4 GiB ±1.1%`; from fewer than
+/// [`FEW_SAMPLES`](memtrace_rs::analysis::FEW_SAMPLES) samples, whose interval is lopsided,
+/// the interval itself and a mark: `800 B [95%: 20 B–4.4 KiB, rough]`.
+pub fn estimate(e: &Estimate) -> String {
+    match e.relative_error() {
+        None => bytes(e.bytes),
+        Some(_) if !e.bytes.is_finite() => bytes(e.bytes),
+        Some(_) if e.is_rough() => format!("{} [95%: {}–{}, rough]", bytes(e.bytes), bytes(e.low), bytes(e.high)),
+        Some(error) => format!("{} {}", bytes(e.bytes), plus_minus(error)),
+    }
+}
+
+/// The footnote of tables whose rough figures [`uncertainty`] marks.
+pub const ROUGH_NOTE: &str = "* fewer than 10 samples: a rough estimate (the 95% interval is wide and lopsided)";
+
+/// The 95 % uncertainty of `e` for a table column: `±1.1%`, with a `*` when the estimate
+/// rests on fewer than 10 samples; empty for an estimate of zero.
+pub fn uncertainty(e: &Estimate) -> String {
+    match e.relative_error() {
+        None => String::new(),
+        Some(error) if e.is_rough() => format!("{}*", plus_minus(error)),
+        Some(error) => plus_minus(error),
+    }
+}
+
+/// A relative error as `±1.1%` (`±12%` from 10 % on); `±?` when not finite.
+pub fn plus_minus(error: f64) -> String {
+    let percent = 100.0 * error;
+    if !percent.is_finite() {
+        "±?".to_string()
+    } else if percent < 10.0 {
+        format!("±{percent:.1}%")
+    } else {
+        format!("±{percent:.0}%")
+    }
 }
 
 /// An estimate as a whole number (`1572864`), in scientific notation from 10^18 on

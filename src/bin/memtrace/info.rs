@@ -3,19 +3,21 @@
 use std::io::{self, Write};
 
 use super::format;
-use memtrace_rs::analysis::Analysis;
+use memtrace_rs::analysis::{Analysis, Origin};
 
 /// One `name: value` line of the summary.
 pub type Line = (&'static str, String);
 
 /// The summary as `(name, value)` pairs, shared by `info` and the HTML report. `name` is
-/// the trace's name as shown to the user.
+/// the trace's name as shown to the user. Rust traces are described in their own words
+/// (sampled blocks and frees); OCaml traces keep OCaml's (minor and major allocations,
+/// promotions, collections, domains).
 pub fn summary(analysis: &Analysis, name: &str) -> Vec<Line> {
     let info = &analysis.info;
     let c = &analysis.counts;
     let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
     let peak_offset = analysis.peak.time.saturating_sub(info.start_time);
-    vec![
+    let mut lines = vec![
         ("File", name.to_string()),
         ("Executable", text(&info.executable_name)),
         ("Host", text(&info.host_name)),
@@ -27,21 +29,32 @@ pub fn summary(analysis: &Analysis, name: &str) -> Vec<Line> {
         ("Context", info.context.as_deref().map_or_else(|| "(none)".to_string(), text)),
         ("Duration", format::seconds(analysis.duration())),
         ("Events", c.events.to_string()),
-        (
-            "Allocations",
-            format!(
-                "{} ({} minor, {} major, {} external)",
-                c.allocs(),
-                c.allocs_minor,
-                c.allocs_major,
-                c.allocs_external
+    ];
+    match analysis.origin() {
+        Origin::Rust => lines.extend([
+            ("Sampled blocks", c.allocs().to_string()),
+            ("Frees", format!("{} (of sampled blocks)", c.collects)),
+            ("Samples", c.samples.to_string()),
+        ]),
+        Origin::OCaml => lines.extend([
+            (
+                "Allocations",
+                format!(
+                    "{} ({} minor, {} major, {} external)",
+                    c.allocs(),
+                    c.allocs_minor,
+                    c.allocs_major,
+                    c.allocs_external
+                ),
             ),
-        ),
-        ("Promotions", c.promotes.to_string()),
-        ("Collections", c.collects.to_string()),
-        ("Domains", analysis.domains.to_string()),
-        ("Samples", c.samples.to_string()),
-        ("Sampled words", c.words.to_string()),
+            ("Promotions", c.promotes.to_string()),
+            ("Collections", c.collects.to_string()),
+            ("Domains", analysis.domains.to_string()),
+            ("Samples", c.samples.to_string()),
+            ("Sampled words", c.words.to_string()),
+        ]),
+    }
+    lines.extend([
         ("Allocated (est.)", estimate(analysis, c.samples)),
         ("Live at end (est.)", estimate(analysis, analysis.live_end)),
         (
@@ -51,13 +64,14 @@ pub fn summary(analysis: &Analysis, name: &str) -> Vec<Line> {
         ("Location codes", analysis.location_codes.to_string()),
         ("Distinct locations", analysis.distinct_locations.to_string()),
         ("Truncated", if analysis.is_truncated() { "yes (analysed up to the cut)" } else { "no" }.to_string()),
-    ]
+    ]);
+    lines
 }
 
-/// `1.5 MiB (1572864 bytes, 42 samples)`.
+/// `1.5 MiB ±2.1% (1572864 bytes, 42 samples)`.
 fn estimate(analysis: &Analysis, samples: u64) -> String {
-    let bytes = analysis.bytes(samples);
-    format!("{} ({} bytes, {} samples)", format::bytes(bytes), format::whole(bytes), samples)
+    let e = analysis.estimate(samples);
+    format!("{} ({} bytes, {} samples)", format::estimate(&e), format::whole(e.bytes), samples)
 }
 
 /// Print the summary of `analysis` for the trace called `name`.

@@ -10,15 +10,17 @@ mod flamegraph;
 mod format;
 mod hotspots;
 mod info;
+mod json;
+mod output;
 mod pprof;
 mod profile_proto;
 mod progress;
 mod report;
+mod sizes;
 mod timeline;
 
 use std::cell::Cell;
 use std::fmt;
-use std::fs::File;
 use std::io::{self, BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -28,6 +30,7 @@ use clap::{Parser, Subcommand};
 
 use memtrace_rs::analysis::{Analysis, Options as AnalysisOptions};
 use memtrace_rs::trace::{Reader, Warning};
+use output::Output;
 use progress::Progress;
 
 /// Analyse memtrace traces (from this crate's allocator or from OCaml's memtrace).
@@ -35,16 +38,27 @@ use progress::Progress;
 /// Byte figures are estimates: each sample of an allocation stands for
 /// word_size / 8 / sample_rate bytes.
 #[derive(Debug, Parser)]
-#[command(name = "memtrace", version, about)]
+#[command(name = "memtrace", version)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// Show Rust function names in full, with their generic arguments, however long
+    /// (by default generic arguments are elided and names cut at 240 bytes).
+    #[arg(long, global = true)]
+    full_names: bool,
 }
 
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Show the trace's metadata, event counts and estimated allocated, live and peak bytes.
     Info {
+        /// The trace file.
+        file: PathBuf,
+        #[command(flatten)]
+        format: json::FormatArgs,
+    },
+    /// Show a histogram of allocation sizes (powers of two) with estimated counts and bytes.
+    Sizes {
         /// The trace file.
         file: PathBuf,
     },
@@ -57,7 +71,7 @@ enum Command {
     Copy {
         /// The trace to read.
         input: PathBuf,
-        /// Where to write the copy.
+        /// Where to write the copy; `-` for stdout.
         output: PathBuf,
     },
     /// Rank allocation sites (or whole stacks) by estimated bytes.
@@ -71,7 +85,7 @@ enum Command {
     Flamegraph {
         /// The trace file.
         file: PathBuf,
-        /// Where to write the SVG (or the folded stacks).
+        /// Where to write the SVG (or the folded stacks); `-` for stdout.
         #[arg(short, long)]
         output: PathBuf,
         #[command(flatten)]
@@ -81,15 +95,18 @@ enum Command {
     Pprof {
         /// The trace file.
         file: PathBuf,
-        /// Where to write the profile (conventionally *.pb.gz).
+        /// Where to write the profile (conventionally *.pb.gz); `-` for stdout.
         #[arg(short, long)]
         output: PathBuf,
+        /// Which frames are trimmed from the stacks.
+        #[command(flatten)]
+        trim: args::Trim,
     },
     /// Chart the estimated live heap and allocation rate over time (SVG, or CSV for *.csv).
     Timeline {
         /// The trace file.
         file: PathBuf,
-        /// Where to write the chart: *.csv for CSV, anything else for SVG.
+        /// Where to write the chart: *.csv for CSV, anything else (or `-`, stdout) for SVG.
         #[arg(short, long)]
         output: PathBuf,
     },
@@ -106,7 +123,7 @@ enum Command {
     Report {
         /// The trace file.
         file: PathBuf,
-        /// Where to write the HTML page.
+        /// Where to write the HTML page; `-` for stdout.
         #[arg(short, long)]
         output: PathBuf,
         #[command(flatten)]
@@ -118,22 +135,39 @@ enum Command {
 #[derive(Debug)]
 struct Failure {
     path: PathBuf,
-    error: memtrace_rs::Error,
+    error: Problem,
+}
+
+/// What went wrong.
+#[derive(Debug)]
+enum Problem {
+    /// Reading or writing failed.
+    Error(memtrace_rs::Error),
+    /// The request cannot be met (an output that is the input, a time outside the trace).
+    Refused(String),
 }
 
 impl Failure {
     fn new(path: &Path, error: impl Into<memtrace_rs::Error>) -> Failure {
-        Failure { path: path.to_path_buf(), error: error.into() }
+        Failure { path: path.to_path_buf(), error: Problem::Error(error.into()) }
+    }
+
+    fn refused(path: &Path, why: String) -> Failure {
+        Failure { path: path.to_path_buf(), error: Problem::Refused(why) }
     }
 
     fn is_broken_pipe(&self) -> bool {
-        matches!(self.error.kind(), memtrace_rs::ErrorKind::Io(e) if e.kind() == io::ErrorKind::BrokenPipe)
+        matches!(&self.error, Problem::Error(e)
+            if matches!(e.kind(), memtrace_rs::ErrorKind::Io(e) if e.kind() == io::ErrorKind::BrokenPipe))
     }
 }
 
 impl fmt::Display for Failure {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {}", self.path.display(), self.error)
+        match &self.error {
+            Problem::Error(e) => write!(f, "{}: {e}", self.path.display()),
+            Problem::Refused(why) => write!(f, "{}: {why}", self.path.display()),
+        }
     }
 }
 
@@ -142,7 +176,7 @@ impl std::error::Error for Failure {}
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match run(cli) {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => code,
         Err(e) if e.is_broken_pipe() => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("memtrace: {e}");
@@ -151,11 +185,29 @@ fn main() -> ExitCode {
     }
 }
 
-fn run(cli: Cli) -> Result<(), Failure> {
+/// The exit status of `diff --fail-above` when the limit is exceeded (1 is for errors, 2
+/// for bad arguments).
+const REGRESSION: u8 = 3;
+
+fn run(cli: Cli) -> Result<ExitCode, Failure> {
+    let mut status = ExitCode::SUCCESS;
+    let full_names = cli.full_names;
+    let analyse = |path: &Path, options| analyse(path, options, full_names);
     match cli.command {
-        Command::Info { file } => {
+        Command::Info { file, format } => {
             let analysis = analyse(&file, AnalysisOptions::default())?;
-            to_stdout(|out| info::write(&analysis, &file.display().to_string(), out))
+            let name = file.display().to_string();
+            to_stdout(|out| {
+                if format.is_json() {
+                    json::info(&analysis, &name, out)
+                } else {
+                    info::write(&analysis, &name, out)
+                }
+            })
+        }
+        Command::Sizes { file } => {
+            let analysis = analyse(&file, AnalysisOptions::default())?;
+            to_stdout(|out| sizes::write(&analysis, &file.display().to_string(), out))
         }
         Command::Dump { file } => {
             let (stdout, failed) = Watched::new(io::stdout().lock());
@@ -180,49 +232,98 @@ fn run(cli: Cli) -> Result<(), Failure> {
         }
         Command::Hotspots { file, options } => {
             let analysis = analyse(&file, AnalysisOptions { stacks: true, live_at: None })?;
-            to_stdout(|out| hotspots::write(&analysis, &file.display().to_string(), &options, out))
+            let name = file.display().to_string();
+            to_stdout(|out| {
+                if options.format.is_json() {
+                    json::hotspots(&analysis, &name, &options, out)
+                } else {
+                    hotspots::write(&analysis, &name, &options, out)
+                }
+            })
         }
         Command::Flamegraph { file, output, options } => {
             let analysis = analyse(&file, options.weight.analysis_options())?;
-            let mut unit_log2 = 0;
-            to_file(&output, |out| {
-                unit_log2 = flamegraph::write(&analysis, &options, out)?;
+            if let Some(at) = options.weight.live_at {
+                let end = analysis.duration();
+                if at * 1e6 > end as f64 {
+                    let why = format!("--live-at {at} s is after the trace's last event, at {}", format::seconds(end));
+                    return Err(Failure::refused(&file, why));
+                }
+            }
+            let mut drawn = flamegraph::Drawn::default();
+            to_file(&output, &[&file], |out| {
+                drawn = flamegraph::write(&analysis, &options, out)?;
                 Ok(())
             })?;
-            if options.folded && unit_log2 > 0 {
+            let name = file.display();
+            if drawn.left_out > 0 {
+                eprintln!(
+                    "memtrace: warning: {name}: {} of the smallest stacks are left out: the stacks drawn fill \
+                     the limit of 256 MiB of folded text",
+                    drawn.left_out
+                );
+            } else if drawn.empty {
+                eprintln!("memtrace: warning: {name}: nothing to draw: {}", options.weight.nothing());
+            }
+            if options.folded && drawn.unit_log2 > 0 {
                 eprintln!(
                     "memtrace: warning: {}: the estimates add up to more than 2^53 bytes: the folded counts are in \
-                     units of 2^{unit_log2} bytes",
-                    output.display()
+                     units of 2^{} bytes",
+                    output.display(),
+                    drawn.unit_log2
                 );
             }
             Ok(())
         }
-        Command::Pprof { file, output } => {
+        Command::Pprof { file, output, trim } => {
             let analysis = analyse(&file, AnalysisOptions { stacks: true, live_at: None })?;
-            to_file(&output, |out| pprof::write(&analysis, out))
+            to_file(&output, &[&file], |out| pprof::write(&analysis, trim.frames(), out))
         }
         Command::Timeline { file, output } => {
             let analysis = analyse(&file, AnalysisOptions::default())?;
             let csv = output.extension().is_some_and(|e| e.eq_ignore_ascii_case("csv"));
-            to_file(&output, |out| timeline::write(&analysis, csv, out))
+            to_file(&output, &[&file], |out| timeline::write(&analysis, csv, out))
         }
         Command::Diff { base, new, options } => {
             let stacks = AnalysisOptions { stacks: true, live_at: None };
             let (a, b) = (analyse(&base, stacks)?, analyse(&new, stacks)?);
             let names = (base.display().to_string(), new.display().to_string());
-            to_stdout(|out| diff::write(&a, &b, (&names.0, &names.1), &options, out))
+            let names = (names.0.as_str(), names.1.as_str());
+            to_stdout(|out| {
+                if options.format.is_json() {
+                    json::diff(&a, &b, names, &options, out)
+                } else {
+                    diff::write(&a, &b, names, &options, out)
+                }
+            })?;
+            if let Some(limit) = options.fail_above {
+                let total = diff::total(&a, &b, &options);
+                if diff::exceeds(&total, limit) {
+                    let unit = if options.per_second { "/s" } else { "" };
+                    eprintln!(
+                        "memtrace: {}: {} grew by {}{unit} (±{}{unit}) from {}, more than the limit allows",
+                        new.display(),
+                        options.ranking.by.describe(),
+                        format::bytes(total.delta()),
+                        format::bytes(total.margin()),
+                        base.display()
+                    );
+                    status = ExitCode::from(REGRESSION);
+                }
+            }
+            Ok(())
         }
         Command::Report { file, output, options } => {
             let analysis = analyse(&file, AnalysisOptions { stacks: true, live_at: None })?;
-            to_file(&output, |out| report::write(&analysis, &file.display().to_string(), &options, out))
+            to_file(&output, &[&file], |out| report::write(&analysis, &file.display().to_string(), &options, out))
         }
-    }
+    }?;
+    Ok(status)
 }
 
 /// Analyse the trace at `path` with a progress bar on a terminal, printing the reader's
-/// warnings to stderr.
-fn analyse(path: &Path, options: AnalysisOptions) -> Result<Analysis, Failure> {
+/// warnings to stderr; names shortened unless `full_names`.
+fn analyse(path: &Path, options: AnalysisOptions, full_names: bool) -> Result<Analysis, Failure> {
     let read = || -> memtrace_rs::Result<Analysis> {
         let size = std::fs::metadata(path)?.len();
         let label = path.file_name().map_or_else(String::new, |n| n.to_string_lossy().into_owned());
@@ -231,7 +332,10 @@ fn analyse(path: &Path, options: AnalysisOptions) -> Result<Analysis, Failure> {
         progress.finish();
         analysis
     };
-    let analysis = read().map_err(|e| Failure::new(path, e))?;
+    let mut analysis = read().map_err(|e| Failure::new(path, e))?;
+    if !full_names {
+        analysis.shorten_names();
+    }
     for warning in &analysis.warnings {
         eprintln!("memtrace: warning: {}: {}", path.display(), describe(warning));
     }
@@ -289,8 +393,8 @@ fn to_stdout(write: impl FnOnce(&mut BufWriter<io::StdoutLock<'static>>) -> io::
     write(&mut out).and_then(|()| out.flush()).map_err(|e| Failure::new(Path::new("<stdout>"), e))
 }
 
-/// Create the file at `path` and run `write` on it, buffered.
-fn to_file(path: &Path, write: impl FnOnce(&mut BufWriter<File>) -> io::Result<()>) -> Result<(), Failure> {
-    let mut out = BufWriter::new(File::create(path).map_err(|e| Failure::new(path, e))?);
-    write(&mut out).and_then(|()| out.flush()).map_err(|e| Failure::new(path, e))
+/// Open the output at `path` (`-` for stdout, never one of `inputs`) and run `write` on it.
+fn to_file(path: &Path, inputs: &[&Path], write: impl FnOnce(&mut Output) -> io::Result<()>) -> Result<(), Failure> {
+    let mut out = Output::create(path, inputs)?;
+    write(&mut out).and_then(|()| out.flush()).map_err(|e| Failure::new(out.name(path), e))
 }

@@ -2,9 +2,12 @@
 //!
 //! Sample types are `alloc_objects/count`, `alloc_space/bytes`, `inuse_objects/count` and
 //! `inuse_space/bytes` ("in use" meaning live at the end of the trace); every distinct stack
-//! is one sample, leaf first, with all its frames. Each location code becomes one pprof
-//! location whose lines are its inlined frames, so `go tool pprof` and profiling services
-//! that ingest pprof show functions, files and lines without symbolizing anything.
+//! is one sample, leaf first, without the allocator frames at its leaf and the runtime's
+//! start-up frames at its root unless asked (the rule of `hotspots`). Each location code
+//! becomes one pprof location whose lines are its inlined frames (those kept), so `go tool
+//! pprof` and profiling services that ingest pprof show functions, files and lines without
+//! symbolizing anything. Names are given as they are, with no system name: pprof takes a
+//! system name equal to the name for an undemangled C++ name and shortens it.
 //!
 //! Values are rounded to whole numbers and saturate at `i64::MAX`.
 //!
@@ -21,7 +24,7 @@
 use std::collections::HashMap;
 use std::io::{self, Write};
 
-use memtrace_rs::analysis::Analysis;
+use memtrace_rs::analysis::{Analysis, FrameId, Trim};
 use prost::Message;
 
 use super::profile_proto::{Function, Line, Location, Mapping, Profile, Sample, ValueType};
@@ -55,8 +58,9 @@ impl Strings {
     }
 }
 
-/// The profile of `analysis`.
-pub fn profile(analysis: &Analysis) -> Profile {
+/// The profile of `analysis`, its stacks trimmed as `trim` says (the same stack may then
+/// appear in several samples, which pprof adds up).
+pub fn profile(analysis: &Analysis, trim: Trim) -> Profile {
     let mut strings = Strings::new();
     let sample_type =
         SAMPLE_TYPES.iter().map(|(t, unit)| ValueType { r#type: strings.get(t), unit: strings.get(unit) }).collect();
@@ -70,28 +74,47 @@ pub fn profile(analysis: &Analysis) -> Profile {
         ..Mapping::default()
     };
     let mut locations: Vec<Location> = Vec::new();
-    let mut location_ids: HashMap<u64, u64> = HashMap::new();
+    // A location is the part of one code's (inlined) frames that a trimmed stack keeps.
+    let mut location_ids: HashMap<(u64, usize, usize), u64> = HashMap::new();
     let mut functions: Vec<Function> = Vec::new();
     let mut function_ids: HashMap<(String, String), u64> = HashMap::new();
     let mut samples = Vec::with_capacity(analysis.stacks.len());
+    let mut frames: Vec<FrameId> = Vec::new();
+    let mut code_of: Vec<(u64, usize)> = Vec::new();
     for stack in &analysis.stacks {
-        let mut location_id = Vec::with_capacity(stack.codes.len());
+        // The stack's frames innermost first, each with its code and index in that code's
+        // frames (outermost first).
+        frames.clear();
+        code_of.clear();
         for &code in stack.codes.iter().rev() {
-            let id = *location_ids.entry(code).or_insert_with(|| {
-                let frames = analysis.code_frames.get(&code).map_or(&[][..], Vec::as_slice);
-                let line = frames
+            let inlined = analysis.code_frames.get(&code).map_or(&[][..], Vec::as_slice);
+            for (i, &f) in inlined.iter().enumerate().rev() {
+                frames.push(f);
+                code_of.push((code, i));
+            }
+        }
+        let kept = trim.kept(analysis, &frames);
+        let mut location_id = Vec::new();
+        let mut at = kept.start;
+        while at < kept.end {
+            let code = code_of[at].0;
+            let run = code_of[at..kept.end].iter().take_while(|(c, _)| *c == code).count();
+            // Indexes within the code, outermost first: `inner` is the innermost kept.
+            let (inner, outer) = (code_of[at].1, code_of[at + run - 1].1);
+            let id = *location_ids.entry((code, outer, inner)).or_insert_with(|| {
+                let line = frames[at..at + run]
                     .iter()
-                    .rev()
                     .map(|&f| {
                         let frame = &analysis.frames[f];
                         let key = (frame.function.clone(), frame.file.clone());
                         let function_id = *function_ids.entry(key).or_insert_with(|| {
                             let id = functions.len() as u64 + 1;
-                            let name = strings.get(&frame.function);
+                            // No system name: pprof would take a name equal to it for an
+                            // undemangled C++ one and shorten it (`::call_once`, `::fmt`).
                             functions.push(Function {
                                 id,
-                                name,
-                                system_name: name,
+                                name: strings.get(&frame.function),
+                                system_name: 0,
                                 filename: strings.get(&frame.file),
                                 start_line: 0,
                             });
@@ -105,6 +128,7 @@ pub fn profile(analysis: &Analysis) -> Profile {
                 id
             });
             location_id.push(id);
+            at += run;
         }
         let s = &stack.stats;
         let value = [
@@ -144,8 +168,8 @@ pub fn profile(analysis: &Analysis) -> Profile {
 }
 
 /// Write the gzipped profile of `analysis` to `out`.
-pub fn write(analysis: &Analysis, out: impl Write) -> io::Result<()> {
+pub fn write(analysis: &Analysis, trim: Trim, out: impl Write) -> io::Result<()> {
     let mut gz = flate2::write::GzEncoder::new(out, flate2::Compression::default());
-    gz.write_all(&profile(analysis).encode_to_vec())?;
+    gz.write_all(&profile(analysis, trim).encode_to_vec())?;
     gz.finish()?.flush()
 }

@@ -9,6 +9,7 @@ use std::io::{self, Write};
 
 use memtrace_rs::analysis::{ranked, Analysis, Grouping, Measure};
 
+use super::args::Trim;
 use super::{flamegraph, format, info, timeline};
 
 /// Options of `memtrace report`.
@@ -17,6 +18,9 @@ pub struct Options {
     /// Number of sites in the table.
     #[arg(long, default_value_t = 25)]
     pub top: usize,
+    /// Which frames are trimmed from the sites and the flame graph.
+    #[command(flatten)]
+    pub trim: Trim,
 }
 
 const STYLE: &str = "body{font-family:system-ui,sans-serif;margin:2em;color:#222}\
@@ -53,10 +57,13 @@ pub fn write(analysis: &Analysis, name: &str, options: &Options, out: &mut impl 
          src=\"data:image/svg+xml;base64,{}\">",
         base64(timeline::svg(analysis).as_bytes())
     )?;
-    write_sites(analysis, options.top, out)?;
+    write_sites(analysis, options, out)?;
     writeln!(out, "<h2>Flame graph of bytes allocated</h2>\n<div class=\"flamegraph\">")?;
     let weight = flamegraph::Weight::default();
-    let folded = flamegraph::folded(analysis, Measure::Allocated, false);
+    let folded = flamegraph::folded(analysis, Measure::Allocated, options.trim.frames());
+    if folded.left_out > 0 {
+        writeln!(out, "<p>{} of the smallest stacks are left out of the flame graph.</p>", folded.left_out)?;
+    }
     let mut svg = Vec::new();
     flamegraph::write_svg(&flamegraph::title(analysis, &weight), &folded, &mut svg)?;
     out.write_all(inline_svg(&svg))?;
@@ -64,8 +71,9 @@ pub fn write(analysis: &Analysis, name: &str, options: &Options, out: &mut impl 
 }
 
 /// The top sites by bytes allocated, with their live figures.
-fn write_sites(analysis: &Analysis, top: usize, out: &mut impl Write) -> io::Result<()> {
-    let ranked = ranked(analysis, Grouping::default(), Measure::Allocated);
+fn write_sites(analysis: &Analysis, options: &Options, out: &mut impl Write) -> io::Result<()> {
+    let top = options.top;
+    let ranked = ranked(analysis, Grouping { stacks: false, trim: options.trim.frames() }, Measure::Allocated);
     let total = analysis.bytes(analysis.totals().allocated.samples);
     writeln!(
         out,

@@ -18,6 +18,8 @@ const RATE_HEIGHT: f64 = 110.0;
 const HEIGHT: f64 = 500.0;
 /// Most intervals between tick marks on an axis (there are about four).
 const MAX_TICKS: usize = 10;
+/// How much higher than its largest figure a panel reaches: room for the peak's label.
+const HEADROOM: f64 = 1.15;
 
 /// One row per timeline bucket, from the trace start on.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -70,14 +72,21 @@ fn drawable(v: f64) -> f64 {
 
 /// A round step that cuts `0..max` into about four intervals: always positive and finite
 /// (1 when `max` is not a positive finite number, `max` itself when no round step fits).
-fn tick_step(max: f64) -> f64 {
+/// Steps are 1, 2 or 5 times a power of `base`'s units: of ten for seconds, and for bytes
+/// of ten within a binary unit (`20 MiB`, not 20 000 000 bytes, which reads `19.1 MiB`).
+fn tick_step(max: f64, bytes: bool) -> f64 {
     if !(max > 0.0 && max.is_finite()) {
         return 1.0;
     }
     let rough = max / 4.0;
-    let magnitude = 10f64.powf(rough.log10().floor());
-    let step = [1.0, 2.0, 5.0, 10.0].into_iter().map(|m| m * magnitude).find(|s| *s >= rough);
-    let step = step.unwrap_or(10.0 * magnitude);
+    // The binary unit the step is counted in (1 for seconds and for bytes below 1 KiB).
+    let mut unit = 1.0;
+    while bytes && rough / unit >= 1024.0 && unit < 1024f64.powi(6) {
+        unit *= 1024.0;
+    }
+    let magnitude = 10f64.powf((rough / unit).log10().floor());
+    let step = [1.0, 2.0, 5.0, 10.0].into_iter().map(|m| m * magnitude).find(|s| *s >= rough / unit);
+    let step = step.unwrap_or(10.0 * magnitude) * unit;
     // Subnormal or huge `max`: the magnitude underflows to 0 or the step overflows.
     if step > 0.0 && step.is_finite() {
         step
@@ -101,9 +110,10 @@ struct Panel {
 }
 
 impl Panel {
+    /// A panel of byte figures up to `max`, with room above it for the peak's label.
     fn new(top: f64, height: f64, max: f64) -> Panel {
-        let max = drawable(max);
-        let step = tick_step(max);
+        let max = drawable(drawable(max) * HEADROOM);
+        let step = tick_step(max, true);
         let rounded = (max / step).ceil().max(1.0) * step;
         // Rounding up can overflow a huge maximum: keep it unrounded then.
         let max = if rounded.is_finite() { rounded } else { max };
@@ -116,7 +126,7 @@ impl Panel {
 
     /// Horizontal grid lines with value labels, and the panel's title.
     fn axes(&self, svg: &mut String, title: &str, label: impl Fn(f64) -> String) {
-        for v in ticks(self.max, tick_step(self.max)) {
+        for v in ticks(self.max, tick_step(self.max, true)) {
             let y = self.y(v);
             let _ = write!(
                 svg,
@@ -150,8 +160,8 @@ pub fn svg(analysis: &Analysis) -> String {
     let mut svg = format!(
         r#"<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" viewBox="0 0 {WIDTH} {HEIGHT}" font-family="sans-serif"><rect width="100%" height="100%" fill="white"/>"#
     );
-    live.axes(&mut svg, "Estimated live heap", format::bytes);
-    rate.axes(&mut svg, "Allocation rate", |v| format!("{}/s", format::bytes(v)));
+    live.axes(&mut svg, "Estimated live heap", format::round_bytes);
+    rate.axes(&mut svg, "Allocation rate", |v| format!("{}/s", format::round_bytes(v)));
     // Live heap: the highest value of each bucket, as a filled step line.
     let mut path = format!("M{:.1},{:.1}", x(0.0), live.y(0.0));
     for (i, p) in points.iter().enumerate() {
@@ -176,7 +186,7 @@ pub fn svg(analysis: &Analysis) -> String {
         }
     }
     // Time axis, under each panel.
-    for s in ticks(span, tick_step(span)) {
+    for s in ticks(span, tick_step(span, false)) {
         for panel in [&live, &rate] {
             let _ = write!(
                 svg,
@@ -190,15 +200,17 @@ pub fn svg(analysis: &Analysis) -> String {
     // The peak.
     let peak_us = analysis.peak.time.saturating_sub(analysis.info.start_time);
     let peak_s = peak_us as f64 / 1e6;
-    let label = format!("peak {} at {}", format::bytes(peak_bytes), format::seconds(peak_us));
+    let label = format!("peak {} at {}", format::bytes(peak_bytes), format::duration(peak_us));
     let (px, py) = (x(peak_s), live.y(peak_bytes));
     let anchor = if px > WIDTH / 2.0 { "end" } else { "start" };
     let dx = if px > WIDTH / 2.0 { -8.0 } else { 8.0 };
+    // Above the peak, which the curve never passes, in the panel's headroom.
+    let label_y = py - 8.0;
     let _ = write!(
         svg,
         r##"<circle cx="{px:.1}" cy="{py:.1}" r="4" fill="#c0392b"/><text x="{:.1}" y="{:.1}" text-anchor="{anchor}" font-size="12" fill="#c0392b">{}</text></svg>"##,
         px + dx,
-        py + 14.0,
+        label_y,
         format::escape_markup(&label)
     );
     svg.push('\n');
@@ -247,13 +259,24 @@ mod tests {
         ] {
             let panel = Panel::new(0.0, 100.0, max);
             assert!(panel.max > 0.0 && panel.max.is_finite(), "{max}: {}", panel.max);
-            let step = tick_step(panel.max);
+            let step = tick_step(panel.max, true);
             assert!(step > 0.0 && step.is_finite(), "{max}: {step}");
             let ticks: Vec<f64> = ticks(panel.max, step).collect();
             assert!(!ticks.is_empty() && ticks.len() <= MAX_TICKS + 1, "{max}: {ticks:?}");
             assert!(ticks.iter().all(|v| v.is_finite() && panel.y(*v).is_finite()), "{max}: {ticks:?}");
             assert!(panel.y(max).is_finite(), "{max}");
         }
-        assert_eq!(ticks(Panel::new(0.0, 1.0, 7.0).max, 2.0).collect::<Vec<_>>(), [0.0, 2.0, 4.0, 6.0, 8.0]);
+        assert_eq!(ticks(Panel::new(0.0, 1.0, 6.0).max, 2.0).collect::<Vec<_>>(), [0.0, 2.0, 4.0, 6.0, 8.0]);
+    }
+
+    #[test]
+    fn byte_ticks_are_round_in_binary_units() {
+        let (mib, gib) = (1024.0 * 1024.0, 1024.0 * 1024.0 * 1024.0);
+        assert_eq!(tick_step(57.2 * mib, true), 20.0 * mib);
+        assert_eq!(tick_step(9.3 * gib, true), 5.0 * gib);
+        assert_eq!(tick_step(3000.0, true), 1000.0);
+        assert_eq!(tick_step(700.0, true), 200.0);
+        assert_eq!(tick_step(0.7, false), 0.2);
+        assert_eq!(format::round_bytes(20.0 * mib), "20 MiB");
     }
 }

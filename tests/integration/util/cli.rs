@@ -99,6 +99,17 @@ pub fn locations(code: u64) -> Arc<[Location]> {
     }])
 }
 
+/// A one-frame location list: `function` at line 1 of `file`.
+pub fn location_at(function: &str, file: &str) -> Arc<[Location]> {
+    Arc::from(vec![Location {
+        filename: file.as_bytes().into(),
+        line: 1,
+        start_char: 0,
+        end_char: 0,
+        defname: function.as_bytes().into(),
+    }])
+}
+
 /// Builds a trace event by event.
 pub struct TraceBuilder {
     writer: Writer<Vec<u8>>,
@@ -111,6 +122,18 @@ impl TraceBuilder {
 
     /// An allocation at `at` µs after the start, with `stack` innermost first.
     pub fn alloc(&mut self, at: u64, nsamples: u64, stack: &[u64]) -> ObjectId {
+        self.alloc_with(at, nsamples, stack, locations)
+    }
+
+    /// An allocation at `at` µs after the start, with `stack` innermost first and its
+    /// codes' locations given by `locations`.
+    pub fn alloc_with(
+        &mut self,
+        at: u64,
+        nsamples: u64,
+        stack: &[u64],
+        locations: impl FnMut(u64) -> Arc<[Location]>,
+    ) -> ObjectId {
         let alloc = NewAlloc { length: nsamples, nsamples, source: AllocSource::External, callstack: stack, drop: 0 };
         self.writer.put_alloc(0, START + at, &alloc, locations).unwrap()
     }
@@ -169,8 +192,9 @@ pub fn known_trace_new() -> Vec<u8> {
     t.finish()
 }
 
-/// How long one run of the binary may take before it counts as hung.
-const TIMEOUT: Duration = Duration::from_secs(20);
+/// How long one run of the binary may take before it counts as hung (generous: the test
+/// machine may be busy, and the binary is a debug build).
+const TIMEOUT: Duration = Duration::from_secs(60);
 
 /// What one run of the binary did.
 pub struct Run {
@@ -220,4 +244,21 @@ pub fn write_trace(dir: &Path, name: &str, trace: &[u8]) -> PathBuf {
     let path = dir.join(name);
     std::fs::write(&path, trace).unwrap();
     path
+}
+
+/// `go tool pprof -top` of the profile at `profile` with `args`: its rows as `(flat, name)`,
+/// or `None` when `go` is not installed.
+pub fn pprof_top(profile: &Path, args: &[&str]) -> Option<Vec<(String, String)>> {
+    let out = std::process::Command::new("go").args(["tool", "pprof", "-top"]).args(args).arg(profile).output().ok()?;
+    assert!(out.status.success(), "go tool pprof: {}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8(out.stdout).unwrap();
+    let rows = text.lines().skip_while(|l| !l.trim_start().starts_with("flat")).skip(1);
+    // "      flat  flat%   sum%        cum   cum%  name", the name possibly with spaces.
+    Some(
+        rows.map(|l| {
+            let fields: Vec<&str> = l.split_whitespace().collect();
+            (fields[0].to_string(), fields[5..].join(" "))
+        })
+        .collect(),
+    )
 }

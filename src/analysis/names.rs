@@ -1,0 +1,158 @@
+//! Short function names for Rust traces: generic arguments elided, very long names cut in
+//! the middle, and one spelling per function.
+//!
+//! Debug info names a monomorphised function with all its generic arguments, which for
+//! closures and iterator adaptors run to thousands of characters; line-tables-only builds
+//! name inlined functions without their path (`alloc`) and out-of-line ones with it
+//! (`alloc::alloc::alloc`). [`Analysis::shorten_names`] rewrites the frames so that a function
+//! reads the same, and is one site, however the debug info spelled it.
+
+use std::collections::HashMap;
+
+use super::pass::{Analysis, Frame, Origin};
+
+/// Longest name kept whole (in bytes); longer ones keep their two ends.
+const MAX_NAME: usize = 240;
+
+/// `name` without generic arguments (`Vec<T>::push` → `Vec::push`, `f::<u8>` → `f`), keeping
+/// qualified paths (`<T as Trait>::f` → `<T as Trait>::f` with the generics inside elided),
+/// and cut in the middle (`…`) when still longer than 240 bytes.
+pub fn short_name(name: &str) -> String {
+    let mut out = String::with_capacity(name.len().min(MAX_NAME + 8));
+    // Depths of the open `<`: true for generic arguments (dropped), false for a qualified
+    // path (kept).
+    let mut open: Vec<bool> = Vec::new();
+    let mut previous = ' ';
+    for c in name.chars() {
+        let dropping = open.contains(&true);
+        let arrow = previous == '-';
+        previous = c;
+        match c {
+            '<' => {
+                let before = out.chars().last();
+                let generic = dropping
+                    || matches!(before, Some(b) if b.is_alphanumeric() || b == '_' || b == '}' || b == '>' || b == ':');
+                if generic && !dropping && out.ends_with("::") {
+                    // A turbofish: `f::<u8>` → `f`.
+                    out.truncate(out.len() - 2);
+                }
+                open.push(generic);
+                if !generic {
+                    out.push(c);
+                }
+            }
+            '>' if !open.is_empty() && !arrow => {
+                // A qualified path's `>` stays, unless inside dropped arguments.
+                let kept = open.pop() == Some(false) && !dropping;
+                if kept {
+                    out.push(c);
+                }
+            }
+            c if !dropping => out.push(c),
+            _ => {}
+        }
+    }
+    cut(out)
+}
+
+/// `name` cut to its first and last 120 bytes around a `…` when longer than [`MAX_NAME`].
+fn cut(name: String) -> String {
+    if name.len() <= MAX_NAME {
+        return name;
+    }
+    let boundary = |mut i: usize, up: bool| {
+        while !name.is_char_boundary(i) {
+            i = if up { i + 1 } else { i - 1 };
+        }
+        i
+    };
+    let head = boundary(MAX_NAME / 2, false);
+    let tail = boundary(name.len() - MAX_NAME / 2, true);
+    format!("{}…{}", &name[..head], &name[tail..])
+}
+
+impl Analysis {
+    /// For a Rust trace, shorten every frame's function name ([`short_name`]) and give a
+    /// function the same name wherever the debug info left out its path: a bare name at a
+    /// source line where exactly one path ends with it takes that path. Frames that then
+    /// agree are merged. OCaml traces are left alone.
+    pub fn shorten_names(&mut self) {
+        if self.origin() != Origin::Rust {
+            return;
+        }
+        let short: Vec<String> = self.frames.iter().map(|f| short_name(&f.function)).collect();
+        // For each source line, the paths of its functions by their last segment. (A
+        // whole file would be too coarse: `call_once` is a dozen functions in one file.)
+        let mut paths: HashMap<(&str, u32, &str), Option<&str>> = HashMap::new();
+        for (frame, name) in self.frames.iter().zip(&short) {
+            if let Some((_, last)) = name.rsplit_once("::") {
+                paths
+                    .entry((frame.file.as_str(), frame.line, last))
+                    .and_modify(|p| *p = p.filter(|p| *p == name.as_str()))
+                    .or_insert(Some(name.as_str()));
+            }
+        }
+        let mut merged: Vec<Frame> = Vec::new();
+        let mut index: HashMap<Frame, usize> = HashMap::new();
+        let remap: Vec<usize> = self
+            .frames
+            .iter()
+            .zip(&short)
+            .map(|(frame, name)| {
+                let full = match paths.get(&(frame.file.as_str(), frame.line, name.as_str())) {
+                    Some(Some(path)) if !name.contains("::") => path,
+                    _ => name.as_str(),
+                };
+                let frame = Frame { function: full.to_string(), file: frame.file.clone(), line: frame.line };
+                *index.entry(frame).or_insert_with_key(|f| {
+                    merged.push(f.clone());
+                    merged.len() - 1
+                })
+            })
+            .collect();
+        for ids in self.code_frames.values_mut() {
+            for id in ids.iter_mut() {
+                *id = remap[*id];
+            }
+        }
+        self.frames = merged;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn generic_arguments_are_elided() {
+        for (long, short) in [
+            ("alloc::raw_vec::RawVec<T,A>::grow_one", "alloc::raw_vec::RawVec::grow_one"),
+            ("with_capacity_in<u8, alloc::alloc::Global>", "with_capacity_in"),
+            ("std::panicking::catch_unwind::do_call::<isize, i32>", "std::panicking::catch_unwind::do_call"),
+            ("<alloc::string::String as core::clone::Clone>::clone", "<alloc::string::String as core::clone::Clone>::clone"),
+            (
+                "<alloc::boxed::Box<dyn core::ops::function::FnOnce<(), Output = ()>> as core::ops::function::FnOnce<()>>::call_once",
+                "<alloc::boxed::Box as core::ops::function::FnOnce>::call_once",
+            ),
+            ("{closure#0}<app::run::{closure_env#0}, ()>", "{closure#0}"),
+            ("<&T as core::fmt::Display>::fmt", "<&T as core::fmt::Display>::fmt"),
+            ("main", "main"),
+            ("call_once<fn() -> u8, ()>", "call_once"),
+            ("<fn() -> u8 as core::ops::function::FnOnce<()>>::call_once", "<fn() -> u8 as core::ops::function::FnOnce>::call_once"),
+            ("Stdlib.(<>)", "Stdlib.(<>)"),
+        ] {
+            assert_eq!(short_name(long), short, "{long}");
+        }
+    }
+
+    #[test]
+    fn long_names_keep_their_ends() {
+        let long = format!("app::{}::end", "é".repeat(1000));
+        let short = short_name(&long);
+        assert!(
+            short.len() <= MAX_NAME + "…".len() && short.starts_with("app::") && short.ends_with("::end"),
+            "{short}"
+        );
+        assert!(short.contains('…'));
+    }
+}

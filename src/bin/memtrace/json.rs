@@ -1,0 +1,201 @@
+//! `--format json`: the machine-readable outputs of `info`, `hotspots` and `diff`.
+//!
+//! Their schemas (JSON Schema, draft 2020-12) are `docs/json/{info,hotspots,diff}.schema.json`;
+//! each document names its schema and version in `"schema"` (`"memtrace-info/1"`, …), and a
+//! version only ever gains fields. Byte figures are JSON numbers, `null` when infinite
+//! (absurd sample rates); every estimate carries its 95 % interval and sample count.
+
+use std::io::{self, Write};
+
+use memtrace_rs::analysis::{ranked, Analysis, Estimate, Origin};
+use serde_json::{json, Value};
+
+use super::args::By;
+use super::{diff, hotspots};
+
+/// `--format`: text for people (the default) or JSON for programs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Format {
+    /// Aligned text.
+    #[default]
+    Text,
+    /// One JSON document (see docs/json/ for its schema).
+    Json,
+}
+
+/// The output format flags of `info`, `hotspots` and `diff`.
+#[derive(Debug, Clone, Copy, Default, clap::Args)]
+pub struct FormatArgs {
+    /// The output format.
+    #[arg(long, value_enum, default_value_t = Format::Text)]
+    format: Format,
+    /// Short for --format json.
+    #[arg(long)]
+    json: bool,
+}
+
+impl FormatArgs {
+    /// Whether JSON was asked for.
+    pub fn is_json(self) -> bool {
+        self.json || self.format == Format::Json
+    }
+}
+
+/// A number, or `null` when it is not finite.
+fn number(v: f64) -> Value {
+    if v.is_finite() {
+        json!(v)
+    } else {
+        Value::Null
+    }
+}
+
+/// An estimate: bytes, the 95 % interval, its samples, and whether it is rough.
+fn estimate(e: &Estimate) -> Value {
+    json!({
+        "bytes": number(e.bytes),
+        "low": number(e.low),
+        "high": number(e.high),
+        "samples": e.samples,
+        "rough": e.is_rough(),
+    })
+}
+
+fn by_name(by: By) -> &'static str {
+    match by {
+        By::Allocated => "allocated",
+        By::LiveEnd => "live-end",
+        By::LivePeak => "live-peak",
+        By::Temporary => "temporary",
+    }
+}
+
+/// Write `value` and a newline.
+fn write_value(value: &Value, out: &mut impl Write) -> io::Result<()> {
+    serde_json::to_writer_pretty(&mut *out, value)?;
+    writeln!(out)
+}
+
+/// `info --format json`.
+pub fn info(analysis: &Analysis, name: &str, out: &mut impl Write) -> io::Result<()> {
+    let i = &analysis.info;
+    let c = &analysis.counts;
+    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    let origin = analysis.origin();
+    let ocaml = (origin == Origin::OCaml).then(|| {
+        json!({
+            "minor": c.allocs_minor,
+            "major": c.allocs_major,
+            "external": c.allocs_external,
+            "promotions": c.promotes,
+            "domains": analysis.domains,
+            "sampled_words": c.words,
+        })
+    });
+    let mut peak = estimate(&analysis.estimate(analysis.peak.samples));
+    peak["time_us"] = json!(analysis.peak.time.saturating_sub(i.start_time));
+    let value = json!({
+        "schema": "memtrace-info/1",
+        "file": name,
+        "executable": text(&i.executable_name),
+        "host": text(&i.host_name),
+        "pid": i.pid,
+        "start_time_us": i.start_time,
+        "sample_rate": number(i.sample_rate),
+        "word_size": i.word_size,
+        "runtime_params": text(&i.runtime_params),
+        "context": i.context.as_deref().map(text),
+        "origin": if origin == Origin::Rust { "rust" } else { "ocaml" },
+        "duration_us": analysis.duration(),
+        "events": c.events,
+        "allocations": c.allocs(),
+        "frees": c.collects,
+        "samples": c.samples,
+        "ocaml": ocaml,
+        "allocated": estimate(&analysis.estimate(c.samples)),
+        "live_end": estimate(&analysis.estimate(analysis.live_end)),
+        "peak": peak,
+        "location_codes": analysis.location_codes,
+        "distinct_locations": analysis.distinct_locations,
+        "truncated": analysis.is_truncated(),
+    });
+    write_value(&value, out)
+}
+
+/// `hotspots --format json`.
+pub fn hotspots(analysis: &Analysis, name: &str, options: &hotspots::Options, out: &mut impl Write) -> io::Result<()> {
+    let measure = options.ranking.by.measure();
+    let ranked = ranked(analysis, options.ranking.grouping.sites(), measure);
+    let sites: Vec<Value> = ranked
+        .iter()
+        .take(options.ranking.top)
+        .map(|site| {
+            let tally = site.stats.get(measure);
+            let frames: Vec<Value> = site
+                .frames
+                .iter()
+                .map(|&f| {
+                    let frame = &analysis.frames[f];
+                    json!({ "function": frame.function, "file": frame.file, "line": frame.line })
+                })
+                .collect();
+            json!({ "estimate": estimate(&analysis.estimate(tally.samples)), "count": number(tally.objects), "frames": frames })
+        })
+        .collect();
+    let value = json!({
+        "schema": "memtrace-hotspots/1",
+        "file": name,
+        "by": by_name(options.ranking.by),
+        "stacks": options.ranking.grouping.stacks,
+        "total": estimate(&analysis.estimate(analysis.totals().get(measure).samples)),
+        "sites_total": ranked.len(),
+        "sites": sites,
+    });
+    write_value(&value, out)
+}
+
+/// `diff --format json`.
+pub fn diff(
+    base: &Analysis,
+    new: &Analysis,
+    names: (&str, &str),
+    options: &diff::Options,
+    out: &mut impl Write,
+) -> io::Result<()> {
+    let side = |s: &diff::Side| json!({ "value": number(s.value), "samples": s.samples });
+    let change = |c: &diff::Change| {
+        json!({
+            "base": side(&c.base),
+            "new": side(&c.new),
+            "change": number(c.delta()),
+            "margin": number(c.margin()),
+            "beyond_noise": c.beyond_noise(),
+        })
+    };
+    let total = diff::total(base, new, options);
+    let changes = diff::changes(base, new, options);
+    let shown: Vec<Value> = changes
+        .iter()
+        .take(options.ranking.top)
+        .map(|c| {
+            let mut v = change(c);
+            v["frames"] = json!(c.frames);
+            v
+        })
+        .collect();
+    let fail_above = options.fail_above.map(|limit| json!({ "exceeded": diff::exceeds(&total, limit) }));
+    let value = json!({
+        "schema": "memtrace-diff/1",
+        "base": names.0,
+        "new": names.1,
+        "by": by_name(options.ranking.by),
+        "stacks": options.ranking.grouping.stacks,
+        "per_second": options.per_second,
+        "total": change(&total),
+        "sites_changed": changes.len(),
+        "beyond_noise": changes.iter().filter(|c| c.beyond_noise()).count(),
+        "changes": shown,
+        "fail_above": fail_above,
+    });
+    write_value(&value, out)
+}

@@ -1,0 +1,41 @@
+//! `memtrace sizes`: a histogram of allocation sizes, by powers of two.
+
+use std::io::{self, Write};
+
+use memtrace_rs::analysis::Analysis;
+
+use super::format;
+
+/// Print one line per power-of-two size class that was sampled: its range, the estimated
+/// number of allocations and bytes (with their uncertainty) and a bar of the bytes.
+pub fn write(analysis: &Analysis, name: &str, out: &mut impl Write) -> io::Result<()> {
+    let total = analysis.estimate(analysis.counts.samples);
+    writeln!(
+        out,
+        "Allocation sizes of {name} (estimated, sizes rounded up to whole words): {} in {} samples",
+        format::estimate(&total),
+        total.samples
+    )?;
+    writeln!(out, "{:>21} {:>12} {:>12} {:>7} {:>8}", "size", "allocations", "bytes", "±95%", "%")?;
+    let largest = analysis.sizes.iter().map(|t| t.samples).max().unwrap_or(0).max(1);
+    let mut rough = false;
+    for (i, tally) in analysis.sizes.iter().enumerate().filter(|(_, t)| t.samples > 0) {
+        let e = analysis.estimate(tally.samples);
+        rough |= e.is_rough();
+        let low = if i == 0 { 0.0 } else { 2f64.powi(i as i32 - 1) + 1.0 };
+        let range = format!("{} – {}", format::round_bytes(low), format::round_bytes(2f64.powi(i as i32)));
+        let bar = "#".repeat((40 * u128::from(tally.samples) / u128::from(largest)) as usize);
+        writeln!(
+            out,
+            "{range:>21} {:>12} {:>12} {:>7} {:>8}  {bar}",
+            format::whole(tally.objects),
+            format::bytes(e.bytes),
+            format::uncertainty(&e),
+            format::percent(e.bytes, total.bytes)
+        )?;
+    }
+    if rough {
+        writeln!(out, "{}", format::ROUGH_NOTE)?;
+    }
+    Ok(())
+}
