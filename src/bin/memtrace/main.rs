@@ -26,9 +26,9 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::rc::Rc;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
-use memtrace_rs::analysis::{Analysis, Options as AnalysisOptions};
+use memtrace_rs::analysis::{filter, Analysis, FrameTable, Options as AnalysisOptions};
 use memtrace_rs::trace::{Reader, Warning};
 use output::Output;
 use progress::Progress;
@@ -119,9 +119,9 @@ enum Command {
         #[command(flatten)]
         options: diff::Options,
     },
-    /// Write a self-contained HTML report: summary, live-heap chart, top sites, flame graph.
+    /// Write a self-contained interactive HTML report (with --diff BASE: of FILE − BASE).
     Report {
-        /// The trace file.
+        /// The trace file (with --diff, the new one).
         file: PathBuf,
         /// Where to write the HTML page; `-` for stdout.
         #[arg(short, long)]
@@ -231,7 +231,16 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
             Ok(())
         }
         Command::Hotspots { file, options } => {
-            let analysis = analyse(&file, AnalysisOptions { stacks: true, live_at: None })?;
+            let mut analysis = analyse(&file, AnalysisOptions { stacks: true, live_at: None })?;
+            let filter = options.filter.filter();
+            if !filter.is_empty() {
+                if options.ranking.by != args::By::Allocated {
+                    let why = "--by cannot be combined with filter flags: say --live-at peak or --live-at end";
+                    Cli::command().error(clap::error::ErrorKind::ArgumentConflict, why).exit();
+                }
+                let reader = Reader::open(&file).map_err(|e| Failure::new(&file, e))?;
+                analysis = filter::restrict(&analysis, reader, &filter).map_err(|e| Failure::new(&file, e))?;
+            }
             let name = file.display().to_string();
             to_stdout(|out| {
                 if options.format.is_json() {
@@ -314,8 +323,20 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
             Ok(())
         }
         Command::Report { file, output, options } => {
-            let analysis = analyse(&file, AnalysisOptions { stacks: true, live_at: None })?;
-            to_file(&output, &[&file], |out| report::write(&analysis, &file.display().to_string(), &options, out))
+            let mut frames = FrameTable::default();
+            let mut traces = Vec::new();
+            let inputs: Vec<&Path> = options.diff.iter().chain([&file]).map(PathBuf::as_path).collect();
+            for &path in &inputs {
+                let name = path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into());
+                let reader = Reader::open(path).map_err(|e| Failure::new(path, e))?;
+                let trace = report::TraceData::load(reader, &name, &mut frames, options.limit)
+                    .map_err(|e| Failure::new(path, e))?;
+                for warning in &trace.warnings {
+                    eprintln!("memtrace: warning: {}: {}", path.display(), describe(warning));
+                }
+                traces.push(trace);
+            }
+            to_file(&output, &inputs, |out| report::write(&frames, &traces, &options, out))
         }
     }?;
     Ok(status)
