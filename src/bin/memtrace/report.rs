@@ -31,12 +31,12 @@ pub struct Options {
     /// Compare with this baseline trace: the page shows FILE − BASE.
     #[arg(long, value_name = "BASE")]
     pub diff: Option<PathBuf>,
-    /// Most sampled blocks embedded per trace; beyond it blocks are merged by stack, size
-    /// class, alloc time and lifetime class, and the page says so.
+    /// Most sampled blocks embedded per trace; beyond it samples are thinned (kept with the
+    /// probability that fits, as if the trace had a lower rate), and the page says so.
     #[arg(long, default_value_t = 500_000)]
     pub limit: usize,
     /// Most rows each table shows before it asks for a search.
-    #[arg(long, default_value_t = 500)]
+    #[arg(long, default_value_t = 100)]
     pub top: usize,
 }
 

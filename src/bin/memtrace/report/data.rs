@@ -9,39 +9,47 @@
 //!   traces: [ A ] or [ A (base), B (new) ], each
 //!    { name, info: {start_us, rate, word_size, executable, host, runtime, context, pid},
 //!      duration_us, tick_us, truncated, events, warnings: [..],
-//!      peak: {t, samples},                   // blocks::PeakFinder
+//!      peak: {t, bytes},                     // blocks::PeakFinder, of every sample
 //!      nodes: { parent: [..], frame: [..] }, // trie; node 0 is the empty stack (parent −1)
-//!      nblocks, objects: bool, aggregated: null | {original_blocks, quantum_us},
+//!      nblocks, thinned: null | {blocks, samples, keep},
 //!      cols: base64(gzip(u32 LE columns of nblocks each)) } }
 //! ```
 //!
 //! The columns: alloc time as the delta from the previous block's (blocks are sorted by
 //! alloc time) in ticks of `tick_us` (1 µs unless the trace is longer than 71 minutes);
-//! lifetime + 1 in ticks, 0 if never freed; samples; words; stack node; and, when
-//! aggregated, the estimated objects (f32). The frame table is shared by the traces of a
-//! diff, so a frame id is the match key (function, file, line).
+//! lifetime + 1 in ticks, 0 if never freed; samples; words; stack node. The frame table is
+//! shared by the traces of a diff, so a frame id is the match key (function, file, line).
 //!
-//! Above `limit` blocks, blocks with the same stack, power-of-two size class, alloc time
-//! rounded down to a quantum and quarter-octave lifetime class are merged into one, the
-//! quantum doubling until they fit: a group keeps its blocks' mean alloc time, mean
-//! lifetime, mean size and summed samples, so short lifetimes stay short.
+//! # Beyond the limit: thinning
+//!
+//! A trace with more than `limit` sampled blocks is thinned: each sample is kept with
+//! probability `keep` (deterministically, from a hash of the block's position), blocks
+//! left with no sample are dropped, and `info.rate` becomes `rate × keep`. The result is
+//! a trace as the program would have given at that lower rate: every block keeps its
+//! exact times, size and stack, so every clause of the filter stays exact, and the
+//! estimates stay unbiased, with 95 % intervals (from the kept samples) that include the
+//! thinning. Merging blocks instead would keep totals exact but not lifetimes or live
+//! curves: blocks that live shorter than the merge's time quantum either pile up into
+//! spikes or vanish. The peak is that of every sample, before thinning.
 
 use std::io::{self, Read, Write};
 
 use serde_json::{json, Value};
 
 use memtrace_rs::analysis::blocks::{self, Block};
-use memtrace_rs::analysis::{estimated_objects, is_allocator_frame, FrameTable};
+use memtrace_rs::analysis::{is_allocator_frame, FrameTable};
 use memtrace_rs::trace::{Info, Reader, Warning};
 use memtrace_rs::Result;
 
-/// How blocks were merged to fit the limit.
+/// How a trace was thinned to fit the limit (see the [module documentation](self)).
 #[derive(Debug, Clone, Copy)]
-pub struct Aggregation {
+pub struct Thinning {
     /// Sampled blocks in the trace.
-    pub original_blocks: usize,
-    /// Alloc times were grouped by multiples of this (µs).
-    pub quantum_us: u64,
+    pub blocks: usize,
+    /// Their samples.
+    pub samples: u64,
+    /// The probability with which each sample was kept.
+    pub keep: f64,
 }
 
 /// One trace, ready to embed.
@@ -63,10 +71,8 @@ pub struct TraceData {
     pub frame: Vec<u32>,
     /// The blocks, sorted by alloc time, whose `stack` is a trie node.
     pub blocks: Vec<Block>,
-    /// Per block, the objects it stands for, when aggregated.
-    pub objects: Option<Vec<f32>>,
-    /// How blocks were merged, if they were.
-    pub aggregated: Option<Aggregation>,
+    /// How the blocks were thinned, if they were.
+    pub thinned: Option<Thinning>,
 }
 
 impl TraceData {
@@ -113,62 +119,36 @@ impl TraceData {
             parent,
             frame,
             blocks,
-            objects: None,
-            aggregated: None,
+            thinned: None,
         };
         if data.blocks.len() > limit {
-            data.aggregate(limit);
+            data.thin(limit);
         }
         Ok(data)
     }
 
-    /// Merge blocks as the [module documentation](self) says until at most `limit` remain
-    /// (or the quantum is the whole trace).
-    fn aggregate(&mut self, limit: usize) {
-        #[derive(Default)]
-        struct Group {
-            count: u64,
-            alloc_sum: u128,
-            life_sum: u128,
-            words_sum: u128,
-            samples: u64,
-            objects: f64,
-        }
-        let duration = self.summary.end_us.max(1);
-        let rate = self.info.sample_rate;
-        let mut quantum = (duration / 4096).max(1).next_power_of_two();
+    /// Keep each sample with the probability that leaves at most `limit` blocks (see the
+    /// [module documentation](self)).
+    fn thin(&mut self, limit: usize) {
+        let samples = self.blocks.iter().fold(0u64, |sum, b| sum.saturating_add(b.nsamples));
+        // Keeping `keep × samples ≤ limit` samples expects at most `limit` blocks.
+        let mut keep = (limit as f64 / samples.max(1) as f64).min(1.0);
         loop {
-            let mut groups: std::collections::HashMap<(u32, u32, u64, u32), Group> = Default::default();
-            for b in &self.blocks {
-                let size_class = 64 - b.words.leading_zeros();
-                // Quarter octaves of the lifetime; never freed is a class of its own.
-                let life_class = b.lifetime().map_or(u32::MAX, |l| (4.0 * ((l + 1) as f64).log2()) as u32);
-                let g = groups.entry((b.stack, size_class, b.alloc_us / quantum, life_class)).or_default();
-                g.count += 1;
-                g.alloc_sum += u128::from(b.alloc_us);
-                g.life_sum += u128::from(b.lifetime().unwrap_or(0));
-                g.words_sum += u128::from(b.words);
-                g.samples = g.samples.saturating_add(b.nsamples);
-                g.objects += estimated_objects(b.nsamples, b.words, rate);
-            }
-            if groups.len() <= limit || quantum >= duration {
-                let mut merged: Vec<(Block, f32)> = groups
-                    .into_iter()
-                    .map(|((stack, _, _, life_class), g)| {
-                        let mean = |sum: u128| (sum / u128::from(g.count)) as u64;
-                        let alloc_us = mean(g.alloc_sum);
-                        let free_us = (life_class != u32::MAX).then(|| alloc_us + mean(g.life_sum));
-                        let block = Block { alloc_us, free_us, words: mean(g.words_sum), nsamples: g.samples, stack };
-                        (block, g.objects as f32)
-                    })
-                    .collect();
-                merged.sort_by_key(|(b, _)| (b.alloc_us, b.stack));
-                self.aggregated = Some(Aggregation { original_blocks: self.blocks.len(), quantum_us: quantum });
-                self.blocks = merged.iter().map(|m| m.0).collect();
-                self.objects = Some(merged.into_iter().map(|m| m.1).collect());
+            let kept: Vec<Block> = self
+                .blocks
+                .iter()
+                .enumerate()
+                .filter_map(|(i, b)| {
+                    let nsamples = thinned(b.nsamples, keep, i as u64);
+                    (nsamples > 0).then_some(Block { nsamples, ..*b })
+                })
+                .collect();
+            if kept.len() <= limit {
+                self.thinned = Some(Thinning { blocks: self.blocks.len(), samples, keep });
+                self.blocks = kept;
                 return;
             }
-            quantum *= 2;
+            keep *= 0.95;
         }
     }
 
@@ -191,9 +171,6 @@ impl TraceData {
                 raw.extend_from_slice(&u32_of(column(b)).to_le_bytes());
             }
         }
-        for o in self.objects.iter().flatten() {
-            raw.extend_from_slice(&o.to_le_bytes());
-        }
         let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::new(6));
         gz.write_all(&raw).and_then(|()| gz.finish()).expect("gzip in memory cannot fail")
     }
@@ -203,22 +180,44 @@ impl TraceData {
         let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
         let signed = |v: &[u32]| v.iter().map(|&x| if x == u32::MAX { -1 } else { i64::from(x) }).collect::<Vec<_>>();
         let info = &self.info;
+        let keep = self.thinned.map_or(1.0, |t| t.keep);
         json!({
             "name": self.name,
             "info": {
-                "start_us": info.start_time, "rate": info.sample_rate, "word_size": info.word_size,
+                "start_us": info.start_time, "rate": info.sample_rate * keep, "word_size": info.word_size,
                 "executable": text(&info.executable_name), "host": text(&info.host_name),
                 "runtime": text(&info.runtime_params), "context": info.context.as_deref().map(text).unwrap_or_default(),
                 "pid": info.pid,
             },
             "duration_us": self.summary.end_us, "tick_us": tick, "truncated": self.truncated,
             "events": self.summary.events, "warnings": self.warnings.iter().map(|w| w.to_string()).collect::<Vec<_>>(),
-            "peak": { "t": self.summary.peak_us, "samples": self.summary.peak_samples },
+            "peak": { "t": self.summary.peak_us, "bytes": info.bytes_for_samples(self.summary.peak_samples) },
             "nodes": { "parent": signed(&self.parent), "frame": signed(&self.frame) },
-            "nblocks": self.blocks.len(), "objects": self.objects.is_some(),
-            "aggregated": self.aggregated.map(|a| json!({ "original_blocks": a.original_blocks, "quantum_us": a.quantum_us })),
+            "nblocks": self.blocks.len(),
+            "thinned": self.thinned.map(|t| json!({ "blocks": t.blocks, "samples": t.samples, "keep": t.keep })),
             "cols": super::base64(&self.columns(tick)),
         })
+    }
+}
+
+/// How many of `nsamples` samples are kept when each is kept with probability `keep`: a
+/// binomial draw, from a SplitMix64 sequence seeded by `key` so that a report is
+/// reproducible (a random-number crate would bring more than these few lines). Above 64
+/// samples the expected number is kept, its fraction drawn once.
+fn thinned(nsamples: u64, keep: f64, key: u64) -> u64 {
+    let mut state = key.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    let mut uniform = || {
+        state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        (z ^ (z >> 31)) as f64 / 2f64.powi(64)
+    };
+    if nsamples <= 64 {
+        (0..nsamples).filter(|_| uniform() < keep).count() as u64
+    } else {
+        let expected = nsamples as f64 * keep;
+        expected.floor() as u64 + u64::from(uniform() < expected.fract())
     }
 }
 
@@ -253,4 +252,19 @@ pub fn write_json<'a>(
     });
     // Outside strings JSON has no `<`, so escaping every one keeps `</script` and `<!--` out.
     out.write_all(serde_json::to_string(&doc)?.replace('<', "\\u003c").as_bytes())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn thinning_keeps_the_expected_share_reproducibly() {
+        let kept: u64 = (0..100_000).map(|key| thinned(2, 0.1, key)).sum();
+        assert!((19_000..21_000).contains(&kept), "{kept} of 200000 samples kept at 0.1");
+        assert_eq!(thinned(2, 0.1, 7), thinned(2, 0.1, 7));
+        assert_eq!(thinned(5, 1.0, 3), 5);
+        let big: u64 = (0..1000).map(|key| thinned(1000, 0.25, key)).sum();
+        assert_eq!(big, 250_000);
+    }
 }

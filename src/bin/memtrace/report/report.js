@@ -32,9 +32,8 @@ async function decode(T) {
   for (let i = 0; i < n; i++) { t += dt[i]; a[i] = t * tick; f[i] = life[i] === 0 ? -1 : (t + life[i] - 1) * tick; }
   const ns = col(2), w = col(3), s = col(4);
   const bps = (T.info.word_size / 8) / T.info.rate; // bytes per sample
-  let obj;
-  if (T.objects) obj = new Float32Array(buf, 4 * n * 5, n);
-  else { obj = new Float32Array(n); for (let i = 0; i < n; i++) obj[i] = ns[i] / (Math.max(w[i], 1) * T.info.rate); }
+  // Objects an allocation stands for: analysis::estimated_objects.
+  const obj = new Float32Array(n); for (let i = 0; i < n; i++) obj[i] = ns[i] / (Math.max(w[i], 1) * T.info.rate);
   const parent = Int32Array.from(T.nodes.parent), frame = Int32Array.from(T.nodes.frame);
   return { T, n, a, f, ns, w, s, obj, bps, parent, frame, nNodes: parent.length, dur: T.duration_us, peakT: T.peak.t, wordBytes: T.info.word_size / 8 };
 }
@@ -93,15 +92,16 @@ function el(tag, attrs, parent) { const e = document.createElementNS(SVGNS, tag)
     const p = DIFF ? (i ? 'B (new) ' : 'A (base) ') : '';
     add(p + 'trace', `${t.T.name} — ${t.T.info.executable} on ${t.T.info.host}, pid ${t.T.info.pid}`);
     add(p + 'started', new Date(t.T.info.start_us / 1000).toISOString().replace('T', ' ').replace('Z', ' UTC'));
-    add(p + 'duration', `${fmtTime(t.dur)}; ${t.T.events} events; ${t.T.aggregated ? t.T.aggregated.original_blocks : t.n} sampled blocks; rate ${t.T.info.rate.toPrecision(3)} (one sample ≈ ${fmtBytes(t.bps)})`);
-    add(p + 'peak', `${fmtBytes(t.T.peak.samples * t.bps)} at ${fmtTime(t.peakT)}`);
+    const th = t.T.thinned;
+    add(p + 'duration', `${fmtTime(t.dur)}; ${t.T.events} events; ${th ? th.blocks : t.n} sampled blocks; rate ${th ? `${(t.T.info.rate / th.keep).toPrecision(3)}, thinned to ${t.T.info.rate.toPrecision(3)}` : t.T.info.rate.toPrecision(3)} (one sample ≈ ${fmtBytes(t.bps)})`);
+    add(p + 'peak', `${fmtBytes(t.T.peak.bytes)} at ${fmtTime(t.peakT)}`);
     if (t.T.truncated) add(p + 'note', 'the trace is truncated; read up to the cut');
     for (const w of t.T.warnings) add(p + 'warning', w);
   }
-  const ag = traces.filter((t) => t.T.aggregated);
-  if (ag.length) {
-    $('aggregated').hidden = false;
-    $('aggregated').textContent = ag.map((t) => `${t.T.name}: ${t.T.aggregated.original_blocks.toLocaleString('en')} sampled blocks exceed the limit of ${D.limit.toLocaleString('en')}; they were merged into ${t.n.toLocaleString('en')} groups by stack, size class (power of two) and alloc/free times rounded down to ${fmtTime(t.T.aggregated.quantum_us)}. Time and size clauses are exact only to that resolution.`).join(' ');
+  const thin = traces.filter((t) => t.T.thinned);
+  if (thin.length) {
+    $('thinned').hidden = false;
+    $('thinned').textContent = thin.map((t) => { const th = t.T.thinned; return `${t.T.name}: its ${th.blocks.toLocaleString('en')} sampled blocks exceed the limit of ${D.limit.toLocaleString('en')} (memtrace report --limit), so each of their ${th.samples.toLocaleString('en')} samples was kept with probability ${th.keep.toPrecision(3)}, as if the trace had been sampled at that fraction of its rate: ${t.n.toLocaleString('en')} blocks remain. Every filter clause is exact for them; the figures are estimates whose 95% intervals include the thinning, and the command line's figures (from every sample) should fall within them. The peak is that of every sample.`; }).join(' ');
   }
 }
 
@@ -294,7 +294,9 @@ function yAxis(c, max, fmt) {
   return y;
 }
 function xAxes(c, wall) {
-  const g = el('g', { class: 'axis' }, c.svg); const step = niceStep(DUR / Math.max(2, Math.floor(c.pw / 110)));
+  const g = el('g', { class: 'axis' }, c.svg);
+  // A wall-clock label is about 80 px wide: keep its ticks far enough apart.
+  const step = niceStep(DUR / Math.max(2, Math.floor(c.pw / (wall ? 150 : 110))));
   el('line', { x1: c.m.l, x2: c.m.l + c.pw, y1: c.m.t + c.ph, y2: c.m.t + c.ph }, g);
   for (let t = 0; t <= DUR + 1e-9; t += step) {
     const x = c.x(t);
@@ -318,7 +320,7 @@ function pathOf(c, ys, y) {
 function drawTimeline() {
   const box = $('timeline'); const c = chartFrame(box, 240);
   const filt = R.map((r, ti) => liveSeries(traces[ti], r));
-  const peaks = traces.map((t) => t.T.peak.samples * t.bps);
+  const peaks = traces.map((t) => t.T.peak.bytes);
   const max = Math.max(...peaks, ...totalSeries.map((s) => Math.max(...s)));
   const y = yAxis(c, max, fmtBytes); xAxes(c, true);
   const colors = DIFF ? ['#8a8a8a', '#1f5fbf'] : ['#1f5fbf'];
