@@ -16,6 +16,7 @@
 
 use std::io::Read;
 
+use super::pass::PROGRESS_EVERY;
 use crate::format::hash::FastMap;
 use crate::format::trace::{EventKind, ObjectId, Reader, Timestamp};
 use crate::Result;
@@ -104,10 +105,15 @@ pub struct Stacks {
     pub peak_samples: u64,
 }
 
-/// Read every event of `reader` (which must decode backtraces) and hand each complete
-/// block to `each` with its stack's location codes. The reader's locations and warnings
-/// are left for the caller.
-pub fn stream<R: Read>(reader: &mut Reader<R>, mut each: impl FnMut(&Block, &[u64])) -> Result<Stacks> {
+/// Read every event of `reader` and hand each complete block to `each` with its stack's
+/// location codes, calling `progress` now and then with the number of bytes read (as
+/// [`Analysis::from_reader`](super::Analysis::from_reader) does). The reader's locations
+/// and warnings are left for the caller.
+pub fn stream<R: Read>(
+    reader: &mut Reader<R>,
+    mut each: impl FnMut(&Block, &[u64]),
+    mut progress: impl FnMut(u64),
+) -> Result<Stacks> {
     reader.set_decode_backtraces(true);
     let start = reader.info().start_time;
     let mut index: FastMap<Box<[u64]>, u32> = FastMap::default();
@@ -154,6 +160,9 @@ pub fn stream<R: Read>(reader: &mut Reader<R>, mut each: impl FnMut(&Block, &[u6
                 }
             }
             EventKind::Promote { .. } => {}
+        }
+        if stacks.events.is_multiple_of(PROGRESS_EVERY) {
+            progress(reader.bytes_read());
         }
     }
     peak.settle(None, live_total);

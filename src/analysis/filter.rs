@@ -147,8 +147,13 @@ fn time(us: u64) -> String {
 /// `analysis` (of the trace `reader` reads) with each stack's figures replaced by those of
 /// its blocks that pass `filter`: `allocs` and `allocated` count the matching blocks, and
 /// the live figures are zero. The peak is the analysis's, which is the blocks' own
-/// (both use [`blocks::PeakFinder`]).
-pub fn restrict<R: Read>(analysis: &Analysis, mut reader: Reader<R>, filter: &Filter) -> Result<Analysis> {
+/// (both use [`blocks::PeakFinder`]). `progress` is called as [`blocks::stream`] says.
+pub fn restrict<R: Read>(
+    analysis: &Analysis,
+    mut reader: Reader<R>,
+    filter: &Filter,
+    progress: impl FnMut(u64),
+) -> Result<Analysis> {
     let by_codes: FastMap<&[u64], usize> = analysis.stacks.iter().enumerate().map(|(i, s)| (&*s.codes, i)).collect();
     let peak_us = analysis.peak.time.saturating_sub(analysis.info.start_time);
     let word_bytes = u64::from(analysis.info.word_size) / 8;
@@ -156,23 +161,29 @@ pub fn restrict<R: Read>(analysis: &Analysis, mut reader: Reader<R>, filter: &Fi
     let mut stats = vec![StackStats::default(); analysis.stacks.len()];
     // Per stack of the stream: its analysis stack and whether it passes the function clauses.
     let mut stack_of: Vec<Option<(usize, bool)>> = Vec::new();
-    blocks::stream(&mut reader, |block, codes| {
-        let slot = block.stack as usize;
-        if slot >= stack_of.len() {
-            stack_of.resize(slot + 1, None);
-        }
-        let (stack, passes) = *stack_of[slot].get_or_insert_with(|| {
-            let stack = by_codes[codes];
-            let frames: Vec<&str> =
-                analysis.stack_frames(&analysis.stacks[stack]).map(|f| analysis.frames[f].function.as_str()).collect();
-            (stack, filter.matches_stack(frames.into_iter()))
-        });
-        if passes && filter.matches_block(block, peak_us, word_bytes) {
-            let objects = estimated_objects(block.nsamples, block.words, rate);
-            let allocated = Tally { samples: block.nsamples, objects };
-            stats[stack].add(&StackStats { allocs: 1, allocated, ..StackStats::default() });
-        }
-    })?;
+    blocks::stream(
+        &mut reader,
+        |block, codes| {
+            let slot = block.stack as usize;
+            if slot >= stack_of.len() {
+                stack_of.resize(slot + 1, None);
+            }
+            let (stack, passes) = *stack_of[slot].get_or_insert_with(|| {
+                let stack = by_codes[codes];
+                let frames: Vec<&str> = analysis
+                    .stack_frames(&analysis.stacks[stack])
+                    .map(|f| analysis.frames[f].function.as_str())
+                    .collect();
+                (stack, filter.matches_stack(frames.into_iter()))
+            });
+            if passes && filter.matches_block(block, peak_us, word_bytes) {
+                let objects = estimated_objects(block.nsamples, block.words, rate);
+                let allocated = Tally { samples: block.nsamples, objects };
+                stats[stack].add(&StackStats { allocs: 1, allocated, ..StackStats::default() });
+            }
+        },
+        progress,
+    )?;
     let mut restricted = analysis.clone();
     for (stack, stats) in restricted.stacks.iter_mut().zip(stats) {
         stack.stats = stats;

@@ -70,7 +70,7 @@ fn size_bucket(bytes: u64) -> usize {
 }
 
 /// Events between two progress updates.
-const PROGRESS_EVERY: u64 = 1 << 14;
+pub(super) const PROGRESS_EVERY: u64 = 1 << 14;
 /// Most buckets a [`Timeline`] holds; adjacent buckets are merged when it would overflow.
 const TIMELINE_BUCKETS: usize = 1024;
 

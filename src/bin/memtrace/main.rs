@@ -238,8 +238,8 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
                     let why = "--by cannot be combined with filter flags: say --live-at peak or --live-at end";
                     Cli::command().error(clap::error::ErrorKind::ArgumentConflict, why).exit();
                 }
-                let reader = Reader::open(&file).map_err(|e| Failure::new(&file, e))?;
-                analysis = filter::restrict(&analysis, reader, &filter).map_err(|e| Failure::new(&file, e))?;
+                analysis =
+                    with_progress(&file, |reader, progress| filter::restrict(&analysis, reader, &filter, progress))?;
             }
             let name = file.display().to_string();
             to_stdout(|out| {
@@ -328,9 +328,9 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
             let inputs: Vec<&Path> = options.diff.iter().chain([&file]).map(PathBuf::as_path).collect();
             for &path in &inputs {
                 let name = path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into());
-                let reader = Reader::open(path).map_err(|e| Failure::new(path, e))?;
-                let trace = report::TraceData::load(reader, &name, &mut frames, options.limit)
-                    .map_err(|e| Failure::new(path, e))?;
+                let trace = with_progress(path, |reader, progress| {
+                    report::TraceData::load(reader, &name, &mut frames, options.limit, progress)
+                })?;
                 for warning in &trace.warnings {
                     eprintln!("memtrace: warning: {}: {}", path.display(), describe(warning));
                 }
@@ -345,15 +345,7 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
 /// Analyse the trace at `path` with a progress bar on a terminal, printing the reader's
 /// warnings to stderr; names shortened unless `full_names`.
 fn analyse(path: &Path, options: AnalysisOptions, full_names: bool) -> Result<Analysis, Failure> {
-    let read = || -> memtrace_rs::Result<Analysis> {
-        let size = std::fs::metadata(path)?.len();
-        let label = path.file_name().map_or_else(String::new, |n| n.to_string_lossy().into_owned());
-        let mut progress = Progress::new(size, &label);
-        let analysis = Analysis::from_reader(Reader::open(path)?, &options, |bytes| progress.update(bytes));
-        progress.finish();
-        analysis
-    };
-    let mut analysis = read().map_err(|e| Failure::new(path, e))?;
+    let mut analysis = with_progress(path, |reader, progress| Analysis::from_reader(reader, &options, progress))?;
     if !full_names {
         analysis.shorten_names();
     }
@@ -361,6 +353,22 @@ fn analyse(path: &Path, options: AnalysisOptions, full_names: bool) -> Result<An
         eprintln!("memtrace: warning: {}: {}", path.display(), describe(warning));
     }
     Ok(analysis)
+}
+
+/// Run `pass` on a reader of the trace at `path`, with a progress bar on a terminal.
+fn with_progress<T>(
+    path: &Path,
+    pass: impl FnOnce(Reader, &mut dyn FnMut(u64)) -> memtrace_rs::Result<T>,
+) -> Result<T, Failure> {
+    let read = || -> memtrace_rs::Result<T> {
+        let size = std::fs::metadata(path)?.len();
+        let label = path.file_name().map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+        let mut progress = Progress::new(size, &label);
+        let result = pass(Reader::open(path)?, &mut |bytes| progress.update(bytes));
+        progress.finish();
+        result
+    };
+    read().map_err(|e| Failure::new(path, e))
 }
 
 /// A warning with its position, as shown on stderr.

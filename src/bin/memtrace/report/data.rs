@@ -76,16 +76,18 @@ pub struct TraceData {
 }
 
 impl TraceData {
-    /// Stream `reader` (the trace called `name`), interning frames into `frames`; merge
-    /// blocks when there are more than `limit`.
+    /// Stream `reader` (the trace called `name`), interning frames into `frames`; thin
+    /// the samples when there are more than `limit` blocks. `progress` is called with the
+    /// bytes read now and then.
     pub fn load<R: Read>(
         mut reader: Reader<R>,
         name: &str,
         frames: &mut FrameTable,
         limit: usize,
+        progress: impl FnMut(u64),
     ) -> Result<TraceData> {
         let mut blocks = Vec::new();
-        let summary = blocks::stream(&mut reader, |block, _| blocks.push(*block))?;
+        let summary = blocks::stream(&mut reader, |block, _| blocks.push(*block), progress)?;
         // The trie of stacks: each stream stack becomes the node of its last frame.
         let (mut parent, mut frame) = (vec![u32::MAX], vec![u32::MAX]);
         let mut children: std::collections::HashMap<(u32, u32), u32> = std::collections::HashMap::new();
