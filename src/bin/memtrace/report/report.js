@@ -452,27 +452,26 @@ function drawFlame() {
     for (const k of kids) { const kw = total > 0 ? (wv(k) / total) * width : 0; if (kw < 0.4) continue; xs[k] = x; ws[k] = kw; x += kw; stackN.push(k); }
   }
   const H = (maxDepth + 1) * ROW + 4; const icicle = flame.mode === 'icicle';
-  box.textContent = '';
-  const svg = el('svg', { viewBox: `0 0 ${width} ${H}`, width, height: H, id: 'flamegraph-svg' }, box);
-  svg.dataset.total = val(tr, 0); svg.dataset.root = root;
   const q = $('fg-search').value.trim().toLowerCase(); let matched = 0; const matchedSeen = new Set();
-  const all = anc.slice(1).concat(order);
+  const all = anc.slice(1).concat(order), dim = new Set(anc.filter((x) => x !== root));
+  // One string and one innerHTML: several times faster than an element at a time.
+  const parts = [];
   for (const i of all) {
     const d = tr.depth[i], yy = icicle ? d * ROW : H - (d + 1) * ROW;
-    const g = el('g', { 'data-node': i }, svg);
     const isMatch = q && i > 0 && fnOf(tr.frame[i]).toLowerCase().includes(q);
-    if (isMatch) { g.classList.add('match'); let x = i, dup = false; for (x = tr.parent[i]; x > 0; x = tr.parent[x]) if (matchedSeen.has(x)) dup = true; matchedSeen.add(i); if (!dup && i !== root) matched += val(tr, i); }
-    if (anc.includes(i) && i !== root) g.classList.add('dim');
-    if (i === flame.sel) g.classList.add('sel');
-    el('rect', { x: xs[i], y: yy, width: Math.max(ws[i] - 0.5, 0.5), height: ROW - 1, fill: colorFor(i) }, g);
+    if (isMatch) { let dup = false; for (let x = tr.parent[i]; x > 0; x = tr.parent[x]) if (matchedSeen.has(x)) dup = true; matchedSeen.add(i); if (!dup && i !== root) matched += val(tr, i); }
+    const cls = [isMatch ? 'match' : '', dim.has(i) ? 'dim' : '', i === flame.sel ? 'sel' : ''].filter(Boolean).join(' ');
     const label = i === 0 ? (DIFF ? 'all (B − A)' : 'all') : frameLabel(tr.frame[i]);
     const text = `${label} — ${fmtM(val(tr, i))}${DIFF ? ` (A ${fmtM(tr.tot[0][i])}, B ${fmtM(tr.tot[1][i])})` : ''}`;
-    el('title', {}, g).textContent = text + `, ${Math.round(DIFF ? tr.totN[1][i] : tr.totN[0][i])} samples`;
+    const title = text + `, ${Math.round(DIFF ? tr.totN[1][i] : tr.totN[0][i])} samples`;
+    let h = `<g data-node="${i}"${cls ? ` class="${cls}"` : ''}><rect x="${xs[i].toFixed(1)}" y="${yy}" width="${Math.max(ws[i] - 0.5, 0.5).toFixed(1)}" height="${ROW - 1}" fill="${colorFor(i)}"/><title>${esc(title)}</title>`;
     if (ws[i] > 40) {
       const maxc = Math.floor((ws[i] - 6) / 6.2); const s = text.length > maxc ? text.slice(0, Math.max(0, maxc - 1)) + '…' : text;
-      el('text', { x: xs[i] + 3, y: yy + 12.5 }, g).textContent = s;
+      h += `<text x="${(xs[i] + 3).toFixed(1)}" y="${yy + 12.5}">${esc(s)}</text>`;
     }
+    parts.push(h + '</g>');
   }
+  box.innerHTML = `<svg xmlns="${SVGNS}" viewBox="0 0 ${width} ${H}" width="${width}" height="${H}" id="flamegraph-svg" data-total="${val(tr, 0)}" data-root="${root}">${parts.join('')}</svg>`;
   if (q) { const base = root === 0 ? val(tr, 0) : val(tr, root); $('fg-match').textContent = `matched ${fmtM(matched)} (${base ? ((100 * matched) / base).toFixed(1) : 0}%)`; } else $('fg-match').textContent = '';
   $('fg-selected').textContent = flame.sel > 0 && flame.sel < tr.m ? `selected: ${frameLabel(tr.frame[flame.sel])} ${fmtM(val(tr, flame.sel))}` : '';
   $('fg-focus').textContent = flame.focus >= 0 ? `Unfocus ${fnOf(flame.focus)}` : 'Focus selected';
@@ -616,7 +615,9 @@ function drawLifetimes() {
     for (let j = 0; j < r.length; j++) {
       const i = r[j], x = count ? obj[i] : ns[i] * bps;
       if (f[i] < 0) { bin[nb] += x; continue; }
-      const l = f[i] - a[i]; let k = 0; while (k + 1 < nb && l >= edges[k + 1]) k++; bin[k] += x;
+      // Bin k ≥ 1 holds [10^(k−1), 10^k): log10 gives it, the loops correct its rounding.
+      const l = f[i] - a[i]; let k = l < 1 ? 0 : Math.min(nb - 1, Math.floor(Math.log10(l)) + 1);
+      while (k + 1 < nb && l >= edges[k + 1]) k++; while (k > 0 && l < edges[k]) k--; bin[k] += x;
     }
   });
   const v = DIFF ? bins[1].map((x, k) => x - bins[0][k]) : bins[0];
