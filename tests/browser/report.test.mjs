@@ -104,8 +104,18 @@ test('known-answer report', async () => {
     assert.match(cli[0], /total 500\.0 KiB in 500 samples, 50 sampled allocations$/, cli[0]);
     assert.match(cli[2], /500\.0 KiB +100\.00% +500 +app::build_index \(src\/index\.rs:50\)$/, cli[2]);
 
+    // Figures from fewer than 10 samples are marked: the first two configuration blocks,
+    // 4 samples each, 95% interval 3.44–15.8 samples (Byar's approximation).
+    n = await updates(page);
+    await page.fill('#f-life-max', ''); await page.fill('#f-alloc-lo', '0ms'); await page.fill('#f-alloc-hi', '2ms'); await page.selectOption('#f-live', '');
+    await settled(page, n);
+    assert.match(await text(page, '#filter-totals'), /2 of 170 blocks, 8\.00 KiB \(8 samples\)/);
+    const low = await page.$$eval('#sites tbody tr', (rs) => rs.map((r) => [r.cells[0].innerText, r.cells[1].classList.contains('low'), r.cells[2].innerText]));
+    assert.deepEqual(low, [['app::load_config (src/config.rs:30)', true, '3.44 KiB – 15.8 KiB']]);
+    assert.match(await text(page, '#sites'), /fewer than 10 samples/);
+    n = await updates(page); await page.click('#f-reset'); await settled(page, n);
+
     // Never freed, one click away: the cache, 160 KiB.
-    n = await updates(page); await page.fill('#f-life-max', ''); await settled(page, n);
     n = await updates(page); await page.click('#lt-never'); await settled(page, n);
     assert.match(await text(page, '#filter-totals'), /20 of 170 blocks, 160 KiB/);
     n = await updates(page); await page.click('#lt-never'); // idempotent, no error
@@ -128,6 +138,22 @@ test('known-answer report', async () => {
     const layout = await page.evaluate(() => ({ sw: document.documentElement.scrollWidth, minFont: Math.min(...[...document.querySelectorAll('td, th, label, p, button, legend')].filter((e) => e.offsetParent).map((e) => parseFloat(getComputedStyle(e).fontSize))) }));
     assert.ok(layout.sw <= 760, `page is ${layout.sw}px wide at 760`);
     assert.ok(layout.minFont >= 11, `smallest text ${layout.minFont}px`);
+    assert.deepEqual(errors, []);
+  } finally { await done(); }
+});
+
+// Beyond --limit the samples are thinned, and the page says so.
+test('thinned report', async () => {
+  const { ctx, done } = await launch();
+  try {
+    const page = await ctx.newPage(); const errors = watch(page);
+    await page.goto('file://' + env('THIN_HTML')); await page.waitForSelector('body[data-ready="1"]');
+    assert.ok(await page.isVisible('#thinned'));
+    assert.match(await text(page, '#thinned'), /its 170 sampled blocks exceed the limit of 50 \(memtrace report --limit\), so each of their 1,060 samples was kept with probability 0\.0\d+/);
+    const blocks = +(await text(page, '#filter-totals')).match(/^(\d+) of \1 blocks/)[1];
+    assert.ok(blocks <= 50 && blocks > 20, `${blocks} blocks kept`);
+    // The peak is that of every sample.
+    assert.match(await text(page, '#peak-label'), /peak 660 KiB at 319ms/);
     assert.deepEqual(errors, []);
   } finally { await done(); }
 });

@@ -5,7 +5,8 @@
 //! driving Debian's chromium) drags on the chart, applies "live at peak" and a lifetime
 //! bound, checks the figures of the flame graph, the tables and the chart, checks that the
 //! console stays clean and saves screenshots at 760 and 1400 px in
-//! `target/test-artifacts/`. `hotspots_gives_the_figures_the_page_shows` checks that
+//! `target/test-artifacts/` (or `$CARGO_TARGET_DIR/test-artifacts/`); it also opens the
+//! diff page and a page thinned by `--limit`. `hotspots_gives_the_figures_the_page_shows` checks that
 //! `memtrace hotspots` with the same filter flags gives the same figures.
 //!
 //! Without /usr/bin/chromium or `tests/browser/node_modules` (`npm ci` there) the browser
@@ -157,6 +158,8 @@ fn the_page_shows_the_known_figures_in_a_browser() {
     let path = |p: &Path| p.to_str().unwrap().to_string();
     memtrace(&["report", &path(&base), "-o", &path(&report)]);
     memtrace(&["report", "--diff", &path(&base), &path(&new), "-o", &path(&diff)]);
+    let thin = dir.path().join("thin.html");
+    memtrace(&["report", &path(&base), "--limit", "50", "-o", &path(&thin)]);
     let target = std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| repo("target"), PathBuf::from);
     let artifacts = target.join("test-artifacts");
     std::fs::create_dir_all(&artifacts).unwrap();
@@ -167,6 +170,7 @@ fn the_page_shows_the_known_figures_in_a_browser() {
         .env("REPORT_TRACE", &base)
         .env("REPORT_HTML", &report)
         .env("DIFF_HTML", &diff)
+        .env("THIN_HTML", &thin)
         .env("ARTIFACTS", &artifacts)
         .status()
         .expect("node runs");
