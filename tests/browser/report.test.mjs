@@ -34,6 +34,12 @@ function watch(page) {
   page.on('request', (r) => { if (!r.url().startsWith('file:') && !r.url().startsWith('data:') && !r.url().startsWith('blob:')) errors.push(`network request: ${r.url()}`); });
   return errors;
 }
+// `memtrace hotspots TRACE` with the flags the page shows for its filter: its lines.
+async function hotspots(page, trace) {
+  const words = [...(await text(page, '#cli-equivalent')).matchAll(/'([^']*)'|(\S+)/g)].map((m) => m[1] ?? m[2]);
+  assert.deepEqual(words.slice(0, 3), ['memtrace', 'hotspots', 'TRACE']);
+  return execFileSync(env('MEMTRACE_BIN'), ['hotspots', trace, ...words.slice(3)]).toString().split('\n');
+}
 const text = (page, sel) => page.locator(sel).first().evaluate((e) => (e instanceof HTMLElement ? e.innerText : e.textContent));
 async function settled(page, before) { await page.waitForFunction((n) => +document.body.dataset.updates > n, before); }
 const updates = (page) => page.evaluate(() => +document.body.dataset.updates);
@@ -99,8 +105,7 @@ test('known-answer report', async () => {
     assert.match(await text(page, '#poi-functions'), /app::build_index \(src\/index\.rs:50\) — 500 KiB \(100\.0%\)/);
 
     // Same numbers on the command line, with the flags the page shows for its filter.
-    const flags = (await text(page, '#cli-equivalent')).replace(/^memtrace hotspots TRACE /, '').split(' ');
-    const cli = execFileSync(env('MEMTRACE_BIN'), ['hotspots', trace, ...flags]).toString().split('\n');
+    let cli = await hotspots(page, trace);
     assert.match(cli[0], /total 500\.0 KiB in 500 samples, 50 sampled allocations$/, cli[0]);
     assert.match(cli[2], /500\.0 KiB +100\.00% +500 +app::build_index \(src\/index\.rs:50\)$/, cli[2]);
 
@@ -113,6 +118,17 @@ test('known-answer report', async () => {
     const low = await page.$$eval('#sites tbody tr', (rs) => rs.map((r) => [r.cells[0].innerText, r.cells[1].classList.contains('low'), r.cells[2].innerText]));
     assert.deepEqual(low, [['app::load_config (src/config.rs:30)', true, '3.44 KiB – 15.8 KiB']]);
     assert.match(await text(page, '#sites'), /fewer than 10 samples/);
+    n = await updates(page); await page.click('#f-reset'); await settled(page, n);
+
+    // Function clauses, several substrings each: inside run and cache is the cache; not
+    // inside cache or init is the index. The command line agrees.
+    n = await updates(page); await page.fill('#f-inside', 'app::run; cache'); await settled(page, n);
+    assert.match(await text(page, '#filter-totals'), /20 of 170 blocks, 160 KiB/);
+    cli = await hotspots(page, trace);
+    assert.match(cli[0], /--inside 'app::run' --inside 'cache' \(estimated\): total 160\.0 KiB in 160 samples, 20 sampled allocations$/, cli[0]);
+    n = await updates(page); await page.fill('#f-inside', ''); await page.fill('#f-not-inside', 'cache;init'); await settled(page, n);
+    assert.match(await text(page, '#filter-totals'), /50 of 170 blocks, 500 KiB/);
+    assert.match((await hotspots(page, trace))[0], /total 500\.0 KiB in 500 samples, 50 sampled allocations$/);
     n = await updates(page); await page.click('#f-reset'); await settled(page, n);
 
     // Never freed, one click away: the cache, 160 KiB.

@@ -107,11 +107,18 @@ function el(tag, attrs, parent) { const e = document.createElementNS(SVGNS, tag)
 
 // ------------------------------------------------------------------ filter (filter.rs)
 const F = { allocLo: null, allocHi: null, live: '', liveAt: null, collected: '', collLo: null, collHi: null,
-  sizeMin: null, sizeMax: null, lifeMin: null, lifeMax: null, inside: '', notInside: '', hide: [], measure: 'bytes', trim: true };
-function nodeMask(t, sub, init) { // per stack node: some frame on the path has a function containing sub
-  const m = new Uint8Array(t.nNodes); const hit = new Uint8Array(nFrames);
-  for (let f = 0; f < nFrames; f++) hit[f] = fnOf(f).includes(sub) ? 1 : 0;
-  for (let i = 1; i < t.nNodes; i++) m[i] = m[t.parent[i]] | hit[t.frame[i]];
+  sizeMin: null, sizeMax: null, lifeMin: null, lifeMax: null, inside: [], notInside: [], hide: [], measure: 'bytes', trim: true };
+// Per stack node: whether the path to it passes the function clauses, null if there are
+// none (filter.rs, Filter::matches_stack: every `inside` substring and no `not inside` one).
+function stackMask(t) {
+  if (!F.inside.length && !F.notInside.length) return null;
+  const m = new Uint8Array(t.nNodes).fill(1);
+  for (const [subs, want] of [[F.inside, 1], [F.notInside, 0]]) for (const sub of subs) {
+    const hit = new Uint8Array(nFrames); for (let f = 0; f < nFrames; f++) hit[f] = fnOf(f).includes(sub) ? 1 : 0;
+    const on = new Uint8Array(t.nNodes); // some frame on the path contains sub
+    for (let i = 1; i < t.nNodes; i++) { on[i] = on[t.parent[i]] | hit[t.frame[i]]; if (on[i] !== want) m[i] = 0; }
+    if (on[0] !== want) m[0] = 0;
+  }
   return m;
 }
 // Returns the matching block indices of trace t.
@@ -123,7 +130,7 @@ function applyFilter(t) {
   const coll = F.collected; const cLo = F.collLo ?? -Infinity, cHi = F.collHi ?? Infinity;
   const sMin = F.sizeMin ?? -Infinity, sMax = F.sizeMax ?? Infinity, wb = t.wordBytes;
   const lMin = F.lifeMin, lMax = F.lifeMax;
-  const ins = F.inside ? nodeMask(t, F.inside) : null, nins = F.notInside ? nodeMask(t, F.notInside) : null;
+  const stackOk = stackMask(t);
   const s = t.s;
   for (let i = 0; i < n; i++) {
     const ai = a[i], fi = f[i];
@@ -135,8 +142,7 @@ function applyFilter(t) {
     const bytes = w[i] * wb; if (bytes < sMin || bytes >= sMax) continue;
     if (lMin != null && fi >= 0 && fi - ai < lMin) continue;
     if (lMax != null && (fi < 0 || fi - ai >= lMax)) continue;
-    if (ins && !ins[s[i]]) continue;
-    if (nins && nins[s[i]]) continue;
+    if (stackOk && !stackOk[s[i]]) continue;
     out[k++] = i;
   }
   return out.subarray(0, k);
@@ -150,7 +156,7 @@ function cliEquivalent() {
   if (F.collected === 'never') p.push('--never-collected'); else if (F.collected === 'between') p.push(`--collected-between ${range(F.collLo, F.collHi)}`);
   if (F.sizeMin != null) p.push(`--size-at-least ${F.sizeMin}B`); if (F.sizeMax != null) p.push(`--size-under ${F.sizeMax}B`);
   if (F.lifeMin != null) p.push(`--lifetime-at-least ${cliTime(F.lifeMin)}`); if (F.lifeMax != null) p.push(`--lifetime-under ${cliTime(F.lifeMax)}`);
-  if (F.inside) p.push(`--inside '${F.inside}'`); if (F.notInside) p.push(`--not-inside '${F.notInside}'`);
+  for (const x of F.inside) p.push(`--inside '${x}'`); for (const x of F.notInside) p.push(`--not-inside '${x}'`);
   return p.join(' ');
 }
 
@@ -166,8 +172,8 @@ function readForm() {
     if (bad) ok = false; else F[k] = v;
   }
   F.live = $('f-live').value; F.collected = $('f-collected').value;
-  F.inside = $('f-inside').value.trim(); F.notInside = $('f-not-inside').value.trim();
-  F.hide = $('f-hide').value.split(';').map((x) => x.trim()).filter(Boolean);
+  const list = (id) => $(id).value.split(';').map((x) => x.trim()).filter(Boolean);
+  F.inside = list('f-inside'); F.notInside = list('f-not-inside'); F.hide = list('f-hide');
   F.measure = $('f-measure').value; F.trim = $('f-trim').checked;
   return ok;
 }
