@@ -23,6 +23,7 @@ pub use data::TraceData;
 
 use memtrace_rs::analysis::FrameTable;
 
+use super::args::Trim;
 use super::format;
 
 /// Options of `memtrace report`.
@@ -38,6 +39,9 @@ pub struct Options {
     /// Most rows each table shows before it asks for a search.
     #[arg(long, default_value_t = 100)]
     pub top: usize,
+    /// Which frames the page trims at first (it has a checkbox for each).
+    #[command(flatten)]
+    pub trim: Trim,
 }
 
 const HTML: &str = include_str!("report/report.html");
@@ -58,7 +62,7 @@ pub fn write(frames: &FrameTable, traces: &[TraceData], options: &Options, out: 
     out.write_all(before_css.as_bytes())?;
     out.write_all(CSS.as_bytes())?;
     out.write_all(before_data.as_bytes())?;
-    data::write_json(frames, traces, options.limit, options.top, out)?;
+    data::write_json(frames, traces, options, out)?;
     out.write_all(before_js.as_bytes())?;
     out.write_all(JS.as_bytes())?;
     out.write_all(after_js.as_bytes())

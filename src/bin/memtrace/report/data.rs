@@ -4,8 +4,8 @@
 //! Schema (`report.js` decodes it):
 //!
 //! ```text
-//! { version: 1, limit, top,
-//!   frames: { strings: [..], fn: [string id], file: [string id], line: [..], alloc: [0|1] },
+//! { version: 1, limit, top, keep: {allocator, root},
+//!   frames: { strings: [..], fn: [string id], file: [string id], line: [..], alloc: [0|1], root: [0|1] },
 //!   traces: [ A ] or [ A (base), B (new) ], each
 //!    { name, info: {start_us, rate, word_size, executable, host, runtime, context, pid},
 //!      duration_us, tick_us, truncated, events, warnings: [..],
@@ -37,7 +37,7 @@ use std::io::{self, Read, Write};
 use serde_json::{json, Value};
 
 use memtrace_rs::analysis::blocks::{self, Block};
-use memtrace_rs::analysis::{is_allocator_frame, FrameTable};
+use memtrace_rs::analysis::{is_allocator_frame, is_root_frame, FrameTable};
 use memtrace_rs::trace::{Info, Reader, Warning};
 use memtrace_rs::Result;
 
@@ -224,12 +224,11 @@ fn thinned(nsamples: u64, keep: f64, key: u64) -> u64 {
 }
 
 /// Write the JSON document for `traces` (one, or base and new) with the frame table
-/// `frames`. No `<` occurs in it, so it can sit inside a `<script>` element.
+/// `frames` and the page's settings from `options`. No `<` occurs in it, so it can sit inside a `<script>` element.
 pub fn write_json<'a>(
     frames: &'a FrameTable,
     traces: &[TraceData],
-    limit: usize,
-    top: usize,
+    options: &super::Options,
     out: &mut impl Write,
 ) -> io::Result<()> {
     let list = &frames.frames;
@@ -244,11 +243,13 @@ pub fn write_json<'a>(
     let functions: Vec<usize> = list.iter().map(|f| intern(&f.function)).collect();
     let files: Vec<usize> = list.iter().map(|f| intern(&f.file)).collect();
     let doc = json!({
-        "version": 1, "limit": limit, "top": top,
+        "version": 1, "limit": options.limit, "top": options.top,
+        "keep": { "allocator": options.trim.keep_allocator_frames, "root": options.trim.keep_root_frames },
         "frames": {
             "strings": strings, "fn": functions, "file": files,
             "line": list.iter().map(|f| f.line).collect::<Vec<_>>(),
             "alloc": list.iter().map(|f| u8::from(is_allocator_frame(&f.function, &f.file))).collect::<Vec<_>>(),
+            "root": list.iter().map(|f| u8::from(is_root_frame(&f.function, &f.file))).collect::<Vec<_>>(),
         },
         "traces": traces.iter().map(TraceData::to_json).collect::<Vec<_>>(),
     });

@@ -107,7 +107,7 @@ function el(tag, attrs, parent) { const e = document.createElementNS(SVGNS, tag)
 
 // ------------------------------------------------------------------ filter (filter.rs)
 const F = { allocLo: null, allocHi: null, live: '', liveAt: null, collected: '', collLo: null, collHi: null,
-  sizeMin: null, sizeMax: null, lifeMin: null, lifeMax: null, inside: [], notInside: [], hide: [], measure: 'bytes', trim: true };
+  sizeMin: null, sizeMax: null, lifeMin: null, lifeMax: null, inside: [], notInside: [], hide: [], measure: 'bytes', trim: true, trimRoot: true };
 // Per stack node: whether the path to it passes the function clauses, null if there are
 // none (filter.rs, Filter::matches_stack: every `inside` substring and no `not inside` one).
 function stackMask(t) {
@@ -174,7 +174,7 @@ function readForm() {
   F.live = $('f-live').value; F.collected = $('f-collected').value;
   const list = (id) => $(id).value.split(';').map((x) => x.trim()).filter(Boolean);
   F.inside = list('f-inside'); F.notInside = list('f-not-inside'); F.hide = list('f-hide');
-  F.measure = $('f-measure').value; F.trim = $('f-trim').checked;
+  F.measure = $('f-measure').value; F.trim = $('f-trim').checked; F.trimRoot = $('f-trim-root').checked;
   return ok;
 }
 function setField(id, v) { $(id).value = v; }
@@ -185,7 +185,10 @@ function applyForm() { if (!readForm()) return; const k = JSON.stringify(F); if 
 function schedule() { clearTimeout(timer); timer = setTimeout(applyForm, 120); }
 $('filters').addEventListener('input', schedule);
 $('filters').addEventListener('change', () => { clearTimeout(timer); applyForm(); });
-$('f-reset').addEventListener('click', () => { $('filters').reset(); $('f-trim').checked = true; readForm(); flame.zoom = -1; flame.focus = -1; update(); });
+// The trimming `memtrace report --keep-allocator-frames / --keep-root-frames` asked for.
+const trimDefaults = () => { $('f-trim').checked = !D.keep.allocator; $('f-trim-root').checked = !D.keep.root; };
+trimDefaults();
+$('f-reset').addEventListener('click', () => { $('filters').reset(); trimDefaults(); readForm(); flame.zoom = -1; flame.focus = -1; update(); });
 
 // ------------------------------------------------------------------ per-filter computation
 const NB = 600; // timeline samples
@@ -221,6 +224,11 @@ function buildTree(results) {
     // trim: nearest ancestor-or-self that is not allocator machinery
     const trimTo = new Int32Array(t.nNodes);
     for (let i = 1; i < t.nNodes; i++) trimTo[i] = FR.alloc[t.frame[i]] ? trimTo[t.parent[i]] : i;
+    // Start-up frames (analysis::is_root_frame) are trimmed from the outer end: a node
+    // whose path from the outermost frame is all start-up frames is left out. (A stack
+    // made only of them is shown at the root.)
+    const startup = new Uint8Array(t.nNodes);
+    if (F.trimRoot) for (let i = 1; i < t.nNodes; i++) startup[i] = FR.root[t.frame[i]] && (t.parent[i] === 0 || startup[t.parent[i]]) ? 1 : 0;
     const disp = new Int32Array(t.nNodes).fill(-2); disp[0] = 0;
     const focus = flame.focus;
     const inFocus = new Uint8Array(t.nNodes); if (focus < 0) inFocus.fill(1);
@@ -229,7 +237,7 @@ function buildTree(results) {
       const stack = []; let x = node; while (disp[x] === -2) { stack.push(x); x = t.parent[x]; }
       for (let k = stack.length - 1; k >= 0; k--) {
         const y = stack[k], fr = t.frame[y], p = t.parent[y];
-        if (hideFrame[fr]) { disp[y] = disp[p]; inFocus[y] = inFocus[p]; continue; }
+        if (hideFrame[fr] || startup[y]) { disp[y] = disp[p]; inFocus[y] = inFocus[p]; continue; }
         if (!inFocus[p]) { if (fr === focus) { disp[y] = child(0, fr); inFocus[y] = 1; } else disp[y] = 0; continue; }
         disp[y] = child(disp[p], fr); inFocus[y] = 1;
       }
