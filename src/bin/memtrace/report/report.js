@@ -9,7 +9,13 @@ const D = JSON.parse($('report-data').textContent);
 const FR = D.frames, STR = FR.strings;
 const nFrames = FR.fn.length;
 const fnOf = (f) => STR[FR.fn[f]], fileOf = (f) => STR[FR.file[f]];
-const frameLabel = (f) => { const file = fileOf(f); return file ? `${fnOf(f)} (${shortPath(file)}:${FR.line[f]})` : fnOf(f); };
+// Labels (analysis::Frame::label) and flame colours are worked out once per frame.
+const LABELS = Array.from({ length: nFrames }, (_, f) => { const file = fileOf(f); return file ? `${fnOf(f)} (${shortPath(file)}:${FR.line[f]})` : fnOf(f); });
+const frameLabel = (f) => LABELS[f];
+const COLORS = Array.from({ length: nFrames }, (_, f) => {
+  const h = [...fnOf(f)].reduce((x, ch) => (x * 31 + ch.charCodeAt(0)) >>> 0, 7);
+  return FR.alloc[f] ? '#c9ced6' : `hsl(${15 + (h % 40)},${70 + (h % 20)}%,${58 + (h % 12)}%)`;
+});
 function shortPath(p) {
   const m = /^\/rustc\/[0-9a-f]{40}\/(.*)$/.exec(p); if (m) return m[1];
   const i = p.indexOf('/registry/src/'); if (i >= 0) { const r = p.slice(i + 14); const j = r.indexOf('/'); if (j >= 0) return r.slice(j + 1); }
@@ -445,9 +451,7 @@ function colorFor(i) {
     const a = TREE.tot[0][i], b = TREE.tot[1][i], r = (b - a) / Math.max(a + b, 1e-9);
     const k = Math.min(1, Math.abs(r)); return r >= 0 ? `hsl(0,${30 + 60 * k}%,${85 - 30 * k}%)` : `hsl(215,${30 + 60 * k}%,${85 - 30 * k}%)`;
   }
-  const fr = TREE.frame[i]; if (fr < 0) return '#c8ccd4';
-  const h = [...fnOf(fr)].reduce((x, ch) => (x * 31 + ch.charCodeAt(0)) >>> 0, 7);
-  return FR.alloc[fr] ? '#c9ced6' : `hsl(${15 + (h % 40)},${70 + (h % 20)}%,${58 + (h % 12)}%)`;
+  const fr = TREE.frame[i]; return fr < 0 ? '#c8ccd4' : COLORS[fr];
 }
 function drawFlame() {
   const tr = TREE, box = $('flamegraph'); const wv = (i) => (DIFF ? tr.tot[0][i] + tr.tot[1][i] : tr.tot[0][i]);
