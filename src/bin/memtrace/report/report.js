@@ -127,9 +127,10 @@ function stackMask(t) {
   }
   return m;
 }
-// Returns the matching block indices of trace t.
+// Returns the matching block indices of trace t, in a buffer of the trace's that the next
+// call reuses (a new array per change would only feed the garbage collector).
 function applyFilter(t) {
-  const { n, a, f, w } = t; const out = new Uint32Array(n); let k = 0;
+  const { n, a, f, w } = t; const out = (t.matched ||= new Uint32Array(n)); let k = 0;
   const aLo = F.allocLo ?? -Infinity, aHi = F.allocHi ?? Infinity;
   let liveT = null, liveEnd = false;
   if (F.live === 'time' && F.liveAt != null) liveT = F.liveAt; else if (F.live === 'peak') liveT = t.peakT; else if (F.live === 'end') liveEnd = true;
