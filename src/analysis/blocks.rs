@@ -18,7 +18,7 @@ use std::io::Read;
 
 use super::pass::PROGRESS_EVERY;
 use crate::format::hash::FastMap;
-use crate::format::trace::{EventKind, ObjectId, Reader, Timestamp};
+use crate::format::trace::{AllocSource, EventKind, ObjectId, Reader, Timestamp};
 use crate::Result;
 
 /// A sampled allocation (or, in an aggregated report, a group of them).
@@ -103,6 +103,11 @@ pub struct Stacks {
     pub peak_us: u64,
     /// Live samples at the peak (saturating at `u64::MAX`).
     pub peak_samples: u64,
+    /// Whether the trace has OCaml events (minor or major allocations, promotions) and
+    /// external allocations: what [`Origin::of`](super::Origin::of) needs.
+    pub ocaml_events: bool,
+    /// See `ocaml_events`.
+    pub external_allocs: bool,
 }
 
 /// Read every event of `reader` and hand each complete block to `each` with its stack's
@@ -134,6 +139,10 @@ pub fn stream<R: Read>(
         stacks.end_us = t;
         match event.kind {
             EventKind::Alloc(a) => {
+                match a.source {
+                    AllocSource::External => stacks.external_allocs = true,
+                    AllocSource::Minor | AllocSource::Major => stacks.ocaml_events = true,
+                }
                 let known = if a.backtrace.is_empty() { empty_stack } else { index.get(a.backtrace).copied() };
                 let stack = known.unwrap_or_else(|| {
                     let id = stacks.codes.len() as u32;
@@ -159,7 +168,7 @@ pub fn stream<R: Read>(
                     each(&block, &stacks.codes[block.stack as usize]);
                 }
             }
-            EventKind::Promote { .. } => {}
+            EventKind::Promote { .. } => stacks.ocaml_events = true,
         }
         if stacks.events.is_multiple_of(PROGRESS_EVERY) {
             progress(reader.bytes_read());

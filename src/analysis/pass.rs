@@ -354,6 +354,18 @@ pub enum Origin {
     OCaml,
 }
 
+impl Origin {
+    /// The origin of a trace with `info`, given whether it has OCaml events (minor or major
+    /// allocations, promotions) and external allocations (see [`Analysis::origin`]).
+    pub fn of(info: &Info, ocaml_events: bool, external_allocs: bool) -> Origin {
+        if info.runtime_params.starts_with(b"memtrace-rs") || (!ocaml_events && external_allocs) {
+            Origin::Rust
+        } else {
+            Origin::OCaml
+        }
+    }
+}
+
 /// The total live estimate at its highest.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Peak {
@@ -599,6 +611,20 @@ pub struct FrameTable {
 }
 
 impl FrameTable {
+    /// Shorten the names of the frames as [`Analysis::shorten_names`] does (for a Rust
+    /// trace); returns the new id of each old frame.
+    pub fn shorten_names(&mut self) -> Vec<FrameId> {
+        let (merged, remap) = super::names::shortened(&self.frames);
+        for ids in self.by_code.values_mut() {
+            for id in ids.iter_mut() {
+                *id = remap[*id];
+            }
+        }
+        self.by_frame = merged.iter().cloned().enumerate().map(|(id, f)| (f, id)).collect();
+        self.frames = merged;
+        remap
+    }
+
     /// The frames of location `code`, outermost first, resolved once.
     pub fn of_code(&mut self, code: u64, locations: &LocationTable) -> &[FrameId] {
         self.resolve(code, locations);
@@ -727,11 +753,7 @@ impl Analysis {
     pub fn origin(&self) -> Origin {
         let c = &self.counts;
         let ocaml_events = c.allocs_minor > 0 || c.allocs_major > 0 || c.promotes > 0;
-        if self.info.runtime_params.starts_with(b"memtrace-rs") || (!ocaml_events && c.allocs_external > 0) {
-            Origin::Rust
-        } else {
-            Origin::OCaml
-        }
+        Origin::of(&self.info, ocaml_events, c.allocs_external > 0)
     }
 
     /// Time from the trace start to its last event, in µs.

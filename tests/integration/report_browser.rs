@@ -208,3 +208,21 @@ fn the_peak_and_live_at_peak_agree_at_coincident_timestamps() {
     assert_totals(&out, 5, 1);
     assert!(hot.contains("app::parse"), "{hot}");
 }
+
+/// The page names frames as the other subcommands do: generic arguments elided unless
+/// `--full-names`.
+#[test]
+fn the_page_shortens_names_as_the_command_line_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("known.ctf");
+    known_trace(&trace, 20);
+    let html = dir.path().join("known.html");
+    let (t, h) = (trace.to_str().unwrap(), html.to_str().unwrap());
+    memtrace(&["report", t, "-o", h]);
+    let page = std::fs::read_to_string(&html).unwrap();
+    assert!(page.contains("\"alloc::vec::Vec::push\"") && !page.contains("Vec\\u003cT,A>::push"));
+    assert!(memtrace(&["hotspots", t, "--keep-allocator-frames", "--stacks"]).contains("alloc::vec::Vec::push ("));
+    memtrace(&["--full-names", "report", t, "-o", h]);
+    let page = std::fs::read_to_string(&html).unwrap();
+    assert!(page.contains("\"alloc::vec::Vec\\u003cT,A>::push\""));
+}

@@ -336,6 +336,11 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
                 }
                 traces.push(trace);
             }
+            // The names the other subcommands show (Analysis::shorten_names).
+            if !full_names && traces.iter().all(report::TraceData::is_rust) {
+                let remap = frames.shorten_names();
+                traces.iter_mut().for_each(|t| t.remap_frames(&remap));
+            }
             to_file(&output, &inputs, |out| report::write(&frames, &traces, &options, out))
         }
     }?;

@@ -37,7 +37,7 @@ use std::io::{self, Read, Write};
 use serde_json::{json, Value};
 
 use memtrace_rs::analysis::blocks::{self, Block};
-use memtrace_rs::analysis::{is_allocator_frame, is_root_frame, FrameTable};
+use memtrace_rs::analysis::{is_allocator_frame, is_root_frame, FrameTable, Origin};
 use memtrace_rs::trace::{Info, Reader, Warning};
 use memtrace_rs::Result;
 
@@ -76,6 +76,18 @@ pub struct TraceData {
 }
 
 impl TraceData {
+    /// Give the trie's frames their new ids after [`FrameTable::shorten_names`].
+    pub fn remap_frames(&mut self, remap: &[usize]) {
+        for f in self.frame.iter_mut().filter(|f| **f != u32::MAX) {
+            *f = remap[*f as usize] as u32;
+        }
+    }
+
+    /// Whether the trace comes from this crate's allocator (see `Analysis::origin`).
+    pub fn is_rust(&self) -> bool {
+        Origin::of(&self.info, self.summary.ocaml_events, self.summary.external_allocs) == Origin::Rust
+    }
+
     /// Stream `reader` (the trace called `name`), interning frames into `frames`; thin
     /// the samples when there are more than `limit` blocks. `progress` is called with the
     /// bytes read now and then.
