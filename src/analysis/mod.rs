@@ -2,15 +2,19 @@
 //! ([`Analysis`]), grouping its stacks into allocation sites ([`ranked`], with the frame
 //! rules [`is_allocator_frame`] and [`is_root_frame`]), short names for Rust functions
 //! ([`Analysis::shorten_names`]), and the two event-by-event passes of the `memtrace`
-//! command line that need no analysis: [`dump`] and [`copy`].
+//! command line that need no analysis: [`dump`] and [`copy`]. The sampled [`blocks`] of a
+//! trace (each allocation with its alloc and free times) and the [`filter`] that selects
+//! among them are shared by `memtrace hotspots` and the report page.
 //!
 //! Byte figures are estimates: each sample of an allocation stands for
 //! `word_size / 8 / sample_rate` bytes ([`Analysis::bytes`]), with a 95 % interval from
 //! the sample count ([`Analysis::estimate`], [`Estimate`]).
 
+pub mod blocks;
 mod copy;
 mod dump;
 mod estimate;
+pub mod filter;
 mod names;
 mod pass;
 mod sites;
@@ -21,7 +25,7 @@ pub use dump::dump;
 pub use estimate::{poisson_interval, Estimate, FEW_SAMPLES};
 pub use names::short_name;
 pub use pass::{
-    short_path, Analysis, Bucket, Counts, Frame, FrameId, Measure, Options, Origin, Peak, Stack, StackStats, Tally,
-    Timeline, MAX_STACK_FRAMES, TEMPORARY_US,
+    estimated_objects, short_path, Analysis, Bucket, Counts, Frame, FrameId, FrameTable, Measure, Options, Origin,
+    Peak, Stack, StackStats, Tally, Timeline, MAX_STACK_FRAMES, TEMPORARY_US,
 };
 pub use sites::{ranked, Grouping, Site, Trim};

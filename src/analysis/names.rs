@@ -9,7 +9,7 @@
 
 use std::collections::HashMap;
 
-use super::pass::{Analysis, Frame, Origin};
+use super::pass::{Analysis, Frame, FrameId, Origin};
 
 /// Longest name kept whole (in bytes); longer ones keep their two ends.
 const MAX_NAME: usize = 240;
@@ -80,36 +80,7 @@ impl Analysis {
         if self.origin() != Origin::Rust {
             return;
         }
-        let short: Vec<String> = self.frames.iter().map(|f| short_name(&f.function)).collect();
-        // For each source line, the paths of its functions by their last segment. (A
-        // whole file would be too coarse: `call_once` is a dozen functions in one file.)
-        let mut paths: HashMap<(&str, u32, &str), Option<&str>> = HashMap::new();
-        for (frame, name) in self.frames.iter().zip(&short) {
-            if let Some((_, last)) = name.rsplit_once("::") {
-                paths
-                    .entry((frame.file.as_str(), frame.line, last))
-                    .and_modify(|p| *p = p.filter(|p| *p == name.as_str()))
-                    .or_insert(Some(name.as_str()));
-            }
-        }
-        let mut merged: Vec<Frame> = Vec::new();
-        let mut index: HashMap<Frame, usize> = HashMap::new();
-        let remap: Vec<usize> = self
-            .frames
-            .iter()
-            .zip(&short)
-            .map(|(frame, name)| {
-                let full = match paths.get(&(frame.file.as_str(), frame.line, name.as_str())) {
-                    Some(Some(path)) if !name.contains("::") => path,
-                    _ => name.as_str(),
-                };
-                let frame = Frame { function: full.to_string(), file: frame.file.clone(), line: frame.line };
-                *index.entry(frame).or_insert_with_key(|f| {
-                    merged.push(f.clone());
-                    merged.len() - 1
-                })
-            })
-            .collect();
+        let (merged, remap) = shortened(&self.frames);
         for ids in self.code_frames.values_mut() {
             for id in ids.iter_mut() {
                 *id = remap[*id];
@@ -117,6 +88,41 @@ impl Analysis {
         }
         self.frames = merged;
     }
+}
+
+/// `frames` with their names shortened as [`Analysis::shorten_names`] says, frames that
+/// then agree merged, and the new id of each old frame (shared with the report page).
+pub fn shortened(frames: &[Frame]) -> (Vec<Frame>, Vec<FrameId>) {
+    let short: Vec<String> = frames.iter().map(|f| short_name(&f.function)).collect();
+    // For each source line, the paths of its functions by their last segment. (A
+    // whole file would be too coarse: `call_once` is a dozen functions in one file.)
+    let mut paths: HashMap<(&str, u32, &str), Option<&str>> = HashMap::new();
+    for (frame, name) in frames.iter().zip(&short) {
+        if let Some((_, last)) = name.rsplit_once("::") {
+            paths
+                .entry((frame.file.as_str(), frame.line, last))
+                .and_modify(|p| *p = p.filter(|p| *p == name.as_str()))
+                .or_insert(Some(name.as_str()));
+        }
+    }
+    let mut merged: Vec<Frame> = Vec::new();
+    let mut index: HashMap<Frame, usize> = HashMap::new();
+    let remap: Vec<usize> = frames
+        .iter()
+        .zip(&short)
+        .map(|(frame, name)| {
+            let full = match paths.get(&(frame.file.as_str(), frame.line, name.as_str())) {
+                Some(Some(path)) if !name.contains("::") => path,
+                _ => name.as_str(),
+            };
+            let frame = Frame { function: full.to_string(), file: frame.file.clone(), line: frame.line };
+            *index.entry(frame).or_insert_with_key(|f| {
+                merged.push(f.clone());
+                merged.len() - 1
+            })
+        })
+        .collect();
+    (merged, remap)
 }
 
 #[cfg(test)]

@@ -40,6 +40,7 @@ use std::collections::HashMap;
 use std::io::Read;
 use std::path::Path;
 
+use super::blocks::PeakFinder;
 use super::estimate::Estimate;
 use crate::format::hash::FastMap;
 use crate::format::location_codec::Location;
@@ -69,7 +70,7 @@ fn size_bucket(bytes: u64) -> usize {
 }
 
 /// Events between two progress updates.
-const PROGRESS_EVERY: u64 = 1 << 14;
+pub(super) const PROGRESS_EVERY: u64 = 1 << 14;
 /// Most buckets a [`Timeline`] holds; adjacent buckets are merged when it would overflow.
 const TIMELINE_BUCKETS: usize = 1024;
 
@@ -130,6 +131,13 @@ impl Acc {
 /// `n` as a `u64`, saturating.
 fn saturate(n: u128) -> u64 {
     u64::try_from(n).unwrap_or(u64::MAX)
+}
+
+/// The number of objects an allocation of `length` words with `samples` samples stands for
+/// at sampling rate `rate`. Its expectation is one only for sizes that are whole words: see
+/// the [module documentation](self).
+pub fn estimated_objects(samples: u64, length: u64, rate: f64) -> f64 {
+    samples as f64 / (length.max(1) as f64 * rate)
 }
 
 /// Which figure of a stack to rank or draw by.
@@ -346,6 +354,18 @@ pub enum Origin {
     OCaml,
 }
 
+impl Origin {
+    /// The origin of a trace with `info`, given whether it has OCaml events (minor or major
+    /// allocations, promotions) and external allocations (see [`Analysis::origin`]).
+    pub fn of(info: &Info, ocaml_events: bool, external_allocs: bool) -> Origin {
+        if info.runtime_params.starts_with(b"memtrace-rs") || (!ocaml_events && external_allocs) {
+            Origin::Rust
+        } else {
+            Origin::OCaml
+        }
+    }
+}
+
 /// The total live estimate at its highest.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Peak {
@@ -425,10 +445,9 @@ struct Pass {
     live: FastMap<ObjectId, LiveObject>,
     /// Live samples, exact (see [`Acc`]).
     live_total: u128,
-    /// The highest `live_total` so far.
-    peak_samples: u128,
-    /// When `peak_samples` was first reached.
-    peak_time: Timestamp,
+    /// The peak of `live_total` (the rule of [`blocks`](super::blocks): the total after
+    /// the last event of a timestamp counts).
+    peak: PeakFinder,
     /// Number of times the peak was raised; stamps [`StackState::at_peak`].
     peaks: u64,
     live_at: Option<u64>,
@@ -492,8 +511,7 @@ impl Pass {
 
     fn alloc(&mut self, time: Timestamp, id: ObjectId, length: u64, samples: u64, codes: &[u64]) -> Result<()> {
         let stack = self.stack_id(codes)?;
-        // Expectation one only for sizes that are whole words: see the module documentation.
-        let objects = samples as f64 / (length.max(1) as f64 * self.rate);
+        let objects = estimated_objects(samples, length, self.rate);
         let size = length.saturating_mul(self.word_bytes);
         self.sizes[size_bucket(size)].add(samples, objects);
         let state = self.touch(stack);
@@ -522,17 +540,21 @@ impl Pass {
         self.live_total = self.live_total.saturating_sub(u128::from(object.samples));
     }
 
-    fn after_event(&mut self, time: Timestamp, allocated: u64) {
-        if self.live_total > self.peak_samples {
-            self.peak_samples = self.live_total;
-            self.peak_time = time;
+    /// Before the event at `time` (or after the last one, with `None`): the total so far is
+    /// final for the previous timestamp, and may be the new peak.
+    fn settle_peak(&mut self, time: Option<Timestamp>) {
+        if self.peak.settle(time, self.live_total) {
             self.peaks += 1;
         }
+    }
+
+    fn after_event(&mut self, time: Timestamp, allocated: u64) {
         self.timeline.record(time.saturating_sub(self.start), allocated, saturate(self.live_total));
         self.end_time = time;
     }
 
     fn finish(mut self, info: Info, locations: &LocationTable, warnings: Vec<Warning>) -> Analysis {
+        self.settle_peak(None);
         if self.live_at.is_some() && !self.snapshot_taken {
             self.snapshot_live_at();
         }
@@ -563,7 +585,7 @@ impl Pass {
             counts: self.counts,
             end_time: self.end_time,
             live_end: saturate(self.live_total),
-            peak: Peak { samples: saturate(self.peak_samples), time: self.peak_time },
+            peak: Peak { samples: saturate(self.peak.peak().0), time: self.peak.peak().1 },
             domains: self.domains.len(),
             location_codes: locations.len(),
             distinct_locations: distinct.len(),
@@ -578,15 +600,37 @@ impl Pass {
     }
 }
 
-/// Frames interned by content, and the frames of each location code.
-#[derive(Default)]
-struct FrameTable {
-    frames: Vec<Frame>,
+/// Frames interned by content, and the frames of each location code (shared by the traces
+/// of a report diff, so that a frame id matches by function, file and line).
+#[derive(Debug, Default)]
+pub struct FrameTable {
+    /// Every distinct frame, by [`FrameId`].
+    pub frames: Vec<Frame>,
     by_frame: HashMap<Frame, FrameId>,
     by_code: HashMap<u64, Vec<FrameId>>,
 }
 
 impl FrameTable {
+    /// Shorten the names of the frames as [`Analysis::shorten_names`] does (for a Rust
+    /// trace); returns the new id of each old frame.
+    pub fn shorten_names(&mut self) -> Vec<FrameId> {
+        let (merged, remap) = super::names::shortened(&self.frames);
+        for ids in self.by_code.values_mut() {
+            for id in ids.iter_mut() {
+                *id = remap[*id];
+            }
+        }
+        self.by_frame = merged.iter().cloned().enumerate().map(|(id, f)| (f, id)).collect();
+        self.frames = merged;
+        remap
+    }
+
+    /// The frames of location `code`, outermost first, resolved once.
+    pub fn of_code(&mut self, code: u64, locations: &LocationTable) -> &[FrameId] {
+        self.resolve(code, locations);
+        &self.by_code[&code]
+    }
+
     fn resolve(&mut self, code: u64, locations: &LocationTable) {
         if self.by_code.contains_key(&code) {
             return;
@@ -643,8 +687,7 @@ impl Analysis {
             stacks: Vec::new(),
             live: FastMap::default(),
             live_total: 0,
-            peak_samples: 0,
-            peak_time: info.start_time,
+            peak: PeakFinder::new(info.start_time),
             peaks: 0,
             live_at: options.live_at,
             snapshot_taken: false,
@@ -656,6 +699,7 @@ impl Analysis {
             timeline: Timeline::new(),
         };
         while let Some(event) = reader.next_event()? {
+            pass.settle_peak(Some(event.time));
             if let Some(at) = pass.live_at {
                 if !pass.snapshot_taken && event.time.saturating_sub(pass.start) > at {
                     pass.snapshot_live_at();
@@ -709,11 +753,7 @@ impl Analysis {
     pub fn origin(&self) -> Origin {
         let c = &self.counts;
         let ocaml_events = c.allocs_minor > 0 || c.allocs_major > 0 || c.promotes > 0;
-        if self.info.runtime_params.starts_with(b"memtrace-rs") || (!ocaml_events && c.allocs_external > 0) {
-            Origin::Rust
-        } else {
-            Origin::OCaml
-        }
+        Origin::of(&self.info, ocaml_events, c.allocs_external > 0)
     }
 
     /// Time from the trace start to its last event, in µs.

@@ -1,9 +1,6 @@
 //! The SVG outputs are well-formed XML, the folded stacks are as expected, and the HTML
-//! report is self-contained (no http(s) resource) and renders in headless Chromium when it
-//! is installed (that part is skipped, with a message, where it is not).
+//! report is self-contained (no http(s) resource; `report_browser` renders it).
 use std::path::Path;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
 
 use crate::util::cli::*;
 
@@ -162,77 +159,11 @@ fn report_is_self_contained() {
         for banned in ["@import", "<link", "<script src", "<iframe", "url(http", "src=\"//", "href=\"//"] {
             assert!(!lower.contains(banned), "{name}: {banned}");
         }
-        for part in
-            ["<h2>Summary</h2>", "<h2>Live heap</h2>", "<h2>Top allocation sites</h2>", "data:image/svg+xml;base64,"]
-        {
-            assert!(html.contains(part), "{name}: {part}");
+        for id in ["timeline", "filters", "flamegraph", "sites", "report-data"] {
+            assert!(html.contains(&format!("id=\"{id}\"")), "{name}: #{id}");
         }
-        assert_eq!(html.matches("<svg").count(), html.matches("<svg id=\"frames\"").count() + 1, "one inline SVG");
-        let start = html.find("<svg").unwrap();
-        let end = html.rfind("</svg>").unwrap() + "</svg>".len();
-        assert_eq!(assert_well_formed(&html.as_bytes()[start..end]), "svg");
+        assert_eq!(scripts(&html).len(), 2, "{name}: the data and the page's script");
     }
     let html = report_html(dir, "known.ctf");
-    assert!(html.contains("app::parse (src/app.rs:40)"));
-}
-
-/// Run `command`, killing it after `limit`; its stdout, or `None` on failure or timeout.
-fn run_with_timeout(command: &mut Command, limit: Duration) -> Option<String> {
-    let mut child = command.stdout(Stdio::piped()).stderr(Stdio::null()).spawn().ok()?;
-    let mut stdout = child.stdout.take()?;
-    let reader = std::thread::spawn(move || {
-        let mut s = String::new();
-        std::io::Read::read_to_string(&mut stdout, &mut s).map(|_| s)
-    });
-    let started = Instant::now();
-    loop {
-        match child.try_wait() {
-            Ok(Some(status)) if status.success() => return reader.join().ok()?.ok(),
-            Ok(Some(_)) => return None,
-            Ok(None) if started.elapsed() < limit => std::thread::sleep(Duration::from_millis(50)),
-            _ => {
-                let _ = child.kill();
-                let _ = child.wait();
-                return None;
-            }
-        }
-    }
-}
-
-#[test]
-fn report_renders_in_headless_chromium() {
-    let chromium = Path::new("/usr/bin/chromium");
-    if !chromium.exists() {
-        println!("skipped: /usr/bin/chromium is not installed");
-        return;
-    }
-    let dir = tempfile::tempdir().unwrap();
-    write_trace(dir.path(), "known.ctf", &known_trace());
-    report_html(dir.path(), "known.ctf");
-    let page = dir.path().join("report.html");
-    let profile = dir.path().join("chromium-profile");
-    let dom = run_with_timeout(
-        Command::new(chromium)
-            .args([
-                "--headless",
-                "--no-sandbox",
-                "--disable-gpu",
-                "--disable-background-networking",
-                "--disable-component-update",
-                "--disable-sync",
-                "--no-first-run",
-            ])
-            .arg(format!("--user-data-dir={}", profile.display()))
-            .arg("--dump-dom")
-            .arg(format!("file://{}", page.display())),
-        Duration::from_secs(90),
-    )
-    .expect("chromium --dump-dom failed or timed out");
-    assert!(dom.contains("Top allocation sites"), "the page was rendered");
-    assert!(dom.contains("app::parse (src/app.rs:40)"));
-    // The flame graph's script ran: on load it makes the drawing fluid by dropping the
-    // root element's fixed width.
-    let root = &dom[dom.find("<svg").unwrap()..];
-    let root_tag = &root[..root.find('>').unwrap()];
-    assert!(root_tag.contains("onload") && !root_tag.contains(" width="), "script did not run: {root_tag}");
+    assert!(html.contains("\"app::parse\""), "the frame table names the functions");
 }

@@ -32,6 +32,8 @@ mod golden_copy;
 #[cfg(feature = "analysis")]
 mod golden_dump;
 mod read_alloc_free;
+#[cfg(feature = "cli")]
+mod report_browser;
 mod roundtrip;
 
 #[global_allocator]

@@ -2,6 +2,7 @@
 
 use std::io::{self, Write};
 
+use memtrace_rs::analysis::filter::{self, Collected, Filter, LiveAt};
 use memtrace_rs::analysis::{ranked, Analysis};
 
 use super::args::Ranking;
@@ -19,25 +20,108 @@ pub struct Options {
     /// Text or JSON.
     #[command(flatten)]
     pub format: super::json::FormatArgs,
+    /// Which allocations count (the report page's filter).
+    #[command(flatten)]
+    pub filter: FilterArgs,
+}
+
+/// The filter flags: the clauses of the report page's filter bar
+/// ([`memtrace_rs::analysis::filter`]). Times are like `250us`, `1.5ms`, `2s` (a plain
+/// number is seconds); sizes like `4096`, `4KiB`. Ranges are half-open, `LO:HI`. With any
+/// of them, sites are ranked by the bytes of the allocations that pass every clause.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct FilterArgs {
+    /// Only allocations made in LO:HI.
+    #[arg(long, value_name = "LO:HI", value_parser = filter::parse_range)]
+    pub allocated_between: Option<(u64, u64)>,
+    /// Only allocations live at `peak` (of the total live estimate), at the `end`, or at a time.
+    #[arg(long, value_name = "peak|end|TIME", value_parser = parse_live_at)]
+    pub live_at: Option<LiveAt>,
+    /// Only allocations freed in LO:HI.
+    #[arg(long, value_name = "LO:HI", value_parser = filter::parse_range, conflicts_with = "never_collected")]
+    pub collected_between: Option<(u64, u64)>,
+    /// Only allocations never freed.
+    #[arg(long)]
+    pub never_collected: bool,
+    /// Only allocations that lived at least this long (never freed counts as forever).
+    #[arg(long, value_name = "TIME", value_parser = filter::parse_time)]
+    pub lifetime_at_least: Option<u64>,
+    /// Only allocations freed within this time of their allocation.
+    #[arg(long, value_name = "TIME", value_parser = filter::parse_time)]
+    pub lifetime_under: Option<u64>,
+    /// Only allocations of at least this size.
+    #[arg(long, value_name = "SIZE", value_parser = filter::parse_size)]
+    pub size_at_least: Option<u64>,
+    /// Only allocations smaller than this.
+    #[arg(long, value_name = "SIZE", value_parser = filter::parse_size)]
+    pub size_under: Option<u64>,
+    /// Only allocations inside a call to a function whose name contains this (repeatable: all must hold).
+    #[arg(long, value_name = "SUBSTRING")]
+    pub inside: Vec<String>,
+    /// Only allocations not inside a call to a function whose name contains this (repeatable).
+    #[arg(long, value_name = "SUBSTRING")]
+    pub not_inside: Vec<String>,
+}
+
+impl FilterArgs {
+    /// The filter these flags set.
+    pub fn filter(&self) -> Filter {
+        let collected = match (self.collected_between, self.never_collected) {
+            (Some((lo, hi)), _) => Some(Collected::Between(lo, hi)),
+            (None, true) => Some(Collected::Never),
+            (None, false) => None,
+        };
+        Filter {
+            allocated_between: self.allocated_between,
+            live: self.live_at,
+            collected,
+            size_at_least: self.size_at_least,
+            size_under: self.size_under,
+            lifetime_at_least: self.lifetime_at_least,
+            lifetime_under: self.lifetime_under,
+            inside: self.inside.clone(),
+            not_inside: self.not_inside.clone(),
+        }
+    }
+}
+
+fn parse_live_at(s: &str) -> Result<LiveAt, String> {
+    match s {
+        "peak" => Ok(LiveAt::Peak),
+        "end" => Ok(LiveAt::End),
+        t => filter::parse_time(t).map(LiveAt::Time),
+    }
 }
 
 /// Print the `options.ranking.top` sites of `analysis` (the trace called `name`): for each
 /// its estimated bytes with their 95 % uncertainty (marked `*` when they rest on fewer than
 /// 10 samples), share, samples and estimated count of allocations (or of live blocks).
+/// With a filter, `analysis` must be [`filter::restrict`]ed to it (and `--by` is
+/// `allocated`: the filter's `--live-at` says which live figure).
 pub fn write(analysis: &Analysis, name: &str, options: &Options, out: &mut impl Write) -> io::Result<()> {
     let measure = options.ranking.by.measure();
+    let filter = options.filter.filter();
     let ranked = ranked(analysis, options.ranking.grouping.sites(), measure);
     let total = analysis.estimate(analysis.totals().get(measure).samples);
     let what = if options.ranking.grouping.stacks { "stacks" } else { "sites" };
-    writeln!(
+    let by = if filter.is_empty() {
+        options.ranking.by.describe().to_string()
+    } else {
+        format!("bytes allocated, {filter}")
+    };
+    write!(
         out,
-        "Top {} of {} {what} of {name} by {} (estimated): total {} in {} samples",
+        "Top {} of {} {what} of {name} by {by} (estimated): total {} in {} samples",
         ranked.len().min(options.ranking.top),
         ranked.len(),
-        options.ranking.by.describe(),
         format::estimate(&total),
         total.samples
     )?;
+    if filter.is_empty() {
+        writeln!(out)?;
+    } else {
+        writeln!(out, ", {} sampled allocations", analysis.totals().allocs)?;
+    }
     writeln!(out, "{:>12} {:>7} {:>8} {:>9} {:>10}  site", "bytes", "±95%", "%", "samples", "count")?;
     if ranked.is_empty() {
         writeln!(out, "(none: no sampled allocation counts towards {})", options.ranking.by.describe())?;

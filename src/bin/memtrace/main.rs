@@ -26,9 +26,9 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::rc::Rc;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
-use memtrace_rs::analysis::{Analysis, Options as AnalysisOptions};
+use memtrace_rs::analysis::{filter, Analysis, FrameTable, Options as AnalysisOptions};
 use memtrace_rs::trace::{Reader, Warning};
 use output::Output;
 use progress::Progress;
@@ -119,9 +119,9 @@ enum Command {
         #[command(flatten)]
         options: diff::Options,
     },
-    /// Write a self-contained HTML report: summary, live-heap chart, top sites, flame graph.
+    /// Write a self-contained interactive HTML report (with --diff BASE: of FILE − BASE).
     Report {
-        /// The trace file.
+        /// The trace file (with --diff, the new one).
         file: PathBuf,
         /// Where to write the HTML page; `-` for stdout.
         #[arg(short, long)]
@@ -231,7 +231,16 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
             Ok(())
         }
         Command::Hotspots { file, options } => {
-            let analysis = analyse(&file, AnalysisOptions { stacks: true, live_at: None })?;
+            let mut analysis = analyse(&file, AnalysisOptions { stacks: true, live_at: None })?;
+            let filter = options.filter.filter();
+            if !filter.is_empty() {
+                if options.ranking.by != args::By::Allocated {
+                    let why = "--by cannot be combined with filter flags: say --live-at peak or --live-at end";
+                    Cli::command().error(clap::error::ErrorKind::ArgumentConflict, why).exit();
+                }
+                analysis =
+                    with_progress(&file, |reader, progress| filter::restrict(&analysis, reader, &filter, progress))?;
+            }
             let name = file.display().to_string();
             to_stdout(|out| {
                 if options.format.is_json() {
@@ -314,8 +323,25 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
             Ok(())
         }
         Command::Report { file, output, options } => {
-            let analysis = analyse(&file, AnalysisOptions { stacks: true, live_at: None })?;
-            to_file(&output, &[&file], |out| report::write(&analysis, &file.display().to_string(), &options, out))
+            let mut frames = FrameTable::default();
+            let mut traces = Vec::new();
+            let inputs: Vec<&Path> = options.diff.iter().chain([&file]).map(PathBuf::as_path).collect();
+            for &path in &inputs {
+                let name = path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into());
+                let trace = with_progress(path, |reader, progress| {
+                    report::TraceData::load(reader, &name, &mut frames, options.limit, progress)
+                })?;
+                for warning in &trace.warnings {
+                    eprintln!("memtrace: warning: {}: {}", path.display(), describe(warning));
+                }
+                traces.push(trace);
+            }
+            // The names the other subcommands show (Analysis::shorten_names).
+            if !full_names && traces.iter().all(report::TraceData::is_rust) {
+                let remap = frames.shorten_names();
+                traces.iter_mut().for_each(|t| t.remap_frames(&remap));
+            }
+            to_file(&output, &inputs, |out| report::write(&frames, &traces, &options, out))
         }
     }?;
     Ok(status)
@@ -324,15 +350,7 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
 /// Analyse the trace at `path` with a progress bar on a terminal, printing the reader's
 /// warnings to stderr; names shortened unless `full_names`.
 fn analyse(path: &Path, options: AnalysisOptions, full_names: bool) -> Result<Analysis, Failure> {
-    let read = || -> memtrace_rs::Result<Analysis> {
-        let size = std::fs::metadata(path)?.len();
-        let label = path.file_name().map_or_else(String::new, |n| n.to_string_lossy().into_owned());
-        let mut progress = Progress::new(size, &label);
-        let analysis = Analysis::from_reader(Reader::open(path)?, &options, |bytes| progress.update(bytes));
-        progress.finish();
-        analysis
-    };
-    let mut analysis = read().map_err(|e| Failure::new(path, e))?;
+    let mut analysis = with_progress(path, |reader, progress| Analysis::from_reader(reader, &options, progress))?;
     if !full_names {
         analysis.shorten_names();
     }
@@ -340,6 +358,22 @@ fn analyse(path: &Path, options: AnalysisOptions, full_names: bool) -> Result<An
         eprintln!("memtrace: warning: {}: {}", path.display(), describe(warning));
     }
     Ok(analysis)
+}
+
+/// Run `pass` on a reader of the trace at `path`, with a progress bar on a terminal.
+fn with_progress<T>(
+    path: &Path,
+    pass: impl FnOnce(Reader, &mut dyn FnMut(u64)) -> memtrace_rs::Result<T>,
+) -> Result<T, Failure> {
+    let read = || -> memtrace_rs::Result<T> {
+        let size = std::fs::metadata(path)?.len();
+        let label = path.file_name().map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+        let mut progress = Progress::new(size, &label);
+        let result = pass(Reader::open(path)?, &mut |bytes| progress.update(bytes));
+        progress.finish();
+        result
+    };
+    read().map_err(|e| Failure::new(path, e))
 }
 
 /// A warning with its position, as shown on stderr.

@@ -1,111 +1,71 @@
-//! `memtrace report`: one self-contained HTML page with the info summary, the live-heap
-//! chart, the top allocation sites and the flame graph of bytes allocated.
+//! `memtrace report`: one self-contained, interactive HTML page for a trace, or with
+//! `--diff` for two (new − base, frames matched by function, file and line).
 //!
-//! Nothing is fetched from the network: the styles are inline, the chart is an SVG image
-//! in a `data:` URL, and the flame graph is inferno's SVG inlined with its own script. That
-//! script looks for the page's first `<svg>` element, so the flame graph is the only one.
+//! The page does what memtrace_viewer does, with no server: a filter bar with the clauses
+//! of [`memtrace_rs::analysis::filter`] (every view follows it), the live-heap chart (drag to
+//! select a time range), per-site live heap, flame and icicle graphs, top-down and
+//! bottom-up tables, the sites table with 95 % intervals, a lifetime histogram and points
+//! of interest. The sampled blocks are embedded compactly ([`data`]) and every view is
+//! computed from them in the browser by `report/report.js`.
+//!
+//! Nothing is fetched: the styles and script are inline, and the data is one JSON
+//! `<script>` element. The page is vanilla JS (the charts and the flame graph are small
+//! SVG drawings of our own): a chart or flame-graph library would add 40–250 KB and its
+//! own ids and events for less control over the filter's test hooks, and the browser's
+//! `DecompressionStream` inflates the data, so no inflate code is bundled either.
+
+mod data;
 
 use std::io::{self, Write};
+use std::path::PathBuf;
 
-use memtrace_rs::analysis::{ranked, Analysis, Grouping, Measure};
+pub use data::TraceData;
+
+use memtrace_rs::analysis::FrameTable;
 
 use super::args::Trim;
-use super::{flamegraph, format, info, timeline};
+use super::format;
 
 /// Options of `memtrace report`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct Options {
-    /// Number of sites in the table.
-    #[arg(long, default_value_t = 25)]
+    /// Compare with this baseline trace: the page shows FILE − BASE.
+    #[arg(long, value_name = "BASE")]
+    pub diff: Option<PathBuf>,
+    /// Most sampled blocks embedded per trace; beyond it samples are thinned (kept with the
+    /// probability that fits, as if the trace had a lower rate), and the page says so.
+    #[arg(long, default_value_t = 500_000)]
+    pub limit: usize,
+    /// Most rows each table shows before it asks for a search.
+    #[arg(long, default_value_t = 100)]
     pub top: usize,
-    /// Which frames are trimmed from the sites and the flame graph.
+    /// Which frames the page trims at first (it has a checkbox for each).
     #[command(flatten)]
     pub trim: Trim,
 }
 
-const STYLE: &str = "body{font-family:system-ui,sans-serif;margin:2em;color:#222}\
-h1{font-size:1.5em}h2{font-size:1.2em;margin-top:2em}\
-table{border-collapse:collapse}td,th{padding:2px 10px;text-align:left;vertical-align:top}\
-table.sites td.n,table.sites th.n{text-align:right;font-variant-numeric:tabular-nums}\
-table.sites tr:nth-child(even){background:#f4f4f4}\
-table.summary th{font-weight:normal;color:#555}\
-td.site{font-family:monospace;word-break:break-all}img.chart{max-width:100%;height:auto}\
-div.flamegraph svg{width:100%}";
+const HTML: &str = include_str!("report/report.html");
+const CSS: &str = include_str!("report/report.css");
+const JS: &str = include_str!("report/report.js");
 
-/// Write the report of `analysis` (the trace called `name`).
-pub fn write(analysis: &Analysis, name: &str, options: &Options, out: &mut impl Write) -> io::Result<()> {
-    let title = format!("memtrace report: {name}");
-    write!(
-        out,
-        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\
-         <meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\
-         <title>{}</title><style>{STYLE}</style></head>\n<body>\n<h1>{}</h1>\n",
-        format::escape_markup(&title),
-        format::escape_markup(&title)
-    )?;
-    if analysis.is_truncated() {
-        writeln!(out, "<p><strong>The trace is truncated; it was analysed up to the cut.</strong></p>")?;
-    }
-    writeln!(out, "<h2>Summary</h2>\n<table class=\"summary\">")?;
-    for (key, value) in info::summary(analysis, name) {
-        writeln!(out, "<tr><th>{key}</th><td>{}</td></tr>", format::escape_markup(&value))?;
-    }
-    writeln!(out, "</table>")?;
-    writeln!(
-        out,
-        "<h2>Live heap</h2>\n<img class=\"chart\" alt=\"Estimated live heap and allocation rate over time\" \
-         src=\"data:image/svg+xml;base64,{}\">",
-        base64(timeline::svg(analysis).as_bytes())
-    )?;
-    write_sites(analysis, options, out)?;
-    writeln!(out, "<h2>Flame graph of bytes allocated</h2>\n<div class=\"flamegraph\">")?;
-    let weight = flamegraph::Weight::default();
-    let folded = flamegraph::folded(analysis, Measure::Allocated, options.trim.frames());
-    if folded.left_out > 0 {
-        writeln!(out, "<p>{} of the smallest stacks are left out of the flame graph.</p>", folded.left_out)?;
-    }
-    let mut svg = Vec::new();
-    flamegraph::write_svg(&flamegraph::title(analysis, &weight), &folded, &mut svg)?;
-    out.write_all(inline_svg(&svg))?;
-    writeln!(out, "</div>\n</body></html>")
-}
-
-/// The top sites by bytes allocated, with their live figures.
-fn write_sites(analysis: &Analysis, options: &Options, out: &mut impl Write) -> io::Result<()> {
-    let top = options.top;
-    let ranked = ranked(analysis, Grouping { stacks: false, trim: options.trim.frames() }, Measure::Allocated);
-    let total = analysis.bytes(analysis.totals().allocated.samples);
-    writeln!(
-        out,
-        "<h2>Top allocation sites</h2>\n<p>{} of {} sites, by estimated bytes allocated.</p>\n\
-         <table class=\"sites\"><tr><th class=\"n\">#</th><th class=\"n\">allocated</th><th class=\"n\">%</th>\
-         <th class=\"n\">samples</th><th class=\"n\">live at peak</th><th class=\"n\">live at end</th><th>site</th></tr>",
-        ranked.len().min(top),
-        ranked.len()
-    )?;
-    for (rank, site) in ranked.iter().take(top).enumerate() {
-        let s = &site.stats;
-        let allocated = analysis.bytes(s.allocated.samples);
-        writeln!(
-            out,
-            "<tr><td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td>\
-             <td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"site\">{}</td></tr>",
-            rank + 1,
-            format::bytes(allocated),
-            format::percent(allocated, total),
-            s.allocated.samples,
-            format::bytes(analysis.bytes(s.live_peak.samples)),
-            format::bytes(analysis.bytes(s.live_end.samples)),
-            format::escape_markup(&site.label(analysis))
-        )?;
-    }
-    writeln!(out, "</table>")
-}
-
-/// An SVG document without its XML declaration and document type, for inlining in HTML.
-fn inline_svg(svg: &[u8]) -> &[u8] {
-    let start = svg.windows(4).position(|w| w == b"<svg").unwrap_or(0);
-    &svg[start..]
+/// Write the page of `traces` (one, or base and new), whose frames are in `frames`.
+pub fn write(frames: &FrameTable, traces: &[TraceData], options: &Options, out: &mut impl Write) -> io::Result<()> {
+    let title = match traces {
+        [base, new] => format!("memtrace diff: {} → {}", base.name, new.name),
+        _ => format!("memtrace report: {}", traces.iter().map(|t| t.name.as_str()).collect::<Vec<_>>().join(", ")),
+    };
+    let page = HTML.replace("{{TITLE}}", &format::escape_markup(&title));
+    // The markers come from our template, not from the data, so splitting on them is safe.
+    let (before_css, rest) = page.split_once("{{CSS}}").expect("the template has {{CSS}}");
+    let (before_data, rest) = rest.split_once("{{DATA}}").expect("the template has {{DATA}}");
+    let (before_js, after_js) = rest.split_once("{{JS}}").expect("the template has {{JS}}");
+    out.write_all(before_css.as_bytes())?;
+    out.write_all(CSS.as_bytes())?;
+    out.write_all(before_data.as_bytes())?;
+    data::write_json(frames, traces, options, out)?;
+    out.write_all(before_js.as_bytes())?;
+    out.write_all(JS.as_bytes())?;
+    out.write_all(after_js.as_bytes())
 }
 
 /// Standard base64 with padding.
@@ -131,14 +91,14 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_assets_cannot_end_their_elements_early() {
+        assert!(!JS.contains("</script") && !CSS.contains("</style"));
+    }
+
+    #[test]
     fn base64_matches_rfc_4648() {
         for (input, want) in [("", ""), ("f", "Zg=="), ("fo", "Zm8="), ("foo", "Zm9v"), ("foobar", "Zm9vYmFy")] {
             assert_eq!(base64(input.as_bytes()), want);
         }
-    }
-
-    #[test]
-    fn inline_svg_drops_the_prolog() {
-        assert_eq!(inline_svg(b"<?xml version=\"1.0\"?><!DOCTYPE svg><svg a=\"1\"/>"), b"<svg a=\"1\"/>");
     }
 }

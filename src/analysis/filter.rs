@@ -1,0 +1,291 @@
+//! The one filter model of the command line and the report page: which sampled blocks
+//! count. memtrace_viewer's clauses — allocated between two times; live at a time, at the
+//! peak or at the end; collected in a range or never; size and lifetime bounds; inside or
+//! not inside a call to a function. `hotspots` applies it with [`restrict`]; the report
+//! page's script (`src/bin/memtrace/report/report.js`, `applyFilter`) implements the same clauses line for
+//! line, and the report's browser test checks that both give the same figures.
+//!
+//! Units: times are µs since the trace start; sizes are a block's bytes
+//! (`words × word_size / 8`); every range is half-open, `[lo, hi)`. A block never freed
+//! has an infinite lifetime: it passes every lower bound on lifetimes and no upper bound.
+
+use std::fmt;
+use std::io::Read;
+
+use super::blocks::{self, Block};
+use super::pass::{estimated_objects, Analysis, StackStats, Tally};
+use crate::format::hash::FastMap;
+use crate::format::trace::Reader;
+use crate::Result;
+
+/// When a block must be live.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LiveAt {
+    /// At this time.
+    Time(u64),
+    /// At the peak of the total live estimate (see [`blocks`](super::blocks)).
+    Peak,
+    /// At the end of the trace: never freed.
+    End,
+}
+
+/// When a block must have been freed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Collected {
+    /// Freed in `[lo, hi)`.
+    Between(u64, u64),
+    /// Never freed.
+    Never,
+}
+
+/// The filter: every clause that is set must hold.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Filter {
+    /// Allocated in `[lo, hi)`.
+    pub allocated_between: Option<(u64, u64)>,
+    /// Live at a time.
+    pub live: Option<LiveAt>,
+    /// Freed in a range, or never.
+    pub collected: Option<Collected>,
+    /// Size in bytes at least this.
+    pub size_at_least: Option<u64>,
+    /// Size in bytes under this.
+    pub size_under: Option<u64>,
+    /// Lifetime at least this.
+    pub lifetime_at_least: Option<u64>,
+    /// Lifetime under this.
+    pub lifetime_under: Option<u64>,
+    /// Some frame's function contains each of these substrings.
+    pub inside: Vec<String>,
+    /// No frame's function contains any of these substrings.
+    pub not_inside: Vec<String>,
+}
+
+impl Filter {
+    /// True when no clause is set.
+    pub fn is_empty(&self) -> bool {
+        *self == Filter::default()
+    }
+
+    /// Whether `block` passes the clauses on times and sizes, in a trace whose peak is at
+    /// `peak_us` and whose words have `word_bytes` bytes.
+    pub fn matches_block(&self, block: &Block, peak_us: u64, word_bytes: u64) -> bool {
+        let in_range = |x: u64, (lo, hi): (u64, u64)| lo <= x && x < hi;
+        if self.allocated_between.is_some_and(|r| !in_range(block.alloc_us, r)) {
+            return false;
+        }
+        let live = match self.live {
+            None => true,
+            Some(LiveAt::Time(t)) => block.live_at(t),
+            Some(LiveAt::Peak) => block.live_at(peak_us),
+            Some(LiveAt::End) => block.free_us.is_none(),
+        };
+        let collected = match (self.collected, block.free_us) {
+            (None, _) => true,
+            (Some(Collected::Never), free) => free.is_none(),
+            (Some(Collected::Between(..)), None) => false,
+            (Some(Collected::Between(lo, hi)), Some(f)) => in_range(f, (lo, hi)),
+        };
+        let bytes = block.words.saturating_mul(word_bytes);
+        let size = self.size_at_least.is_none_or(|lo| bytes >= lo) && self.size_under.is_none_or(|hi| bytes < hi);
+        let life = block.lifetime();
+        let lifetime = self.lifetime_at_least.is_none_or(|lo| life.is_none_or(|l| l >= lo))
+            && self.lifetime_under.is_none_or(|hi| life.is_some_and(|l| l < hi));
+        live && collected && size && lifetime
+    }
+
+    /// Whether a stack whose frames have these function names passes the clauses on
+    /// functions (substrings, case-sensitive).
+    pub fn matches_stack<'a>(&self, functions: impl Iterator<Item = &'a str> + Clone) -> bool {
+        let within = |s: &String| functions.clone().any(|f| f.contains(s.as_str()));
+        self.inside.iter().all(within) && !self.not_inside.iter().any(within)
+    }
+}
+
+/// The filter as `hotspots` flags (times in the units [`parse_time`] reads).
+impl fmt::Display for Filter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut flags = Vec::new();
+        if let Some((lo, hi)) = self.allocated_between {
+            flags.push(format!("--allocated-between {}:{}", time(lo), time(hi)));
+        }
+        match self.live {
+            Some(LiveAt::Time(t)) => flags.push(format!("--live-at {}", time(t))),
+            Some(LiveAt::Peak) => flags.push("--live-at peak".into()),
+            Some(LiveAt::End) => flags.push("--live-at end".into()),
+            None => {}
+        }
+        match self.collected {
+            Some(Collected::Between(lo, hi)) => flags.push(format!("--collected-between {}:{}", time(lo), time(hi))),
+            Some(Collected::Never) => flags.push("--never-collected".into()),
+            None => {}
+        }
+        let bounds = [
+            ("--size-at-least", self.size_at_least.map(|b| format!("{b}B"))),
+            ("--size-under", self.size_under.map(|b| format!("{b}B"))),
+            ("--lifetime-at-least", self.lifetime_at_least.map(time)),
+            ("--lifetime-under", self.lifetime_under.map(time)),
+        ];
+        flags.extend(bounds.into_iter().filter_map(|(flag, v)| v.map(|v| format!("{flag} {v}"))));
+        flags.extend(self.inside.iter().map(|s| format!("--inside '{s}'")));
+        flags.extend(self.not_inside.iter().map(|s| format!("--not-inside '{s}'")));
+        f.write_str(&flags.join(" "))
+    }
+}
+
+/// `us` with the largest unit that keeps it whole (`1500us`, `150ms`, `2s`).
+fn time(us: u64) -> String {
+    if us != 0 && us.is_multiple_of(1_000_000) {
+        format!("{}s", us / 1_000_000)
+    } else if us != 0 && us.is_multiple_of(1000) {
+        format!("{}ms", us / 1000)
+    } else {
+        format!("{us}us")
+    }
+}
+
+/// `analysis` (of the trace `reader` reads) with each stack's figures replaced by those of
+/// its blocks that pass `filter`: `allocs` and `allocated` count the matching blocks, and
+/// the live figures are zero. The peak is the analysis's, which is the blocks' own
+/// (both use [`blocks::PeakFinder`]). `progress` is called as [`blocks::stream`] says.
+pub fn restrict<R: Read>(
+    analysis: &Analysis,
+    mut reader: Reader<R>,
+    filter: &Filter,
+    progress: impl FnMut(u64),
+) -> Result<Analysis> {
+    let by_codes: FastMap<&[u64], usize> = analysis.stacks.iter().enumerate().map(|(i, s)| (&*s.codes, i)).collect();
+    let peak_us = analysis.peak.time.saturating_sub(analysis.info.start_time);
+    let word_bytes = u64::from(analysis.info.word_size) / 8;
+    let rate = analysis.info.sample_rate;
+    let mut stats = vec![StackStats::default(); analysis.stacks.len()];
+    // Per stack of the stream: its analysis stack and whether it passes the function clauses.
+    let mut stack_of: Vec<Option<(usize, bool)>> = Vec::new();
+    blocks::stream(
+        &mut reader,
+        |block, codes| {
+            let slot = block.stack as usize;
+            if slot >= stack_of.len() {
+                stack_of.resize(slot + 1, None);
+            }
+            let (stack, passes) = *stack_of[slot].get_or_insert_with(|| {
+                let stack = by_codes[codes];
+                let frames: Vec<&str> = analysis
+                    .stack_frames(&analysis.stacks[stack])
+                    .map(|f| analysis.frames[f].function.as_str())
+                    .collect();
+                (stack, filter.matches_stack(frames.into_iter()))
+            });
+            if passes && filter.matches_block(block, peak_us, word_bytes) {
+                let objects = estimated_objects(block.nsamples, block.words, rate);
+                let allocated = Tally { samples: block.nsamples, objects };
+                stats[stack].add(&StackStats { allocs: 1, allocated, ..StackStats::default() });
+            }
+        },
+        progress,
+    )?;
+    let mut restricted = analysis.clone();
+    for (stack, stats) in restricted.stacks.iter_mut().zip(stats) {
+        stack.stats = stats;
+    }
+    Ok(restricted)
+}
+
+/// Parse a time: a number with a unit (`250us`, `1.5ms`, `2s`, `1min`), or a plain number of
+/// seconds (as `flamegraph --live-at` takes).
+pub fn parse_time(s: &str) -> std::result::Result<u64, String> {
+    let t = s.trim();
+    let units = [("us", 1.0), ("µs", 1.0), ("ms", 1e3), ("min", 6e7), ("s", 1e6)];
+    let (number, scale) =
+        units.iter().find_map(|&(unit, scale)| t.strip_suffix(unit).map(|n| (n, scale))).unwrap_or((t, 1e6));
+    match number.trim().parse::<f64>() {
+        Ok(v) if v >= 0.0 && v.is_finite() => Ok((v * scale).round() as u64),
+        _ => Err(format!("not a time: {s:?} (say 250us, 1.5ms, 2s or 1min)")),
+    }
+}
+
+/// Parse `LO:HI`, two times.
+pub fn parse_range(s: &str) -> std::result::Result<(u64, u64), String> {
+    let (lo, hi) = s.split_once(':').ok_or_else(|| format!("not a range: {s:?} (say 150ms:450ms)"))?;
+    Ok((parse_time(lo)?, parse_time(hi)?))
+}
+
+/// Parse a size: bytes, or a number with a unit (`B`, `KiB`/`K`, `MiB`/`M`, `GiB`/`G`).
+pub fn parse_size(s: &str) -> std::result::Result<u64, String> {
+    let t = s.trim();
+    let units =
+        [("KiB", 1u64 << 10), ("MiB", 1 << 20), ("GiB", 1 << 30), ("K", 1 << 10), ("M", 1 << 20), ("G", 1 << 30)];
+    let (number, scale) = units
+        .iter()
+        .find_map(|&(unit, scale)| t.strip_suffix(unit).map(|n| (n, scale)))
+        .unwrap_or((t.strip_suffix('B').unwrap_or(t), 1));
+    match number.trim().parse::<f64>() {
+        Ok(v) if v >= 0.0 && v.is_finite() => Ok((v * scale as f64).round() as u64),
+        _ => Err(format!("not a size: {s:?} (say 4096, 4KiB or 1.5MiB)")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn block(alloc_us: u64, free_us: Option<u64>, words: u64) -> Block {
+        Block { alloc_us, free_us, words, nsamples: 1, stack: 0 }
+    }
+
+    #[test]
+    fn clauses_are_half_open() {
+        let peak = |f: &Filter, b: &Block| f.matches_block(b, 100, 8);
+        let live = Filter { live: Some(LiveAt::Peak), ..Filter::default() };
+        assert!(peak(&live, &block(100, None, 1)));
+        assert!(!peak(&live, &block(50, Some(100), 1)));
+        assert!(peak(&live, &block(50, Some(101), 1)));
+        let between = Filter { allocated_between: Some((10, 20)), ..Filter::default() };
+        assert!(peak(&between, &block(10, None, 1)) && !peak(&between, &block(20, None, 1)));
+        let under = Filter { lifetime_under: Some(10), ..Filter::default() };
+        assert!(peak(&under, &block(0, Some(9), 1)));
+        assert!(!peak(&under, &block(0, Some(10), 1)));
+        assert!(!peak(&under, &block(0, None, 1)), "never freed: an infinite lifetime");
+        let at_least = Filter { lifetime_at_least: Some(10), ..Filter::default() };
+        assert!(peak(&at_least, &block(0, None, 1)) && !peak(&at_least, &block(0, Some(9), 1)));
+        let size = Filter { size_at_least: Some(16), size_under: Some(24), ..Filter::default() };
+        assert!(peak(&size, &block(0, None, 2)) && !peak(&size, &block(0, None, 3)));
+        let never = Filter { collected: Some(Collected::Never), ..Filter::default() };
+        assert!(peak(&never, &block(0, None, 1)) && !peak(&never, &block(0, Some(5), 1)));
+        let freed = Filter { collected: Some(Collected::Between(5, 6)), ..Filter::default() };
+        assert!(peak(&freed, &block(0, Some(5), 1)) && !peak(&freed, &block(0, Some(6), 1)));
+    }
+
+    #[test]
+    fn function_clauses_match_substrings() {
+        let f = Filter { inside: vec!["run".into()], not_inside: vec!["cache".into()], ..Filter::default() };
+        assert!(f.matches_stack(["main", "app::run"].into_iter()));
+        assert!(!f.matches_stack(["main"].into_iter()));
+        assert!(!f.matches_stack(["main", "app::run", "app::cache::insert"].into_iter()));
+    }
+
+    #[test]
+    fn parsing_and_printing_agree() {
+        assert_eq!(parse_time("1.5ms"), Ok(1500));
+        assert_eq!(parse_time("250us"), Ok(250));
+        assert_eq!(parse_time("2"), Ok(2_000_000));
+        assert_eq!(parse_time("1min"), Ok(60_000_000));
+        assert!(parse_time("soon").is_err() && parse_time("-1s").is_err());
+        assert_eq!(parse_range("150ms:450ms"), Ok((150_000, 450_000)));
+        assert_eq!(parse_size("4KiB"), Ok(4096));
+        assert_eq!(parse_size("1.5M"), Ok(1_572_864));
+        assert_eq!(parse_size("100B"), Ok(100));
+        assert_eq!(parse_size("100"), Ok(100));
+        let f = Filter {
+            allocated_between: Some((150_000, 450_000)),
+            live: Some(LiveAt::Peak),
+            lifetime_under: Some(500_000),
+            size_at_least: Some(4096),
+            ..Filter::default()
+        };
+        assert_eq!(
+            f.to_string(),
+            "--allocated-between 150ms:450ms --live-at peak --size-at-least 4096B --lifetime-under 500ms"
+        );
+    }
+}

@@ -1,0 +1,285 @@
+//! The data a report page embeds: one trace's sampled blocks ([`blocks`](memtrace_rs::analysis::blocks)) as gzipped integer
+//! columns, its stacks as a trie of frames, and its summary, in one JSON document.
+//!
+//! Schema (`report.js` decodes it):
+//!
+//! ```text
+//! { version: 1, limit, top, keep: {allocator, root},
+//!   frames: { strings: [..], fn: [string id], file: [string id], line: [..], alloc: [0|1], root: [0|1] },
+//!   traces: [ A ] or [ A (base), B (new) ], each
+//!    { name, info: {start_us, rate, word_size, executable, host, runtime, context, pid},
+//!      duration_us, tick_us, truncated, events, warnings: [..],
+//!      peak: {t, bytes},                     // blocks::PeakFinder, of every sample
+//!      nodes: { parent: [..], frame: [..] }, // trie; node 0 is the empty stack (parent −1)
+//!      nblocks, thinned: null | {blocks, samples, keep},
+//!      cols: base64(gzip(u32 LE columns of nblocks each)) } }
+//! ```
+//!
+//! The columns: alloc time as the delta from the previous block's (blocks are sorted by
+//! alloc time) in ticks of `tick_us` (1 µs unless the trace is longer than 71 minutes);
+//! lifetime + 1 in ticks, 0 if never freed; samples; words; stack node. The frame table is
+//! shared by the traces of a diff, so a frame id is the match key (function, file, line).
+//!
+//! # Beyond the limit: thinning
+//!
+//! A trace with more than `limit` sampled blocks is thinned: each sample is kept with
+//! probability `keep` (deterministically, from a hash of the block's position), blocks
+//! left with no sample are dropped, and `info.rate` becomes `rate × keep`. The result is
+//! a trace as the program would have given at that lower rate: every block keeps its
+//! exact times, size and stack, so every clause of the filter stays exact, and the
+//! estimates stay unbiased, with 95 % intervals (from the kept samples) that include the
+//! thinning. Merging blocks instead would keep totals exact but not lifetimes or live
+//! curves: blocks that live shorter than the merge's time quantum either pile up into
+//! spikes or vanish. The peak is that of every sample, before thinning.
+
+use std::io::{self, Read, Write};
+
+use serde_json::{json, Value};
+
+use memtrace_rs::analysis::blocks::{self, Block};
+use memtrace_rs::analysis::{is_allocator_frame, is_root_frame, FrameTable, Origin};
+use memtrace_rs::trace::{Info, Reader, Warning};
+use memtrace_rs::Result;
+
+/// How a trace was thinned to fit the limit (see the [module documentation](self)).
+#[derive(Debug, Clone, Copy)]
+pub struct Thinning {
+    /// Sampled blocks in the trace.
+    pub blocks: usize,
+    /// Their samples.
+    pub samples: u64,
+    /// The probability with which each sample was kept.
+    pub keep: f64,
+}
+
+/// One trace, ready to embed.
+#[derive(Debug)]
+pub struct TraceData {
+    /// The name shown (the file's).
+    pub name: String,
+    /// The trace's metadata.
+    pub info: Info,
+    /// What the stream saw: end time, events, peak.
+    pub summary: blocks::Stacks,
+    /// What the reader skipped.
+    pub warnings: Vec<Warning>,
+    /// True when the file ended inside a packet.
+    pub truncated: bool,
+    /// Stack trie: the parent of each node (`u32::MAX` for node 0, the empty stack).
+    pub parent: Vec<u32>,
+    /// The frame of each node (`u32::MAX` for node 0).
+    pub frame: Vec<u32>,
+    /// The blocks, sorted by alloc time, whose `stack` is a trie node.
+    pub blocks: Vec<Block>,
+    /// How the blocks were thinned, if they were.
+    pub thinned: Option<Thinning>,
+}
+
+impl TraceData {
+    /// Give the trie's frames their new ids after [`FrameTable::shorten_names`].
+    pub fn remap_frames(&mut self, remap: &[usize]) {
+        for f in self.frame.iter_mut().filter(|f| **f != u32::MAX) {
+            *f = remap[*f as usize] as u32;
+        }
+    }
+
+    /// Whether the trace comes from this crate's allocator (see `Analysis::origin`).
+    pub fn is_rust(&self) -> bool {
+        Origin::of(&self.info, self.summary.ocaml_events, self.summary.external_allocs) == Origin::Rust
+    }
+
+    /// Stream `reader` (the trace called `name`), interning frames into `frames`; thin
+    /// the samples when there are more than `limit` blocks. `progress` is called with the
+    /// bytes read now and then.
+    pub fn load<R: Read>(
+        mut reader: Reader<R>,
+        name: &str,
+        frames: &mut FrameTable,
+        limit: usize,
+        progress: impl FnMut(u64),
+    ) -> Result<TraceData> {
+        let mut blocks = Vec::new();
+        let summary = blocks::stream(&mut reader, |block, _| blocks.push(*block), progress)?;
+        // The trie of stacks: each stream stack becomes the node of its last frame.
+        let (mut parent, mut frame) = (vec![u32::MAX], vec![u32::MAX]);
+        let mut children: std::collections::HashMap<(u32, u32), u32> = std::collections::HashMap::new();
+        let node_of: Vec<u32> = summary
+            .codes
+            .iter()
+            .map(|codes| {
+                let mut node = 0;
+                for &code in codes.iter() {
+                    for &f in frames.of_code(code, reader.locations()) {
+                        node = *children.entry((node, f as u32)).or_insert_with(|| {
+                            parent.push(node);
+                            frame.push(f as u32);
+                            (parent.len() - 1) as u32
+                        });
+                    }
+                }
+                node
+            })
+            .collect();
+        for b in &mut blocks {
+            b.stack = node_of[b.stack as usize];
+        }
+        blocks.sort_by_key(|b| b.alloc_us);
+        let mut data = TraceData {
+            name: name.to_string(),
+            info: reader.info().clone(),
+            summary,
+            warnings: reader.warnings().to_vec(),
+            truncated: reader.is_truncated(),
+            parent,
+            frame,
+            blocks,
+            thinned: None,
+        };
+        if data.blocks.len() > limit {
+            data.thin(limit);
+        }
+        Ok(data)
+    }
+
+    /// Keep each sample with the probability that leaves at most `limit` blocks (see the
+    /// [module documentation](self)).
+    fn thin(&mut self, limit: usize) {
+        let samples = self.blocks.iter().fold(0u64, |sum, b| sum.saturating_add(b.nsamples));
+        // Keeping `keep × samples ≤ limit` samples expects at most `limit` blocks.
+        let mut keep = (limit as f64 / samples.max(1) as f64).min(1.0);
+        loop {
+            let kept: Vec<Block> = self
+                .blocks
+                .iter()
+                .enumerate()
+                .filter_map(|(i, b)| {
+                    let nsamples = thinned(b.nsamples, keep, i as u64);
+                    (nsamples > 0).then_some(Block { nsamples, ..*b })
+                })
+                .collect();
+            if kept.len() <= limit {
+                self.thinned = Some(Thinning { blocks: self.blocks.len(), samples, keep });
+                self.blocks = kept;
+                return;
+            }
+            keep *= 0.95;
+        }
+    }
+
+    /// The block columns (see the [module documentation](self)), gzipped.
+    fn columns(&self, tick: u64) -> Vec<u8> {
+        let u32_of = |x: u64| x.min(u64::from(u32::MAX)) as u32;
+        let mut raw: Vec<u8> = Vec::with_capacity(self.blocks.len() * 24);
+        let mut previous = 0;
+        for b in &self.blocks {
+            let at = b.alloc_us / tick;
+            raw.extend_from_slice(&u32_of(at - previous).to_le_bytes());
+            previous = at;
+        }
+        for b in &self.blocks {
+            let life = b.free_us.map_or(0, |f| u32_of(f / tick - b.alloc_us / tick + 1));
+            raw.extend_from_slice(&life.to_le_bytes());
+        }
+        for column in [|b: &Block| b.nsamples, |b: &Block| b.words, |b: &Block| u64::from(b.stack)] {
+            for b in &self.blocks {
+                raw.extend_from_slice(&u32_of(column(b)).to_le_bytes());
+            }
+        }
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::new(6));
+        gz.write_all(&raw).and_then(|()| gz.finish()).expect("gzip in memory cannot fail")
+    }
+
+    fn to_json(&self) -> Value {
+        let tick = self.summary.end_us / u64::from(u32::MAX - 1) + 1;
+        let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+        let signed = |v: &[u32]| v.iter().map(|&x| if x == u32::MAX { -1 } else { i64::from(x) }).collect::<Vec<_>>();
+        let info = &self.info;
+        let keep = self.thinned.map_or(1.0, |t| t.keep);
+        json!({
+            "name": self.name,
+            "info": {
+                "start_us": info.start_time, "rate": info.sample_rate * keep, "word_size": info.word_size,
+                "executable": text(&info.executable_name), "host": text(&info.host_name),
+                "runtime": text(&info.runtime_params), "context": info.context.as_deref().map(text).unwrap_or_default(),
+                "pid": info.pid,
+            },
+            "duration_us": self.summary.end_us, "tick_us": tick, "truncated": self.truncated,
+            "events": self.summary.events, "warnings": self.warnings.iter().map(|w| w.to_string()).collect::<Vec<_>>(),
+            "peak": { "t": self.summary.peak_us, "bytes": info.bytes_for_samples(self.summary.peak_samples) },
+            "nodes": { "parent": signed(&self.parent), "frame": signed(&self.frame) },
+            "nblocks": self.blocks.len(),
+            "thinned": self.thinned.map(|t| json!({ "blocks": t.blocks, "samples": t.samples, "keep": t.keep })),
+            "cols": super::base64(&self.columns(tick)),
+        })
+    }
+}
+
+/// How many of `nsamples` samples are kept when each is kept with probability `keep`: a
+/// binomial draw, from a SplitMix64 sequence seeded by `key` so that a report is
+/// reproducible (a random-number crate would bring more than these few lines). Above 64
+/// samples the expected number is kept, its fraction drawn once.
+fn thinned(nsamples: u64, keep: f64, key: u64) -> u64 {
+    let mut state = key.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    let mut uniform = || {
+        state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        (z ^ (z >> 31)) as f64 / 2f64.powi(64)
+    };
+    if nsamples <= 64 {
+        (0..nsamples).filter(|_| uniform() < keep).count() as u64
+    } else {
+        let expected = nsamples as f64 * keep;
+        expected.floor() as u64 + u64::from(uniform() < expected.fract())
+    }
+}
+
+/// Write the JSON document for `traces` (one, or base and new) with the frame table
+/// `frames` and the page's settings from `options`. No `<` occurs in it, so it can sit inside a `<script>` element.
+pub fn write_json<'a>(
+    frames: &'a FrameTable,
+    traces: &[TraceData],
+    options: &super::Options,
+    out: &mut impl Write,
+) -> io::Result<()> {
+    let list = &frames.frames;
+    let mut strings: Vec<&str> = Vec::new();
+    let mut ids: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
+    let mut intern = |s: &'a str| -> usize {
+        *ids.entry(s).or_insert_with(|| {
+            strings.push(s);
+            strings.len() - 1
+        })
+    };
+    let functions: Vec<usize> = list.iter().map(|f| intern(&f.function)).collect();
+    let files: Vec<usize> = list.iter().map(|f| intern(&f.file)).collect();
+    let doc = json!({
+        "version": 1, "limit": options.limit, "top": options.top,
+        "keep": { "allocator": options.trim.keep_allocator_frames, "root": options.trim.keep_root_frames },
+        "frames": {
+            "strings": strings, "fn": functions, "file": files,
+            "line": list.iter().map(|f| f.line).collect::<Vec<_>>(),
+            "alloc": list.iter().map(|f| u8::from(is_allocator_frame(&f.function, &f.file))).collect::<Vec<_>>(),
+            "root": list.iter().map(|f| u8::from(is_root_frame(&f.function, &f.file))).collect::<Vec<_>>(),
+        },
+        "traces": traces.iter().map(TraceData::to_json).collect::<Vec<_>>(),
+    });
+    // Outside strings JSON has no `<`, so escaping every one keeps `</script` and `<!--` out.
+    out.write_all(serde_json::to_string(&doc)?.replace('<', "\\u003c").as_bytes())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn thinning_keeps_the_expected_share_reproducibly() {
+        let kept: u64 = (0..100_000).map(|key| thinned(2, 0.1, key)).sum();
+        assert!((19_000..21_000).contains(&kept), "{kept} of 200000 samples kept at 0.1");
+        assert_eq!(thinned(2, 0.1, 7), thinned(2, 0.1, 7));
+        assert_eq!(thinned(5, 1.0, 3), 5);
+        let big: u64 = (0..1000).map(|key| thinned(1000, 0.25, key)).sum();
+        assert_eq!(big, 250_000);
+    }
+}

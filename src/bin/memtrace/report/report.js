@@ -1,0 +1,698 @@
+// memtrace report page. Vanilla JS, no libraries: every view is computed from the embedded
+// blocks with the filter model of filter.rs (same clauses, same half-open ranges).
+'use strict';
+(async function () {
+const $ = (id) => document.getElementById(id);
+const SVGNS = 'http://www.w3.org/2000/svg';
+const T0 = performance.now();
+const D = JSON.parse($('report-data').textContent);
+const FR = D.frames, STR = FR.strings;
+const nFrames = FR.fn.length;
+const fnOf = (f) => STR[FR.fn[f]], fileOf = (f) => STR[FR.file[f]];
+// Labels (analysis::Frame::label) and flame colours are worked out once per frame.
+const LABELS = Array.from({ length: nFrames }, (_, f) => { const file = fileOf(f); return file ? `${fnOf(f)} (${shortPath(file)}:${FR.line[f]})` : fnOf(f); });
+const frameLabel = (f) => LABELS[f];
+const COLORS = Array.from({ length: nFrames }, (_, f) => {
+  const h = [...fnOf(f)].reduce((x, ch) => (x * 31 + ch.charCodeAt(0)) >>> 0, 7);
+  return FR.alloc[f] ? '#c9ced6' : `hsl(${15 + (h % 40)},${70 + (h % 20)}%,${58 + (h % 12)}%)`;
+});
+function shortPath(p) {
+  const m = /^\/rustc\/[0-9a-f]{40}\/(.*)$/.exec(p); if (m) return m[1];
+  const i = p.indexOf('/registry/src/'); if (i >= 0) { const r = p.slice(i + 14); const j = r.indexOf('/'); if (j >= 0) return r.slice(j + 1); }
+  return p;
+}
+
+// ------------------------------------------------------------------ decoding
+async function gunzip(b64) {
+  const bin = atob(b64); const u8 = new Uint8Array(bin.length);
+  for (let i = 0; i < bin.length; i++) u8[i] = bin.charCodeAt(i);
+  const ds = new Blob([u8]).stream().pipeThrough(new DecompressionStream('gzip'));
+  return new Response(ds).arrayBuffer();
+}
+async function decode(T) {
+  const buf = await gunzip(T.cols); const n = T.nblocks;
+  const col = (k) => new Uint32Array(buf, 4 * n * k, n);
+  const dt = col(0), life = col(1), tick = T.tick_us;
+  const a = new Float64Array(n), f = new Float64Array(n);
+  let t = 0;
+  for (let i = 0; i < n; i++) { t += dt[i]; a[i] = t * tick; f[i] = life[i] === 0 ? -1 : (t + life[i] - 1) * tick; }
+  const ns = col(2), w = col(3), s = col(4);
+  const bps = (T.info.word_size / 8) / T.info.rate; // bytes per sample
+  // Objects an allocation stands for: analysis::estimated_objects.
+  const obj = new Float32Array(n); for (let i = 0; i < n; i++) obj[i] = ns[i] / (Math.max(w[i], 1) * T.info.rate);
+  const parent = Int32Array.from(T.nodes.parent), frame = Int32Array.from(T.nodes.frame);
+  return { T, n, a, f, ns, w, s, obj, bps, parent, frame, nNodes: parent.length, dur: T.duration_us, peakT: T.peak.t, wordBytes: T.info.word_size / 8 };
+}
+const traces = await Promise.all(D.traces.map(decode));
+const DIFF = traces.length === 2;
+const A = traces[0], B = traces[traces.length - 1];
+const DUR = Math.max(...traces.map((t) => t.dur), 1);
+
+// ------------------------------------------------------------------ formatting
+function fmtBytes(x) {
+  const s = x < 0 ? '−' : ''; x = Math.abs(x);
+  const u = ['B', 'KiB', 'MiB', 'GiB', 'TiB']; let i = 0;
+  while (x >= 1024 && i < u.length - 1) { x /= 1024; i++; }
+  const d = i === 0 ? 0 : x < 10 ? 2 : x < 100 ? 1 : 0;
+  return `${s}${x.toFixed(d)} ${u[i]}`;
+}
+function fmtCount(x) { const s = x < 0 ? '−' : ''; x = Math.abs(x); return s + (x >= 1e6 ? (x / 1e6).toFixed(2) + 'M' : x >= 1e4 ? (x / 1e3).toFixed(1) + 'k' : x.toFixed(x < 10 ? 1 : 0)); }
+function fmtTime(us) {
+  if (us < 1000) return `${+us.toFixed(0)}µs`;
+  if (us < 1e6) return `${+(us / 1e3).toPrecision(4)}ms`;
+  if (us < 6e7) return `${+(us / 1e6).toPrecision(4)}s`;
+  return `${+(us / 6e7).toPrecision(4)}min`;
+}
+// The parsers of filter.rs: a plain time is seconds, a plain size bytes; undefined when
+// the text is neither, null when it is empty.
+function parseTime(s) {
+  s = s.trim(); if (!s) return null;
+  const m = /^([0-9]*\.?[0-9]+(?:e[-+]?\d+)?)\s*(us|µs|ms|s|min)?$/.exec(s); if (!m) return undefined;
+  const k = { us: 1, 'µs': 1, ms: 1e3, s: 1e6, min: 6e7 }[m[2] || 's'];
+  return Math.round(parseFloat(m[1]) * k);
+}
+function parseSize(s) {
+  s = s.trim(); if (!s) return null;
+  const m = /^([0-9]*\.?[0-9]+(?:e[-+]?\d+)?)\s*(B|KiB|MiB|GiB|K|M|G)?$/.exec(s); if (!m) return undefined;
+  const k = { B: 1, KiB: 1024, K: 1024, MiB: 1 << 20, M: 1 << 20, GiB: 1 << 30, G: 1 << 30 }[m[2] || 'B'];
+  return Math.round(parseFloat(m[1]) * k);
+}
+// A time as filter.rs prints it: the largest unit that keeps it whole.
+function cliTime(us) { return us && us % 1e6 === 0 ? `${us / 1e6}s` : us && us % 1e3 === 0 ? `${us / 1e3}ms` : `${us}us`; }
+const esc = (s) => String(s).replace(/[&<>"]/g, (c) => ({ '&': '&amp;', '<': '&lt;', '>': '&gt;', '"': '&quot;' }[c]));
+// 95% interval of a Poisson count n (Byar's approximation of the exact Garwood bounds).
+function poisson95(n) {
+  if (n <= 0) return [0, 3.689];
+  const lo = n * Math.pow(1 - 1 / (9 * n) - 1.96 / (3 * Math.sqrt(n)), 3);
+  const m = n + 1, hi = m * Math.pow(1 - 1 / (9 * m) + 1.96 / (3 * Math.sqrt(m)), 3);
+  return [Math.max(0, lo), hi];
+}
+const LOW = 10; // figures from fewer samples are marked
+function niceStep(raw) { const p = Math.pow(10, Math.floor(Math.log10(raw))); const r = raw / p; return (r <= 1 ? 1 : r <= 2 ? 2 : r <= 5 ? 5 : 10) * p; }
+function el(tag, attrs, parent) { const e = document.createElementNS(SVGNS, tag); for (const k in attrs) e.setAttribute(k, attrs[k]); if (parent) parent.appendChild(e); return e; }
+
+// ------------------------------------------------------------------ summary
+{
+  const dl = $('summary'); const add = (k, v) => { dl.insertAdjacentHTML('beforeend', `<dt>${esc(k)}</dt><dd>${esc(v)}</dd>`); };
+  for (const [i, t] of traces.entries()) {
+    const p = DIFF ? (i ? 'B (new) ' : 'A (base) ') : '';
+    add(p + 'trace', `${t.T.name} — ${t.T.info.executable} on ${t.T.info.host}, pid ${t.T.info.pid}`);
+    add(p + 'started', new Date(t.T.info.start_us / 1000).toISOString().replace('T', ' ').replace('Z', ' UTC'));
+    const th = t.T.thinned;
+    add(p + 'duration', `${fmtTime(t.dur)}; ${t.T.events} events; ${th ? th.blocks : t.n} sampled blocks; rate ${th ? `${(t.T.info.rate / th.keep).toPrecision(3)}, thinned to ${t.T.info.rate.toPrecision(3)}` : t.T.info.rate.toPrecision(3)} (one sample ≈ ${fmtBytes(t.bps)})`);
+    add(p + 'peak', `${fmtBytes(t.T.peak.bytes)} at ${fmtTime(t.peakT)}`);
+    if (t.T.truncated) add(p + 'note', 'the trace is truncated; read up to the cut');
+    for (const w of t.T.warnings) add(p + 'warning', w);
+  }
+  const thin = traces.filter((t) => t.T.thinned);
+  if (thin.length) {
+    $('thinned').hidden = false;
+    $('thinned').textContent = thin.map((t) => { const th = t.T.thinned; return `${t.T.name}: its ${th.blocks.toLocaleString('en')} sampled blocks exceed the limit of ${D.limit.toLocaleString('en')} (memtrace report --limit), so each of their ${th.samples.toLocaleString('en')} samples was kept with probability ${th.keep.toPrecision(3)}, as if the trace had been sampled at that fraction of its rate: ${t.n.toLocaleString('en')} blocks remain. Every filter clause is exact for them; the figures are estimates whose 95% intervals include the thinning, and the command line's figures (from every sample) should fall within them. The peak is that of every sample.`; }).join(' ');
+  }
+}
+
+// ------------------------------------------------------------------ filter (filter.rs)
+const F = { allocLo: null, allocHi: null, live: '', liveAt: null, collected: '', collLo: null, collHi: null,
+  sizeMin: null, sizeMax: null, lifeMin: null, lifeMax: null, inside: [], notInside: [], hide: [], measure: 'bytes', trim: true, trimRoot: true };
+// Per stack node: whether the path to it passes the function clauses, null if there are
+// none (filter.rs, Filter::matches_stack: every `inside` substring and no `not inside` one).
+function stackMask(t) {
+  if (!F.inside.length && !F.notInside.length) return null;
+  const m = new Uint8Array(t.nNodes).fill(1);
+  for (const [subs, want] of [[F.inside, 1], [F.notInside, 0]]) for (const sub of subs) {
+    const hit = new Uint8Array(nFrames); for (let f = 0; f < nFrames; f++) hit[f] = fnOf(f).includes(sub) ? 1 : 0;
+    const on = new Uint8Array(t.nNodes); // some frame on the path contains sub
+    for (let i = 1; i < t.nNodes; i++) { on[i] = on[t.parent[i]] | hit[t.frame[i]]; if (on[i] !== want) m[i] = 0; }
+    if (on[0] !== want) m[0] = 0;
+  }
+  return m;
+}
+// Returns the matching block indices of trace t, in a buffer of the trace's that the next
+// call reuses (a new array per change would only feed the garbage collector).
+function applyFilter(t) {
+  const { n, a, f, w } = t; const out = (t.matched ||= new Uint32Array(n)); let k = 0;
+  const aLo = F.allocLo ?? -Infinity, aHi = F.allocHi ?? Infinity;
+  let liveT = null, liveEnd = false;
+  if (F.live === 'time' && F.liveAt != null) liveT = F.liveAt; else if (F.live === 'peak') liveT = t.peakT; else if (F.live === 'end') liveEnd = true;
+  const coll = F.collected; const cLo = F.collLo ?? -Infinity, cHi = F.collHi ?? Infinity;
+  const sMin = F.sizeMin ?? -Infinity, sMax = F.sizeMax ?? Infinity, wb = t.wordBytes;
+  const lMin = F.lifeMin, lMax = F.lifeMax;
+  const stackOk = stackMask(t);
+  const s = t.s;
+  for (let i = 0; i < n; i++) {
+    const ai = a[i], fi = f[i];
+    if (ai < aLo || ai >= aHi) continue;
+    if (liveT !== null && !(ai <= liveT && (fi < 0 || fi > liveT))) continue;
+    if (liveEnd && fi >= 0) continue;
+    if (coll === 'never' && fi >= 0) continue;
+    if (coll === 'between' && (fi < 0 || fi < cLo || fi >= cHi)) continue;
+    const bytes = w[i] * wb; if (bytes < sMin || bytes >= sMax) continue;
+    if (lMin != null && fi >= 0 && fi - ai < lMin) continue;
+    if (lMax != null && (fi < 0 || fi - ai >= lMax)) continue;
+    if (stackOk && !stackOk[s[i]]) continue;
+    out[k++] = i;
+  }
+  return out.subarray(0, k);
+}
+// The same filter as `memtrace hotspots` flags, printed as filter.rs's Display does.
+function cliEquivalent() {
+  const p = ['memtrace hotspots TRACE'];
+  const range = (lo, hi) => `${cliTime(lo ?? 0)}:${cliTime(hi ?? Math.ceil(DUR) + 1)}`;
+  if (F.allocLo != null || F.allocHi != null) p.push(`--allocated-between ${range(F.allocLo, F.allocHi)}`);
+  if (F.live === 'time' && F.liveAt != null) p.push(`--live-at ${cliTime(F.liveAt)}`); else if (F.live === 'peak' || F.live === 'end') p.push(`--live-at ${F.live}`);
+  if (F.collected === 'never') p.push('--never-collected'); else if (F.collected === 'between') p.push(`--collected-between ${range(F.collLo, F.collHi)}`);
+  if (F.sizeMin != null) p.push(`--size-at-least ${F.sizeMin}B`); if (F.sizeMax != null) p.push(`--size-under ${F.sizeMax}B`);
+  if (F.lifeMin != null) p.push(`--lifetime-at-least ${cliTime(F.lifeMin)}`); if (F.lifeMax != null) p.push(`--lifetime-under ${cliTime(F.lifeMax)}`);
+  for (const x of F.inside) p.push(`--inside '${x}'`); for (const x of F.notInside) p.push(`--not-inside '${x}'`);
+  return p.join(' ');
+}
+
+// ------------------------------------------------------------------ reading the form
+const inputs = { 'f-alloc-lo': ['allocLo', parseTime], 'f-alloc-hi': ['allocHi', parseTime], 'f-live-at': ['liveAt', parseTime],
+  'f-coll-lo': ['collLo', parseTime], 'f-coll-hi': ['collHi', parseTime], 'f-size-min': ['sizeMin', parseSize], 'f-size-max': ['sizeMax', parseSize],
+  'f-life-min': ['lifeMin', parseTime], 'f-life-max': ['lifeMax', parseTime] };
+function readForm() {
+  let ok = true;
+  for (const id in inputs) {
+    const [k, parse] = inputs[id]; const v = parse($(id).value);
+    const bad = v === undefined; $(id).classList.toggle('bad', bad); $(id).setAttribute('aria-invalid', bad);
+    if (bad) ok = false; else F[k] = v;
+  }
+  F.live = $('f-live').value; F.collected = $('f-collected').value;
+  const list = (id) => $(id).value.split(';').map((x) => x.trim()).filter(Boolean);
+  F.inside = list('f-inside'); F.notInside = list('f-not-inside'); F.hide = list('f-hide');
+  F.measure = $('f-measure').value; F.trim = $('f-trim').checked; F.trimRoot = $('f-trim-root').checked;
+  return ok;
+}
+function setField(id, v) { $(id).value = v; }
+let timer = 0, applied = '';
+// Re-render only when the filter really changed: a 'change' event fired by the blur of a
+// field already applied must not rebuild the tables under a pending click.
+function applyForm() { if (!readForm()) return; const k = JSON.stringify(F); if (k !== applied) update(); }
+function schedule() { clearTimeout(timer); timer = setTimeout(applyForm, 120); }
+$('filters').addEventListener('input', schedule);
+$('filters').addEventListener('change', () => { clearTimeout(timer); applyForm(); });
+// The trimming `memtrace report --keep-allocator-frames / --keep-root-frames` asked for.
+const trimDefaults = () => { $('f-trim').checked = !D.keep.allocator; $('f-trim-root').checked = !D.keep.root; };
+trimDefaults();
+$('f-reset').addEventListener('click', () => { $('filters').reset(); trimDefaults(); readForm(); flame.zoom = -1; flame.focus = -1; update(); });
+
+// ------------------------------------------------------------------ per-filter computation
+const NB = 600; // timeline samples
+function liveSeries(t, idx, bucketW) { // live bytes at sample times k*dt, k = 0..NB
+  const dt = DUR / NB, d = new Float64Array(NB + 2), { a, f, ns, bps } = t;
+  for (let j = 0; j < idx.length; j++) {
+    const i = idx[j]; const x = ns[i] * bps;
+    d[Math.min(NB + 1, Math.ceil(a[i] / dt))] += x;
+    if (f[i] >= 0) d[Math.min(NB + 1, Math.ceil(f[i] / dt))] -= x;
+  }
+  const out = new Float64Array(NB + 1); let acc = 0;
+  for (let k = 0; k <= NB; k++) { acc += d[k]; out[k] = acc < 1e-6 ? 0 : acc; }
+  return out;
+}
+const allIdx = traces.map((t) => { const u = new Uint32Array(t.n); for (let i = 0; i < t.n; i++) u[i] = i; return u; });
+const totalSeries = traces.map((t, i) => liveSeries(t, allIdx[i]));
+
+// The display tree: stacks with hidden frames left out, allocator frames trimmed from the
+// inner end, optionally re-rooted at a focused frame. Shared by both traces in diff mode.
+function buildTree(results) {
+  const hideFrame = new Uint8Array(nFrames);
+  for (let fr = 0; fr < nFrames; fr++) hideFrame[fr] = F.hide.some((h) => fnOf(fr).includes(h)) ? 1 : 0;
+  const tree = { parent: [-1], frame: [-1], depth: [0], kids: [new Map()], w: [new Float64Array(0), new Float64Array(0)] };
+  const selfW = [[0], [0]], selfN = [[0], [0]], selfB = [[0], [0]];
+  function child(p, fr) {
+    let c = tree.kids[p].get(fr);
+    if (c === undefined) { c = tree.parent.length; tree.parent.push(p); tree.frame.push(fr); tree.depth.push(tree.depth[p] + 1); tree.kids.push(new Map()); tree.kids[p].set(fr, c);
+      for (const a of [selfW, selfN, selfB]) { a[0].push(0); a[1].push(0); } }
+    return c;
+  }
+  results.forEach((r, ti) => {
+    const t = traces[ti]; if (!r) return;
+    // trim: nearest ancestor-or-self that is not allocator machinery
+    const trimTo = new Int32Array(t.nNodes);
+    for (let i = 1; i < t.nNodes; i++) trimTo[i] = FR.alloc[t.frame[i]] ? trimTo[t.parent[i]] : i;
+    // Start-up frames (analysis::is_root_frame) are trimmed from the outer end: a node
+    // whose path from the outermost frame is all start-up frames is left out. (A stack
+    // made only of them is shown at the root.)
+    const startup = new Uint8Array(t.nNodes);
+    if (F.trimRoot) for (let i = 1; i < t.nNodes; i++) startup[i] = FR.root[t.frame[i]] && (t.parent[i] === 0 || startup[t.parent[i]]) ? 1 : 0;
+    const disp = new Int32Array(t.nNodes).fill(-2); disp[0] = 0;
+    const focus = flame.focus;
+    const inFocus = new Uint8Array(t.nNodes); if (focus < 0) inFocus.fill(1);
+    const dispOf = (node) => {
+      if (disp[node] !== -2) return disp[node];
+      const stack = []; let x = node; while (disp[x] === -2) { stack.push(x); x = t.parent[x]; }
+      for (let k = stack.length - 1; k >= 0; k--) {
+        const y = stack[k], fr = t.frame[y], p = t.parent[y];
+        if (hideFrame[fr] || startup[y]) { disp[y] = disp[p]; inFocus[y] = inFocus[p]; continue; }
+        if (!inFocus[p]) { if (fr === focus) { disp[y] = child(0, fr); inFocus[y] = 1; } else disp[y] = 0; continue; }
+        disp[y] = child(disp[p], fr); inFocus[y] = 1;
+      }
+      return disp[node];
+    };
+    const nodeW = new Float64Array(t.nNodes), nodeN = new Float64Array(t.nNodes), nodeB = new Float64Array(t.nNodes);
+    const count = F.measure === 'count';
+    for (let j = 0; j < r.length; j++) { const i = r[j], s = t.s[i]; nodeW[s] += count ? t.obj[i] : t.ns[i] * t.bps; nodeN[s] += t.ns[i]; nodeB[s] += 1; }
+    for (let i = 0; i < t.nNodes; i++) {
+      if (!nodeB[i]) continue;
+      let leaf = F.trim ? trimTo[i] : i; if (leaf === 0) leaf = i;
+      const d = dispOf(leaf);
+      if (!inFocus[leaf]) continue; // the stack does not pass through the focused frame
+      selfW[ti][d] += nodeW[i]; selfN[ti][d] += nodeN[i]; selfB[ti][d] += nodeB[i];
+    }
+  });
+  const m = tree.parent.length;
+  const tot = [new Float64Array(m), new Float64Array(m)], totN = [new Float64Array(m), new Float64Array(m)];
+  for (let ti = 0; ti < 2; ti++) for (let i = m - 1; i >= 0; i--) { tot[ti][i] += selfW[ti][i]; totN[ti][i] += selfN[ti][i]; if (i) { tot[ti][tree.parent[i]] += tot[ti][i]; totN[ti][tree.parent[i]] += totN[ti][i]; } }
+  Object.assign(tree, { m, selfW, selfN, selfB, tot, totN });
+  return tree;
+}
+
+// ------------------------------------------------------------------ state and update
+let R = null, TREE = null; // filter results, display tree
+const view = { site: -1 }; // selected site (frame id) for the site timeline
+const widths = {};
+function measure() { for (const id of ['timeline', 'site-timeline', 'flamegraph', 'lifetimes']) widths[id] = $(id).clientWidth; }
+function update() {
+  const t0 = performance.now(); applied = JSON.stringify(F); measure();
+  R = traces.map(applyFilter);
+  TREE = buildTree(DIFF ? R : [R[0], null]);
+  const t1 = performance.now();
+  $('cli-equivalent').textContent = cliEquivalent();
+  const tot = R.map((r, ti) => { const t = traces[ti]; let n = 0; for (let j = 0; j < r.length; j++) n += t.ns[r[j]]; return n; });
+  $('filter-totals').textContent = traces.map((t, ti) => `${DIFF ? (ti ? 'B: ' : 'A: ') : ''}${R[ti].length.toLocaleString('en')} of ${t.n.toLocaleString('en')} blocks, ${fmtBytes(tot[ti] * t.bps)} (${tot[ti]} samples)`).join('; ');
+  const views = {};
+  for (const [k, fn] of [['timeline', drawTimeline], ['site_timeline', drawSiteTimeline], ['flame', drawFlame], ['sites', drawSites], ['functions', drawFunctions], ['lifetimes', drawLifetimes], ['poi', drawPoi]]) { const s = performance.now(); fn(); views[k] = Math.round(performance.now() - s); }
+  const t2 = performance.now();
+  const timing = (window.__memtraceTiming = { filter_ms: t1 - t0, render_ms: t2 - t1, total_ms: t2 - t0, views });
+  requestAnimationFrame(() => setTimeout(() => { timing.painted_ms = performance.now() - t0; }, 0));
+  document.body.dataset.updates = String((+document.body.dataset.updates || 0) + 1);
+}
+const W = (ti) => (DIFF ? (ti ? 1 : -1) : 1); // sign of a trace's contribution to a diff
+const val = (tree, i) => (DIFF ? tree.tot[1][i] - tree.tot[0][i] : tree.tot[0][i]);
+const fmtM = (x) => (F.measure === 'count' ? fmtCount(x) : fmtBytes(x));
+
+// ------------------------------------------------------------------ timeline
+function chartFrame(container, height, drawAxes) {
+  const width = Math.max(300, widths[container.id] || 700);
+  const m = { l: 62, r: 12, t: 24, b: 30 };
+  container.textContent = '';
+  const svg = el('svg', { viewBox: `0 0 ${width} ${height}`, height, role: 'img' }, container);
+  const pw = width - m.l - m.r, ph = height - m.t - m.b;
+  return { svg, width, height, m, pw, ph, x: (t) => m.l + (t / DUR) * pw, tOf: (px) => Math.min(DUR, Math.max(0, ((px - m.l) / pw) * DUR)) };
+}
+function yAxis(c, max, fmt) {
+  const step = niceStep(Math.max(max, 1) / 4), unit = max >= 1 << 30 ? 1 << 30 : max >= 1 << 20 ? 1 << 20 : max >= 1024 ? 1024 : 1;
+  // round ticks in the display unit
+  const s = unit > 1 ? niceStep(Math.max(max, 1) / unit / 4) * unit : step;
+  const top = Math.max(s, Math.ceil(max / s) * s);
+  const y = (v) => c.m.t + c.ph - (v / top) * c.ph;
+  const g = el('g', { class: 'axis' }, c.svg);
+  for (let v = 0; v <= top + s / 2; v += s) {
+    el('line', { x1: c.m.l, x2: c.m.l + c.pw, y1: y(v), y2: y(v), stroke: '#eee' }, g);
+    el('text', { x: c.m.l - 4, y: y(v) + 4, 'text-anchor': 'end' }, g).textContent = fmt(v);
+  }
+  return y;
+}
+function xAxes(c, wall) {
+  const g = el('g', { class: 'axis' }, c.svg);
+  // A wall-clock label is about 80 px wide: keep its ticks far enough apart.
+  const step = niceStep(DUR / Math.max(2, Math.floor(c.pw / (wall ? 150 : 110))));
+  el('line', { x1: c.m.l, x2: c.m.l + c.pw, y1: c.m.t + c.ph, y2: c.m.t + c.ph }, g);
+  for (let t = 0; t <= DUR + 1e-9; t += step) {
+    const x = c.x(t);
+    el('line', { x1: x, x2: x, y1: c.m.t + c.ph, y2: c.m.t + c.ph + 4 }, g);
+    const anchor = x < c.m.l + 30 ? 'start' : x > c.m.l + c.pw - 40 ? 'end' : 'middle';
+    el('text', { x, y: c.m.t + c.ph + 16, 'text-anchor': anchor }, g).textContent = fmtTime(t);
+    if (wall) {
+      const d = new Date((traces[0].T.info.start_us + t) / 1000);
+      const s = d.toISOString().slice(11, step < 1e6 ? 23 : 19);
+      el('text', { x, y: c.m.t - 8, 'text-anchor': anchor, fill: '#5b5b66' }, g).textContent = s;
+    }
+  }
+  el('text', { x: c.m.l + c.pw, y: c.height - 2, 'text-anchor': 'end', fill: '#5b5b66' }, g).textContent = 'elapsed';
+  if (wall) el('text', { x: c.m.l - 6, y: c.m.t - 8, 'text-anchor': 'end', fill: '#5b5b66' }, g).textContent = 'UTC';
+}
+function pathOf(c, ys, y) {
+  let d = `M${c.x(0)},${y(0)}`;
+  for (let k = 0; k <= NB; k++) d += `L${c.x((k * DUR) / NB).toFixed(1)},${y(ys[k]).toFixed(1)}`;
+  return d + `L${c.x(DUR)},${y(0)}Z`;
+}
+function drawTimeline() {
+  const box = $('timeline'); const c = chartFrame(box, 240);
+  const filt = R.map((r, ti) => liveSeries(traces[ti], r));
+  const peaks = traces.map((t) => t.T.peak.bytes);
+  const max = Math.max(...peaks, ...totalSeries.map((s) => Math.max(...s)));
+  const y = yAxis(c, max, fmtBytes); xAxes(c, true);
+  const colors = DIFF ? ['#8a8a8a', '#1f5fbf'] : ['#1f5fbf'];
+  for (let ti = traces.length - 1; ti >= 0; ti--)
+    el('path', { d: pathOf(c, totalSeries[ti], y), fill: ti === traces.length - 1 ? '#dfe3ea' : 'none', stroke: DIFF && !ti ? '#555' : '#9aa3b5', 'stroke-dasharray': DIFF && !ti ? '4 3' : '', class: 'total' }, c.svg);
+  traces.forEach((t, ti) => el('path', { d: pathOf(c, filt[ti], y), fill: colors[ti], 'fill-opacity': DIFF ? 0.25 : 0.45, stroke: colors[ti], 'stroke-width': 1.5, 'stroke-dasharray': DIFF && !ti ? '4 3' : '', class: 'filtered' }, c.svg));
+  traces.forEach((t, ti) => {
+    const px = c.x(t.peakT), py = y(peaks[ti]) + (DIFF && !ti ? 14 : 0);
+    el('circle', { cx: px, cy: y(peaks[ti]), r: 4, fill: '#d9480f', class: 'peak' }, c.svg);
+    const lab = el('text', { x: px + (px > c.width - 200 ? -6 : 6), y: Math.max(c.m.t + 10, py - 6), 'text-anchor': px > c.width - 200 ? 'end' : 'start', fill: '#d9480f', id: ti ? 'peak-label-b' : 'peak-label' }, c.svg);
+    lab.textContent = `${DIFF ? (ti ? 'B ' : 'A ') : ''}peak ${fmtBytes(peaks[ti])} at ${fmtTime(t.peakT)}`;
+  });
+  // selection shading
+  if (F.allocLo != null || F.allocHi != null) {
+    const x0 = c.x(F.allocLo ?? 0), x1 = c.x(Math.min(F.allocHi ?? DUR, DUR));
+    el('rect', { x: x0, y: c.m.t, width: Math.max(1, x1 - x0), height: c.ph, fill: '#1f5fbf', 'fill-opacity': 0.08, stroke: '#1f5fbf', 'stroke-dasharray': '3 2', class: 'selection' }, c.svg);
+  }
+  const lt = F.live === 'time' ? F.liveAt : F.live === 'peak' ? B.peakT : F.live === 'end' ? DUR : null;
+  if (lt != null) el('line', { x1: c.x(lt), x2: c.x(lt), y1: c.m.t, y2: c.m.t + c.ph, stroke: '#d9480f', 'stroke-width': 1.5, class: 'live-at' }, c.svg);
+  const fmax = Math.max(...filt.map((s) => Math.max(...s)));
+  const leg = el('text', { x: c.m.l + 6, y: c.m.t + 12, id: 'timeline-legend' }, c.svg);
+  leg.textContent = `filtered: max ${fmtBytes(fmax)}${DIFF ? ' (A dashed, B solid)' : ''}`;
+  Object.assign(c.svg.dataset, { x0: c.m.l, x1: c.m.l + c.pw, t0: 0, t1: DUR, filteredMax: fmax, peakBytes: peaks[peaks.length - 1] });
+  c.svg.id = 'timeline-svg';
+  // drag to select
+  const sel = el('rect', { y: c.m.t, height: c.ph, fill: '#1f5fbf', 'fill-opacity': 0.15, visibility: 'hidden' }, c.svg);
+  const pt = (e) => { const r = c.svg.getBoundingClientRect(); return ((e.clientX - r.left) / r.width) * c.width; };
+  let start = null;
+  c.svg.onpointerdown = (e) => { if (e.button) return; start = pt(e); c.svg.setPointerCapture(e.pointerId); sel.setAttribute('x', start); sel.setAttribute('width', 0); sel.setAttribute('visibility', 'visible'); };
+  c.svg.onpointermove = (e) => { if (start === null) { hoverTimeline(e, c, pt(e), filt); return; } const x = pt(e); sel.setAttribute('x', Math.min(x, start)); sel.setAttribute('width', Math.abs(x - start)); };
+  c.svg.onpointerleave = () => { $('tooltip').hidden = true; };
+  c.svg.onpointerup = (e) => {
+    if (start === null) return; const x = pt(e); const s0 = start; start = null;
+    if (Math.abs(x - s0) < 3) { setField('f-live', 'time'); setField('f-live-at', fmtTime(Math.round(c.tOf(x)))); }
+    else { const lo = Math.round(c.tOf(Math.min(x, s0))), hi = Math.round(c.tOf(Math.max(x, s0))); setField('f-alloc-lo', fmtTime(lo)); setField('f-alloc-hi', fmtTime(hi)); }
+    applyForm();
+  };
+}
+function hoverTimeline(e, c, px, filt) {
+  const t = c.tOf(px), k = Math.round((t / DUR) * NB), tip = $('tooltip');
+  if (px < c.m.l || px > c.m.l + c.pw) { tip.hidden = true; return; }
+  tip.hidden = false; tip.style.left = e.clientX + 12 + 'px'; tip.style.top = e.clientY + 12 + 'px';
+  tip.textContent = `${fmtTime(t)}: live ${traces.map((_, ti) => fmtBytes(totalSeries[ti][k])).join(' / ')}, filtered ${filt.map((s) => fmtBytes(s[k])).join(' / ')}`;
+}
+$('timeline').addEventListener('keydown', (e) => {
+  if (!['ArrowLeft', 'ArrowRight', 'Home', 'End'].includes(e.key)) return;
+  e.preventDefault(); const step = DUR / 100; let t = F.live === 'time' && F.liveAt != null ? F.liveAt : B.peakT;
+  t = e.key === 'Home' ? 0 : e.key === 'End' ? DUR : t + (e.key === 'ArrowLeft' ? -step : step);
+  setField('f-live', 'time'); setField('f-live-at', fmtTime(Math.round(Math.min(DUR, Math.max(0, t))))); applyForm();
+});
+
+// ------------------------------------------------------------------ per-site live heap
+const PALETTE = ['#1f5fbf', '#d9480f', '#2b8a3e', '#ae3ec9', '#e8590c', '#1098ad', '#c2255c', '#5c940d', '#862e9c', '#495057'];
+function siteOfStack(t) { // per stack node: display site frame (innermost visible non-allocator frame), -1 none
+  const hideFrame = new Uint8Array(nFrames); for (let fr = 0; fr < nFrames; fr++) hideFrame[fr] = F.hide.some((h) => fnOf(fr).includes(h)) ? 1 : 0;
+  const vis = new Int32Array(t.nNodes).fill(-1), nonAlloc = new Int32Array(t.nNodes).fill(-1);
+  for (let i = 1; i < t.nNodes; i++) {
+    const fr = t.frame[i], p = t.parent[i];
+    vis[i] = hideFrame[fr] ? vis[p] : fr;
+    nonAlloc[i] = hideFrame[fr] || (F.trim && FR.alloc[fr]) ? nonAlloc[p] : fr;
+  }
+  for (let i = 1; i < t.nNodes; i++) if (nonAlloc[i] < 0) nonAlloc[i] = vis[i];
+  return nonAlloc;
+}
+function drawSiteTimeline() {
+  const t = B, ti = traces.length - 1, r = R[ti]; const site = siteOfStack(t);
+  const perNode = new Float64Array(t.nNodes); for (let j = 0; j < r.length; j++) { const i = r[j]; perNode[t.s[i]] += t.ns[i]; }
+  const per = new Map(); for (let i = 0; i < t.nNodes; i++) if (perNode[i]) per.set(site[i], (per.get(site[i]) || 0) + perNode[i]);
+  const top = [...per.entries()].sort((a, b) => b[1] - a[1]).slice(0, 8).map((x) => x[0]);
+  const slot = new Map(top.map((s, k) => [s, k]));
+  const K = top.length + 1, dt = DUR / NB, d = Array.from({ length: K }, () => new Float64Array(NB + 2));
+  const nodeSlot = new Int32Array(t.nNodes); for (let i = 0; i < t.nNodes; i++) nodeSlot[i] = slot.has(site[i]) ? slot.get(site[i]) : K - 1;
+  for (let j = 0; j < r.length; j++) {
+    const i = r[j]; const k = nodeSlot[t.s[i]]; const x = t.ns[i] * t.bps;
+    d[k][Math.min(NB + 1, Math.ceil(t.a[i] / dt))] += x; if (t.f[i] >= 0) d[k][Math.min(NB + 1, Math.ceil(t.f[i] / dt))] -= x;
+  }
+  const series = d.map((dd) => { const o = new Float64Array(NB + 1); let acc = 0; for (let k = 0; k <= NB; k++) { acc += dd[k]; o[k] = Math.max(0, acc); } return o; });
+  const box = $('site-timeline'); const c = chartFrame(box, 200);
+  const only = view.site >= 0 && slot.has(view.site) ? slot.get(view.site) : -1;
+  const stack = new Float64Array(NB + 1); let max = 0;
+  for (let k = 0; k <= NB; k++) { let s = 0; for (let q = 0; q < K; q++) if (only < 0 || q === only) s += series[q][k]; max = Math.max(max, s); }
+  const y = yAxis(c, max, fmtBytes); xAxes(c, false);
+  for (let q = 0; q < K; q++) {
+    if (only >= 0 && q !== only) continue;
+    let up = `M${c.x(0)},${y(stack[0])}`, pts = [];
+    const next = Float64Array.from(stack); for (let k = 0; k <= NB; k++) next[k] += series[q][k];
+    for (let k = 0; k <= NB; k++) up += `L${c.x((k * DUR) / NB).toFixed(1)},${y(next[k]).toFixed(1)}`;
+    for (let k = NB; k >= 0; k--) up += `L${c.x((k * DUR) / NB).toFixed(1)},${y(stack[k]).toFixed(1)}`;
+    el('path', { d: up + 'Z', fill: PALETTE[q % PALETTE.length], 'fill-opacity': 0.75, stroke: 'none', 'data-site': q < top.length ? frameLabel(top[q]) : 'other' }, c.svg);
+    stack.set(next);
+  }
+  const leg = $('site-legend'); leg.textContent = '';
+  top.concat([-2]).forEach((s, q) => {
+    if (q === K - 1 && !series[q].some((v) => v > 0)) return;
+    const b = document.createElement('button'); b.type = 'button';
+    b.innerHTML = `<span class="swatch" style="background:${PALETTE[q % PALETTE.length]}"></span>${esc(s === -2 ? 'other sites' : s < 0 ? '(no backtrace)' : frameLabel(s))}`;
+    if (s === view.site) b.classList.add('on'); b.setAttribute('aria-pressed', s === view.site);
+    b.onclick = () => { view.site = view.site === s ? -1 : s; drawSiteTimeline(); };
+    leg.appendChild(b);
+  });
+}
+
+// ------------------------------------------------------------------ flame graph
+const flame = { zoom: -1, focus: -1, sel: -1, mode: 'flame' };
+const ROW = 18;
+function colorFor(i) {
+  if (DIFF) {
+    const a = TREE.tot[0][i], b = TREE.tot[1][i], r = (b - a) / Math.max(a + b, 1e-9);
+    const k = Math.min(1, Math.abs(r)); return r >= 0 ? `hsl(0,${30 + 60 * k}%,${85 - 30 * k}%)` : `hsl(215,${30 + 60 * k}%,${85 - 30 * k}%)`;
+  }
+  const fr = TREE.frame[i]; return fr < 0 ? '#c8ccd4' : COLORS[fr];
+}
+function drawFlame() {
+  const tr = TREE, box = $('flamegraph'); const wv = (i) => (DIFF ? tr.tot[0][i] + tr.tot[1][i] : tr.tot[0][i]);
+  const width = Math.max(300, widths.flamegraph - 2 || 700);
+  const root = flame.zoom >= 0 && flame.zoom < tr.m ? flame.zoom : 0; if (root === 0) flame.zoom = -1;
+  const total = wv(root);
+  // layout: x offsets by DFS from root; ancestors of the zoomed node drawn full width
+  const xs = new Float64Array(tr.m).fill(-1), ws = new Float64Array(tr.m);
+  const anc = []; for (let x = root; x > 0; x = tr.parent[x]) anc.push(x); anc.push(0);
+  for (const x of anc) { xs[x] = 0; ws[x] = width; }
+  const order = []; const stackN = [root]; let maxDepth = 0;
+  while (stackN.length) {
+    const i = stackN.pop(); order.push(i); maxDepth = Math.max(maxDepth, tr.depth[i]);
+    let x = xs[i];
+    const kids = [...tr.kids[i].values()].sort((p, q) => wv(q) - wv(p));
+    for (const k of kids) { const kw = total > 0 ? (wv(k) / total) * width : 0; if (kw < 0.4) continue; xs[k] = x; ws[k] = kw; x += kw; stackN.push(k); }
+  }
+  const H = (maxDepth + 1) * ROW + 4; const icicle = flame.mode === 'icicle';
+  const q = $('fg-search').value.trim().toLowerCase(); let matched = 0; const matchedSeen = new Set();
+  const all = anc.slice(1).concat(order), dim = new Set(anc.filter((x) => x !== root));
+  // One string and one innerHTML: several times faster than an element at a time.
+  const parts = [];
+  for (const i of all) {
+    const d = tr.depth[i], yy = icicle ? d * ROW : H - (d + 1) * ROW;
+    const isMatch = q && i > 0 && fnOf(tr.frame[i]).toLowerCase().includes(q);
+    if (isMatch) { let dup = false; for (let x = tr.parent[i]; x > 0; x = tr.parent[x]) if (matchedSeen.has(x)) dup = true; matchedSeen.add(i); if (!dup && i !== root) matched += val(tr, i); }
+    const cls = [isMatch ? 'match' : '', dim.has(i) ? 'dim' : '', i === flame.sel ? 'sel' : ''].filter(Boolean).join(' ');
+    const label = i === 0 ? (DIFF ? 'all (B − A)' : 'all') : frameLabel(tr.frame[i]);
+    const text = `${label} — ${fmtM(val(tr, i))}${DIFF ? ` (A ${fmtM(tr.tot[0][i])}, B ${fmtM(tr.tot[1][i])})` : ''}`;
+    const title = text + `, ${Math.round(DIFF ? tr.totN[1][i] : tr.totN[0][i])} samples`;
+    let h = `<g data-node="${i}"${cls ? ` class="${cls}"` : ''}><rect x="${xs[i].toFixed(1)}" y="${yy}" width="${Math.max(ws[i] - 0.5, 0.5).toFixed(1)}" height="${ROW - 1}" fill="${colorFor(i)}"/><title>${esc(title)}</title>`;
+    if (ws[i] > 40) {
+      const maxc = Math.floor((ws[i] - 6) / 6.2); const s = text.length > maxc ? text.slice(0, Math.max(0, maxc - 1)) + '…' : text;
+      h += `<text x="${(xs[i] + 3).toFixed(1)}" y="${yy + 12.5}">${esc(s)}</text>`;
+    }
+    parts.push(h + '</g>');
+  }
+  box.innerHTML = `<svg xmlns="${SVGNS}" viewBox="0 0 ${width} ${H}" width="${width}" height="${H}" id="flamegraph-svg" data-total="${val(tr, 0)}" data-root="${root}">${parts.join('')}</svg>`;
+  if (q) { const base = root === 0 ? val(tr, 0) : val(tr, root); $('fg-match').textContent = `matched ${fmtM(matched)} (${base ? ((100 * matched) / base).toFixed(1) : 0}%)`; } else $('fg-match').textContent = '';
+  $('fg-selected').textContent = flame.sel > 0 && flame.sel < tr.m ? `selected: ${frameLabel(tr.frame[flame.sel])} ${fmtM(val(tr, flame.sel))}` : '';
+  $('fg-focus').textContent = flame.focus >= 0 ? `Unfocus ${fnOf(flame.focus)}` : 'Focus selected';
+  if (!icicle && flame._scrolled !== H) { box.scrollTop = box.scrollHeight; flame._scrolled = H; }
+}
+$('flamegraph').addEventListener('click', (e) => {
+  const g = e.target.closest('g[data-node]'); if (!g) return; const i = +g.dataset.node;
+  flame.sel = i; flame.zoom = i === 0 ? -1 : i; drawFlame();
+});
+$('flamegraph').addEventListener('keydown', (e) => {
+  const tr = TREE; let s = flame.sel > 0 && flame.sel < tr.m ? flame.sel : 0; const icicle = flame.mode === 'icicle';
+  const kids = (i) => [...tr.kids[i].values()].sort((p, q) => val(tr, q) - val(tr, p));
+  const sib = (d) => { if (!s) return s; const k = kids(tr.parent[s]); const j = k.indexOf(s) + d; return k[Math.max(0, Math.min(k.length - 1, j))]; };
+  const deeper = () => kids(s)[0] ?? s, shallower = () => (s ? tr.parent[s] : 0);
+  let handled = true;
+  switch (e.key) {
+    case 'ArrowUp': s = icicle ? shallower() : deeper(); break;
+    case 'ArrowDown': s = icicle ? deeper() : shallower(); break;
+    case 'ArrowLeft': s = sib(-1); break; case 'ArrowRight': s = sib(1); break;
+    case 'Enter': case ' ': flame.zoom = s || -1; break;
+    case 'Escape': flame.zoom = -1; break;
+    default: handled = false;
+  }
+  if (handled) { e.preventDefault(); flame.sel = s; drawFlame(); const g = $('flamegraph').querySelector('g.sel'); if (g && g.scrollIntoView) g.scrollIntoView({ block: 'nearest' }); }
+});
+$('fg-mode').addEventListener('change', () => { flame.mode = $('fg-mode').value; flame._scrolled = -1; drawFlame(); });
+$('fg-search').addEventListener('input', () => drawFlame());
+$('fg-reset').addEventListener('click', () => { flame.zoom = -1; drawFlame(); });
+$('fg-focus').addEventListener('click', () => {
+  if (flame.focus >= 0) flame.focus = -1; else if (flame.sel > 0 && flame.sel < TREE.m) flame.focus = TREE.frame[flame.sel];
+  flame.zoom = -1; flame.sel = -1; TREE = buildTree(DIFF ? R : [R[0], null]); drawFlame(); drawFunctions(); drawSites(); drawPoi();
+});
+
+// ------------------------------------------------------------------ tables
+function table(box, cols, rows, state, onPick) {
+  // cols: [{key, label, num, fmt}], rows: arrays of objects; state: {sort, desc, q, sel}
+  const q = state.q.toLowerCase();
+  let rs = q ? rows.filter((r) => r.label.toLowerCase().includes(q)) : rows.slice();
+  const c = cols.find((x) => x.key === state.sort) || cols[1];
+  rs.sort((a, b) => { const x = a[c.key], y = b[c.key]; const r = typeof x === 'string' ? x.localeCompare(y) : x - y; return state.desc ? -r : r; });
+  const shown = rs.slice(0, D.top);
+  let h = '<table><thead><tr>' + cols.map((x) => `<th scope="col" tabindex="0" data-key="${x.key}" class="${x.num ? 'n' : ''} ${x.cls || ''}" aria-sort="${x.key === c.key ? (state.desc ? 'descending' : 'ascending') : 'none'}">${esc(x.label)}</th>`).join('') + '</tr></thead><tbody>';
+  for (const r of shown) h += `<tr tabindex="0" data-id="${r.id}" class="${r.id === state.sel ? 'sel' : ''}">` + cols.map((x) => `<td class="${x.num ? 'n' : x.cls0 || ''} ${x.cls || ''} ${x.low && x.low(r) ? 'low' : ''}">${x.fmt ? x.fmt(r[x.key], r) : esc(r[x.key])}</td>`).join('') + '</tr>';
+  h += '</tbody></table>';
+  if (rs.length > shown.length) h += `<p class="hint">${rs.length - shown.length} more rows; use the filter box.</p>`;
+  box.innerHTML = h;
+  const resort = (th) => { const k = th.dataset.key; if (state.sort === k) state.desc = !state.desc; else { state.sort = k; state.desc = k !== 'label'; } table(box, cols, rows, state, onPick); box.querySelector(`th[data-key="${k}"]`).focus(); };
+  box.querySelectorAll('th').forEach((th) => { th.onclick = () => resort(th); th.onkeydown = (e) => { if (e.key === 'Enter' || e.key === ' ') { e.preventDefault(); resort(th); } }; });
+  box.querySelectorAll('tbody tr').forEach((tr) => { const pick = () => onPick && onPick(+tr.dataset.id); tr.onclick = pick; tr.onkeydown = (e) => { if (e.key === 'Enter' || e.key === ' ') { e.preventDefault(); pick(); } }; });
+}
+const interval = (n, bps) => { const [lo, hi] = poisson95(n); return [lo * bps, hi * bps]; };
+const sitesState = { sort: 'v', desc: true, q: '', sel: -1 };
+function siteRows() {
+  const tr = TREE; const by = new Map();
+  for (let i = 1; i < tr.m; i++) {
+    if (!(tr.selfB[0][i] || tr.selfB[1][i])) continue;
+    const fr = tr.frame[i]; let r = by.get(fr);
+    if (!r) { r = { id: fr, label: frameLabel(fr), a: 0, b: 0, na: 0, nb: 0, blocks: 0 }; by.set(fr, r); }
+    r.a += tr.selfW[0][i]; r.b += tr.selfW[1][i]; r.na += tr.selfN[0][i]; r.nb += tr.selfN[1][i]; r.blocks += tr.selfB[0][i] + tr.selfB[1][i];
+  }
+  const total = Math.abs(val(tr, 0)) || 1;
+  return [...by.values()].map((r) => {
+    const v = DIFF ? r.b - r.a : r.a, n = DIFF ? r.nb : r.na;
+    const bps = F.measure === 'count' ? v / Math.max(n, 1e-9) : B.bps;
+    let lo, hi;
+    if (DIFF) { const half = 1.96 * Math.sqrt(r.na + r.nb) * (F.measure === 'count' ? Math.abs(v) / Math.max(r.na + r.nb, 1e-9) : B.bps); lo = v - half; hi = v + half; }
+    else [lo, hi] = interval(r.na, F.measure === 'count' ? r.a / Math.max(r.na, 1e-9) : A.bps);
+    return Object.assign(r, { v, n, lo, hi, pct: (100 * v) / total, samples: DIFF ? r.na + r.nb : r.na });
+  });
+}
+function drawSites() {
+  const rows = siteRows();
+  const cols = [
+    { key: 'label', label: 'site', cls0: 'site' },
+    { key: 'v', label: DIFF ? 'B − A' : F.measure === 'count' ? 'objects' : 'bytes', num: true, fmt: (v, r) => `<span class="${DIFF ? (v > 0 ? 'pos' : 'neg') : ''}">${fmtM(v)}</span>`, low: (r) => r.samples < LOW },
+    { key: 'lo', label: '95% interval', num: true, cls: 'interval', fmt: (v, r) => `${fmtM(r.lo)} – ${fmtM(r.hi)}` },
+    { key: 'pct', label: '%', num: true, fmt: (v) => v.toFixed(1) },
+    { key: 'samples', label: 'samples', num: true, cls: 'hide-narrow' },
+    { key: 'blocks', label: 'blocks', num: true, cls: 'hide-narrow' },
+  ];
+  if (DIFF) cols.splice(1, 0, { key: 'a', label: 'A', num: true, fmt: fmtM, cls: 'hide-narrow' }, { key: 'b', label: 'B', num: true, fmt: fmtM, cls: 'hide-narrow' });
+  table($('sites'), cols, rows, sitesState, (id) => { sitesState.sel = id; view.site = id; drawSites(); drawSiteTimeline(); $('site-timeline').scrollIntoView({ block: 'nearest' }); });
+  const note = rows.some((r) => r.samples < LOW) ? `<p class="hint"><span class="low"></span> fewer than ${LOW} samples: the estimate is rough. Intervals: 95%, Poisson in the sample count.</p>` : '<p class="hint">Intervals: 95%, Poisson in the sample count.</p>';
+  $('sites').insertAdjacentHTML('beforeend', note);
+}
+// Function tables: inclusive (once per stack, recursion counted once) and self, with the
+// selected function's callees (top-down) or callers (bottom-up).
+const calleesState = { sort: 'total', desc: true, q: '', sel: -1 }, callersState = { sort: 'self', desc: true, q: '', sel: -1 };
+function functionStats() {
+  const tr = TREE, inc = new Map(), self = new Map(), onPath = new Map();
+  const V = (ti, i) => tr.tot[ti][i], S = (ti, i) => tr.selfW[ti][i];
+  const add = (m, k, d) => { let r = m.get(k); if (!r) m.set(k, (r = [0, 0])); r[0] += d[0]; r[1] += d[1]; };
+  // iterative DFS keeping the set of frames on the path
+  const stk = [[0, 0]];
+  while (stk.length) {
+    const top = stk[stk.length - 1]; const [i, state] = top;
+    const fr = tr.frame[i];
+    if (state === 0) {
+      top[1] = 1;
+      if (i > 0) { const c = onPath.get(fr) || 0; if (!c) add(inc, fr, [V(0, i), V(1, i)]); onPath.set(fr, c + 1); add(self, fr, [S(0, i), S(1, i)]); }
+      for (const k of tr.kids[i].values()) stk.push([k, 0]);
+    } else { stk.pop(); if (i > 0) onPath.set(fr, onPath.get(fr) - 1); }
+  }
+  return { inc, self };
+}
+function neighbours(fr, callees) {
+  const tr = TREE, out = new Map();
+  for (let i = 1; i < tr.m; i++) {
+    if (tr.frame[i] !== fr) continue;
+    if (callees) for (const k of tr.kids[i].values()) { const r = out.get(tr.frame[k]) || [0, 0]; r[0] += tr.tot[0][k]; r[1] += tr.tot[1][k]; out.set(tr.frame[k], r); }
+    else { const p = tr.parent[i]; const key = p > 0 ? tr.frame[p] : -1; const r = out.get(key) || [0, 0]; r[0] += tr.tot[0][i]; r[1] += tr.tot[1][i]; out.set(key, r); }
+  }
+  return [...out.entries()].map(([k, r]) => ({ label: k < 0 ? '(root)' : frameLabel(k), v: DIFF ? r[1] - r[0] : r[0] })).sort((a, b) => Math.abs(b.v) - Math.abs(a.v));
+}
+function drawFunctions() {
+  const { inc, self } = functionStats();
+  const rows = [...inc.keys()].map((fr) => { const i = inc.get(fr), s = self.get(fr) || [0, 0]; return { id: fr, label: frameLabel(fr), total: DIFF ? i[1] - i[0] : i[0], self: DIFF ? s[1] - s[0] : s[0] }; });
+  const cols = [{ key: 'label', label: 'function', cls0: 'fn' }, { key: 'total', label: 'total', num: true, fmt: fmtM }, { key: 'self', label: 'self', num: true, fmt: fmtM }];
+  for (const [box, st, callees] of [[$('callees'), calleesState, true], [$('callers'), callersState, false]]) {
+    const render = () => {
+      table(box, cols, rows, st, (id) => { st.sel = st.sel === id ? -1 : id; render(); });
+      if (st.sel >= 0 && inc.has(st.sel)) {
+        const list = neighbours(st.sel, callees);
+        box.insertAdjacentHTML('afterbegin', `<div class="sub"><strong>${callees ? 'Callees' : 'Callers'} of <span class="mono">${esc(frameLabel(st.sel))}</span></strong>${list.length ? '<table>' + list.slice(0, 50).map((r) => `<tr><td class="fn">${esc(r.label)}</td><td class="n">${fmtM(r.v)}</td></tr>`).join('') + '</table>' : ' (none)'}</div>`);
+      }
+    };
+    render();
+  }
+}
+for (const [id, st, fn] of [['sites-search', sitesState, () => drawSites()], ['callees-search', calleesState, () => drawFunctions()], ['callers-search', callersState, () => drawFunctions()]])
+  $(id).addEventListener('input', () => { st.q = $(id).value; fn(); });
+
+// ------------------------------------------------------------------ lifetimes
+function lifetimeBins() { const edges = [0]; for (let e = 1; e <= Math.max(10, DUR * 10); e *= 10) edges.push(e); return edges; }
+function drawLifetimes() {
+  const edges = lifetimeBins(), nb = edges.length; // bin k: [edges[k], edges[k+1]); last: never freed
+  const bins = traces.map(() => new Float64Array(nb + 1));
+  const count = F.measure === 'count';
+  R.forEach((r, ti) => {
+    const t = traces[ti], bin = bins[ti], { f, a, ns, obj, bps } = t;
+    for (let j = 0; j < r.length; j++) {
+      const i = r[j], x = count ? obj[i] : ns[i] * bps;
+      if (f[i] < 0) { bin[nb] += x; continue; }
+      // Bin k ≥ 1 holds [10^(k−1), 10^k): log10 gives it, the loops correct its rounding.
+      const l = f[i] - a[i]; let k = l < 1 ? 0 : Math.min(nb - 1, Math.floor(Math.log10(l)) + 1);
+      while (k + 1 < nb && l >= edges[k + 1]) k++; while (k > 0 && l < edges[k]) k--; bin[k] += x;
+    }
+  });
+  const v = DIFF ? bins[1].map((x, k) => x - bins[0][k]) : bins[0];
+  const box = $('lifetimes'); const width = Math.max(300, widths.lifetimes || 700), height = 190, m = { l: 62, r: 10, t: 14, b: 34 };
+  box.textContent = ''; const svg = el('svg', { viewBox: `0 0 ${width} ${height}`, height, id: 'lifetimes-svg' }, box);
+  const max = Math.max(...v.map(Math.abs), 1), bw = (width - m.l - m.r) / (nb + 1), ph = height - m.t - m.b;
+  const y = (x) => m.t + ph - (Math.abs(x) / max) * ph;
+  const labels = edges.map((e, k) => (k === 0 ? '< 1µs' : `${fmtTime(e)}–${fmtTime(e * 10)}`)); labels.push('never freed');
+  for (let k = 0; k <= nb; k++) {
+    const g = el('g', { 'data-bin': labels[k], 'data-value': v[k] }, svg);
+    el('rect', { x: m.l + k * bw + 1, y: y(v[k]), width: Math.max(1, bw - 2), height: m.t + ph - y(v[k]), fill: k === nb ? '#d9480f' : v[k] < 0 ? '#2b8a3e' : '#1f5fbf' }, g);
+    el('title', {}, g).textContent = `${labels[k]}: ${fmtM(v[k])}`;
+    if (v[k]) el('text', { x: m.l + k * bw + bw / 2, y: y(v[k]) - 2, 'text-anchor': 'middle' }, g).textContent = fmtM(v[k]);
+    if (bw > 34 || k % 2 === 0 || k === nb) el('text', { x: m.l + k * bw + bw / 2, y: height - (k % 2 ? 4 : 18), 'text-anchor': 'middle' }, svg).textContent = k === nb ? 'never' : k === 0 ? '<1µs' : fmtTime(edges[k]);
+  }
+  el('text', { x: m.l - 4, y: m.t + 10, 'text-anchor': 'end' }, svg).textContent = fmtM(max);
+}
+function shortThreshold() { return niceStep(Math.max(1, DUR / 100)) === DUR / 100 ? DUR / 100 : niceStep(DUR / 100) / 2; }
+$('lt-short').addEventListener('click', () => { setField('f-life-max', fmtTime(shortThreshold())); setField('f-collected', ''); applyForm(); });
+$('lt-never').addEventListener('click', () => { setField('f-collected', 'never'); setField('f-life-max', ''); applyForm(); });
+$('lt-clear').addEventListener('click', () => { setField('f-collected', ''); setField('f-life-max', ''); setField('f-life-min', ''); applyForm(); });
+$('lt-short').title = `lifetime under ${fmtTime(shortThreshold())} (1/100 of the trace, rounded)`;
+
+// ------------------------------------------------------------------ points of interest
+// Stacks: walk down the display tree from the root; a node that carries ≥ 5% of the
+// filtered total and has no single child carrying ≥ 80% of it is a point of interest.
+// Functions: the fewest sites (self) that explain 80% of the total.
+function drawPoi() {
+  const tr = TREE, total = Math.abs(val(tr, 0)); const box = $('poi');
+  if (!total) { box.innerHTML = '<p>No allocations match the filter.</p>'; return; }
+  const out = []; const todo = [0];
+  while (todo.length && out.length < 12) {
+    const i = todo.shift(); const w = Math.abs(val(tr, i));
+    const kids = [...tr.kids[i].values()].filter((k) => Math.abs(val(tr, k)) >= 0.05 * total).sort((p, q) => Math.abs(val(tr, q)) - Math.abs(val(tr, p)));
+    if (kids.length && Math.abs(val(tr, kids[0])) >= 0.8 * w) { todo.push(kids[0]); continue; }
+    if (i > 0) out.push(i);
+    for (const k of kids) todo.push(k);
+  }
+  const path = (i) => { const p = []; for (let x = i; x > 0; x = tr.parent[x]) p.push(fnOf(tr.frame[x])); return p.reverse(); };
+  const sites = siteRows().sort((a, b) => Math.abs(b.v) - Math.abs(a.v)); let acc = 0; const fsites = [];
+  for (const s of sites) { if (acc >= 0.8 * total || fsites.length >= 8) break; fsites.push(s); acc += Math.abs(s.v); }
+  let h = '<h3>Stacks</h3><ol id="poi-stacks">';
+  for (const i of out.slice(0, 8)) {
+    const p = path(i), v = val(tr, i);
+    h += `<li><a href="#flamegraph" data-node="${i}">${esc(frameLabel(tr.frame[i]))}</a> — <strong>${fmtM(v)}</strong> (${((100 * v) / total).toFixed(1)}%)<br><span class="hint mono">${esc(p.length > 6 ? p.slice(0, 2).join(' → ') + ' → … → ' + p.slice(-3).join(' → ') : p.join(' → '))}</span></li>`;
+  }
+  h += '</ol><h3>Sites that explain ' + ((100 * acc) / total).toFixed(0) + '% of it</h3><ol id="poi-functions">';
+  for (const s of fsites) h += `<li><span class="mono">${esc(s.label)}</span> — <strong>${fmtM(s.v)}</strong> (${((100 * s.v) / total).toFixed(1)}%)${s.samples < LOW ? ' <span class="low">few samples</span>' : ''}</li>`;
+  box.innerHTML = h + '</ol>';
+  box.querySelectorAll('a[data-node]').forEach((a) => { a.onclick = (e) => { e.preventDefault(); flame.sel = +a.dataset.node; flame.zoom = flame.sel; drawFlame(); $('flamegraph').focus(); $('flamegraph').scrollIntoView({ block: 'nearest' }); }; });
+}
+
+// ------------------------------------------------------------------ start
+readForm(); update();
+let rz = 0; window.addEventListener('resize', () => { clearTimeout(rz); rz = setTimeout(() => { measure(); drawTimeline(); drawSiteTimeline(); drawFlame(); drawLifetimes(); }, 150); });
+$('status').textContent = DIFF ? `Diff: B (${B.T.name}) − A (${A.T.name}), frames matched by function, file and line.` : `${traces[0].T.name}: ${traces[0].n.toLocaleString('en')} sampled blocks.`;
+window.__memtraceReady = { open_ms: performance.now() - T0, since_nav_ms: performance.now() };
+document.body.dataset.ready = '1';
+})().catch((e) => { document.getElementById('status').textContent = 'Error: ' + e.message; throw e; });

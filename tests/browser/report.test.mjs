@@ -1,0 +1,216 @@
+// Browser test of the report page (run by tests/integration/report_browser.rs, which
+// builds the known-answer trace and its pages): drag on the chart, 'live at peak', a
+// lifetime bound, the figures in every view, the same figures from `memtrace hotspots`
+// with the flags the page shows, no console error, screenshots at 760 and 1400 px.
+// Env: MEMTRACE_BIN, REPORT_TRACE, REPORT_HTML, DIFF_HTML, ARTIFACTS (screenshots),
+// CHROMIUM (default /usr/bin/chromium); BIG_REPORT (optional: a report to time opening and
+// filtering).
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { execFileSync } from 'node:child_process';
+import { mkdtempSync, mkdirSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import path from 'node:path';
+import { chromium } from 'playwright-core';
+
+const env = (k) => { const v = process.env[k]; if (!v) throw new Error(`${k} is not set: run this through cargo test (tests/integration/report_browser.rs)`); return v; };
+const artifacts = process.env.ARTIFACTS || mkdtempSync(path.join(tmpdir(), 'report-artifacts-'));
+mkdirSync(artifacts, { recursive: true });
+const KiB = 1024;
+
+async function launch() {
+  const userDataDir = mkdtempSync(path.join(tmpdir(), 'report-chromium-'));
+  const ctx = await chromium.launchPersistentContext(userDataDir, {
+    executablePath: process.env.CHROMIUM || '/usr/bin/chromium',
+    args: ['--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run', '--disable-background-networking', '--disable-component-update', '--disable-sync'],
+    viewport: { width: 1400, height: 1000 },
+  });
+  return { ctx, done: async () => { await ctx.close(); rmSync(userDataDir, { recursive: true, force: true }); } };
+}
+function watch(page) {
+  const errors = [];
+  page.on('console', (m) => { if (m.type() === 'error' || m.type() === 'warning') errors.push(`console.${m.type()}: ${m.text()}`); });
+  page.on('pageerror', (e) => errors.push(`pageerror: ${e.message}`));
+  page.on('request', (r) => { if (!r.url().startsWith('file:') && !r.url().startsWith('data:') && !r.url().startsWith('blob:')) errors.push(`network request: ${r.url()}`); });
+  return errors;
+}
+// `memtrace hotspots TRACE` with the flags the page shows for its filter: its lines.
+async function hotspots(page, trace) {
+  const words = [...(await text(page, '#cli-equivalent')).matchAll(/'([^']*)'|(\S+)/g)].map((m) => m[1] ?? m[2]);
+  assert.deepEqual(words.slice(0, 3), ['memtrace', 'hotspots', 'TRACE']);
+  return execFileSync(env('MEMTRACE_BIN'), ['hotspots', trace, ...words.slice(3)]).toString().split('\n');
+}
+const text = (page, sel) => page.locator(sel).first().evaluate((e) => (e instanceof HTMLElement ? e.innerText : e.textContent));
+async function settled(page, before) { await page.waitForFunction((n) => +document.body.dataset.updates > n, before); }
+const updates = (page) => page.evaluate(() => +document.body.dataset.updates);
+
+test('known-answer report', async () => {
+  const trace = env('REPORT_TRACE'), html = env('REPORT_HTML');
+  const { ctx, done } = await launch();
+  try {
+    const page = await ctx.newPage(); const errors = watch(page);
+    await page.goto('file://' + html);
+    await page.waitForSelector('body[data-ready="1"]');
+    for (const id of ['timeline', 'filters', 'flamegraph', 'sites', 'site-timeline', 'callees', 'callers', 'lifetimes', 'poi']) assert.ok(await page.locator('#' + id).count(), id);
+    // Unfiltered: 1060 KiB allocated, peak 660 KiB at 319 ms.
+    assert.match(await text(page, '#peak-label'), /peak 660 KiB at 319ms/);
+    assert.equal(+(await page.getAttribute('#flamegraph-svg', 'data-total')), 1060 * KiB);
+    assert.match(await text(page, '#filter-totals'), /170 of 170 blocks, 1\.04 MiB \(1060 samples\)/);
+
+    // Drag on the chart from 150 ms to 450 ms: 'allocated between'.
+    const box = await page.locator('#timeline-svg').boundingBox();
+    const d = await page.evaluate(() => ({ ...document.getElementById('timeline-svg').dataset, vw: document.getElementById('timeline-svg').viewBox.baseVal.width }));
+    const px = (t) => box.x + ((+d.x0 + (t / +d.t1) * (+d.x1 - +d.x0)) / d.vw) * box.width;
+    const y = box.y + box.height / 2;
+    let n = await updates(page);
+    await page.mouse.move(px(150e3), y); await page.mouse.down(); await page.mouse.move(px(300e3), y, { steps: 5 }); await page.mouse.move(px(450e3), y, { steps: 5 }); await page.mouse.up();
+    await settled(page, n);
+    const lo = await page.inputValue('#f-alloc-lo'), hi = await page.inputValue('#f-alloc-hi');
+    assert.match(lo, /^1[45]\d(\.\d+)?ms$/); assert.match(hi, /^4[45]\d(\.\d+)?ms$/);
+    assert.equal(await page.locator('#timeline rect.selection').count(), 1);
+    assert.match(await text(page, '#filter-totals'), /70 of 170 blocks, 660 KiB \(660 samples\)/);
+
+    // 'live at peak'.
+    n = await updates(page); await page.selectOption('#f-live', 'peak'); await settled(page, n);
+    assert.match(await text(page, '#filter-totals'), /70 of 170 blocks, 660 KiB/);
+    assert.equal(await page.locator('#timeline line.live-at').count(), 1);
+    // A lifetime bound: under 500 ms leaves build_index (freed after 351–400 ms) and drops
+    // the never-freed cache.
+    n = await updates(page); await page.fill('#f-life-max', '500ms'); await settled(page, n);
+    assert.match(await text(page, '#filter-totals'), /50 of 170 blocks, 500 KiB \(500 samples\)/);
+    assert.match(await text(page, '#cli-equivalent'), /--live-at peak --lifetime-under 500ms/);
+
+    // Flame graph: the root and the chain main → app::run → app::build_index, 500 KiB each.
+    assert.equal(+(await page.getAttribute('#flamegraph-svg', 'data-total')), 500 * KiB);
+    const titles = await page.$$eval('#flamegraph-svg g title', (ts) => ts.map((t) => t.textContent));
+    for (const f of ['all — 500 KiB', 'main (src/main.rs:10) — 500 KiB', 'app::run (src/app.rs:40) — 500 KiB', 'app::build_index (src/index.rs:50) — 500 KiB'])
+      assert.ok(titles.some((t) => t.startsWith(f)), `${f} in ${titles}`);
+    assert.ok(!titles.some((t) => t.includes('__rust_alloc')), 'allocator frames trimmed');
+    // Sites table: one site with its 95% interval (500 samples: 457–546 KiB).
+    const rows = await page.$$eval('#sites tbody tr', (rs) => rs.map((r) => [...r.cells].map((c) => c.innerText)));
+    assert.equal(rows.length, 1);
+    assert.deepEqual(rows[0].slice(0, 6), ['app::build_index (src/index.rs:50)', '500 KiB', '457 KiB – 546 KiB', '100.0', '500', '50']);
+    // Top-down and bottom-up tables.
+    const callees = await page.$$eval('#callees tbody tr', (rs) => rs.map((r) => [...r.cells].map((c) => c.innerText)));
+    assert.deepEqual(callees.find((r) => r[0].startsWith('main')), ['main (src/main.rs:10)', '500 KiB', '0 B']);
+    const callers = await page.$$eval('#callers tbody tr', (rs) => rs.map((r) => [...r.cells].map((c) => c.innerText)));
+    assert.deepEqual(callers[0], ['app::build_index (src/index.rs:50)', '500 KiB', '500 KiB']);
+    await page.click('#callers tbody tr:first-child');
+    assert.match(await text(page, '#callers .sub'), /Callers of app::build_index[\s\S]*app::run \(src\/app\.rs:40\)\s+500 KiB/);
+    // Chart: the filtered series peaks at 500 KiB. Lifetimes: all in 100ms–1s.
+    assert.equal(+(await page.getAttribute('#timeline-svg', 'data-filtered-max')), 500 * KiB);
+    assert.match(await text(page, '#timeline-legend'), /filtered: max 500 KiB/);
+    assert.equal(+(await page.getAttribute('#lifetimes g[data-bin="100ms–1s"]', 'data-value')), 500 * KiB);
+    // Points of interest.
+    assert.match(await text(page, '#poi-functions'), /app::build_index \(src\/index\.rs:50\) — 500 KiB \(100\.0%\)/);
+
+    // Same numbers on the command line, with the flags the page shows for its filter.
+    let cli = await hotspots(page, trace);
+    assert.match(cli[0], /total 500\.0 KiB\b.* in 500 samples, 50 sampled allocations$/, cli[0]);
+    const sites = cli.filter((l) => l.endsWith(')'));
+    assert.equal(sites.length, 1, cli.join('\n'));
+    assert.match(sites[0], /^ *500\.0 KiB .* 500 .*app::build_index \(src\/index\.rs:50\)$/, sites[0]);
+
+    // Figures from fewer than 10 samples are marked: the first two configuration blocks,
+    // 4 samples each, 95% interval 3.44–15.8 samples (Byar's approximation).
+    n = await updates(page);
+    await page.fill('#f-life-max', ''); await page.fill('#f-alloc-lo', '0ms'); await page.fill('#f-alloc-hi', '2ms'); await page.selectOption('#f-live', '');
+    await settled(page, n);
+    assert.match(await text(page, '#filter-totals'), /2 of 170 blocks, 8\.00 KiB \(8 samples\)/);
+    const low = await page.$$eval('#sites tbody tr', (rs) => rs.map((r) => [r.cells[0].innerText, r.cells[1].classList.contains('low'), r.cells[2].innerText]));
+    assert.deepEqual(low, [['app::load_config (src/config.rs:30)', true, '3.44 KiB – 15.8 KiB']]);
+    assert.match(await text(page, '#sites'), /fewer than 10 samples/);
+    n = await updates(page); await page.click('#f-reset'); await settled(page, n);
+
+    // Function clauses, several substrings each: inside run and cache is the cache; not
+    // inside cache or init is the index. The command line agrees.
+    n = await updates(page); await page.fill('#f-inside', 'app::run; cache'); await settled(page, n);
+    assert.match(await text(page, '#filter-totals'), /20 of 170 blocks, 160 KiB/);
+    cli = await hotspots(page, trace);
+    assert.match(cli[0], /--inside 'app::run' --inside 'cache' \(estimated\): total 160\.0 KiB\b.* in 160 samples, 20 sampled allocations$/, cli[0]);
+    n = await updates(page); await page.fill('#f-inside', ''); await page.fill('#f-not-inside', 'cache;init'); await settled(page, n);
+    assert.match(await text(page, '#filter-totals'), /50 of 170 blocks, 500 KiB/);
+    assert.match((await hotspots(page, trace))[0], /total 500\.0 KiB\b.* in 500 samples, 50 sampled allocations$/);
+    n = await updates(page); await page.click('#f-reset'); await settled(page, n);
+
+    // Never freed, one click away: the cache, 160 KiB.
+    n = await updates(page); await page.click('#lt-never'); await settled(page, n);
+    assert.match(await text(page, '#filter-totals'), /20 of 170 blocks, 160 KiB/);
+    n = await updates(page); await page.click('#lt-never'); // idempotent, no error
+    await page.click('#lt-clear'); await settled(page, n);
+
+    // Keyboard: the flame graph zooms with Enter, Ctrl-F is left to the browser.
+    await page.focus('#flamegraph'); await page.keyboard.press('ArrowUp'); await page.keyboard.press('Enter');
+    assert.notEqual(await page.getAttribute('#flamegraph-svg', 'data-root'), '0');
+    await page.keyboard.press('Escape');
+    const prevented = await page.evaluate(() => { const e = new KeyboardEvent('keydown', { key: 'f', ctrlKey: true, bubbles: true, cancelable: true }); document.body.dispatchEvent(e); return e.defaultPrevented; });
+    assert.equal(prevented, false);
+    // Flame graph height bounded.
+    assert.ok((await page.locator('#flamegraph').boundingBox()).height <= 450);
+
+    // Screenshots at 1400 and 760 px; readable and no horizontal scrolling at 760.
+    await page.selectOption('#f-live', 'peak');
+    await page.screenshot({ path: path.join(artifacts, 'report-1400.png'), fullPage: true });
+    await page.setViewportSize({ width: 760, height: 1000 }); await page.waitForTimeout(400);
+    await page.screenshot({ path: path.join(artifacts, 'report-760.png'), fullPage: true });
+    const layout = await page.evaluate(() => ({ sw: document.documentElement.scrollWidth, minFont: Math.min(...[...document.querySelectorAll('td, th, label, p, button, legend')].filter((e) => e.offsetParent).map((e) => parseFloat(getComputedStyle(e).fontSize))) }));
+    assert.ok(layout.sw <= 760, `page is ${layout.sw}px wide at 760`);
+    assert.ok(layout.minFont >= 11, `smallest text ${layout.minFont}px`);
+    assert.deepEqual(errors, []);
+  } finally { await done(); }
+});
+
+// Beyond --limit the samples are thinned, and the page says so.
+test('thinned report', async () => {
+  const { ctx, done } = await launch();
+  try {
+    const page = await ctx.newPage(); const errors = watch(page);
+    await page.goto('file://' + env('THIN_HTML')); await page.waitForSelector('body[data-ready="1"]');
+    assert.ok(await page.isVisible('#thinned'));
+    assert.match(await text(page, '#thinned'), /its 170 sampled blocks exceed the limit of 50 \(memtrace report --limit\), so each of their 1,060 samples was kept with probability 0\.0\d+/);
+    const blocks = +(await text(page, '#filter-totals')).match(/^(\d+) of \1 blocks/)[1];
+    assert.ok(blocks <= 50 && blocks > 20, `${blocks} blocks kept`);
+    // The peak is that of every sample.
+    assert.match(await text(page, '#peak-label'), /peak 660 KiB at 319ms/);
+    assert.deepEqual(errors, []);
+  } finally { await done(); }
+});
+
+// B has 20 more cache blocks than A: +160 KiB.
+test('diff report', async () => {
+  const html = env('DIFF_HTML');
+  const { ctx, done } = await launch();
+  try {
+    const page = await ctx.newPage(); const errors = watch(page);
+    await page.goto('file://' + html); await page.waitForSelector('body[data-ready="1"]');
+    assert.equal(+(await page.getAttribute('#flamegraph-svg', 'data-total')), 160 * KiB);
+    const rows = await page.$$eval('#sites tbody tr', (rs) => rs.map((r) => [...r.cells].map((c) => c.innerText)));
+    assert.deepEqual(rows[0].slice(0, 4), ['app::cache::insert (src/cache.rs:60)', '160 KiB', '320 KiB', '160 KiB']);
+    let n = await updates(page); await page.selectOption('#f-live', 'end'); await settled(page, n);
+    assert.equal(+(await page.getAttribute('#flamegraph-svg', 'data-total')), 160 * KiB);
+    await page.screenshot({ path: path.join(artifacts, 'diff-1400.png'), fullPage: true });
+    assert.deepEqual(errors, []);
+  } finally { await done(); }
+});
+
+test('big report timing', { skip: !process.env.BIG_REPORT }, async () => {
+  const { ctx, done } = await launch();
+  try {
+    const page = await ctx.newPage(); const errors = watch(page);
+    const t0 = Date.now();
+    await page.goto('file://' + process.env.BIG_REPORT);
+    await page.waitForSelector('body[data-ready="1"]', { timeout: 60000 });
+    const wall = Date.now() - t0;
+    const ready = await page.evaluate(() => window.__memtraceReady);
+    const timings = [];
+    for (const [sel, v] of [['#f-live', 'peak'], ['#f-live', 'end'], ['#f-live', '']]) {
+      const n = await updates(page); await page.selectOption(sel, v); await settled(page, n);
+      await page.waitForFunction(() => window.__memtraceTiming.painted_ms > 0); timings.push(await page.evaluate(() => window.__memtraceTiming));
+    }
+    let n = await updates(page); await page.fill('#f-life-max', '500us'); await settled(page, n); await page.waitForFunction(() => window.__memtraceTiming.painted_ms > 0); timings.push(await page.evaluate(() => window.__memtraceTiming));
+    n = await updates(page); await page.fill('#f-inside', 'stack3'); await settled(page, n); await page.waitForFunction(() => window.__memtraceTiming.painted_ms > 0); timings.push(await page.evaluate(() => window.__memtraceTiming));
+    console.log(JSON.stringify({ wall_open_ms: wall, ready, timings }, null, 1));
+    await page.screenshot({ path: path.join(artifacts, 'big-1400.png'), fullPage: false });
+    assert.deepEqual(errors, []);
+  } finally { await done(); }
+});

@@ -1,0 +1,228 @@
+//! The report page in a browser, and the same filter on the command line.
+//!
+//! A trace with known answers is built here; `memtrace report` writes its page (and a diff
+//! page), and `tests/browser/report.test.mjs` (node's test runner with playwright-core,
+//! driving Debian's chromium) drags on the chart, applies "live at peak" and a lifetime
+//! bound, checks the figures of the flame graph, the tables and the chart, checks that the
+//! console stays clean and saves screenshots at 760 and 1400 px in
+//! `target/test-artifacts/` (or `$CARGO_TARGET_DIR/test-artifacts/`); it also opens the
+//! diff page and a page thinned by `--limit`. `hotspots_gives_the_figures_the_page_shows` checks that
+//! `memtrace hotspots` with the same filter flags gives the same figures.
+//!
+//! Without /usr/bin/chromium or `tests/browser/node_modules` (`npm ci` there) the browser
+//! test says why and passes, unless `CI` is set: then it fails.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+
+use memtrace_rs::trace::{AllocSource, Info, Location, NewAlloc, Writer};
+
+/// One sample stands for 1 KiB: rate 1/128 per 8-byte word.
+const RATE: f64 = 1.0 / 128.0;
+
+/// The location codes of the known trace: (function, file, line).
+fn location(code: u64) -> Arc<[Location]> {
+    let (function, file, line) = match code {
+        1 => ("main", "src/main.rs", 10),
+        2 => ("app::init", "src/app.rs", 20),
+        3 => ("app::load_config", "src/config.rs", 30),
+        4 => ("app::run", "src/app.rs", 40),
+        5 => ("app::build_index", "src/index.rs", 50),
+        6 => ("app::cache::insert", "src/cache.rs", 60),
+        7 => (
+            "alloc::vec::Vec<T,A>::push",
+            "/rustc/0123456789abcdef0123456789abcdef01234567/library/alloc/src/vec/mod.rs",
+            2400,
+        ),
+        _ => ("__rust_alloc", "", 0),
+    };
+    Arc::from(vec![Location {
+        filename: file.as_bytes().into(),
+        line,
+        start_char: 1,
+        end_char: 10,
+        defname: function.as_bytes().into(),
+    }])
+}
+
+/// The known-answer trace, with `cache_blocks` cache insertions (20 in the base trace):
+///
+/// | site | stack | blocks | each | allocated at | freed | total |
+/// |---|---|---|---|---|---|---|
+/// | `app::load_config` | main → app::init | 100 | 4 KiB | 0, 1, …, 99 ms | 0.5 ms later | 400 KiB |
+/// | `app::build_index` | main → app::run → Vec::push → __rust_alloc | 50 | 10 KiB | 200 … 249 ms | at 600 ms | 500 KiB |
+/// | `app::cache::insert` | main → app::run | 20 | 8 KiB | 300 … 319 ms | never | 160 KiB |
+///
+/// The peak is 660 KiB at 319 ms and the trace lasts 600 ms.
+fn known_trace(path: &Path, cache_blocks: u64) {
+    let info = Info {
+        sample_rate: RATE,
+        word_size: 64,
+        executable_name: b"/usr/bin/known-app".to_vec(),
+        host_name: b"testhost".to_vec(),
+        runtime_params: b"memtrace-rs report test".to_vec(),
+        pid: 42,
+        initial_domain: 0,
+        start_time: 1_700_000_000_000_000,
+        context: Some(b"known answers".to_vec()),
+    };
+    let s0 = info.start_time;
+    let mut w = Writer::new(std::fs::File::create(path).unwrap(), &info).unwrap();
+    let alloc = |words, nsamples, callstack| NewAlloc {
+        length: words,
+        nsamples,
+        source: AllocSource::External,
+        callstack,
+        drop: 0,
+    };
+    for i in 0..100u64 {
+        let id = w.put_alloc(0, s0 + i * 1000, &alloc(512, 4, &[3, 2, 1]), location).unwrap();
+        w.put_collect(0, s0 + i * 1000 + 500, id).unwrap();
+    }
+    let index: Vec<_> = (0..50u64)
+        .map(|j| w.put_alloc(0, s0 + 200_000 + j * 1000, &alloc(1280, 10, &[8, 7, 5, 4, 1]), location).unwrap())
+        .collect();
+    for k in 0..cache_blocks {
+        w.put_alloc(0, s0 + 300_000 + k * 1000, &alloc(1024, 8, &[6, 4, 1]), location).unwrap();
+    }
+    for id in index {
+        w.put_collect(0, s0 + 600_000, id).unwrap();
+    }
+    w.close().unwrap();
+}
+
+/// Run the `memtrace` binary with `args`; its stdout.
+fn memtrace(args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_memtrace")).args(args).output().unwrap();
+    assert!(out.status.success(), "memtrace {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).unwrap()
+}
+
+fn repo(path: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(path)
+}
+
+/// The filter the browser test sets (its drag lands within a few pixels of 150 and 450 ms).
+const FILTER: [&str; 6] = ["--allocated-between", "150ms:450ms", "--live-at", "peak", "--lifetime-under", "500ms"];
+
+#[test]
+fn hotspots_gives_the_figures_the_page_shows() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("known.ctf");
+    known_trace(&trace, 20);
+    let t = trace.to_str().unwrap();
+    let lines =
+        |args: &[&str]| memtrace(&[&["hotspots", t], args].concat()).lines().map(str::to_string).collect::<Vec<_>>();
+    // The page: "50 of 170 blocks, 500 KiB (500 samples)", one site, app::build_index.
+    let out = lines(&FILTER);
+    let heading = "--allocated-between 150ms:450ms --live-at peak --lifetime-under 500ms (estimated): total 500.0 KiB";
+    assert!(out[0].contains(heading), "{out:?}");
+    assert_totals(&out, 500, 50);
+    let sites: Vec<&String> = out.iter().filter(|l| l.ends_with(')')).collect();
+    assert_eq!(sites.len(), 1, "{out:?}");
+    assert!(
+        sites[0].trim_start().starts_with("500.0 KiB ") && sites[0].ends_with(" app::build_index (src/index.rs:50)")
+    );
+    // The drag and "live at peak" before the lifetime bound: 70 blocks, 660 KiB, the peak.
+    let out = lines(&FILTER[..4]);
+    assert!(out[0].contains("total 660.0 KiB"), "{out:?}");
+    assert_totals(&out, 660, 70);
+    let info = memtrace(&["info", t]);
+    assert!(info.contains("(675840 bytes, 660 samples) at 0.319000 s"), "{info}");
+    // Never freed: the cache, 160 KiB; short-lived: the configuration, 400 KiB.
+    assert_totals(&lines(&["--never-collected"]), 160, 20);
+    assert_totals(&lines(&["--lifetime-under", "1ms", "--inside", "app::init", "--not-inside", "run"]), 400, 100);
+    assert_totals(&lines(&["--size-at-least", "8KiB", "--size-under", "10KiB", "--collected-between", "0:1s"]), 0, 0);
+}
+
+/// The heading of `hotspots` output `out` ends with these totals.
+fn assert_totals(out: &[String], samples: u64, allocations: u64) {
+    let end = format!(" in {samples} samples, {allocations} sampled allocations");
+    assert!(out[0].ends_with(&end), "{out:?} does not end with {end:?}");
+}
+
+#[test]
+fn the_page_shows_the_known_figures_in_a_browser() {
+    let chromium = Path::new("/usr/bin/chromium");
+    let browser_dir = repo("tests/browser");
+    let missing = [
+        (chromium.to_path_buf(), "apt-get install chromium"),
+        (browser_dir.join("node_modules/playwright-core"), "npm ci in tests/browser"),
+    ]
+    .into_iter()
+    .find(|(path, _)| !path.exists());
+    if let Some((path, fix)) = missing {
+        assert!(std::env::var_os("CI").is_none(), "{} is missing ({fix}): .ci/run installs it", path.display());
+        println!("skipped: {} is missing ({fix})", path.display());
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (base, new) = (dir.path().join("known.ctf"), dir.path().join("known-more-cache.ctf"));
+    known_trace(&base, 20);
+    known_trace(&new, 40);
+    let (report, diff) = (dir.path().join("known.html"), dir.path().join("diff.html"));
+    let path = |p: &Path| p.to_str().unwrap().to_string();
+    memtrace(&["report", &path(&base), "-o", &path(&report)]);
+    memtrace(&["report", "--diff", &path(&base), &path(&new), "-o", &path(&diff)]);
+    let thin = dir.path().join("thin.html");
+    memtrace(&["report", &path(&base), "--limit", "50", "-o", &path(&thin)]);
+    let target = std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| repo("target"), PathBuf::from);
+    let artifacts = target.join("test-artifacts");
+    std::fs::create_dir_all(&artifacts).unwrap();
+    let status = Command::new("node")
+        .args(["--test", "--test-reporter=spec", "report.test.mjs"])
+        .current_dir(&browser_dir)
+        .env("MEMTRACE_BIN", env!("CARGO_BIN_EXE_memtrace"))
+        .env("REPORT_TRACE", &base)
+        .env("REPORT_HTML", &report)
+        .env("DIFF_HTML", &diff)
+        .env("THIN_HTML", &thin)
+        .env("ARTIFACTS", &artifacts)
+        .status()
+        .expect("node runs");
+    assert!(status.success(), "the browser test failed: {status}");
+    for shot in ["report-760.png", "report-1400.png", "diff-1400.png"] {
+        assert!(artifacts.join(shot).exists(), "{shot}");
+    }
+}
+
+/// Events at one timestamp count together, for the peak `info` reports and for the blocks
+/// `--live-at peak` selects (the page takes the same peak from the same finder).
+#[test]
+fn the_peak_and_live_at_peak_agree_at_coincident_timestamps() {
+    let mut t = crate::util::cli::TraceBuilder::new();
+    let a = t.alloc(10, 4, &crate::util::cli::LOAD);
+    let b = t.alloc(20, 5, &crate::util::cli::PARSE);
+    t.free(20, a); // after b, at b's time: 9 samples are never live at once
+    t.free(30, b);
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("coincident.ctf");
+    std::fs::write(&trace, t.finish()).unwrap();
+    let t = trace.to_str().unwrap();
+    let info = memtrace(&["info", t]);
+    assert!(info.contains("(4000 bytes, 5 samples") && info.contains("at 0.000020 s"), "{info}");
+    let hot = memtrace(&["hotspots", t, "--live-at", "peak"]);
+    let out: Vec<String> = hot.lines().map(str::to_string).collect();
+    assert!(out[0].contains("total 3.9 KiB"), "{hot}");
+    assert_totals(&out, 5, 1);
+    assert!(hot.contains("app::parse"), "{hot}");
+}
+
+/// The page names frames as the other subcommands do: generic arguments elided unless
+/// `--full-names`.
+#[test]
+fn the_page_shortens_names_as_the_command_line_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("known.ctf");
+    known_trace(&trace, 20);
+    let html = dir.path().join("known.html");
+    let (t, h) = (trace.to_str().unwrap(), html.to_str().unwrap());
+    memtrace(&["report", t, "-o", h]);
+    let page = std::fs::read_to_string(&html).unwrap();
+    assert!(page.contains("\"alloc::vec::Vec::push\"") && !page.contains("Vec\\u003cT,A>::push"));
+    assert!(memtrace(&["hotspots", t, "--keep-allocator-frames", "--stacks"]).contains("alloc::vec::Vec::push ("));
+    memtrace(&["--full-names", "report", t, "-o", h]);
+    let page = std::fs::read_to_string(&html).unwrap();
+    assert!(page.contains("\"alloc::vec::Vec\\u003cT,A>::push\""));
+}
