@@ -16,12 +16,14 @@
 
 use std::io::Read;
 
-use super::pass::PROGRESS_EVERY;
 use crate::format::hash::FastMap;
 use crate::format::trace::{AllocSource, EventKind, ObjectId, Reader, Timestamp};
 use crate::Result;
 
-/// A sampled allocation (or, in an aggregated report, a group of them).
+/// Events between two progress updates (of this stream and of the analysis pass).
+pub(super) const PROGRESS_EVERY: u64 = 1 << 14;
+
+/// A sampled allocation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Block {
     /// When it was allocated, µs since the trace start.

@@ -40,7 +40,7 @@ use std::collections::HashMap;
 use std::io::Read;
 use std::path::Path;
 
-use super::blocks::PeakFinder;
+use super::blocks::{PeakFinder, PROGRESS_EVERY};
 use super::estimate::Estimate;
 use crate::format::hash::FastMap;
 use crate::format::location_codec::Location;
@@ -69,8 +69,6 @@ fn size_bucket(bytes: u64) -> usize {
     }
 }
 
-/// Events between two progress updates.
-pub(super) const PROGRESS_EVERY: u64 = 1 << 14;
 /// Most buckets a [`Timeline`] holds; adjacent buckets are merged when it would overflow.
 const TIMELINE_BUCKETS: usize = 1024;
 
