@@ -49,5 +49,6 @@ pub mod trace {
 #[doc(hidden)]
 pub mod __internals {
     pub use crate::format::{backtrace_codec, buf, location_codec};
-    pub use crate::runtime::symbolize::function_names;
+    pub use crate::runtime::symbolize::function_names_once as function_names;
+    pub use crate::runtime::symbolize::{Options as SymbolizerOptions, Stats as SymbolizerStats, Symbolizer};
 }

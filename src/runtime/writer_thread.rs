@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use super::handoff::{self, Channel, Msg};
 use super::state::{MAX_FRAMES, OFF, STATE};
-use super::symbolize;
+use super::symbolize::{self, Symbolizer};
 use super::unwind::cfi;
 use crate::format::error::{Error, ErrorKind};
 use crate::format::hash::FastMap;
@@ -40,6 +40,8 @@ struct TraceWriter {
     session: u32,
     /// Object id of each live sampled block, by address.
     ids: FastMap<usize, ObjectId>,
+    /// Names frame addresses, lazily and within its memory budget.
+    symbolizer: Symbolizer,
     /// Symbolized frame addresses.
     locations: FastMap<u64, Arc<[Location]>>,
     /// Time of the last event: event times never decrease.
@@ -76,6 +78,7 @@ pub(crate) fn write_trace(
         writer,
         session,
         ids: FastMap::default(),
+        symbolizer: symbolize::take_spare(symbolize::options_from_env()),
         locations: FastMap::default(),
         last_time: start_time,
         allocs: 0,
@@ -84,11 +87,17 @@ pub(crate) fn write_trace(
     // A panic here (a bug, or in the symbolizer on odd debug info) must not leave sampling on
     // with nobody draining the queue: it stops tracing like a write error.
     let (mut allocs, mut frees) = (0, 0);
+    let mut spare = None;
     let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         let result = state.run(channel);
         (allocs, frees) = (state.allocs, state.frees);
+        // Not after a panic, which may have left it half-updated.
+        spare = Some(std::mem::take(&mut state.symbolizer));
         result.and_then(|()| state.writer.close().map(drop))
     }));
+    if let Some(symbolizer) = spare {
+        symbolize::put_spare(symbolizer);
+    }
     let error = match outcome {
         Ok(Ok(())) => None,
         Ok(Err(e)) => Some(e),
@@ -149,7 +158,9 @@ impl TraceWriter {
     fn without_shim_frame<'a>(&mut self, frames: &'a [u64]) -> &'a [u64] {
         match frames {
             [innermost, rest @ ..] if !rest.is_empty() => {
-                let locations = self.locations.entry(*innermost).or_insert_with(|| symbolize::symbolize(*innermost));
+                let symbolizer = &mut self.symbolizer;
+                let locations =
+                    self.locations.entry(*innermost).or_insert_with(|| symbolize::symbolize(symbolizer, *innermost));
                 // Outermost first: the frame's own function.
                 if locations.first().is_some_and(|l| symbolize::is_allocator_shim(&l.defname_str())) {
                     rest
@@ -170,9 +181,9 @@ impl TraceWriter {
         let time = self.time(time);
         let frames = self.without_shim_frame(frames);
         let alloc = NewAlloc { length, nsamples, source: AllocSource::External, callstack: frames, drop: 0 };
-        let locations = &mut self.locations;
+        let (locations, symbolizer) = (&mut self.locations, &mut self.symbolizer);
         let id = self.writer.put_alloc(DOMAIN, time, &alloc, |code| {
-            locations.entry(code).or_insert_with(|| symbolize::symbolize(code)).clone()
+            locations.entry(code).or_insert_with(|| symbolize::symbolize(symbolizer, code)).clone()
         })?;
         self.ids.insert(addr, id);
         self.allocs += 1;

@@ -222,7 +222,11 @@ fn tracer_frames(frames: &[u64], marker: &str) -> Option<Leading> {
         "__rustc::",
         "_Unwind_",
     ];
-    let names: Vec<Vec<String>> = frames.iter().map(|&ip| symbolize::function_names(ip)).collect();
+    // Only the objects these few addresses are in get parsed (the program's, and ours), and
+    // the writer starts with what was parsed.
+    let mut symbolizer = symbolize::take_spare(symbolize::Options::default());
+    let names: Vec<Vec<String>> = frames.iter().map(|&ip| symbolize::function_names(&mut symbolizer, ip)).collect();
+    symbolize::put_spare(symbolizer);
     let marker_at = names.iter().position(|n| n.iter().any(|n| n.ends_with(marker)))?;
     let Some(last) = names[..marker_at].iter().rposition(|n| n.iter().any(|n| OURS.iter().any(|o| n.contains(o))))
     else {
@@ -336,8 +340,9 @@ mod tests {
         let mut dwarf = [0; MAX_FRAMES];
         let m = super::super::libgcc::capture(Leading::NONE, MAX_FRAMES, &mut dwarf);
         let (walked, dwarf) = (&frames[..n], &dwarf[..m]);
-        let into_this_test =
-            |f: u64| symbolize::function_names(f).iter().any(|n| n.contains("frame_pointer_walk_stays_on_the_stack"));
+        let into_this_test = |f: u64| {
+            symbolize::function_names_once(f).iter().any(|n| n.contains("frame_pointer_walk_stays_on_the_stack"))
+        };
         let callers = if walked.first().is_some_and(|&f| into_this_test(f)) { &walked[1..] } else { walked };
         match callers.first().and_then(|f| dwarf.iter().position(|d| d == f)) {
             Some(at) => {
