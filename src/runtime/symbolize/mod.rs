@@ -22,7 +22,7 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 
 pub use self::symbolizer::{Options, Stats, Symbolizer};
-use crate::format::location_codec::Location;
+use crate::format::location_codec::{self, Location};
 
 /// The symbolizer no writer is using: calibration's, handed to the first writer, and each
 /// writer's when it ends, handed to the next, so that what they parsed is parsed once per
@@ -75,8 +75,9 @@ pub(crate) fn options_from_env() -> Options {
 
 /// The locations of the code at return address `addr`, outermost first: the function that
 /// contains the code, then one per inlined function, without the allocator shim and what is
-/// inlined into it when the shim is itself inlined. An address with no symbol gives one
-/// location named after the address.
+/// inlined into it when the shim is itself inlined, shortened to fit a location record
+/// ([`location_codec::shorten_to_fit`]). An address with no symbol gives one location named
+/// after the address.
 pub fn symbolize(symbolizer: &mut Symbolizer, addr: u64) -> Arc<[Location]> {
     let unknown_file: Arc<[u8]> = Arc::from(&b"<unknown>"[..]);
     let mut locations: Vec<Location> = symbolizer
@@ -101,6 +102,10 @@ pub fn symbolize(symbolizer: &mut Symbolizer, addr: u64) -> Arc<[Location]> {
         });
     }
     drop_inlined_shim(&mut locations);
+    if location_codec::must_truncate(&locations) {
+        // Too long for a location record, which would make it the unknown location.
+        locations = location_codec::shorten_to_fit(&locations).into_owned();
+    }
     locations.into()
 }
 
