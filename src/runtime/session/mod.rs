@@ -188,7 +188,8 @@ pub fn start_tracing(config: TraceConfig) -> Result<TraceGuard, StartError> {
 
     let id = NEXT_SESSION.fetch_add(1, Ordering::Relaxed);
     let tag = handoff::session_tag(id);
-    let channel = handoff::open(getpid());
+    let no_memory = |handoff::NoMemory| StartError::Spawn(io::ErrorKind::OutOfMemory.into());
+    let channel = handoff::open(getpid(), config.rate).map_err(no_memory)?;
     let (ready_tx, ready_rx) = crossbeam_channel::bounded(1);
     let path = config.path.clone();
     let writer = std::thread::Builder::new()
