@@ -17,6 +17,8 @@ use memtrace_rs::{currently_tracing, start_tracing, stop_tracing, trace_if_reque
 #[global_allocator]
 static GLOBAL: MemtraceAllocator = MemtraceAllocator::system();
 
+mod symbols;
+
 const ROLE_VAR: &str = "MEMTRACE_TEST_ROLE";
 /// Where a child writes a second trace (the `api` role).
 const SECOND_FILE_VAR: &str = "MEMTRACE_TEST_SECOND_FILE";
@@ -283,6 +285,7 @@ fn child_role() {
             assert!(!currently_tracing());
             drop(kept);
         }
+        symbols if symbols.starts_with("symbols:") => symbols::child(symbols),
         other => panic!("unknown role {other}"),
     }
 }
