@@ -29,6 +29,7 @@ mod golden_copy;
 mod golden_dump;
 mod read_alloc_free;
 mod roundtrip;
+mod symbolizer_memory;
 
 #[global_allocator]
 static GLOBAL: util::counting_alloc::Counting = util::counting_alloc::Counting;

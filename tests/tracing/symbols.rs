@@ -98,53 +98,53 @@ macro_rules! inline_chain {
 }
 
 inline_chain!(
-    inline_level_00_with_a_long_name,
-    inline_level_01_with_a_long_name,
-    inline_level_02_with_a_long_name,
-    inline_level_03_with_a_long_name,
-    inline_level_04_with_a_long_name,
-    inline_level_05_with_a_long_name,
-    inline_level_06_with_a_long_name,
-    inline_level_07_with_a_long_name,
-    inline_level_08_with_a_long_name,
-    inline_level_09_with_a_long_name,
-    inline_level_10_with_a_long_name,
-    inline_level_11_with_a_long_name,
-    inline_level_12_with_a_long_name,
-    inline_level_13_with_a_long_name,
-    inline_level_14_with_a_long_name,
-    inline_level_15_with_a_long_name,
-    inline_level_16_with_a_long_name,
-    inline_level_17_with_a_long_name,
-    inline_level_18_with_a_long_name,
-    inline_level_19_with_a_long_name,
-    inline_level_20_with_a_long_name,
-    inline_level_21_with_a_long_name,
-    inline_level_22_with_a_long_name,
-    inline_level_23_with_a_long_name,
-    inline_level_24_with_a_long_name,
-    inline_level_25_with_a_long_name,
-    inline_level_26_with_a_long_name,
-    inline_level_27_with_a_long_name,
-    inline_level_28_with_a_long_name,
-    inline_level_29_with_a_long_name,
-    inline_level_30_with_a_long_name,
-    inline_level_31_with_a_long_name,
-    inline_level_32_with_a_long_name,
-    inline_level_33_with_a_long_name,
-    inline_level_34_with_a_long_name,
-    inline_level_35_with_a_long_name,
-    inline_level_36_with_a_long_name,
-    inline_level_37_with_a_long_name,
-    inline_level_38_with_a_long_name,
-    inline_level_39_with_a_long_name
+    inline_level_00_with_a_name_long_enough_that_forty_one_of_them_cannot_fit_in_one_record,
+    inline_level_01_with_a_name_long_enough_that_forty_one_of_them_cannot_fit_in_one_record,
+    inline_level_02_with_a_name_long_enough_that_forty_one_of_them_cannot_fit_in_one_record,
+    inline_level_03_with_a_name_long_enough_that_forty_one_of_them_cannot_fit_in_one_record,
+    inline_level_04_with_a_name_long_enough_that_forty_one_of_them_cannot_fit_in_one_record,
+    inline_level_05_with_a_name_long_enough_that_forty_one_of_them_cannot_fit_in_one_record,
+    inline_level_06_with_a_name_long_enough_that_forty_one_of_them_cannot_fit_in_one_record,
+    inline_level_07_with_a_name_long_enough_that_forty_one_of_them_cannot_fit_in_one_record,
+    inline_level_08_with_a_name_long_enough_that_forty_one_of_them_cannot_fit_in_one_record,
+    inline_level_09_with_a_name_long_enough_that_forty_one_of_them_cannot_fit_in_one_record,
+    inline_level_10_with_a_name_long_enough_that_forty_one_of_them_cannot_fit_in_one_record,
+    inline_level_11_with_a_name_long_enough_that_forty_one_of_them_cannot_fit_in_one_record,
+    inline_level_12_with_a_name_long_enough_that_forty_one_of_them_cannot_fit_in_one_record,
+    inline_level_13_with_a_name_long_enough_that_forty_one_of_them_cannot_fit_in_one_record,
+    inline_level_14_with_a_name_long_enough_that_forty_one_of_them_cannot_fit_in_one_record,
+    inline_level_15_with_a_name_long_enough_that_forty_one_of_them_cannot_fit_in_one_record,
+    inline_level_16_with_a_name_long_enough_that_forty_one_of_them_cannot_fit_in_one_record,
+    inline_level_17_with_a_name_long_enough_that_forty_one_of_them_cannot_fit_in_one_record,
+    inline_level_18_with_a_name_long_enough_that_forty_one_of_them_cannot_fit_in_one_record,
+    inline_level_19_with_a_name_long_enough_that_forty_one_of_them_cannot_fit_in_one_record,
+    inline_level_20_with_a_name_long_enough_that_forty_one_of_them_cannot_fit_in_one_record,
+    inline_level_21_with_a_name_long_enough_that_forty_one_of_them_cannot_fit_in_one_record,
+    inline_level_22_with_a_name_long_enough_that_forty_one_of_them_cannot_fit_in_one_record,
+    inline_level_23_with_a_name_long_enough_that_forty_one_of_them_cannot_fit_in_one_record,
+    inline_level_24_with_a_name_long_enough_that_forty_one_of_them_cannot_fit_in_one_record,
+    inline_level_25_with_a_name_long_enough_that_forty_one_of_them_cannot_fit_in_one_record,
+    inline_level_26_with_a_name_long_enough_that_forty_one_of_them_cannot_fit_in_one_record,
+    inline_level_27_with_a_name_long_enough_that_forty_one_of_them_cannot_fit_in_one_record,
+    inline_level_28_with_a_name_long_enough_that_forty_one_of_them_cannot_fit_in_one_record,
+    inline_level_29_with_a_name_long_enough_that_forty_one_of_them_cannot_fit_in_one_record,
+    inline_level_30_with_a_name_long_enough_that_forty_one_of_them_cannot_fit_in_one_record,
+    inline_level_31_with_a_name_long_enough_that_forty_one_of_them_cannot_fit_in_one_record,
+    inline_level_32_with_a_name_long_enough_that_forty_one_of_them_cannot_fit_in_one_record,
+    inline_level_33_with_a_name_long_enough_that_forty_one_of_them_cannot_fit_in_one_record,
+    inline_level_34_with_a_name_long_enough_that_forty_one_of_them_cannot_fit_in_one_record,
+    inline_level_35_with_a_name_long_enough_that_forty_one_of_them_cannot_fit_in_one_record,
+    inline_level_36_with_a_name_long_enough_that_forty_one_of_them_cannot_fit_in_one_record,
+    inline_level_37_with_a_name_long_enough_that_forty_one_of_them_cannot_fit_in_one_record,
+    inline_level_38_with_a_name_long_enough_that_forty_one_of_them_cannot_fit_in_one_record,
+    inline_level_39_with_a_name_long_enough_that_forty_one_of_them_cannot_fit_in_one_record
 );
 
 #[inline(never)]
 fn inline_chain_root() -> usize {
-    inline_level_00_with_a_long_name(AnExceedinglyLongTypeNameThatMakesGenericFunctionNamesLongerThanAnyoneWouldLike(
-        [0u64; 4],
-    ))
+    inline_level_00_with_a_name_long_enough_that_forty_one_of_them_cannot_fit_in_one_record(
+        AnExceedinglyLongTypeNameThatMakesGenericFunctionNamesLongerThanAnyoneWouldLike([0u64; 4]),
+    )
 }
 
 /// A frame whose inline chain (41 functions with names of some 200 bytes) is too long for a
@@ -164,7 +164,14 @@ fn a_long_inline_chain_keeps_its_function_names() {
             if names.iter().any(|n| n.contains("inline_level_")) {
                 chains += 1;
                 assert!(names[0].ends_with("inline_chain_root"), "outermost kept: {names:?}");
-                assert!(names.iter().any(|n| n.contains("inline_level_39_with_a_long_name")), "innermost: {names:?}");
+                assert!(
+                    names.iter().any(|n| n.contains(
+                        "inline_level_39_with_a_name_long_enough_that_forty_one_of_them_cannot_fit_in_one_record"
+                    )),
+                    "innermost: {names:?}"
+                );
+                let shortened = names.len() < 41 || names.iter().any(|n| n.contains("<…>"));
+                assert!(shortened, "the chain fitted a record: the test proves nothing: {names:?}");
             }
         }
     }

@@ -37,11 +37,9 @@ struct Symbol {
 pub(super) struct Loaded {
     context: Option<addr2line::Context<Reader>>,
     symbols: Vec<Symbol>,
-    units_seen: HashSet<usize>,
+    pub(super) units_seen: HashSet<usize>,
     pub(super) parsed_estimate: usize,
-    /// Addresses looked up since the object was parsed.
-    pub(super) lookups: u64,
-    base_estimate: usize,
+    pub(super) base_estimate: usize,
     _inflated: Vec<Box<[u8]>>,
     _maps: Vec<Mmap>,
 }
@@ -103,7 +101,6 @@ impl Loaded {
             symbols,
             units_seen: HashSet::new(),
             parsed_estimate: 0,
-            lookups: 0,
             base_estimate,
             _inflated: inflated,
             _maps: maps,
@@ -121,7 +118,6 @@ impl Loaded {
     }
 
     pub(super) fn lookup(&mut self, probe: u64) -> Vec<RawFrame> {
-        self.lookups += 1;
         let mut frames = Vec::new();
         if let Some(context) = &self.context {
             if let Some(unit) = context.find_dwarf_and_unit(probe).skip_all_loads() {

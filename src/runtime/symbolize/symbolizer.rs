@@ -76,6 +76,8 @@ pub struct Stats {
     pub cache_hits: u64,
     /// Estimated bytes of parsed state now held.
     pub estimated_bytes: usize,
+    /// Of which the base state of the object last used, which the budget does not count.
+    pub base_bytes: usize,
 }
 
 /// Symbolizes addresses of the current process. Owned by one thread; `Send`, not `Sync`.
@@ -132,7 +134,11 @@ impl Symbolizer {
 
     /// What it did so far, and the memory it holds now.
     pub fn stats(&self) -> Stats {
-        Stats { estimated_bytes: self.estimated_bytes(), ..self.stats.clone() }
+        let base_bytes = self.objects.iter().max_by_key(|o| o.last_use).map_or(0, |o| match &o.state {
+            State::Loaded(l) => l.base_estimate,
+            _ => 0,
+        });
+        Stats { estimated_bytes: self.estimated_bytes(), base_bytes, ..self.stats.clone() }
     }
 
     /// The functions at return address `return_address` (the code looked up is the call
@@ -274,17 +280,20 @@ impl Symbolizer {
     }
 
     /// Over budget, drop (1) other objects' parsed state, least recently used first, once
-    /// unused for [`MIN_LOOKUPS_BEFORE_REPARSE`] addresses (the objects of one stack, say the
+    /// unused for [`MIN_LOOKUPS_BEFORE_EVICTION`] addresses (the objects of one stack, say the
     /// program and the C library, must not evict each other at every address), (2) the
-    /// current object's, when its parsed units alone exceed the budget and it has answered
-    /// [`MIN_LOOKUPS_BEFORE_REPARSE`] addresses since it was parsed (so that a working set
-    /// larger than the budget costs one parse per that many new addresses, not one per
-    /// address), (3) the answer cache.
-    /// The current object's base state (addr2line's per-unit headers, symbols) is always
-    /// allowed: dropping it would re-parse it at the next address.
+    /// current object's, when more than one of its units is parsed (the next address then
+    /// parses only its own unit), (3) the answer cache. The current object's base state
+    /// (addr2line's per-unit headers, the symbol table) is not counted: any address in the
+    /// object needs it.
     fn enforce_budget(&mut self, current: usize) {
         let budget = self.options.memory_budget;
-        while self.estimated_bytes() > budget {
+        let base = |objects: &[Object]| match &objects[current].state {
+            State::Loaded(l) => l.base_estimate,
+            _ => 0,
+        };
+        while self.estimated_bytes() - base(&self.objects) > budget {
+            let clock = self.clock;
             let victim = self
                 .objects
                 .iter()
@@ -292,7 +301,7 @@ impl Symbolizer {
                 .filter(|(i, o)| {
                     *i != current
                         && matches!(o.state, State::Loaded(_))
-                        && self.clock - o.last_use >= MIN_LOOKUPS_BEFORE_REPARSE
+                        && clock - o.last_use >= MIN_LOOKUPS_BEFORE_EVICTION
                 })
                 .min_by_key(|(_, o)| o.last_use)
                 .map(|(i, _)| i);
@@ -302,7 +311,7 @@ impl Symbolizer {
                 continue;
             }
             if let State::Loaded(l) = &self.objects[current].state {
-                if l.parsed_estimate > budget && l.lookups >= MIN_LOOKUPS_BEFORE_REPARSE {
+                if l.units_seen.len() > 1 && l.parsed_estimate > 0 {
                     self.objects[current].state = State::NotLoaded;
                     self.stats.evictions += 1;
                     continue;
@@ -320,7 +329,7 @@ impl Symbolizer {
 }
 
 /// See [`Symbolizer::enforce_budget`].
-const MIN_LOOKUPS_BEFORE_REPARSE: u64 = 256;
+const MIN_LOOKUPS_BEFORE_EVICTION: u64 = 256;
 
 #[derive(Clone, PartialEq, Eq, Hash, Debug)]
 struct Key {
@@ -443,7 +452,7 @@ mod tests {
         assert!(s.symbolize(a + 1).is_some());
         assert!(s.symbolize_pc(b).is_some());
         assert_eq!(s.stats().evictions, 0, "recently used objects are kept: {:?}", s.stats());
-        for _ in 0..MIN_LOOKUPS_BEFORE_REPARSE {
+        for _ in 0..MIN_LOOKUPS_BEFORE_EVICTION {
             assert!(s.symbolize_pc(b).is_some());
         }
         // A new address of libc's: the test binary, idle since, is dropped.
