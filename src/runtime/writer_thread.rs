@@ -204,6 +204,13 @@ impl TraceWriter {
         let alloc = NewAlloc { length, nsamples, source: AllocSource::External, callstack: &self.codes, drop: 0 };
         let (locations, symbolizer) = (&mut self.locations, &mut self.symbolizer);
         let id = self.writer.put_alloc(DOMAIN, time, &alloc, |code| locations_of(locations, symbolizer, code))?;
+        if let Some(program) = symbolizer.take_program_without_debug_info() {
+            eprintln!(
+                "memtrace: note: {} has no debug info: its frames are named without files, lines or inlined \
+                 functions (build with debug = \"line-tables-only\" in its Cargo profile)",
+                program.display()
+            );
+        }
         self.ids.insert(addr, id);
         self.allocs += 1;
         Ok(())

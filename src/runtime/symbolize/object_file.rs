@@ -31,21 +31,26 @@ struct Symbol {
     name: &'static [u8],
 }
 
-/// Parsed state of one object. The `'static` slices in `context` and `symbols` borrow from
-/// `_inflated` and `_maps`, which are declared after them and so dropped after them; they are
-/// never handed out.
+/// Parsed state of one object. The `'static` slices in `context`, `dwarf_file` and `symbols`
+/// borrow from `inflated` and `_maps`, which are declared after them and so dropped after
+/// them; they are never handed out.
 pub(super) struct Loaded {
+    /// Made from `dwarf_file` when an address is first looked up with debug info.
     context: Option<addr2line::Context<Reader>>,
+    /// The object file, or its separate debug file, when it has DWARF not yet parsed.
+    dwarf_file: Option<object::File<'static>>,
+    has_dwarf: bool,
     symbols: Vec<Symbol>,
     pub(super) units_seen: HashSet<usize>,
     pub(super) parsed_estimate: usize,
     pub(super) base_estimate: usize,
-    _inflated: Vec<Box<[u8]>>,
+    inflated: Vec<Box<[u8]>>,
     _maps: Vec<Mmap>,
 }
 
 /// Estimated heap bytes of addr2line's parsed state per byte of a unit's `.debug_info`
-/// (lines, functions and inlined functions); measured on ripgrep, see REPORT.md.
+/// (lines, functions and inlined functions); measured on ripgrep when the symbolizers were
+/// compared for issue #10.
 const PARSED_BYTES_PER_UNIT_BYTE: usize = 2;
 /// Estimated heap bytes of addr2line's state per unit before any lookup (the unit's parsed
 /// abbreviations and line program header): 10-14 KiB measured on ripgrep (935 units).
@@ -66,8 +71,7 @@ impl Loaded {
             }
         }
         let mut maps = vec![];
-        let mut inflated = vec![];
-        let has_dwarf = |f: &object::File| f.section_by_name(".debug_info").is_some_and(|s| s.size() > 0);
+        let has_dwarf = |f: &object::File<'static>| f.section_by_name(".debug_info").is_some_and(|s| s.size() > 0);
         let mut debug_file = None;
         if !has_dwarf(&file) && options.separate_debug_files {
             if let Some((dmap, dfile)) = find_debug_file(path, &file, options) {
@@ -77,12 +81,6 @@ impl Loaded {
                 }
             }
         }
-        let dwarf_file = debug_file.as_ref().unwrap_or(&file);
-        let (context, units) = match has_dwarf(dwarf_file).then(|| load_dwarf(dwarf_file, &mut inflated)).flatten() {
-            Some((context, units)) => (Some(context), units),
-            None => (None, 0),
-        };
-
         let mut symbols = function_symbols(file.symbol_table());
         if symbols.is_empty() {
             if let Some(d) = &debug_file {
@@ -92,19 +90,35 @@ impl Loaded {
         if symbols.is_empty() {
             symbols = function_symbols(file.dynamic_symbol_table());
         }
+        let dwarf_file = debug_file.or(Some(file)).filter(has_dwarf);
         maps.push(map);
-        let base_estimate = inflated.iter().map(|b| b.len()).sum::<usize>()
-            + symbols.capacity() * std::mem::size_of::<Symbol>()
-            + context.as_ref().map_or(0, |_| units * BYTES_PER_UNIT);
+        let base_estimate = symbols.capacity() * std::mem::size_of::<Symbol>();
         Some(Loaded {
-            context,
+            context: None,
+            has_dwarf: dwarf_file.is_some(),
+            dwarf_file,
             symbols,
             units_seen: HashSet::new(),
             parsed_estimate: 0,
             base_estimate,
-            _inflated: inflated,
+            inflated: Vec::new(),
             _maps: maps,
         })
+    }
+
+    /// Parse the DWARF's unit headers (addr2line's base state), once.
+    fn load_dwarf(&mut self) {
+        let Some(file) = self.dwarf_file.take() else { return };
+        if let Some((context, units)) = load_dwarf(&file, &mut self.inflated) {
+            self.base_estimate += self.inflated.iter().map(|b| b.len()).sum::<usize>() + units * BYTES_PER_UNIT;
+            self.context = Some(context);
+        }
+    }
+
+    /// Whether names come from a symbol table alone (no DWARF): functions without files, lines
+    /// or inlined functions.
+    pub(super) fn symbols_only(&self) -> bool {
+        !self.has_dwarf && !self.symbols.is_empty()
     }
 
     pub(super) fn bytes(&self) -> usize {
@@ -117,7 +131,13 @@ impl Loaded {
         (probe < s.address + s.size.max(1)).then_some(s)
     }
 
-    pub(super) fn lookup(&mut self, probe: u64) -> Vec<RawFrame> {
+    /// The functions at `probe` (an address in the object's own terms), outermost first: from
+    /// the DWARF when `debug_info` (parsing it the first time), the symbol table's name for the
+    /// outermost one.
+    pub(super) fn lookup(&mut self, probe: u64, debug_info: bool) -> Vec<RawFrame> {
+        if debug_info {
+            self.load_dwarf();
+        }
         let mut frames = Vec::new();
         if let Some(context) = &self.context {
             if let Some(unit) = context.find_dwarf_and_unit(probe).skip_all_loads() {

@@ -40,11 +40,19 @@ pub struct Options {
     pub separate_debug_files: bool,
     /// The global debug directory.
     pub debug_dir: PathBuf,
+    /// Read DWARF (files, lines, inlined functions); without it, names come from symbol
+    /// tables alone, which is much cheaper to start (calibration needs no more).
+    pub debug_info: bool,
 }
 
 impl Default for Options {
     fn default() -> Options {
-        Options { memory_budget: 8 << 20, separate_debug_files: false, debug_dir: PathBuf::from("/usr/lib/debug") }
+        Options {
+            memory_budget: 8 << 20,
+            separate_debug_files: false,
+            debug_dir: PathBuf::from("/usr/lib/debug"),
+            debug_info: true,
+        }
     }
 }
 
@@ -96,6 +104,9 @@ pub struct Symbolizer {
     cache_bytes: usize,
     strings: HashSet<Arc<str>>,
     stats: Stats,
+    /// The program's path, when it was found to have symbols but no debug info and that has
+    /// not been said yet; then `Some(None)`.
+    program_without_debug_info: Option<Option<PathBuf>>,
 }
 
 impl Default for Symbolizer {
@@ -124,12 +135,28 @@ impl Symbolizer {
             cache_bytes: 0,
             strings: HashSet::new(),
             stats: Stats::default(),
+            program_without_debug_info: None,
         }
     }
 
     /// Change the options; the budget is enforced from the next address on.
     pub fn set_options(&mut self, options: Options) {
+        if options.debug_info != self.options.debug_info {
+            self.clear_answers();
+        }
         self.options = options;
+    }
+
+    fn clear_answers(&mut self) {
+        self.cache.clear();
+        self.cache_bytes = 0;
+        self.strings.clear();
+    }
+
+    /// The program's path, once, if it has a symbol table but no debug info (its frames have
+    /// function names without files, lines or inlined functions).
+    pub(crate) fn take_program_without_debug_info(&mut self) -> Option<PathBuf> {
+        self.program_without_debug_info.as_mut().and_then(Option::take)
     }
 
     /// What it did so far, and the memory it holds now.
@@ -253,8 +280,12 @@ impl Symbolizer {
             };
         }
         let State::Loaded(loaded) = &mut object.state else { return None };
+        // The loader lists the program first.
+        if index == 0 && options.debug_info && loaded.symbols_only() && self.program_without_debug_info.is_none() {
+            self.program_without_debug_info = Some(Some(object.path.clone()));
+        }
         let probe = pc.wrapping_sub(object.base);
-        let raw = loaded.lookup(probe);
+        let raw = loaded.lookup(probe, options.debug_info);
         if raw.is_empty() {
             return None;
         }
@@ -318,9 +349,7 @@ impl Symbolizer {
                 }
             }
             if !self.cache.is_empty() {
-                self.cache.clear();
-                self.cache_bytes = 0;
-                self.strings.clear();
+                self.clear_answers();
                 continue;
             }
             break;

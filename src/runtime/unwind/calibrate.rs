@@ -222,9 +222,11 @@ fn tracer_frames(frames: &[u64], marker: &str) -> Option<Leading> {
         "__rustc::",
         "_Unwind_",
     ];
-    // Only the objects these few addresses are in get parsed (the program's, and ours), and
-    // the writer starts with what was parsed.
-    let mut symbolizer = symbolize::take_spare(symbolize::Options::default());
+    // Symbol tables suffice (the tracer's frames and the markers are functions of their own),
+    // and cost little to read: only the objects of these few addresses are read, and the
+    // writer starts with what was.
+    let options = symbolize::Options { debug_info: false, ..symbolize::Options::default() };
+    let mut symbolizer = symbolize::take_spare(options);
     let names: Vec<Vec<String>> = frames.iter().map(|&ip| symbolize::function_names(&mut symbolizer, ip)).collect();
     symbolize::put_spare(symbolizer);
     let marker_at = names.iter().position(|n| n.iter().any(|n| n.ends_with(marker)))?;
