@@ -35,7 +35,7 @@ struct Symbol {
 /// borrow from `inflated` and `_maps`, which are declared after them and so dropped after
 /// them; they are never handed out.
 pub(super) struct Loaded {
-    /// Made from `dwarf_file` when an address is first looked up with debug info.
+    /// Made from `dwarf_file` when an address is first looked up.
     context: Option<addr2line::Context<Reader>>,
     /// The object file, or its separate debug file, when it has DWARF not yet parsed.
     dwarf_file: Option<object::File<'static>>,
@@ -132,12 +132,9 @@ impl Loaded {
     }
 
     /// The functions at `probe` (an address in the object's own terms), outermost first: from
-    /// the DWARF when `debug_info` (parsing it the first time), the symbol table's name for the
-    /// outermost one.
-    pub(super) fn lookup(&mut self, probe: u64, debug_info: bool) -> Vec<RawFrame> {
-        if debug_info {
-            self.load_dwarf();
-        }
+    /// the DWARF (parsed the first time), the symbol table's name for the outermost one.
+    pub(super) fn lookup(&mut self, probe: u64) -> Vec<RawFrame> {
+        self.load_dwarf();
         let mut frames = Vec::new();
         if let Some(context) = &self.context {
             if let Some(unit) = context.find_dwarf_and_unit(probe).skip_all_loads() {

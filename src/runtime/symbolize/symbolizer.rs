@@ -40,19 +40,11 @@ pub struct Options {
     pub separate_debug_files: bool,
     /// The global debug directory.
     pub debug_dir: PathBuf,
-    /// Read DWARF (files, lines, inlined functions); without it, names come from symbol
-    /// tables alone, which is much cheaper to start (calibration needs no more).
-    pub debug_info: bool,
 }
 
 impl Default for Options {
     fn default() -> Options {
-        Options {
-            memory_budget: 8 << 20,
-            separate_debug_files: false,
-            debug_dir: PathBuf::from("/usr/lib/debug"),
-            debug_info: true,
-        }
+        Options { memory_budget: 8 << 20, separate_debug_files: false, debug_dir: PathBuf::from("/usr/lib/debug") }
     }
 }
 
@@ -141,9 +133,6 @@ impl Symbolizer {
 
     /// Change the options; the budget is enforced from the next address on.
     pub fn set_options(&mut self, options: Options) {
-        if options.debug_info != self.options.debug_info {
-            self.clear_answers();
-        }
         self.options = options;
     }
 
@@ -281,11 +270,11 @@ impl Symbolizer {
         }
         let State::Loaded(loaded) = &mut object.state else { return None };
         // The loader lists the program first.
-        if index == 0 && options.debug_info && loaded.symbols_only() && self.program_without_debug_info.is_none() {
+        if index == 0 && loaded.symbols_only() && self.program_without_debug_info.is_none() {
             self.program_without_debug_info = Some(Some(object.path.clone()));
         }
         let probe = pc.wrapping_sub(object.base);
-        let raw = loaded.lookup(probe, options.debug_info);
+        let raw = loaded.lookup(probe);
         if raw.is_empty() {
             return None;
         }

@@ -222,11 +222,11 @@ fn tracer_frames(frames: &[u64], marker: &str) -> Option<Leading> {
         "__rustc::",
         "_Unwind_",
     ];
-    // Symbol tables suffice (the tracer's frames and the markers are functions of their own),
-    // and cost little to read: only the objects of these few addresses are read, and the
-    // writer starts with what was.
-    let options = symbolize::Options { debug_info: false, ..symbolize::Options::default() };
-    let mut symbolizer = symbolize::take_spare(options);
+    // Only the objects of these few addresses are read, and the writer starts with what was
+    // parsed. (Symbol tables alone would name these frames, at a fraction of the cost of
+    // parsing the program's DWARF unit headers; but then the writer parses them when the first
+    // sample comes, with sampling on, and at high rates the queue overflows meanwhile.)
+    let mut symbolizer = symbolize::take_spare(symbolize::Options::default());
     let names: Vec<Vec<String>> = frames.iter().map(|&ip| symbolize::function_names(&mut symbolizer, ip)).collect();
     symbolize::put_spare(symbolizer);
     let marker_at = names.iter().position(|n| n.iter().any(|n| n.ends_with(marker)))?;
