@@ -11,7 +11,10 @@
 //! (this harness itself, started as a child that traces, allocates a few hundred blocks and
 //! exits: the fixed cost of tracing), and, when `benches/thirdparty/build-jaq.sh` has built
 //! them, jaq (a jq clone from crates.io, with memtrace-rs as its global allocator) built with
-//! `debug = "line-tables-only"` and with `debug = 1`, filtering a generated 16 MB JSON file.
+//! `debug = "line-tables-only"` and with `debug = 1`, run short (`jaq -n 1`) and filtering a
+//! generated 16 MB JSON file. `MEMTRACE_BENCH_THIRDPARTY` names another directory of jaq
+//! builds (say, built against an earlier version of this crate), and arguments select
+//! programs by name (`cargo bench --bench processes -- jaq`).
 //! Traced runs use the default rate (`MEMTRACE_RATE` unset) and write to a temporary file.
 //! The sample app's traced run also reads its trace back at exit (a few milliseconds).
 //!
@@ -81,6 +84,12 @@ fn main() {
         if !input.exists() {
             write_json(&input);
         }
+        programs.push(Program {
+            name: format!("jaq -n 1 (a short run), {label}"),
+            command: jaq.clone(),
+            args: vec!["-n".into(), "1".into()],
+            env: vec![],
+        });
         programs.push(Program {
             name: format!("jaq 2.3.0, {label}, {:.0} MB binary", size_mb(&jaq)),
             command: jaq,
