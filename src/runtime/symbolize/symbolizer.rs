@@ -13,8 +13,9 @@
 //! * An object's file is parsed ([`object_file`](super::object_file)) the first time an
 //!   address in it is asked for.
 //! * Parsed state is estimated and kept under [`Options::memory_budget`] by dropping the parsed
-//!   state of the least recently used objects (and, last, the answer cache). Mapped files are
-//!   not counted: their pages are file-backed and reclaimable.
+//!   state of idle objects, least recently used first, then the current object's parsed units,
+//!   then the answer cache (see [`Symbolizer::enforce_budget`]). Not counted: the mapped files
+//!   (their pages are file-backed and reclaimable) and the base state of the object in use.
 
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
@@ -30,8 +31,9 @@ pub type Answer = Option<Arc<[Frame]>>;
 #[derive(Clone, Debug)]
 pub struct Options {
     /// Bytes of parsed state (inflated sections, symbol tables, parsed units, cached answers)
-    /// to keep, beyond the mapped files. Exceeding it drops the least recently used objects'
-    /// parsed state. Approximate: parsed units are estimated from their DWARF size.
+    /// to keep, beyond the mapped files and the base state of the object in use (its symbol
+    /// table and addr2line's per-unit headers, which any address in it needs). Approximate:
+    /// parsed units are estimated from their DWARF size.
     pub memory_budget: usize,
     /// Look for separate debug files (`<debug_dir>/.build-id/xx/yyyy.debug`, then
     /// `.gnu_debuglink` beside the object, in its `.debug/` and under `<debug_dir>`) for objects
