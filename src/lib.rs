@@ -50,8 +50,8 @@ pub mod trace {
 #[doc(hidden)]
 pub mod __internals {
     pub use crate::format::{backtrace_codec, buf, location_codec};
-    pub use crate::runtime::symbolize::function_names;
-
+    pub use crate::runtime::symbolize::function_names_once as function_names;
+    pub use crate::runtime::symbolize::{Options as SymbolizerOptions, Stats as SymbolizerStats, Symbolizer};
     /// Make the next sampled allocation panic inside the allocator's sampled path, to test
     /// that it aborts rather than unwinds (debug builds only).
     #[cfg(debug_assertions)]

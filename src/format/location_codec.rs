@@ -207,6 +207,74 @@ pub fn must_truncate(locations: &[Location]) -> bool {
     locations.len() > MAX_LOCATIONS || worst_case_size(locations) > MAX_LIST_BYTES
 }
 
+/// `locations` (outermost first) made to fit a location record (§5.3) without losing the
+/// names that matter, for writers that would rather shorten a list than have it replaced by
+/// [`Location::unknown`]. Lists that fit are returned as they are. Otherwise, in order, until
+/// the list fits: generic arguments are elided from function names (`f<…>`); inline frames
+/// are dropped from the outer middle of the list (keeping the outermost function and the
+/// innermost call sites); names are cut. A list that had a name keeps a name.
+pub fn shorten_to_fit(locations: &[Location]) -> Cow<'_, [Location]> {
+    if !must_truncate(locations) {
+        return Cow::Borrowed(locations);
+    }
+    let mut list: Vec<Location> = locations
+        .iter()
+        .map(|l| Location { defname: elide_generic_arguments(&l.defname).into(), ..l.clone() })
+        .collect();
+    while must_truncate(&list) && list.len() > 2 {
+        list.remove(1);
+    }
+    if must_truncate(&list) {
+        // At most two records: give each name an equal share of what is left.
+        let share = (MAX_LIST_BYTES - worst_case_size(&[]) - list.len() * 8) / (2 * list.len());
+        for l in &mut list {
+            l.filename = cut_to(&l.filename, share);
+            l.defname = cut_to(&l.defname, share);
+        }
+    }
+    Cow::Owned(list)
+}
+
+/// `name` with the contents of every outermost `<…>` group replaced by `…` (the `>` of a
+/// `->` closes nothing).
+fn elide_generic_arguments(name: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(name.len());
+    let mut depth = 0usize;
+    for (i, &b) in name.iter().enumerate() {
+        let arrow = b == b'>' && i > 0 && name[i - 1] == b'-';
+        match b {
+            _ if arrow && depth > 0 => {}
+            b'<' => {
+                if depth == 0 {
+                    out.extend_from_slice("<…".as_bytes());
+                }
+                depth += 1;
+            }
+            b'>' if depth > 0 && !arrow => {
+                depth -= 1;
+                if depth == 0 {
+                    out.push(b'>');
+                }
+            }
+            _ if depth == 0 => out.push(b),
+            _ => {}
+        }
+    }
+    out
+}
+
+/// The first `max` bytes of `s`, ending at a UTF-8 character boundary.
+fn cut_to(s: &Arc<[u8]>, max: usize) -> Arc<[u8]> {
+    if s.len() <= max {
+        return s.clone();
+    }
+    let mut end = max;
+    while end > 0 && (s[end] & 0xC0) == 0x80 {
+        end -= 1;
+    }
+    Arc::from(&s[..end])
+}
+
 /// Upper bound on the bytes a location event's payload (code, count and records) takes
 /// for this list, as actually encoded (after any truncation).
 pub fn encoded_size_bound(locations: &[Location]) -> usize {
@@ -339,6 +407,42 @@ mod tests {
         assert_eq!(out[0], vec![Location::unknown()]);
         assert_eq!(out[1], vec![Location::unknown()]);
         assert!(out[2].is_empty());
+    }
+
+    #[test]
+    fn long_inline_chains_are_shortened_keeping_their_names() {
+        let generic = format!("crate::level<{}>", "Vec<HashMap<String, Box<dyn Fn(u8) -> u8>>>, ".repeat(4));
+        let chain: Vec<Location> =
+            (0..60).map(|i| loc(&format!("src/deep/file_{i}.rs"), i, &format!("{generic}::f{i}"))).collect();
+        assert!(must_truncate(&chain));
+        let short = shorten_to_fit(&chain);
+        assert!(!must_truncate(&short), "{short:?}");
+        let names: Vec<_> = short.iter().map(|l| l.defname_str().into_owned()).collect();
+        assert_eq!(names.first().unwrap(), "crate::level<…>::f0", "the outermost function is kept");
+        assert_eq!(names.last().unwrap(), "crate::level<…>::f59", "the innermost call site is kept");
+        assert_eq!(short.last().unwrap().line, 59);
+        assert!(short.len() > 2, "only as many frames dropped as needed");
+        assert_eq!(round_trip(&[short.to_vec()])[0], short.to_vec(), "encoded as they are");
+        // Eliding generic arguments alone may be enough: nothing dropped then.
+        let few: Vec<Location> = (0..16).map(|i| loc("f.rs", i, &format!("{generic}{generic}"))).collect();
+        assert!(must_truncate(&few));
+        assert_eq!(shorten_to_fit(&few).len(), 16);
+        assert_eq!(shorten_to_fit(&few)[0].defname_str(), "crate::level<…>crate::level<…>");
+        // Lists that fit are untouched.
+        assert!(matches!(shorten_to_fit(&few[..1]), Cow::Borrowed(_)));
+    }
+
+    #[test]
+    fn over_long_names_are_cut_not_replaced() {
+        let huge =
+            vec![loc(&"d/".repeat(3000), 1, &"x".repeat(5000)), loc("f.rs", 2, &format!("é{}", "y".repeat(5000)))];
+        let short = shorten_to_fit(&huge);
+        assert!(!must_truncate(&short));
+        assert_eq!(short.len(), 2);
+        assert!(short[0].defname.starts_with(b"xxx") && short[1].defname.starts_with("éy".as_bytes()));
+        assert!(std::str::from_utf8(&short[1].defname).is_ok(), "cut at a character boundary");
+        let many = vec![loc("a", 1, "b"); 300];
+        assert_eq!(shorten_to_fit(&many).len(), 255);
     }
 
     #[test]

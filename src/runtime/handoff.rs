@@ -3,16 +3,19 @@
 //! messages carry.
 //!
 //! Application threads never wait here, and in the steady state never allocate: the queue is
-//! a crossbeam array channel allocated once per process, and frame buffers come from a pool
-//! filled at the same time (a new buffer is allocated, inside the tracer, only while the
-//! writer is more than [`POOL_SIZE`] samples behind; the writer frees the surplus). Memory
+//! a crossbeam array channel allocated when tracing first starts, and frame buffers come from
+//! a pool filled at the same time with [`INITIAL_POOL`] buffers (a new buffer is allocated,
+//! inside the tracer, when the pool is empty; the writer gives it back to the pool, up to
+//! [`POOL_SIZE`], and frees the surplus). Memory
 //! allocated on an application thread lands in that thread's malloc arena, and the blocks of
 //! an unbounded channel, freed by the writer up to a poll interval later, kept chunks of the
 //! arena pinned: glibc then trimmed and re-grew the arenas differently, and the program paid
 //! in `madvise` calls and page faults in its own code.
 //!
-//! The queue is bounded. Alloc samples stop once [`ALLOC_LIMIT`] messages wait (half the
-//! capacity: the writer is far behind), so that frees of sampled blocks have the other half;
+//! The queue is bounded, and sized for the sampling rate ([`capacity_for`]: 8 Ki messages at
+//! the default rate, 128 Ki from about 2.6e-4 on); a session at a higher rate than the
+//! process's queue was made for makes a larger one. Alloc samples stop once half the capacity
+//! waits (the writer is far behind), so that frees of sampled blocks have the other half;
 //! a free that still finds the queue full is not waited for (the writer may need the loader
 //! lock, to symbolize, that an application thread in `dlclose` holds) but counted by the
 //! caller and reported: its block then looks alive in the trace. The queue's length is read
@@ -20,7 +23,7 @@
 //! pooled buffer is one the writer gave back after taking an alloc off the queue, so allocs
 //! sent with pooled buffers can overshoot the limit by at most [`POOL_SIZE`], plus one for
 //! each thread that read the length just before another filled it: a few thousand of the
-//! 64 Ki slots kept for frees.
+//! slots kept for frees.
 //!
 //! Sessions share the queue. Every message carries its session's id, and the writer ignores
 //! the messages of other sessions (sent by a thread that was still finishing a sample when
@@ -35,16 +38,37 @@ use crossbeam_channel::{Receiver, Sender, TrySendError};
 use crate::format::trace::Timestamp;
 use crate::runtime::state::MAX_FRAMES;
 
-/// Messages the queue holds: 128 Ki × 56 bytes (a message and its slot's stamp), allocated
-/// once per process.
-pub(crate) const CAPACITY: usize = 1 << 17;
-/// Messages waiting beyond which alloc samples are dropped (the writer is far behind).
-pub(crate) const ALLOC_LIMIT: usize = CAPACITY / 2;
-/// Frame buffers the pool holds (and is filled with when the queue is made): 2 MiB. The writer
-/// returns buffers when it wakes, so the pool must outlast a poll interval: with 512 buffers
-/// it ran dry at rate 1e-5 in the allocation benchmark, and each new buffer was a `calloc`
-/// on the sampled path and a cross-thread `free` in the writer.
+/// The most messages a queue holds: 128 Ki × 56 bytes (a message and its slot's stamp), for
+/// the highest rates.
+pub(crate) const MAX_CAPACITY: usize = 1 << 17;
+/// The fewest: 4 Ki × 56 bytes.
+const MIN_CAPACITY: usize = 1 << 12;
+/// The allocation rate, in bytes a second, that the queue is sized to absorb for
+/// [`BACKLOG_SECONDS`] while the writer is busy (symbolizing a new library, say).
+const SIZED_FOR_BYTES_PER_SECOND: f64 = 8e9;
+const BACKLOG_SECONDS: f64 = 0.5;
+/// Frame buffers the pool holds at most: 2 MiB. The writer returns buffers when it wakes, so
+/// the pool must outlast a poll interval: with 512 buffers it ran dry at rate 1e-5 in the
+/// allocation benchmark, and each new buffer was a `calloc` on the sampled path and a
+/// cross-thread `free` in the writer.
 pub(crate) const POOL_SIZE: usize = 2048;
+/// Frame buffers the pool is filled with when the queue is made (256 KiB); it grows to
+/// [`POOL_SIZE`] on demand (a buffer allocated on the sampled path when the pool is empty
+/// joins the pool when the writer gives it back).
+const INITIAL_POOL: usize = 256;
+
+/// The queue capacity for sampling `rate`: half a second of samples of a program allocating
+/// [`SIZED_FOR_BYTES_PER_SECOND`], a power of two in [`MIN_CAPACITY`]..=[`MAX_CAPACITY`]. At
+/// the default rate, 8 Ki messages (448 KiB); from about 2.6e-4 on, the maximum (7 MiB).
+pub(crate) fn capacity_for(rate: f64) -> usize {
+    let samples = rate * SIZED_FOR_BYTES_PER_SECOND / 8.0 * BACKLOG_SECONDS;
+    let wanted = if samples.is_finite() { samples.clamp(1.0, MAX_CAPACITY as f64) as usize } else { MAX_CAPACITY };
+    wanted.next_power_of_two().clamp(MIN_CAPACITY, MAX_CAPACITY)
+}
+
+/// The memory for a queue could not be had.
+#[derive(Debug)]
+pub(crate) struct NoMemory;
 
 /// A captured stack: frame addresses, innermost first.
 pub(crate) type Frames = Box<[u64; MAX_FRAMES]>;
@@ -83,6 +107,11 @@ impl Msg {
 pub(crate) struct Channel {
     /// The process that made it (a forked child makes its own).
     pid: u32,
+    /// Messages the queue holds.
+    capacity: usize,
+    /// Messages waiting beyond which alloc samples are dropped (the writer is far behind): half
+    /// the capacity, so that frees of sampled blocks have the other half.
+    alloc_limit: usize,
     tx: Sender<Msg>,
     rx: Receiver<Msg>,
     /// Recycled frame buffers (a bounded, lock-free array queue).
@@ -97,13 +126,18 @@ static PROCESS: AtomicPtr<Channel> = AtomicPtr::new(std::ptr::null_mut());
 static RUNNING: AtomicU32 = AtomicU32::new(0);
 
 impl Channel {
-    fn new(pid: u32) -> Channel {
-        let (tx, rx) = crossbeam_channel::bounded(CAPACITY);
+    /// A queue of `capacity` messages, or `NoMemory` when the allocator cannot give its
+    /// memory (checked first with a fallible allocation of that size: crossbeam's allocation
+    /// would abort the process).
+    fn new(pid: u32, capacity: usize) -> Result<Channel, NoMemory> {
+        let bytes = capacity.saturating_mul(std::mem::size_of::<Msg>() + 8).saturating_add(POOL_SIZE * 16);
+        Vec::<u8>::new().try_reserve_exact(bytes).map_err(|_| NoMemory)?;
+        let (tx, rx) = crossbeam_channel::bounded(capacity);
         let (pool_tx, pool_rx) = crossbeam_channel::bounded(POOL_SIZE);
-        for frames in (0..POOL_SIZE).map_while(|_| new_frames()) {
+        for frames in (0..INITIAL_POOL).map_while(|_| new_frames()) {
             let _ = pool_tx.try_send(frames);
         }
-        Channel { pid, tx, rx, pool_tx, pool_rx }
+        Ok(Channel { pid, capacity, alloc_limit: capacity / 2, tx, rx, pool_tx, pool_rx })
     }
 
     /// Queue `msg` without waiting; false when the queue is full. A full queue gives the
@@ -156,7 +190,7 @@ impl Channel {
 
     #[cold]
     fn new_frames_unless_behind(&self) -> Result<Frames, NoFrames> {
-        if self.tx.len() >= ALLOC_LIMIT {
+        if self.tx.len() >= self.alloc_limit {
             return Err(NoFrames::WriterBehind);
         }
         new_frames().ok_or(NoFrames::NoMemory)
@@ -178,7 +212,7 @@ impl Channel {
 /// Why an alloc sample gets no frame buffer (and is dropped).
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum NoFrames {
-    /// At least [`ALLOC_LIMIT`] messages wait.
+    /// At least half the queue's capacity waits.
     WriterBehind,
     /// The allocator has no memory for a new buffer.
     NoMemory,
@@ -215,26 +249,33 @@ pub(crate) fn session_tag(id: u64) -> u32 {
     (id as u32).max(1)
 }
 
-/// The channel for a new session of process `pid`: the process's channel (made on the first
-/// call, or anew in a forked child), emptied of what earlier sessions left. Called by the
-/// tracer with its session lock held and no session running, before the writer starts;
-/// [`publish`] then lets the sampled path send to it.
-pub(crate) fn open(pid: u32) -> &'static Channel {
+/// The channel for a new session of process `pid` sampling at `rate`: the process's channel
+/// (made on the first call, anew in a forked child, or larger for a higher rate than it was
+/// made for), emptied of what earlier sessions left. Called by the tracer with its session
+/// lock held and no session running, before the writer starts; [`publish`] then lets the
+/// sampled path send to it. `NoMemory` when a new channel was needed and its memory could not
+/// be had.
+pub(crate) fn open(pid: u32, rate: f64) -> Result<&'static Channel, NoMemory> {
+    let capacity = capacity_for(rate);
     // SAFETY: PROCESS is null or points to a leaked `Channel` that is never freed.
     let channel = match unsafe { PROCESS.load(Ordering::Acquire).as_ref() } {
-        Some(channel) if channel.pid == pid => channel,
-        // None, or our parent's (leaked: a parent's thread may have been half-way through a
-        // send when it forked, so the child never reads it).
-        _ => {
-            let channel: &'static Channel = Box::leak(Box::new(Channel::new(pid)));
+        Some(channel) if channel.pid == pid && channel.capacity >= capacity => channel,
+        // None, too small, or our parent's. The old one is leaked: a thread may have been
+        // half-way through a send to it (in the parent, when it forked); its pooled buffers
+        // are freed.
+        old => {
+            let channel: &'static Channel = Box::leak(Box::new(Channel::new(pid, capacity)?));
             PROCESS.store(channel as *const Channel as *mut Channel, Ordering::Release);
+            if let Some(old) = old.filter(|old| old.pid == pid) {
+                while old.pool_rx.try_recv().is_ok() {}
+            }
             channel
         }
     };
     while let Some(msg) = channel.try_recv() {
         channel.dispose(msg);
     }
-    channel
+    Ok(channel)
 }
 
 /// Leave the process's channel to a writer thread that was given up on (it may still be
@@ -258,6 +299,16 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_queue_is_sized_for_the_rate() {
+        assert_eq!(capacity_for(1e-5), 8 << 10);
+        assert_eq!(capacity_for(1e-4), 64 << 10);
+        assert_eq!(capacity_for(1.0), MAX_CAPACITY);
+        assert_eq!(capacity_for(1e-9), MIN_CAPACITY);
+        assert_eq!(capacity_for(f64::NAN), MAX_CAPACITY);
+        assert!(Channel::new(0, 1 << 60).is_err(), "an impossible size is refused, not aborted on");
+    }
+
+    #[test]
     fn messages_are_small() {
         assert!(std::mem::size_of::<Msg>() <= 48, "{}", std::mem::size_of::<Msg>());
         const { assert!(MAX_FRAMES <= u16::MAX as usize) };
@@ -273,9 +324,9 @@ mod tests {
 
     #[test]
     fn a_full_queue_refuses_without_waiting_and_keeps_frame_buffers() {
-        let channel = Channel::new(0);
+        let channel = Channel::new(0, MIN_CAPACITY).unwrap();
         assert!(channel.try_send(alloc(channel.frames_for_alloc().unwrap())));
-        for _ in 1..CAPACITY {
+        for _ in 1..MIN_CAPACITY {
             assert!(channel.try_send(free()));
         }
         let pooled = channel.pool_rx.len();
@@ -287,9 +338,9 @@ mod tests {
 
     #[test]
     fn allocs_stop_at_the_limit_once_the_pool_is_empty() {
-        let channel = Channel::new(0);
+        let channel = Channel::new(0, MIN_CAPACITY).unwrap();
         let mut sent = 0;
-        while channel.tx.len() < ALLOC_LIMIT {
+        while channel.tx.len() < channel.alloc_limit {
             match channel.frames_for_alloc() {
                 Ok(frames) => assert!(channel.try_send(alloc(frames))),
                 Err(e) => panic!("{e:?} after {sent} allocs"),
@@ -297,9 +348,10 @@ mod tests {
             sent += 1;
         }
         assert!(channel.pool_rx.is_empty(), "every pooled buffer is in the queue");
+        assert!(sent > INITIAL_POOL, "the pool grew on demand");
         assert_eq!(channel.frames_for_alloc().unwrap_err(), NoFrames::WriterBehind);
         // Frees still have the other half of the queue.
-        for _ in ALLOC_LIMIT..CAPACITY {
+        for _ in channel.alloc_limit..MIN_CAPACITY {
             assert!(channel.try_send(free()));
         }
         // The writer takes one alloc and gives its buffer back: one more alloc may go, past the

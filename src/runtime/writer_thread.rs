@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use super::handoff::{self, Channel, Msg};
 use super::state::{MAX_FRAMES, OFF, STATE};
-use super::symbolize;
+use super::symbolize::{self, Symbolizer};
 use super::unwind::cfi;
 use crate::format::error::{Error, ErrorKind};
 use crate::format::hash::FastMap;
@@ -30,6 +30,9 @@ const BUSY_POLL_INTERVAL: Duration = Duration::from_millis(1);
 const BUSY_FILL: usize = handoff::POOL_SIZE / 2;
 /// Messages the writer handles between two checks of the flush deadline.
 const POLL_BATCH: usize = 4096;
+/// Bits of a location code that are the frame's address (x86_64 and aarch64 user-space
+/// addresses are below 2^48).
+const ADDRESS_BITS: u32 = 48;
 /// Domain of every event.
 pub(crate) const DOMAIN: u16 = 0;
 
@@ -40,8 +43,16 @@ struct TraceWriter {
     session: u32,
     /// Object id of each live sampled block, by address.
     ids: FastMap<usize, ObjectId>,
-    /// Symbolized frame addresses.
+    /// Names frame addresses, lazily and within its memory budget.
+    symbolizer: Symbolizer,
+    /// The locations of each location code written.
     locations: FastMap<u64, Arc<[Location]>>,
+    /// The loader's count of loads and unloads when last looked at, and how many times it
+    /// changed in this session: the tag of location codes (see [`TraceWriter::set_codes`]).
+    loader_changes: u64,
+    epoch: u64,
+    /// The location codes of the sample being written.
+    codes: Vec<u64>,
     /// Time of the last event: event times never decrease.
     last_time: Timestamp,
     /// Allocations and frees written.
@@ -78,7 +89,11 @@ pub(crate) fn write_trace(
         writer,
         session,
         ids: FastMap::default(),
+        symbolizer: symbolize::take_spare(symbolize::options_from_env()),
         locations: FastMap::default(),
+        loader_changes: symbolize::loader_changes(),
+        epoch: 0,
+        codes: Vec::with_capacity(MAX_FRAMES),
         last_time: start_time,
         allocs: 0,
         frees: 0,
@@ -86,11 +101,17 @@ pub(crate) fn write_trace(
     // A panic here (a bug, or in the symbolizer on odd debug info) must not leave sampling on
     // with nobody draining the queue: it stops tracing like a write error.
     let (mut allocs, mut frees) = (0, 0);
+    let mut spare = None;
     let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         let result = state.run(channel);
         (allocs, frees) = (state.allocs, state.frees);
+        // Not after a panic, which may have left it half-updated.
+        spare = Some(std::mem::take(&mut state.symbolizer));
         result.and_then(|()| state.writer.close().map(drop))
     }));
+    if let Some(symbolizer) = spare {
+        symbolize::put_spare(symbolizer);
+    }
     let error = match outcome {
         Ok(Ok(())) => None,
         Ok(Err(e)) => Some(e),
@@ -145,21 +166,32 @@ impl TraceWriter {
         }
     }
 
-    /// `frames` (innermost first) without an innermost frame that is the allocator shim's own:
-    /// one the sampled path could not recognise, because calibration saw the shim inlined (see
-    /// `unwind::SHIM`).
-    fn without_shim_frame<'a>(&mut self, frames: &'a [u64]) -> &'a [u64] {
-        match frames {
-            [innermost, rest @ ..] if !rest.is_empty() => {
-                let locations = self.locations.entry(*innermost).or_insert_with(|| symbolize::symbolize(*innermost));
-                // Outermost first: the frame's own function.
-                if locations.first().is_some_and(|l| symbolize::is_allocator_shim(&l.defname_str())) {
-                    rest
-                } else {
-                    frames
-                }
+    /// Fill [`TraceWriter::codes`] with the location codes of `frames` (innermost first), without
+    /// an innermost frame that is the allocator shim's own: one the sampled path could not
+    /// recognise, because calibration saw the shim inlined (see `unwind::SHIM`).
+    ///
+    /// A code is the frame's address until a library is loaded or unloaded; from then on it is
+    /// tagged with the number of such changes seen (above [`ADDRESS_BITS`]), so that code loaded
+    /// later at the same addresses gets codes, and names, of its own (and an address named
+    /// unknown while nothing was loaded there is named again). Each change thus writes the
+    /// locations of the frames sampled after it once more. Samples still queued at an unload
+    /// are named after what is loaded when the writer gets to them.
+    fn set_codes(&mut self, frames: &[u64]) {
+        let changes = symbolize::loader_changes();
+        if changes != self.loader_changes {
+            self.loader_changes = changes;
+            self.epoch += 1;
+            self.locations.clear();
+        }
+        let tag = (self.epoch % (1 << (64 - ADDRESS_BITS))) << ADDRESS_BITS;
+        self.codes.clear();
+        self.codes.extend(frames.iter().map(|&frame| frame | tag));
+        if let [innermost, rest @ ..] = &self.codes[..] {
+            let locations = locations_of(&mut self.locations, &mut self.symbolizer, *innermost);
+            // Outermost first: the frame's own function.
+            if !rest.is_empty() && locations.first().is_some_and(|l| symbolize::is_allocator_shim(&l.defname_str())) {
+                self.codes.remove(0);
             }
-            _ => frames,
         }
     }
 
@@ -170,12 +202,17 @@ impl TraceWriter {
 
     fn alloc(&mut self, addr: usize, time: Timestamp, length: u64, nsamples: u64, frames: &[u64]) -> crate::Result<()> {
         let time = self.time(time);
-        let frames = self.without_shim_frame(frames);
-        let alloc = NewAlloc { length, nsamples, source: AllocSource::External, callstack: frames, drop: 0 };
-        let locations = &mut self.locations;
-        let id = self.writer.put_alloc(DOMAIN, time, &alloc, |code| {
-            locations.entry(code).or_insert_with(|| symbolize::symbolize(code)).clone()
-        })?;
+        self.set_codes(frames);
+        let alloc = NewAlloc { length, nsamples, source: AllocSource::External, callstack: &self.codes, drop: 0 };
+        let (locations, symbolizer) = (&mut self.locations, &mut self.symbolizer);
+        let id = self.writer.put_alloc(DOMAIN, time, &alloc, |code| locations_of(locations, symbolizer, code))?;
+        if let Some(program) = symbolizer.take_program_without_debug_info() {
+            eprintln!(
+                "memtrace: note: {} has no debug info: its frames are named without files, lines or inlined \
+                 functions (build with debug = \"line-tables-only\" in its Cargo profile)",
+                program.display()
+            );
+        }
         self.ids.insert(addr, id);
         self.allocs += 1;
         Ok(())
@@ -192,4 +229,11 @@ impl TraceWriter {
             None => Ok(()),
         }
     }
+}
+
+/// The locations of location `code` (see [`TraceWriter::set_codes`]), symbolized the first
+/// time.
+fn locations_of(cache: &mut FastMap<u64, Arc<[Location]>>, symbolizer: &mut Symbolizer, code: u64) -> Arc<[Location]> {
+    let address = code & ((1 << ADDRESS_BITS) - 1);
+    cache.entry(code).or_insert_with(|| symbolize::symbolize(symbolizer, address)).clone()
 }

@@ -35,6 +35,7 @@ mod read_alloc_free;
 #[cfg(feature = "cli")]
 mod report_browser;
 mod roundtrip;
+mod symbolizer_memory;
 
 #[global_allocator]
 static GLOBAL: util::counting_alloc::Counting = util::counting_alloc::Counting;

@@ -19,6 +19,8 @@ mod faults;
 #[global_allocator]
 static GLOBAL: MemtraceAllocator = MemtraceAllocator::system();
 
+mod symbols;
+
 const ROLE_VAR: &str = "MEMTRACE_TEST_ROLE";
 /// Where a child writes a second trace (the `api` role).
 const SECOND_FILE_VAR: &str = "MEMTRACE_TEST_SECOND_FILE";
@@ -330,6 +332,7 @@ fn child_role() {
                 eprintln!("stats: {} {}", stats.samples_written, stats.frees_written);
             }
         }
+        symbols if symbols.starts_with("symbols:") => symbols::child(symbols),
         other => assert!(faults::child_role(other), "unknown role {other}"),
     }
 }

@@ -236,7 +236,7 @@ static NEXT_SESSION: AtomicU64 = AtomicU64::new(1);
 fn start_writer(writer: Writer<File>, config: &TraceConfig, start_time: u64) -> Result<Session, StartError> {
     let id = NEXT_SESSION.fetch_add(1, Ordering::Relaxed);
     let tag = handoff::session_tag(id);
-    let channel = handoff::open(getpid());
+    let channel = handoff::open(getpid(), config.rate).map_err(|handoff::NoMemory| StartError::NoMemory)?;
     let (ready_tx, ready_rx) = crossbeam_channel::bounded(1);
     let (outcome_tx, outcome) = crossbeam_channel::bounded(1);
     let abandoned = Arc::new(AtomicBool::new(false));

@@ -233,7 +233,13 @@ fn on_a_thread_of_its_own<R: Send>(f: impl Fn() -> R + Sync) -> R {
 /// do): then it is a tracer frame, dropped by count like the others. `None` when the marker
 /// cannot be found (no symbols, or a broken frame chain).
 fn tracer_frames(frames: &[u64], marker: &str) -> Option<Leading> {
-    let names: Vec<Vec<String>> = frames.iter().map(|&ip| symbolize::function_names(ip)).collect();
+    // Only the objects of these few addresses are read, and the writer starts with what was
+    // parsed. (Symbol tables alone would name these frames, at a fraction of the cost of
+    // parsing the program's DWARF unit headers; but then the writer parses them when the first
+    // sample comes, with sampling on, and at high rates the queue overflows meanwhile.)
+    let mut symbolizer = symbolize::take_spare(symbolize::Options::default());
+    let names: Vec<Vec<String>> = frames.iter().map(|&ip| symbolize::function_names(&mut symbolizer, ip)).collect();
+    symbolize::put_spare(symbolizer);
     let marker_at = names.iter().position(|n| n.iter().any(|n| n.ends_with(marker)))?;
     let Some(last) = names[..marker_at].iter().rposition(|n| n.iter().any(|n| crate::frames::is_tracer_frame(n)))
     else {
@@ -347,8 +353,9 @@ mod tests {
         let mut dwarf = [0; MAX_FRAMES];
         let m = super::super::libgcc::capture(Leading::NONE, MAX_FRAMES, &mut dwarf);
         let (walked, dwarf) = (&frames[..n], &dwarf[..m]);
-        let into_this_test =
-            |f: u64| symbolize::function_names(f).iter().any(|n| n.contains("frame_pointer_walk_stays_on_the_stack"));
+        let into_this_test = |f: u64| {
+            symbolize::function_names_once(f).iter().any(|n| n.contains("frame_pointer_walk_stays_on_the_stack"))
+        };
         let callers = if walked.first().is_some_and(|&f| into_this_test(f)) { &walked[1..] } else { walked };
         match callers.first().and_then(|f| dwarf.iter().position(|d| d == f)) {
             Some(at) => {

@@ -1,0 +1,221 @@
+//! Turning captured frame addresses into source [`Location`]s, with a symbolizer made for
+//! running inside the traced process: lazy (an object's file is parsed when one of its
+//! addresses is first asked for, a DWARF unit when one of its addresses is), bounded (parsed
+//! state kept under a memory budget), with no process-wide lock (fork-safe), and aware of
+//! objects loaded and unloaded while tracing.
+//!
+//! Runs on the writer thread (and at start-up for calibration), never inside an allocation:
+//! symbolizing parses debug info and allocates.
+//!
+//! Every address we capture is a return address (the instruction after a call), including
+//! the innermost one kept: it is the return address of the call into the global allocator (or,
+//! when an optimised build inlined the allocator shim into the allocating function, of that
+//! function's call into the tracer: the shim's inlined locations are then trimmed).
+//! [`Symbolizer::symbolize`] looks up `addr − 1`, inside the call instruction.
+
+mod loaded_objects;
+mod object_file;
+mod symbolizer;
+
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+pub use self::symbolizer::{Options, Stats, Symbolizer};
+pub(crate) use crate::frames::is_allocator_shim;
+use crate::format::location_codec::{self, Location};
+
+/// The symbolizer no writer is using: calibration's, handed to the first writer, and each
+/// writer's when it ends, handed to the next, so that what they parsed is parsed once per
+/// process (within the budget). Only ever `try_lock`ed: a child forked while another thread
+/// held it makes a new symbolizer instead of waiting.
+static SPARE: Mutex<Option<Symbolizer>> = parking_lot::const_mutex(None);
+
+/// The spare symbolizer, or a new one with `options` when there is none (or it is in use).
+pub(crate) fn take_spare(options: Options) -> Symbolizer {
+    match SPARE.try_lock().and_then(|mut spare| spare.take()) {
+        Some(mut symbolizer) => {
+            symbolizer.set_options(options);
+            symbolizer
+        }
+        None => Symbolizer::with_options(options),
+    }
+}
+
+/// Keep `symbolizer` for the next user.
+pub(crate) fn put_spare(symbolizer: Symbolizer) {
+    if let Some(mut spare) = SPARE.try_lock() {
+        *spare = Some(symbolizer);
+    }
+}
+
+/// The number of objects the loader has loaded and unloaded so far (0 when it does not say):
+/// one `dl_iterate_phdr` callback, no allocation.
+pub(crate) fn loader_changes() -> u64 {
+    loaded_objects::loader_counters().map_or(0, |(adds, subs)| adds.wrapping_add(subs))
+}
+
+/// Bounds the symbolizer's parsed state, in MiB (default [`Options::default`]'s).
+pub(crate) const BUDGET_VAR: &str = "MEMTRACE_SYMBOLS_BUDGET_MIB";
+/// `1` to read separate debug files (`/usr/lib/debug`) for objects without debug info.
+pub(crate) const DEBUG_FILES_VAR: &str = "MEMTRACE_DEBUG_FILES";
+
+/// The writer's symbolizer options: the defaults, changed by [`BUDGET_VAR`] and
+/// [`DEBUG_FILES_VAR`]. A bad value is named on stderr and the default kept.
+pub(crate) fn options_from_env() -> Options {
+    let mut options = Options::default();
+    if let Some(value) = std::env::var_os(BUDGET_VAR) {
+        match value.to_str().and_then(|v| v.trim().parse::<usize>().ok()) {
+            Some(mib) => options.memory_budget = mib.saturating_mul(1 << 20),
+            None => eprintln!("memtrace: {BUDGET_VAR}={value:?} is not a number of MiB; using the default"),
+        }
+    }
+    if let Some(value) = std::env::var_os(DEBUG_FILES_VAR) {
+        match value.to_str() {
+            Some("1") => options.separate_debug_files = true,
+            Some("0") => options.separate_debug_files = false,
+            _ => eprintln!("memtrace: {DEBUG_FILES_VAR}={value:?} is neither 0 nor 1; not reading debug files"),
+        }
+    }
+    options
+}
+
+/// The locations of the code at return address `addr`, outermost first: the function that
+/// contains the code, then one per inlined function, without the allocator shim and what is
+/// inlined into it when the shim is itself inlined, shortened to fit a location record
+/// ([`location_codec::shorten_to_fit`]). An address with no symbol gives one location named
+/// after the address.
+pub fn symbolize(symbolizer: &mut Symbolizer, addr: u64) -> Arc<[Location]> {
+    let unknown_file: Arc<[u8]> = Arc::from(&b"<unknown>"[..]);
+    let mut locations: Vec<Location> = symbolizer
+        .symbolize(addr)
+        .iter()
+        .flat_map(|frames| frames.iter())
+        .map(|frame| Location {
+            filename: frame.file.as_deref().map_or_else(|| unknown_file.clone(), |f| f.as_bytes().into()),
+            line: frame.line,
+            start_char: frame.column,
+            end_char: frame.column,
+            defname: frame.function.as_deref().unwrap_or("??").as_bytes().into(),
+        })
+        .collect();
+    if locations.is_empty() {
+        locations.push(Location {
+            filename: unknown_file,
+            line: 0,
+            start_char: 0,
+            end_char: 0,
+            defname: format!("{addr:#x}").into_bytes().into(),
+        });
+    }
+    drop_inlined_shim(&mut locations);
+    if location_codec::must_truncate(&locations) {
+        // Too long for a location record, which would make it the unknown location.
+        locations = location_codec::shorten_to_fit(&locations).into_owned();
+    }
+    locations.into()
+}
+
+/// Drop, from `locations` (outermost first), the global allocator's shim and what is inlined
+/// into it (our allocator's methods), when the shim is itself inlined into the function that
+/// allocates. An optimised build may do that in the crate that defines the global allocator;
+/// the return address is then the allocating function's call into the tracer, and the
+/// innermost kept frame the allocating function's, not the shim's (see `unwind::SHIM`).
+fn drop_inlined_shim(locations: &mut Vec<Location>) {
+    if let Some(shim) = locations.iter().position(|l| is_allocator_shim(&l.defname_str())) {
+        if shim > 0 {
+            locations.truncate(shim);
+        }
+    }
+}
+
+/// The demangled names (without hash) of the functions at return address `addr`, innermost
+/// first.
+pub fn function_names(symbolizer: &mut Symbolizer, addr: u64) -> Vec<String> {
+    let frames = symbolizer.symbolize(addr);
+    frames.iter().flat_map(|f| f.iter().rev()).map(|f| f.function.as_deref().unwrap_or("??").to_owned()).collect()
+}
+
+/// [`function_names`] with a symbolizer of its own, for tests and benchmarks.
+pub fn function_names_once(addr: u64) -> Vec<String> {
+    function_names(&mut Symbolizer::new(), addr)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[inline(never)]
+    fn return_address_here() -> u64 {
+        let mut symbolizer = Symbolizer::new();
+        let mut ip = 0;
+        let mut depth = 0;
+        backtrace::trace(|frame| {
+            depth += 1;
+            // Frame 0 is inside backtrace; the first frame whose function is this test's
+            // caller ends the walk.
+            if function_names(&mut symbolizer, frame.ip() as u64).iter().any(|n| n.ends_with("known_caller")) {
+                ip = frame.ip() as u64;
+                return false;
+            }
+            depth < 64
+        });
+        ip
+    }
+
+    #[inline(never)]
+    fn known_caller() -> (u64, u32) {
+        let line = line!() + 1;
+        let ip = return_address_here();
+        // Used after the call, so that an optimised build cannot make it a tail call (which
+        // would take this frame off the stack).
+        (std::hint::black_box(ip), line)
+    }
+
+    #[test]
+    fn resolves_return_addresses_to_the_call_line() {
+        let (ip, line) = known_caller();
+        assert_ne!(ip, 0, "caller frame not found");
+        let locations = symbolize(&mut Symbolizer::new(), ip);
+        let inner = locations.last().unwrap();
+        // The full path, or with line-tables-only debug info (release) the bare name.
+        let name = inner.defname_str();
+        assert!(name.ends_with("symbolize::tests::known_caller") || name == "known_caller", "{inner:?}");
+        assert!(inner.filename_str().ends_with("symbolize/mod.rs"), "{inner:?}");
+        assert_eq!(inner.line, line);
+        assert!(!inner.defname_str().contains("::h"), "hash not stripped: {inner:?}");
+    }
+
+    fn location(name: &str) -> Location {
+        Location { filename: b"f.rs"[..].into(), line: 1, start_char: 0, end_char: 0, defname: name.as_bytes().into() }
+    }
+
+    fn names(locations: &[Location]) -> Vec<String> {
+        locations.iter().map(|l| l.defname_str().into_owned()).collect()
+    }
+
+    #[test]
+    fn an_inlined_allocator_shim_is_dropped() {
+        // Outermost first: `site`, into which the shim is inlined, with our methods inlined.
+        let mut inlined: Vec<_> =
+            ["site", "alloc", "__rust_alloc", "alloc<std::alloc::System>", "sampled<A>"].map(location).into();
+        drop_inlined_shim(&mut inlined);
+        assert_eq!(names(&inlined), ["site", "alloc"]);
+        let mut full_names: Vec<_> = ["site", "__rustc::__rust_realloc", "alloc<A>"].map(location).into();
+        drop_inlined_shim(&mut full_names);
+        assert_eq!(names(&full_names), ["site"]);
+        // A frame of the shim's own (a failed skip) is kept whole; other code is untouched.
+        for kept in [&["__rust_alloc_zeroed", "alloc<A>"][..], &["site", "my__rust_alloc"], &["site"]] {
+            let mut locations: Vec<_> = kept.iter().map(|n| location(n)).collect();
+            drop_inlined_shim(&mut locations);
+            assert_eq!(names(&locations), kept);
+        }
+    }
+
+    #[test]
+    fn unknown_addresses_get_a_placeholder() {
+        let locations = symbolize(&mut Symbolizer::new(), 8);
+        assert_eq!(locations.len(), 1);
+        assert_eq!(locations[0].defname_str(), "0x8");
+    }
+}

@@ -1,0 +1,345 @@
+//! One object file's parsed state: its DWARF (through `addr2line`, sections borrowed from a
+//! read-only mapping of the file, only compressed ones inflated into the heap) and its function
+//! symbols (`.symtab`, else `.dynsym`, so that a stripped program still names its exported
+//! functions), demangled with `rustc-demangle`.
+//!
+//! A separate debug file (build-id under the debug directory, or `.gnu_debuglink`) is used only
+//! with [`Options::separate_debug_files`]: distribution debug files are compressed, and
+//! inflating libc's costs tens of milliseconds and megabytes.
+
+use std::collections::HashSet;
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+
+use object::{Object as _, ObjectSection as _, ObjectSymbol as _, ObjectSymbolTable as _};
+
+use super::symbolizer::Options;
+
+type Reader = gimli::EndianSlice<'static, gimli::RunTimeEndian>;
+
+pub(super) struct RawFrame {
+    pub(super) function: Option<String>,
+    pub(super) file: Option<String>,
+    pub(super) line: u32,
+    pub(super) column: u32,
+}
+
+struct Symbol {
+    address: u64,
+    size: u64,
+    name: &'static [u8],
+}
+
+/// Parsed state of one object. The `'static` slices in `context`, `dwarf_file` and `symbols`
+/// borrow from `inflated` and `_maps`, which are declared after them and so dropped after
+/// them; they are never handed out.
+pub(super) struct Loaded {
+    /// Made from `dwarf_file` when an address is first looked up.
+    context: Option<addr2line::Context<Reader>>,
+    /// The object file, or its separate debug file, when it has DWARF not yet parsed.
+    dwarf_file: Option<object::File<'static>>,
+    has_dwarf: bool,
+    symbols: Vec<Symbol>,
+    pub(super) units_seen: HashSet<usize>,
+    pub(super) parsed_estimate: usize,
+    pub(super) base_estimate: usize,
+    inflated: Vec<Box<[u8]>>,
+    _maps: Vec<Mmap>,
+}
+
+/// Estimated heap bytes of addr2line's parsed state per byte of a unit's `.debug_info`
+/// (lines, functions and inlined functions); measured on ripgrep when the symbolizers were
+/// compared for issue #10.
+const PARSED_BYTES_PER_UNIT_BYTE: usize = 2;
+/// Estimated heap bytes of addr2line's state per unit before any lookup (the unit's parsed
+/// abbreviations and line program header): 10-14 KiB measured on ripgrep (935 units).
+const BYTES_PER_UNIT: usize = 12 << 10;
+
+impl Loaded {
+    pub(super) fn open(path: &Path, loaded_build_id: Option<&[u8]>, options: &Options) -> Option<Loaded> {
+        let map = Mmap::open(path)?;
+        // SAFETY: the mapping is moved into the `Loaded` built here, which drops it after
+        // everything that borrows from it (or dropped after `file` on the way out).
+        let data = unsafe { map.bytes() };
+        let file = object::File::parse(data).ok()?;
+        // The file at `path` must be the one that was loaded.
+        let file_build_id = file.build_id().ok().flatten();
+        if let (Some(loaded), Some(on_disk)) = (loaded_build_id, file_build_id) {
+            if loaded != on_disk {
+                return None;
+            }
+        }
+        let mut maps = vec![];
+        let has_dwarf = |f: &object::File<'static>| f.section_by_name(".debug_info").is_some_and(|s| s.size() > 0);
+        let mut debug_file = None;
+        if !has_dwarf(&file) && options.separate_debug_files {
+            if let Some((dmap, dfile)) = find_debug_file(path, &file, options) {
+                if has_dwarf(&dfile) {
+                    debug_file = Some(dfile);
+                    maps.push(dmap);
+                }
+            }
+        }
+        let mut symbols = function_symbols(file.symbol_table());
+        if symbols.is_empty() {
+            if let Some(d) = &debug_file {
+                symbols = function_symbols(d.symbol_table());
+            }
+        }
+        if symbols.is_empty() {
+            symbols = function_symbols(file.dynamic_symbol_table());
+        }
+        let dwarf_file = debug_file.or(Some(file)).filter(has_dwarf);
+        maps.push(map);
+        let base_estimate = symbols.capacity() * std::mem::size_of::<Symbol>();
+        Some(Loaded {
+            context: None,
+            has_dwarf: dwarf_file.is_some(),
+            dwarf_file,
+            symbols,
+            units_seen: HashSet::new(),
+            parsed_estimate: 0,
+            base_estimate,
+            inflated: Vec::new(),
+            _maps: maps,
+        })
+    }
+
+    /// Parse the DWARF's unit headers (addr2line's base state), once.
+    fn load_dwarf(&mut self) {
+        let Some(file) = self.dwarf_file.take() else { return };
+        if let Some((context, units)) = load_dwarf(&file, &mut self.inflated) {
+            self.base_estimate += self.inflated.iter().map(|b| b.len()).sum::<usize>() + units * BYTES_PER_UNIT;
+            self.context = Some(context);
+        }
+    }
+
+    /// Whether names come from a symbol table alone (no DWARF): functions without files, lines
+    /// or inlined functions.
+    pub(super) fn symbols_only(&self) -> bool {
+        !self.has_dwarf && !self.symbols.is_empty()
+    }
+
+    pub(super) fn bytes(&self) -> usize {
+        self.base_estimate + self.parsed_estimate + self.units_seen.capacity() * 16
+    }
+
+    fn symbol(&self, probe: u64) -> Option<&Symbol> {
+        let i = self.symbols.partition_point(|s| s.address <= probe).checked_sub(1)?;
+        let s = &self.symbols[i];
+        (probe < s.address + s.size.max(1)).then_some(s)
+    }
+
+    /// The functions at `probe` (an address in the object's own terms), outermost first: from
+    /// the DWARF (parsed the first time), the symbol table's name for the outermost one.
+    pub(super) fn lookup(&mut self, probe: u64) -> Vec<RawFrame> {
+        self.load_dwarf();
+        let mut frames = Vec::new();
+        if let Some(context) = &self.context {
+            if let Some(unit) = context.find_dwarf_and_unit(probe).skip_all_loads() {
+                let offset = unit.header.offset().0;
+                if self.units_seen.insert(offset) {
+                    self.parsed_estimate += unit.header.length_including_self() * PARSED_BYTES_PER_UNIT_BYTE;
+                }
+            }
+            if let Ok(mut iter) = context.find_frames(probe).skip_all_loads() {
+                while let Ok(Some(frame)) = iter.next() {
+                    let function =
+                        frame.function.as_ref().and_then(|f| f.raw_name().ok()).map(|n| demangle(n.as_bytes()));
+                    let (file, line, column) = match frame.location {
+                        Some(l) => (l.file.map(str::to_owned), l.line.unwrap_or(0), l.column.unwrap_or(0)),
+                        None => (None, 0, 0),
+                    };
+                    frames.push(RawFrame { function, file, line, column });
+                }
+            }
+        }
+        // addr2line gives the innermost first.
+        frames.reverse();
+        let symbol = self.symbol(probe).map(|s| demangle(s.name));
+        match (frames.first_mut(), symbol) {
+            (None, Some(name)) => frames.push(RawFrame { function: Some(name), file: None, line: 0, column: 0 }),
+            (Some(outer), Some(name)) => match &outer.function {
+                None => outer.function = Some(name),
+                // Line-tables-only DWARF names functions without their path: the symbol's
+                // name is the same function with its path.
+                Some(bare)
+                    if name.len() > bare.len()
+                        && name.ends_with(bare.as_str())
+                        && name[..name.len() - bare.len()].ends_with("::") =>
+                {
+                    outer.function = Some(name)
+                }
+                _ => {}
+            },
+            _ => {}
+        }
+        frames
+    }
+}
+
+/// The context, and the number of units (what addr2line's base state grows with).
+fn load_dwarf(
+    file: &object::File<'static>,
+    inflated: &mut Vec<Box<[u8]>>,
+) -> Option<(addr2line::Context<Reader>, usize)> {
+    let endian = if file.is_little_endian() { gimli::RunTimeEndian::Little } else { gimli::RunTimeEndian::Big };
+    let dwarf = gimli::Dwarf::load(|id| -> Result<Reader, ()> {
+        let data = section_data(file, id.name(), inflated).unwrap_or(&[]);
+        Ok(gimli::EndianSlice::new(data, endian))
+    })
+    .ok()?;
+    // Unit headers only: cheap.
+    let mut headers = dwarf.units();
+    let mut units = 0;
+    while let Ok(Some(_)) = headers.next() {
+        units += 1;
+    }
+    Some((addr2line::Context::from_dwarf(dwarf).ok()?, units))
+}
+
+/// A section's bytes: borrowed from the mapping, or inflated into `inflated` when compressed.
+fn section_data(file: &object::File<'static>, name: &str, inflated: &mut Vec<Box<[u8]>>) -> Option<&'static [u8]> {
+    // object also finds GNU `.zdebug_*` sections for `.debug_*` names.
+    let section = file.section_by_name(name)?;
+    let compressed = section.compressed_data().ok()?;
+    match compressed.format {
+        object::CompressionFormat::None => Some(compressed.data),
+        object::CompressionFormat::Zlib => {
+            let mut buf = vec![0u8; usize::try_from(compressed.uncompressed_size).ok()?].into_boxed_slice();
+            inflate_zlib(compressed.data, &mut buf)?;
+            // SAFETY: the heap block does not move when its box does; it is kept in `inflated`,
+            // which the `Loaded` drops after everything that borrows from it.
+            let slice: &'static [u8] = unsafe { std::slice::from_raw_parts(buf.as_ptr(), buf.len()) };
+            inflated.push(buf);
+            Some(slice)
+        }
+        // zstd (ld --compress-debug-sections=zstd) would need ruzstd: treated as absent.
+        _ => None,
+    }
+}
+
+fn inflate_zlib(input: &[u8], output: &mut [u8]) -> Option<()> {
+    use miniz_oxide::inflate::core::inflate_flags::{
+        TINFL_FLAG_PARSE_ZLIB_HEADER, TINFL_FLAG_USING_NON_WRAPPING_OUTPUT_BUF,
+    };
+    use miniz_oxide::inflate::core::{decompress, DecompressorOxide};
+    use miniz_oxide::inflate::TINFLStatus;
+    let (status, _, written) = decompress(
+        &mut DecompressorOxide::new(),
+        input,
+        output,
+        0,
+        TINFL_FLAG_USING_NON_WRAPPING_OUTPUT_BUF | TINFL_FLAG_PARSE_ZLIB_HEADER,
+    );
+    (status == TINFLStatus::Done && written == output.len()).then_some(())
+}
+
+fn function_symbols(table: Option<object::SymbolTable<'static, '_>>) -> Vec<Symbol> {
+    let Some(table) = table else { return Vec::new() };
+    let mut symbols: Vec<Symbol> = table
+        .symbols()
+        .filter(|s| s.kind() == object::SymbolKind::Text && s.is_definition() && s.address() != 0)
+        .filter_map(|s| Some(Symbol { address: s.address(), size: s.size(), name: s.name_bytes().ok()? }))
+        .collect();
+    // Prefer, among symbols at one address, one with a size (then the longest name).
+    symbols.sort_unstable_by(|a, b| {
+        a.address.cmp(&b.address).then(b.size.cmp(&a.size)).then(b.name.len().cmp(&a.name.len()))
+    });
+    symbols.dedup_by_key(|s| s.address);
+    symbols.shrink_to_fit();
+    symbols
+}
+
+/// A Rust symbol demangled in `{:#}` form (no hash); anything else as it is.
+pub(super) fn demangle(name: &[u8]) -> String {
+    let name = String::from_utf8_lossy(name);
+    match rustc_demangle::try_demangle(&name) {
+        Ok(d) => format!("{d:#}"),
+        Err(_) => name.into_owned(),
+    }
+}
+
+fn find_debug_file(
+    path: &Path,
+    file: &object::File<'static>,
+    options: &Options,
+) -> Option<(Mmap, object::File<'static>)> {
+    let build_id = file.build_id().ok().flatten();
+    let mut candidates = Vec::new();
+    if let Some(id) = build_id.filter(|id| id.len() >= 2) {
+        let hex: String = id.iter().map(|b| format!("{b:02x}")).collect();
+        candidates.push(options.debug_dir.join(".build-id").join(&hex[..2]).join(format!("{}.debug", &hex[2..])));
+    }
+    if let Ok(Some((name, _crc))) = file.gnu_debuglink() {
+        let name = Path::new(OsStr::from_bytes(name));
+        let dir = std::fs::canonicalize(path).ok().and_then(|p| p.parent().map(Path::to_path_buf)).unwrap_or_default();
+        candidates.push(dir.join(name));
+        candidates.push(dir.join(".debug").join(name));
+        candidates.push(options.debug_dir.join(dir.strip_prefix("/").unwrap_or(&dir)).join(name));
+    }
+    for candidate in candidates {
+        if candidate.as_path() == path {
+            continue;
+        }
+        let Some(map) = Mmap::open(&candidate) else { continue };
+        // SAFETY: the mapping is returned with the file that borrows it, and the `Loaded` keeps
+        // it after everything that borrows from it.
+        let data = unsafe { map.bytes() };
+        let Ok(debug) = object::File::parse(data) else { continue };
+        // A debug file found by debuglink name must be for this build (the CRC is not checked:
+        // that would read the whole file).
+        if build_id.is_some() && debug.build_id().ok().flatten() != build_id {
+            continue;
+        }
+        return Some((map, debug));
+    }
+    None
+}
+
+/// A read-only private mapping of a whole file. Hand-written on `libc` (a dozen lines) rather
+/// than taking `memmap2` for it.
+struct Mmap {
+    ptr: *const u8,
+    len: usize,
+}
+
+// SAFETY: the mapping is read-only and owned by one `Loaded`; nothing else unmaps it.
+unsafe impl Send for Mmap {}
+
+impl Mmap {
+    fn open(path: &Path) -> Option<Mmap> {
+        use std::os::fd::AsRawFd;
+        let file = std::fs::File::open(path).ok()?;
+        let len = usize::try_from(file.metadata().ok()?.len()).ok()?;
+        if len == 0 {
+            return None;
+        }
+        // SAFETY: a fresh read-only private mapping of an open file; the descriptor may be
+        // closed afterwards.
+        let ptr =
+            unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_PRIVATE, file.as_raw_fd(), 0) };
+        if ptr == libc::MAP_FAILED {
+            return None;
+        }
+        Some(Mmap { ptr: ptr as *const u8, len })
+    }
+
+    /// The mapped bytes, borrowed for as long as the caller says.
+    ///
+    /// # Safety
+    /// The mapping must outlive every use of the slice.
+    unsafe fn bytes(&self) -> &'static [u8] {
+        // SAFETY: `len` bytes are mapped readable at `ptr` while `self` lives (the caller's
+        // promise covers the rest).
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+}
+
+impl Drop for Mmap {
+    fn drop(&mut self) {
+        // SAFETY: the mapping was made by `open` and is unmapped once, here.
+        unsafe { libc::munmap(self.ptr as *mut libc::c_void, self.len) };
+    }
+}

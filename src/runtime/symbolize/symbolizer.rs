@@ -1,0 +1,564 @@
+//! The symbolizer's state: the objects of the process and their parsed debug info, answers
+//! cached per address, and the memory budget that bounds them.
+//!
+//! A [`Symbolizer`] is owned by one thread (the writer thread, or calibration) and holds every
+//! piece of its state itself: no process-wide lock, so a forked child that makes a new
+//! `Symbolizer` works whatever its parent's threads were doing at the fork.
+//!
+//! * Objects come from `dl_iterate_phdr` ([`loaded_objects`](super::loaded_objects)). The list
+//!   is scanned again when the loader's `dlpi_adds`/`dlpi_subs` counters moved (a `dlopen` or
+//!   `dlclose` happened), checked on every call. Objects are keyed by (path, load bias,
+//!   build-id, device+inode); an object that is gone takes its parsed state and its cached
+//!   answers with it, so code loaded later at the same addresses gets its own names.
+//! * An object's file is parsed ([`object_file`](super::object_file)) the first time an
+//!   address in it is asked for.
+//! * Parsed state is estimated and kept under [`Options::memory_budget`] by dropping the parsed
+//!   state of idle objects, least recently used first, then the current object's parsed units,
+//!   then the answer cache (see [`Symbolizer::enforce_budget`]). Not counted: the mapped files
+//!   (their pages are file-backed and reclaimable) and the base state of the object in use.
+
+use std::collections::{HashMap, HashSet};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use super::loaded_objects::{loader_counters, scan_objects};
+use super::object_file::Loaded;
+
+/// The functions at an address, outermost first; `None` when nothing is known.
+pub type Answer = Option<Arc<[Frame]>>;
+
+/// How a [`Symbolizer`] behaves.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// Bytes of parsed state (inflated sections, symbol tables, parsed units, cached answers)
+    /// to keep, beyond the mapped files and the base state of the object in use (its symbol
+    /// table and addr2line's per-unit headers, which any address in it needs). Approximate:
+    /// parsed units are estimated from their DWARF size.
+    pub memory_budget: usize,
+    /// Look for separate debug files (`<debug_dir>/.build-id/xx/yyyy.debug`, then
+    /// `.gnu_debuglink` beside the object, in its `.debug/` and under `<debug_dir>`) for objects
+    /// without DWARF of their own. Off by default: distribution debug files are compressed, and
+    /// inflating libc's costs tens of milliseconds and megabytes.
+    pub separate_debug_files: bool,
+    /// The global debug directory.
+    pub debug_dir: PathBuf,
+}
+
+impl Default for Options {
+    fn default() -> Options {
+        Options { memory_budget: 8 << 20, separate_debug_files: false, debug_dir: PathBuf::from("/usr/lib/debug") }
+    }
+}
+
+/// One function at an address: the function containing the code, or one inlined into it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Frame {
+    /// Demangled name, without hash.
+    pub function: Option<Arc<str>>,
+    /// Source file path, as the debug info gives it (joined with the compilation directory).
+    pub file: Option<Arc<str>>,
+    /// 0 when unknown.
+    pub line: u32,
+    /// 0 when unknown.
+    pub column: u32,
+}
+
+/// Counters, for tests and diagnostics.
+#[derive(Clone, Debug, Default)]
+pub struct Stats {
+    /// Scans of the loaded objects (`dl_iterate_phdr`).
+    pub scans: u64,
+    /// Objects whose file was mapped and parsed (again, after an eviction).
+    pub loads: u64,
+    /// Objects' parsed state dropped to stay under the budget.
+    pub evictions: u64,
+    /// Objects forgotten because they were unloaded.
+    pub unloaded: u64,
+    /// Answers served from the cache.
+    pub cache_hits: u64,
+    /// Estimated bytes of parsed state now held.
+    pub estimated_bytes: usize,
+    /// Of which the base state of the object last used, which the budget does not count.
+    pub base_bytes: usize,
+}
+
+/// Symbolizes addresses of the current process. Owned by one thread; `Send`, not `Sync`.
+pub struct Symbolizer {
+    options: Options,
+    objects: Vec<Object>,
+    /// (start, end, index into `objects`) of every `PT_LOAD` segment, sorted by start.
+    ranges: Vec<(u64, u64, usize)>,
+    /// `dlpi_adds`/`dlpi_subs` at the last scan; `None` when the loader lacks them.
+    counters: Option<(u64, u64)>,
+    scanned: bool,
+    next_id: u64,
+    clock: u64,
+    /// Address -> (object id, answer). Only addresses inside a known object are cached.
+    cache: HashMap<u64, (u64, Answer)>,
+    cache_bytes: usize,
+    strings: HashSet<Arc<str>>,
+    stats: Stats,
+    /// The program's path, when it was found to have symbols but no debug info and that has
+    /// not been said yet; then `Some(None)`.
+    program_without_debug_info: Option<Option<PathBuf>>,
+}
+
+impl Default for Symbolizer {
+    fn default() -> Self {
+        Symbolizer::new()
+    }
+}
+
+impl Symbolizer {
+    /// A symbolizer with default [`Options`]. Does no work until the first address.
+    pub fn new() -> Symbolizer {
+        Symbolizer::with_options(Options::default())
+    }
+
+    /// A symbolizer with `options`. Does no work until the first address.
+    pub fn with_options(options: Options) -> Symbolizer {
+        Symbolizer {
+            options,
+            objects: Vec::new(),
+            ranges: Vec::new(),
+            counters: None,
+            scanned: false,
+            next_id: 1,
+            clock: 0,
+            cache: HashMap::new(),
+            cache_bytes: 0,
+            strings: HashSet::new(),
+            stats: Stats::default(),
+            program_without_debug_info: None,
+        }
+    }
+
+    /// Change the options; the budget is enforced from the next address on.
+    pub fn set_options(&mut self, options: Options) {
+        self.options = options;
+    }
+
+    fn clear_answers(&mut self) {
+        self.cache.clear();
+        self.cache_bytes = 0;
+        self.strings.clear();
+    }
+
+    /// The program's path, once, if it has a symbol table but no debug info (its frames have
+    /// function names without files, lines or inlined functions).
+    pub(crate) fn take_program_without_debug_info(&mut self) -> Option<PathBuf> {
+        self.program_without_debug_info.as_mut().and_then(Option::take)
+    }
+
+    /// What it did so far, and the memory it holds now.
+    pub fn stats(&self) -> Stats {
+        let base_bytes = self.objects.iter().max_by_key(|o| o.last_use).map_or(0, |o| match &o.state {
+            State::Loaded(l) => l.base_estimate,
+            _ => 0,
+        });
+        Stats { estimated_bytes: self.estimated_bytes(), base_bytes, ..self.stats.clone() }
+    }
+
+    /// The functions at return address `return_address` (the code looked up is the call
+    /// instruction, at `return_address - 1`), outermost first. `None` when nothing is known.
+    pub fn symbolize(&mut self, return_address: u64) -> Answer {
+        if return_address == 0 {
+            return None;
+        }
+        self.symbolize_pc(return_address - 1)
+    }
+
+    /// Like [`Symbolizer::symbolize`], for the exact address of an instruction.
+    pub fn symbolize_pc(&mut self, pc: u64) -> Answer {
+        self.clock += 1;
+        self.refresh_if_changed();
+        if let Some((_, frames)) = self.cache.get(&pc) {
+            self.stats.cache_hits += 1;
+            return frames.clone();
+        }
+        let mut index = self.find_object(pc);
+        if index.is_none() && self.counters.is_none() {
+            // No counters to tell us about new objects: look again.
+            self.rescan();
+            index = self.find_object(pc);
+        }
+        let index = index?;
+        let frames = self.lookup_in(index, pc);
+        let id = self.objects[index].id;
+        self.cache_bytes += 64 + frames.as_ref().map_or(0, |f| f.len() * std::mem::size_of::<Frame>());
+        self.cache.insert(pc, (id, frames.clone()));
+        self.enforce_budget(index);
+        frames
+    }
+
+    fn estimated_bytes(&self) -> usize {
+        let strings: usize = self.strings.iter().map(|s| s.len() + 48).sum();
+        self.objects.iter().map(|o| o.state.bytes()).sum::<usize>() + self.cache_bytes + strings
+    }
+
+    fn find_object(&self, pc: u64) -> Option<usize> {
+        let i = self.ranges.partition_point(|r| r.0 <= pc).checked_sub(1)?;
+        let (start, end, index) = self.ranges[i];
+        (start <= pc && pc < end).then_some(index)
+    }
+
+    fn refresh_if_changed(&mut self) {
+        if !self.scanned {
+            self.rescan();
+            return;
+        }
+        if let Some(counters) = self.counters {
+            if loader_counters() != Some(counters) {
+                self.rescan();
+            }
+        }
+    }
+
+    fn rescan(&mut self) {
+        self.stats.scans += 1;
+        self.scanned = true;
+        let (scanned, counters) = scan_objects();
+        self.counters = counters;
+        let mut old: HashMap<Key, Object> = self.objects.drain(..).map(|o| (o.key.clone(), o)).collect();
+        for s in scanned {
+            let key = Key { path: s.path.clone(), base: s.base, build_id: s.build_id.clone(), file: s.file_id };
+            let object = old.remove(&key).unwrap_or_else(|| {
+                let id = self.next_id;
+                self.next_id += 1;
+                Object {
+                    id,
+                    key,
+                    base: s.base,
+                    path: s.path,
+                    build_id: s.build_id,
+                    segments: s.segments,
+                    state: State::NotLoaded,
+                    last_use: 0,
+                }
+            });
+            self.objects.push(object);
+        }
+        if !old.is_empty() {
+            // Unloaded: forget their answers, so that whatever is loaded at their addresses next
+            // is looked up afresh.
+            self.stats.unloaded += old.len() as u64;
+            let gone: HashSet<u64> = old.values().map(|o| o.id).collect();
+            self.cache.retain(|_, (id, _)| !gone.contains(id));
+            self.cache_bytes = self
+                .cache
+                .values()
+                .map(|(_, f)| 64 + f.as_ref().map_or(0, |f| f.len() * std::mem::size_of::<Frame>()))
+                .sum();
+        }
+        self.ranges = self
+            .objects
+            .iter()
+            .enumerate()
+            .flat_map(|(i, o)| o.segments.iter().map(move |&(start, end)| (start, end, i)))
+            .collect();
+        self.ranges.sort_unstable();
+    }
+
+    fn lookup_in(&mut self, index: usize, pc: u64) -> Answer {
+        let options = self.options.clone();
+        let object = &mut self.objects[index];
+        object.last_use = self.clock;
+        if matches!(object.state, State::NotLoaded) {
+            self.stats.loads += 1;
+            object.state = match Loaded::open(&object.path, object.build_id.as_deref(), &options) {
+                Some(loaded) => State::Loaded(Box::new(loaded)),
+                None => State::Failed,
+            };
+        }
+        let State::Loaded(loaded) = &mut object.state else { return None };
+        // The loader lists the program first.
+        if index == 0 && loaded.symbols_only() && self.program_without_debug_info.is_none() {
+            self.program_without_debug_info = Some(Some(object.path.clone()));
+        }
+        let probe = pc.wrapping_sub(object.base);
+        let raw = loaded.lookup(probe);
+        if raw.is_empty() {
+            return None;
+        }
+        let strings = &mut self.strings;
+        let mut intern = |s: String| -> Arc<str> {
+            if let Some(found) = strings.get(s.as_str()) {
+                return found.clone();
+            }
+            let arc: Arc<str> = s.into();
+            strings.insert(arc.clone());
+            arc
+        };
+        Some(
+            raw.into_iter()
+                .map(|r| Frame {
+                    function: r.function.map(&mut intern),
+                    file: r.file.map(&mut intern),
+                    line: r.line,
+                    column: r.column,
+                })
+                .collect(),
+        )
+    }
+
+    /// Over budget, drop (1) other objects' parsed state, least recently used first, once
+    /// unused for [`MIN_LOOKUPS_BEFORE_EVICTION`] addresses (the objects of one stack, say the
+    /// program and the C library, must not evict each other at every address), (2) the
+    /// current object's, when more than one of its units is parsed (the next address then
+    /// parses only its own unit), (3) the answer cache. The current object's base state
+    /// (addr2line's per-unit headers, the symbol table) is not counted: any address in the
+    /// object needs it.
+    fn enforce_budget(&mut self, current: usize) {
+        let budget = self.options.memory_budget;
+        let base = |objects: &[Object]| match &objects[current].state {
+            State::Loaded(l) => l.base_estimate,
+            _ => 0,
+        };
+        while self.estimated_bytes() - base(&self.objects) > budget {
+            let clock = self.clock;
+            let victim = self
+                .objects
+                .iter()
+                .enumerate()
+                .filter(|(i, o)| {
+                    *i != current
+                        && matches!(o.state, State::Loaded(_))
+                        && clock - o.last_use >= MIN_LOOKUPS_BEFORE_EVICTION
+                })
+                .min_by_key(|(_, o)| o.last_use)
+                .map(|(i, _)| i);
+            if let Some(i) = victim {
+                self.objects[i].state = State::NotLoaded;
+                self.stats.evictions += 1;
+                continue;
+            }
+            if let State::Loaded(l) = &self.objects[current].state {
+                if l.units_seen.len() > 1 && l.parsed_estimate > 0 {
+                    self.objects[current].state = State::NotLoaded;
+                    self.stats.evictions += 1;
+                    continue;
+                }
+            }
+            if !self.cache.is_empty() {
+                self.clear_answers();
+                continue;
+            }
+            break;
+        }
+    }
+}
+
+/// See [`Symbolizer::enforce_budget`].
+const MIN_LOOKUPS_BEFORE_EVICTION: u64 = 256;
+
+#[derive(Clone, PartialEq, Eq, Hash, Debug)]
+struct Key {
+    path: PathBuf,
+    base: u64,
+    build_id: Option<Vec<u8>>,
+    file: Option<(u64, u64)>,
+}
+
+struct Object {
+    id: u64,
+    key: Key,
+    base: u64,
+    path: PathBuf,
+    build_id: Option<Vec<u8>>,
+    segments: Vec<(u64, u64)>,
+    state: State,
+    last_use: u64,
+}
+
+enum State {
+    NotLoaded,
+    /// No file, unreadable, or not the file that was loaded.
+    Failed,
+    Loaded(Box<Loaded>),
+}
+
+impl State {
+    fn bytes(&self) -> usize {
+        match self {
+            State::Loaded(l) => l.bytes(),
+            _ => 0,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::ffi::OsStrExt;
+    use std::path::Path;
+
+    use super::*;
+
+    #[inline(never)]
+    fn known_function(x: u64) -> u64 {
+        std::hint::black_box(x.wrapping_mul(31).rotate_left(7))
+    }
+
+    fn innermost_name(frames: &[Frame]) -> String {
+        frames.last().and_then(|f| f.function.as_deref()).unwrap_or("").to_owned()
+    }
+
+    #[test]
+    fn names_a_function_of_this_test_binary() {
+        let mut s = Symbolizer::new();
+        let addr = known_function as *const () as usize as u64;
+        // Return-address semantics: addr + 1 looks up addr.
+        let frames = s.symbolize(addr + 1).expect("no frames");
+        // The outermost frame: code at the function's start may be inlined from elsewhere.
+        let name = frames[0].function.as_deref().unwrap_or("").to_owned();
+        assert!(name.ends_with("tests::known_function"), "{frames:?}");
+        assert!(!name.contains("::h"), "hash not stripped: {name}");
+        let outer = frames.first().unwrap();
+        // Built without debug info (plain release), the name comes from .symtab alone.
+        if let Some(file) = outer.file.as_deref() {
+            assert!(file.ends_with("symbolize/symbolizer.rs"), "{frames:?}");
+            assert!(outer.line > 0);
+        }
+        // Cached the second time.
+        let again = s.symbolize(addr + 1).unwrap();
+        assert_eq!(again, frames);
+        assert_eq!(s.stats().cache_hits, 1);
+        assert_eq!(known_function(1), known_function(1));
+    }
+
+    #[test]
+    fn unknown_addresses_give_none() {
+        let mut s = Symbolizer::new();
+        assert_eq!(s.symbolize(0), None);
+        assert_eq!(s.symbolize(9), None);
+    }
+
+    #[test]
+    fn libc_exports_are_named_from_dynsym() {
+        // libc.so.6 has no .symtab nor DWARF here; without separate debug files its exported
+        // functions come from .dynsym.
+        let mut s = Symbolizer::new();
+        let addr = libc::getpid as *const () as usize as u64;
+        let frames = s.symbolize_pc(addr).expect("getpid not named");
+        let name = innermost_name(&frames);
+        assert!(name.contains("getpid"), "{frames:?}");
+    }
+
+    #[test]
+    fn a_forked_child_can_symbolize() {
+        let mut parent = Symbolizer::new();
+        parent.symbolize(known_function as *const () as usize as u64 + 1).unwrap();
+        // SAFETY: the child only symbolizes (allocating, which glibc allows after a fork of a
+        // multi-threaded process) and exits with `_exit`.
+        unsafe {
+            let pid = libc::fork();
+            if pid == 0 {
+                let mut child = Symbolizer::new();
+                let ok = child.symbolize(known_function as *const () as usize as u64 + 1).is_some();
+                libc::_exit(if ok { 0 } else { 1 });
+            }
+            let mut status = 0;
+            libc::waitpid(pid, &mut status, 0);
+            assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "child failed: {status}");
+        }
+    }
+
+    #[test]
+    fn the_budget_is_honoured() {
+        const BUDGET: usize = 256 << 10;
+        let mut s = Symbolizer::with_options(Options { memory_budget: BUDGET, ..Options::default() });
+        let a = known_function as *const () as usize as u64;
+        let b = libc::getpid as *const () as usize as u64;
+        // This test binary's DWARF does not fit the budget; libc's symbols do.
+        assert!(s.symbolize(a + 1).is_some());
+        assert!(s.symbolize_pc(b).is_some());
+        assert_eq!(s.stats().evictions, 0, "recently used objects are kept: {:?}", s.stats());
+        for _ in 0..MIN_LOOKUPS_BEFORE_EVICTION {
+            assert!(s.symbolize_pc(b).is_some());
+        }
+        // A new address of libc's: the test binary, idle since, is dropped.
+        assert!(s.symbolize_pc(libc::getppid as *const () as usize as u64).is_some());
+        let stats = s.stats();
+        assert!(stats.evictions == 1 && stats.estimated_bytes <= BUDGET, "{stats:?}");
+        // Answers survive in the cache while it fits; the test binary is parsed again when asked.
+        let hits = stats.cache_hits;
+        s.symbolize_pc(b);
+        assert_eq!(s.stats().cache_hits, hits + 1);
+        assert!(s.symbolize(a + 1).is_some());
+        assert_eq!(s.stats().loads, 3, "{:?}", s.stats());
+    }
+
+    /// Builds `lib<name>.so` exporting `fn_name` in `dir`; `None` when there is no C compiler.
+    fn build_so(dir: &Path, name: &str, fn_name: &str) -> Option<PathBuf> {
+        let src = dir.join(format!("{name}.c"));
+        std::fs::write(&src, format!("int {fn_name}(int x) {{ return x * 3 + 1; }}\n")).unwrap();
+        let out = dir.join(format!("lib{name}.so"));
+        let status = std::process::Command::new("cc")
+            .args(["-shared", "-fPIC", "-g", "-O1", "-o"])
+            .arg(&out)
+            .arg(&src)
+            .status()
+            .ok()?;
+        status.success().then_some(out)
+    }
+
+    /// Loads `path` and finds `sym` in it: the handle and the symbol's address.
+    fn dlopen_sym(path: &Path, sym: &str) -> (*mut libc::c_void, u64) {
+        let cpath = std::ffi::CString::new(path.as_os_str().as_bytes()).unwrap();
+        let csym = std::ffi::CString::new(sym).unwrap();
+        // SAFETY: NUL-terminated strings; the library built by `build_so` has no constructors.
+        let (handle, f) = unsafe {
+            let handle = libc::dlopen(cpath.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL);
+            assert!(!handle.is_null(), "dlopen {path:?}");
+            (handle, libc::dlsym(handle, csym.as_ptr()))
+        };
+        assert!(!f.is_null());
+        (handle, f as u64)
+    }
+
+    #[test]
+    fn dlopened_objects_are_named_and_unloads_forget_them() {
+        let dir = std::env::temp_dir().join(format!("symbolizer-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (Some(a), Some(b)) = (build_so(&dir, "alpha", "alpha_fn"), build_so(&dir, "beta", "beta_fn")) else {
+            eprintln!("skipped: no C compiler");
+            return;
+        };
+        let mut s = Symbolizer::new();
+        // Start with the object list as it is, before the dlopen.
+        s.symbolize(known_function as *const () as usize as u64 + 1);
+        let (ha, fa) = dlopen_sym(&a, "alpha_fn");
+        let frames = s.symbolize_pc(fa).expect("alpha_fn not named");
+        assert_eq!(innermost_name(&frames), "alpha_fn");
+        assert!(frames[0].file.as_deref().unwrap().ends_with("alpha.c"), "{frames:?}");
+        assert_eq!(frames[0].line, 1);
+        // SAFETY: nothing of the library is used after this.
+        unsafe { libc::dlclose(ha) };
+        // Very likely at alpha's old address.
+        let (hb, fb) = dlopen_sym(&b, "beta_fn");
+        let frames = s.symbolize_pc(fb).expect("beta_fn not named");
+        assert_eq!(innermost_name(&frames), "beta_fn", "{frames:?}");
+        if fb == fa {
+            eprintln!("beta loaded at alpha's address");
+        }
+        assert!(s.stats().unloaded >= 1, "{:?}", s.stats());
+        // SAFETY: nothing of the library is used after this.
+        unsafe { libc::dlclose(hb) };
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    #[test]
+    fn separate_debug_files_are_opt_in() {
+        let debug_dir = Path::new("/usr/lib/debug/.build-id");
+        let b = libc::getpid as *const () as usize as u64;
+        let mut plain = Symbolizer::new();
+        let frames = plain.symbolize_pc(b).unwrap();
+        assert!(frames.iter().all(|f| f.file.is_none()), "{frames:?}");
+        if !debug_dir.is_dir() {
+            eprintln!("skipped: no {debug_dir:?}");
+            return;
+        }
+        let mut with = Symbolizer::with_options(Options { separate_debug_files: true, ..Options::default() });
+        let frames = with.symbolize_pc(b).unwrap();
+        eprintln!("with debug file: {frames:?}");
+    }
+}

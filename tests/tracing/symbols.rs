@@ -1,0 +1,452 @@
+//! Names in traces: long inline chains, libraries loaded and unloaded while tracing, stripped
+//! libraries, forks while the writer symbolizes, start-up with little memory, and a release
+//! build's frames against binutils' `addr2line`.
+
+use std::collections::HashSet;
+use std::ffi::CString;
+use std::hint::black_box;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use memtrace_rs::trace::Location;
+use memtrace_rs::{start_tracing, trace_if_requested, TraceConfig};
+
+use super::{build_release_sites, memtrace_messages, release_sites_fixture, run, temp_path, Trace, SECOND_FILE_VAR};
+
+/// The child roles of this module (`child_role` hands them over).
+pub(super) fn child(role: &str) {
+    match role {
+        "symbols:inline" => {
+            let guard = trace_if_requested();
+            assert!(guard.is_some());
+            black_box(inline_chain_root());
+        }
+        "symbols:dlopen" => {
+            let _guard = trace_if_requested();
+            let libraries = std::env::var(SECOND_FILE_VAR).unwrap();
+            let (alpha, beta) = libraries.split_once(':').unwrap();
+            // The writer names samples some time after they are taken, and samples still queued
+            // at an unload are named after what is loaded when it gets to them: give it time to
+            // name the program's frames first (unoptimised, on a busy machine), then alpha's.
+            black_box(allocate_blocks());
+            std::thread::sleep(Duration::from_secs(1));
+            let (handle, alpha_at) = call_library(alpha, "alpha_calls", allocate_from_alpha);
+            std::thread::sleep(Duration::from_secs(1));
+            // SAFETY: nothing of the library is used after this.
+            assert_eq!(unsafe { libc::dlclose(handle) }, 0);
+            let (handle, beta_at) = call_library(beta, "beta_calls", allocate_from_beta);
+            std::fs::write(format!("{alpha}.same"), if alpha_at == beta_at { "1" } else { "0" }).unwrap();
+            std::thread::sleep(Duration::from_secs(1));
+            // SAFETY: nothing of the library is used after this.
+            unsafe { libc::dlclose(handle) };
+        }
+        "symbols:fork" => fork_while_symbolizing(),
+        "symbols:rlimit" => {
+            // Little address space left: the queue for rate 1 (7 MiB) cannot be had.
+            let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+            // SAFETY: reading and lowering this process's own soft limit.
+            unsafe {
+                assert_eq!(libc::getrlimit(libc::RLIMIT_AS, &mut limit), 0);
+                let used = std::fs::read_to_string("/proc/self/statm").unwrap();
+                let pages: u64 = used.split_whitespace().next().unwrap().parse().unwrap();
+                let tight = libc::rlimit { rlim_cur: pages * 4096 + (4 << 20), rlim_max: limit.rlim_max };
+                assert_eq!(libc::setrlimit(libc::RLIMIT_AS, &tight), 0);
+            }
+            let guard = trace_if_requested();
+            // SAFETY: restoring the soft limit (not above the hard one).
+            assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_AS, &limit) }, 0);
+            assert!(guard.is_none(), "started with no memory for the queue");
+            let v: Vec<Vec<u8>> = (0..1000).map(|i| vec![1u8; i]).collect();
+            black_box(v);
+        }
+        other => panic!("unknown role {other}"),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// A site reached through a long inline chain of long generic names.
+
+/// A type whose name makes every generic instance's name long.
+struct AnExceedinglyLongTypeNameThatMakesGenericFunctionNamesLongerThanAnyoneWouldLike<T>(T);
+
+macro_rules! inline_chain {
+    ($name:ident, $next:ident $(, $rest:ident)*) => {
+        #[inline(always)]
+        fn $name<T: Copy>(
+            x: AnExceedinglyLongTypeNameThatMakesGenericFunctionNamesLongerThanAnyoneWouldLike<T>,
+        ) -> usize {
+            $next(x) + 1
+        }
+        inline_chain!($next $(, $rest)*);
+    };
+    ($last:ident) => {
+        #[inline(always)]
+        fn $last<T: Copy>(
+            x: AnExceedinglyLongTypeNameThatMakesGenericFunctionNamesLongerThanAnyoneWouldLike<T>,
+        ) -> usize {
+            let mut n = 0;
+            for _ in 0..2000 {
+                let v: Vec<T> = Vec::with_capacity(1000);
+                n += black_box(v).capacity();
+                black_box(x.0);
+            }
+            n
+        }
+    };
+}
+
+inline_chain!(
+    inline_level_00_with_a_name_long_enough_that_forty_one_of_them_cannot_fit_in_one_record,
+    inline_level_01_with_a_name_long_enough_that_forty_one_of_them_cannot_fit_in_one_record,
+    inline_level_02_with_a_name_long_enough_that_forty_one_of_them_cannot_fit_in_one_record,
+    inline_level_03_with_a_name_long_enough_that_forty_one_of_them_cannot_fit_in_one_record,
+    inline_level_04_with_a_name_long_enough_that_forty_one_of_them_cannot_fit_in_one_record,
+    inline_level_05_with_a_name_long_enough_that_forty_one_of_them_cannot_fit_in_one_record,
+    inline_level_06_with_a_name_long_enough_that_forty_one_of_them_cannot_fit_in_one_record,
+    inline_level_07_with_a_name_long_enough_that_forty_one_of_them_cannot_fit_in_one_record,
+    inline_level_08_with_a_name_long_enough_that_forty_one_of_them_cannot_fit_in_one_record,
+    inline_level_09_with_a_name_long_enough_that_forty_one_of_them_cannot_fit_in_one_record,
+    inline_level_10_with_a_name_long_enough_that_forty_one_of_them_cannot_fit_in_one_record,
+    inline_level_11_with_a_name_long_enough_that_forty_one_of_them_cannot_fit_in_one_record,
+    inline_level_12_with_a_name_long_enough_that_forty_one_of_them_cannot_fit_in_one_record,
+    inline_level_13_with_a_name_long_enough_that_forty_one_of_them_cannot_fit_in_one_record,
+    inline_level_14_with_a_name_long_enough_that_forty_one_of_them_cannot_fit_in_one_record,
+    inline_level_15_with_a_name_long_enough_that_forty_one_of_them_cannot_fit_in_one_record,
+    inline_level_16_with_a_name_long_enough_that_forty_one_of_them_cannot_fit_in_one_record,
+    inline_level_17_with_a_name_long_enough_that_forty_one_of_them_cannot_fit_in_one_record,
+    inline_level_18_with_a_name_long_enough_that_forty_one_of_them_cannot_fit_in_one_record,
+    inline_level_19_with_a_name_long_enough_that_forty_one_of_them_cannot_fit_in_one_record,
+    inline_level_20_with_a_name_long_enough_that_forty_one_of_them_cannot_fit_in_one_record,
+    inline_level_21_with_a_name_long_enough_that_forty_one_of_them_cannot_fit_in_one_record,
+    inline_level_22_with_a_name_long_enough_that_forty_one_of_them_cannot_fit_in_one_record,
+    inline_level_23_with_a_name_long_enough_that_forty_one_of_them_cannot_fit_in_one_record,
+    inline_level_24_with_a_name_long_enough_that_forty_one_of_them_cannot_fit_in_one_record,
+    inline_level_25_with_a_name_long_enough_that_forty_one_of_them_cannot_fit_in_one_record,
+    inline_level_26_with_a_name_long_enough_that_forty_one_of_them_cannot_fit_in_one_record,
+    inline_level_27_with_a_name_long_enough_that_forty_one_of_them_cannot_fit_in_one_record,
+    inline_level_28_with_a_name_long_enough_that_forty_one_of_them_cannot_fit_in_one_record,
+    inline_level_29_with_a_name_long_enough_that_forty_one_of_them_cannot_fit_in_one_record,
+    inline_level_30_with_a_name_long_enough_that_forty_one_of_them_cannot_fit_in_one_record,
+    inline_level_31_with_a_name_long_enough_that_forty_one_of_them_cannot_fit_in_one_record,
+    inline_level_32_with_a_name_long_enough_that_forty_one_of_them_cannot_fit_in_one_record,
+    inline_level_33_with_a_name_long_enough_that_forty_one_of_them_cannot_fit_in_one_record,
+    inline_level_34_with_a_name_long_enough_that_forty_one_of_them_cannot_fit_in_one_record,
+    inline_level_35_with_a_name_long_enough_that_forty_one_of_them_cannot_fit_in_one_record,
+    inline_level_36_with_a_name_long_enough_that_forty_one_of_them_cannot_fit_in_one_record,
+    inline_level_37_with_a_name_long_enough_that_forty_one_of_them_cannot_fit_in_one_record,
+    inline_level_38_with_a_name_long_enough_that_forty_one_of_them_cannot_fit_in_one_record,
+    inline_level_39_with_a_name_long_enough_that_forty_one_of_them_cannot_fit_in_one_record
+);
+
+#[inline(never)]
+fn inline_chain_root() -> usize {
+    inline_level_00_with_a_name_long_enough_that_forty_one_of_them_cannot_fit_in_one_record(
+        AnExceedinglyLongTypeNameThatMakesGenericFunctionNamesLongerThanAnyoneWouldLike([0u64; 4]),
+    )
+}
+
+/// A frame whose inline chain (41 functions with names of some 200 bytes) is too long for a
+/// location record keeps its outermost function and its innermost call site, by name, instead
+/// of becoming the unknown location.
+#[test]
+fn a_long_inline_chain_keeps_its_function_names() {
+    let path = temp_path("inline-chain");
+    let out = run("symbols:inline", &[("MEMTRACE_FILE", path.to_str().unwrap()), ("MEMTRACE_RATE", "0.01")]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let trace = Trace::read(&path);
+    let mut chains = 0;
+    for a in trace.allocs.values() {
+        for frame in trace.frames(a) {
+            assert!(!frame.contains(&Location::unknown()), "a frame became the unknown location");
+            let names: Vec<_> = frame.iter().map(|l| l.defname_str().into_owned()).collect();
+            if names.iter().any(|n| n.contains("inline_level_")) {
+                chains += 1;
+                assert!(names[0].ends_with("inline_chain_root"), "outermost kept: {names:?}");
+                assert!(
+                    names.iter().any(|n| n.contains(
+                        "inline_level_39_with_a_name_long_enough_that_forty_one_of_them_cannot_fit_in_one_record"
+                    )),
+                    "innermost: {names:?}"
+                );
+                let shortened = names.len() < 41 || names.iter().any(|n| n.contains("<…>"));
+                assert!(shortened, "the chain fitted a record: the test proves nothing: {names:?}");
+            }
+        }
+    }
+    // 2000 blocks of 32 KB at 1 %: thousands of samples.
+    assert!(chains > 100, "{chains} samples through the chain");
+    let _ = std::fs::remove_file(&path);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Libraries loaded while tracing, and unloaded.
+
+/// The C library `lib<name>.so` in `dir`, exporting `<name>_calls(f)` that calls `f` (kept out
+/// of line, with a frame pointer); stripped of its symbol table (the dynamic one stays) when
+/// `strip`. `None` without a C compiler.
+fn build_library(dir: &Path, name: &str, strip: bool) -> Option<PathBuf> {
+    let source = dir.join(format!("{name}.c"));
+    let code =
+        format!("__attribute__((noinline)) int {name}_calls(int (*f)(void)) {{\n  int r = f();\n  return r + 1;\n}}\n");
+    std::fs::write(&source, code).unwrap();
+    let out = dir.join(format!("lib{name}.so"));
+    let mut cc = Command::new("cc");
+    cc.args(["-shared", "-fPIC", "-g", "-O1", "-fno-omit-frame-pointer", "-o"]).arg(&out).arg(&source);
+    if strip {
+        cc.arg("-s");
+    }
+    cc.status().ok()?.success().then_some(out)
+}
+
+/// Load `path` and call its `symbol` with `f`; the handle and the symbol's address.
+fn call_library(path: &str, symbol: &str, f: extern "C" fn() -> i32) -> (*mut libc::c_void, usize) {
+    let (path, symbol) = (CString::new(path).unwrap(), CString::new(symbol).unwrap());
+    // SAFETY: NUL-terminated strings; the library (built by `build_library`) has no
+    // constructors, and its function has the type it is called with.
+    unsafe {
+        let handle = libc::dlopen(path.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL);
+        assert!(!handle.is_null());
+        let at = libc::dlsym(handle, symbol.as_ptr());
+        assert!(!at.is_null());
+        let calls: extern "C" fn(extern "C" fn() -> i32) -> i32 = std::mem::transmute(at);
+        black_box(calls(f));
+        (handle, at as usize)
+    }
+}
+
+#[inline(never)]
+fn allocate_blocks() -> i32 {
+    let blocks: Vec<Vec<u8>> = (0..200).map(|_| black_box(vec![1u8; 10_000])).collect();
+    blocks.len() as i32
+}
+
+extern "C" fn allocate_from_alpha() -> i32 {
+    black_box(allocate_blocks())
+}
+
+extern "C" fn allocate_from_beta() -> i32 {
+    black_box(allocate_blocks())
+}
+
+/// A library loaded after tracing started is named (with its file and line, from its DWARF);
+/// one loaded after it was unloaded, most likely at its address, gets its own names, from its
+/// dynamic symbol table (it is stripped), never the unloaded one's.
+#[test]
+fn libraries_loaded_while_tracing_are_named_and_unloads_forgotten() {
+    let dir = temp_path("dlopen").with_extension("d");
+    std::fs::create_dir_all(&dir).unwrap();
+    let (Some(alpha), Some(beta)) = (build_library(&dir, "alpha", false), build_library(&dir, "beta", true)) else {
+        eprintln!("no C compiler: not checked");
+        return;
+    };
+    let path = temp_path("dlopen");
+    let libraries = format!("{}:{}", alpha.display(), beta.display());
+    let out = run(
+        "symbols:dlopen",
+        &[("MEMTRACE_FILE", path.to_str().unwrap()), ("MEMTRACE_RATE", "0.01"), (SECOND_FILE_VAR, &libraries)],
+    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let trace = Trace::read(&path);
+    let (mut from_alpha, mut from_beta) = (0, 0);
+    for a in trace.allocs.values() {
+        let names: Vec<Location> = trace.frames(a).flatten().cloned().collect();
+        let has = |name: &str| names.iter().any(|l| l.defname_str() == name);
+        if names.iter().any(|l| l.defname_str().ends_with("allocate_from_alpha")) {
+            from_alpha += 1;
+            let alpha_frame = names
+                .iter()
+                .find(|l| l.defname_str() == "alpha_calls")
+                .unwrap_or_else(|| panic!("alpha_calls not named: {}", super::describe(&names)));
+            assert!(alpha_frame.filename_str().ends_with("alpha.c") && alpha_frame.line == 2, "{alpha_frame:?}");
+        }
+        if names.iter().any(|l| l.defname_str().ends_with("allocate_from_beta")) {
+            from_beta += 1;
+            assert!(has("beta_calls") && !has("alpha_calls"), "{}", super::describe(&names));
+        }
+    }
+    assert!(from_alpha > 50 && from_beta > 50, "{from_alpha} samples from alpha, {from_beta} from beta");
+    let same = std::fs::read_to_string(format!("{}.same", alpha.display())).unwrap();
+    eprintln!("beta loaded at alpha's address: {}", same == "1");
+    let _ = std::fs::remove_file(&path);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Forks while the writer symbolizes.
+
+macro_rules! sites {
+    ($($name:ident),*) => {
+        $(
+            #[inline(never)]
+            fn $name() -> usize {
+                let v: Vec<u8> = Vec::with_capacity(100_000);
+                black_box(v).capacity()
+            }
+        )*
+        const SITES: &[fn() -> usize] = &[$($name),*];
+    };
+}
+
+sites!(
+    site_00, site_01, site_02, site_03, site_04, site_05, site_06, site_07, site_08, site_09, site_10, site_11,
+    site_12, site_13, site_14, site_15
+);
+
+fn symbols_budget_var() -> &'static str {
+    "MEMTRACE_SYMBOLS_BUDGET_MIB"
+}
+
+/// The parent side of `symbols:fork`: a writer kept busy symbolizing (a budget of 0 makes it
+/// parse this program's debug info again and again) while the program forks children that
+/// each start a trace of their own, allocate and stop. Each child must be done within 20 s.
+fn fork_while_symbolizing() {
+    let _guard = trace_if_requested();
+    let second = PathBuf::from(std::env::var_os(SECOND_FILE_VAR).unwrap());
+    for (i, site) in SITES.iter().enumerate() {
+        black_box(site());
+        if i % 2 == 1 {
+            continue;
+        }
+        // SAFETY: the child starts a trace of its own (a new writer thread) and exits.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0);
+        if pid == 0 {
+            // The child's own writer symbolizes at the default budget, in a test of reasonable
+            // length. SAFETY (of `remove_var`): the forked child has one thread.
+            std::env::remove_var(symbols_budget_var());
+            let traced = std::panic::catch_unwind(|| {
+                let path = second.with_extension(format!("{i}.ctf"));
+                let guard = start_tracing(TraceConfig::new(&path).rate(0.01)).unwrap();
+                for site in SITES {
+                    black_box(site());
+                }
+                drop(guard);
+                let _ = std::fs::remove_file(path);
+            });
+            // SAFETY: leaving the child without running the parent's exit handlers twice.
+            unsafe { libc::_exit(if traced.is_ok() { 0 } else { 3 }) };
+        }
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let mut status = 0;
+        // SAFETY: waiting for our own child, without blocking.
+        while unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) } == 0 {
+            if Instant::now() > deadline {
+                // SAFETY: our own child.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+                panic!("fork child {i} hung");
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "fork child {i} failed: {status}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// A child forked while the writer thread is inside symbolization starts and stops a trace of
+/// its own within a bound: the symbolizer takes no lock that a fork can leave held.
+#[test]
+fn forks_while_the_writer_symbolizes_do_not_hang_their_children() {
+    let path = temp_path("fork-symbolizing");
+    let out = run(
+        "symbols:fork",
+        &[
+            ("MEMTRACE_FILE", path.to_str().unwrap()),
+            ("MEMTRACE_RATE", "0.01"),
+            (symbols_budget_var(), "0"),
+            (SECOND_FILE_VAR, temp_path("fork-symbolizing-child").to_str().unwrap()),
+        ],
+    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(!Trace::read(&path).allocs.is_empty());
+    let _ = std::fs::remove_file(&path);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Little memory at start.
+
+/// With 4 MiB of address space left, tracing at rate 1 cannot start (its queue, 7 MiB, or its
+/// writer thread cannot be had): one message, and the program runs on untraced (it used to
+/// abort in `handle_alloc_error`).
+#[test]
+fn starting_with_little_memory_fails_cleanly() {
+    let path = temp_path("rlimit");
+    let out = run("symbols:rlimit", &[("MEMTRACE_FILE", path.to_str().unwrap()), ("MEMTRACE_RATE", "1")]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let messages = memtrace_messages(&out);
+    let errors: Vec<_> = messages.iter().filter(|m| !m.starts_with("memtrace: note:")).collect();
+    assert!(errors.len() == 1 && errors[0].ends_with("not tracing"), "{messages:?}");
+    let _ = std::fs::remove_file(&path);
+}
+
+// ---------------------------------------------------------------------------------------------
+// A release build against binutils.
+
+/// Every frame of a release build (line-tables-only debug info, no frame pointers) that
+/// binutils' `addr2line -i` names is named in the trace. Run without address-space
+/// randomisation, so that the program's frames are at its link-time addresses plus the usual
+/// base of a position-independent executable.
+#[test]
+fn frames_that_addr2line_names_are_named() {
+    const PIE_BASE: u64 = 0x5555_5555_4000;
+    if Command::new("addr2line").arg("--version").output().is_err() {
+        eprintln!("no addr2line: not checked");
+        return;
+    }
+    let Some(fixture) = release_sites_fixture() else { return };
+    let program = build_release_sites(&fixture, &[("LTO", "off"), ("OPT_LEVEL", "3")]);
+    let path = temp_path("release-sites-addr2line");
+    let mut command = Command::new(&program);
+    command.env("MEMTRACE_FILE", &path).env("MEMTRACE_RATE", "0.01");
+    // SAFETY: `personality` is async-signal-safe; it only sets a flag for the exec.
+    unsafe {
+        command.pre_exec(|| {
+            libc::personality(libc::ADDR_NO_RANDOMIZE as libc::c_ulong);
+            Ok(())
+        })
+    };
+    let out = command.output().expect("run the program");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let trace = Trace::read(&path);
+    let size = std::fs::metadata(&program).unwrap().len();
+    let codes: Vec<u64> = trace
+        .allocs
+        .values()
+        .flat_map(|a| a.codes.iter().copied())
+        .collect::<HashSet<_>>()
+        .into_iter()
+        .filter(|&c| c > PIE_BASE && c - PIE_BASE < size)
+        .collect();
+    assert!(codes.len() > 5, "{} frames of the program sampled (is randomisation off?)", codes.len());
+    let mut addr2line = Command::new("addr2line");
+    addr2line.args(["-i", "-f", "-C", "-a", "-e"]).arg(&program);
+    addr2line.args(codes.iter().map(|c| format!("{:#x}", c - 1 - PIE_BASE)));
+    let answer = String::from_utf8(addr2line.output().unwrap().stdout).unwrap();
+    // `-a` starts each address's answer with a line of the address, then two lines (name,
+    // place) per function, innermost first.
+    let mut blocks: Vec<Vec<&str>> = Vec::new();
+    for line in answer.lines() {
+        match blocks.last_mut() {
+            Some(block) if !line.starts_with("0x") => block.push(line),
+            _ => blocks.push(Vec::new()),
+        }
+    }
+    assert_eq!(blocks.len(), codes.len(), "{answer}");
+    let mut named_by_binutils = 0;
+    for (code, block) in codes.iter().zip(&blocks) {
+        let functions: Vec<&str> = block.iter().step_by(2).copied().collect();
+        if functions.iter().all(|f| *f == "??") {
+            continue;
+        }
+        named_by_binutils += 1;
+        let ours = &trace.locations[code];
+        assert!(
+            ours.iter().all(|l| l.defname_str() != "??" && !l.defname_str().starts_with("0x")),
+            "{code:#x}: addr2line names {functions:?}, the trace {:?}",
+            ours.iter().map(|l| l.defname_str().into_owned()).collect::<Vec<_>>()
+        );
+    }
+    assert!(named_by_binutils > 5, "{named_by_binutils} frames named by addr2line");
+    let _ = std::fs::remove_file(&path);
+}
