@@ -146,7 +146,8 @@ pub enum StartError {
     },
     /// The writer thread could not be started.
     Spawn(io::Error),
-    /// The memory for the queue that carries samples to the writer could not be had.
+    /// The memory a trace needs to start (its sample queue, the writer thread's stack, a few
+    /// MiB) could not be had.
     NoMemory,
 }
 
@@ -175,7 +176,7 @@ impl fmt::Display for StartError {
                 write!(f, "cannot write trace file {}: {source}; not tracing", path.display())
             }
             StartError::Spawn(e) => write!(f, "cannot start the trace writer thread: {e}; not tracing"),
-            StartError::NoMemory => write!(f, "not enough memory for the tracer's sample queue; not tracing"),
+            StartError::NoMemory => write!(f, "not enough memory to start tracing; not tracing"),
         }
     }
 }

@@ -66,6 +66,12 @@ pub(crate) fn capacity_for(rate: f64) -> usize {
     wanted.next_power_of_two().clamp(MIN_CAPACITY, MAX_CAPACITY)
 }
 
+/// The bytes a queue of `capacity` messages takes (each message and its slot's stamp), with
+/// the pool's own queue.
+pub(crate) fn bytes_for(capacity: usize) -> usize {
+    capacity.saturating_mul(std::mem::size_of::<Msg>() + 8).saturating_add(POOL_SIZE * 16)
+}
+
 /// The memory for a queue could not be had.
 #[derive(Debug)]
 pub(crate) struct NoMemory;
@@ -130,8 +136,7 @@ impl Channel {
     /// memory (checked first with a fallible allocation of that size: crossbeam's allocation
     /// would abort the process).
     fn new(pid: u32, capacity: usize) -> Result<Channel, NoMemory> {
-        let bytes = capacity.saturating_mul(std::mem::size_of::<Msg>() + 8).saturating_add(POOL_SIZE * 16);
-        Vec::<u8>::new().try_reserve_exact(bytes).map_err(|_| NoMemory)?;
+        Vec::<u8>::new().try_reserve_exact(bytes_for(capacity)).map_err(|_| NoMemory)?;
         let (tx, rx) = crossbeam_channel::bounded(capacity);
         let (pool_tx, pool_rx) = crossbeam_channel::bounded(POOL_SIZE);
         for frames in (0..INITIAL_POOL).map_while(|_| new_frames()) {

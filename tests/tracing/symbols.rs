@@ -44,10 +44,15 @@ pub(super) fn child(role: &str) {
         }
         "symbols:fork" => fork_while_symbolizing(),
         "symbols:rlimit" => {
-            // Little address space left: the queue for rate 1 (7 MiB) cannot be had.
+            // Little address space left: the queue for rate 1 (7 MiB) cannot be had. (The
+            // parent runs this child with one malloc arena, and blocks of 128 KiB and more are
+            // mapped afresh: a thread arena's 64 MiB reservation, counted before the limit was
+            // set, would otherwise serve the queue whatever the limit.)
             let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
-            // SAFETY: reading and lowering this process's own soft limit.
+            // SAFETY: reading and lowering this process's own soft limit; mallopt only sets a
+            // parameter of the C allocator.
             unsafe {
+                assert_eq!(libc::mallopt(libc::M_MMAP_THRESHOLD, 128 << 10), 1);
                 assert_eq!(libc::getrlimit(libc::RLIMIT_AS, &mut limit), 0);
                 let used = std::fs::read_to_string("/proc/self/statm").unwrap();
                 let pages: u64 = used.split_whitespace().next().unwrap().parse().unwrap();
@@ -366,18 +371,19 @@ fn forks_while_the_writer_symbolizes_do_not_hang_their_children() {
 // ---------------------------------------------------------------------------------------------
 // Little memory at start.
 
-/// With 4 MiB of address space left, tracing at rate 1 cannot start (its queue, 7 MiB, or its
-/// writer thread cannot be had): one message, and the program runs on untraced (it used to
+/// With 4 MiB of address space left, tracing at rate 1 cannot start (its queue alone takes 7 MiB;
+/// the start checks that it can have what it needs at once): one message, and the program runs on untraced (it used to
 /// abort in `handle_alloc_error`).
 #[test]
 fn starting_with_little_memory_fails_cleanly() {
     let path = temp_path("rlimit");
-    let out = run("symbols:rlimit", &[("MEMTRACE_FILE", path.to_str().unwrap()), ("MEMTRACE_RATE", "1")]);
+    let env = [("MEMTRACE_FILE", path.to_str().unwrap()), ("MEMTRACE_RATE", "1"), ("MALLOC_ARENA_MAX", "1")];
+    let out = run("symbols:rlimit", &env);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let messages = memtrace_messages(&out);
     let errors: Vec<_> = messages.iter().filter(|m| !m.starts_with("memtrace: note:")).collect();
     assert!(errors.len() == 1 && errors[0].ends_with("not tracing"), "{messages:?}");
-    let _ = std::fs::remove_file(&path);
+    assert!(!path.exists(), "a failed start left its file");
 }
 
 // ---------------------------------------------------------------------------------------------

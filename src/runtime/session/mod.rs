@@ -177,6 +177,14 @@ pub fn start_tracing(config: TraceConfig) -> Result<TraceGuard, StartError> {
     if !(1..=MAX_FRAMES).contains(&config.frame_cap) {
         return Err(StartError::InvalidFrameCap(config.frame_cap));
     }
+    // Starting takes some memory all at once (the queue, and a few MiB for the writer thread's
+    // stack, the calibration and the trace writer's buffers), in allocations that cannot all
+    // be made fallible; with less address space left than that, say so instead of failing
+    // part-way, or aborting in one of them.
+    let needed = handoff::bytes_for(handoff::capacity_for(config.rate)).saturating_add(START_MEMORY);
+    if Vec::<u8>::new().try_reserve_exact(needed).is_err() {
+        return Err(StartError::NoMemory);
+    }
     HOOKS.call_once(register_hooks);
     let mut slot = SESSION.lock();
     if let Some(session) = slot.running.take() {
@@ -228,6 +236,10 @@ pub fn start_tracing(config: TraceConfig) -> Result<TraceGuard, StartError> {
     slot.running = Some(session);
     Ok(TraceGuard { session: id })
 }
+
+/// The memory a start needs besides the queue: the writer thread's stack, the calibration's
+/// thread and symbolizer, the trace writer's buffers.
+const START_MEMORY: usize = 8 << 20;
 
 /// Session ids, so that a guard only stops its own session.
 static NEXT_SESSION: AtomicU64 = AtomicU64::new(1);

@@ -22,8 +22,8 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 
 pub use self::symbolizer::{Options, Stats, Symbolizer};
-pub(crate) use crate::frames::is_allocator_shim;
 use crate::format::location_codec::{self, Location};
+pub(crate) use crate::frames::is_allocator_shim;
 
 /// The symbolizer no writer is using: calibration's, handed to the first writer, and each
 /// writer's when it ends, handed to the next, so that what they parsed is parsed once per
