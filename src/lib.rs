@@ -22,12 +22,16 @@
 //! Traces are read with [`trace::Reader`] and written with [`trace::Writer`].
 
 mod format;
+#[cfg(feature = "tracing")]
+mod layer;
 mod runtime;
 
 #[cfg(feature = "cli")]
 pub mod cli;
 
 pub use format::error::{Error, ErrorKind, Result};
+#[cfg(feature = "tracing")]
+pub use layer::MemtraceLayer;
 pub use runtime::allocator::MemtraceAllocator;
 pub use runtime::config::{StartError, TraceConfig};
 pub use runtime::session::{start_tracing, stop_tracing, trace_if_requested, TraceGuard, TraceStats};
@@ -42,6 +46,7 @@ pub mod trace {
         Alloc, AllocSource, Event, EventKind, Info, LocationTable, NewAlloc, ObjectId, Reader, Timestamp, Warning,
         Writer, FORMAT_VERSION,
     };
+    pub use crate::runtime::span_table::{SPAN_FILE_PREFIX, THREAD_FILE};
 }
 
 /// The format's internals, for this crate's benchmarks and fuzz targets only: not a stable

@@ -37,6 +37,8 @@ pub struct TraceConfig {
     pub(crate) frame_cap: usize,
     /// How sampled stacks are captured.
     pub(crate) unwinder: Unwinder,
+    /// Whether each sample records its thread as the outermost frame.
+    pub(crate) thread_frames: bool,
 }
 
 impl TraceConfig {
@@ -49,6 +51,7 @@ impl TraceConfig {
             context: None,
             frame_cap: DEFAULT_FRAME_CAP,
             unwinder: Unwinder::default(),
+            thread_frames: true,
         }
     }
 
@@ -74,6 +77,14 @@ impl TraceConfig {
     /// How sampled stacks are captured.
     pub fn unwinder(mut self, unwinder: Unwinder) -> TraceConfig {
         self.unwinder = unwinder;
+        self
+    }
+
+    /// Whether each sample records its thread (on by default): as its outermost frame, a
+    /// location named after the thread (or `thread-<id>` when it has no name) with the file
+    /// name `<thread>`.
+    pub fn thread_frames(mut self, on: bool) -> TraceConfig {
+        self.thread_frames = on;
         self
     }
 }

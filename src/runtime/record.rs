@@ -2,7 +2,7 @@
 //! sampled block, on the application's thread.
 //!
 //! A sampled allocation takes a pooled frame buffer, notes the block in the sampled-block
-//! table, captures its stack and queues an alloc message for the writer; a free of a sampled
+//! table, captures its stack, appends its spans and thread (`spans`) and queues an alloc message for the writer; a free of a sampled
 //! block queues a free message. Nothing here blocks, takes a lock or (in the steady state)
 //! allocates. The queue bound and the table are the only places a sample can be lost; every
 //! loss is counted here and reported when the session ends.
@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use super::handoff::{self, Msg, NoFrames};
 use super::sampled_set;
 use super::sampler::{self, WORD_BYTES};
+use super::spans;
 use super::state::{now_us, Entry, CALIBRATING, MAX_FRAMES, ON, STATE};
 use super::unwind::{self, capture};
 
@@ -81,6 +82,7 @@ pub(crate) fn sampled_alloc(addr: usize, size: usize, nsamples: u64, entry: Entr
         return;
     }
     let nframes = capture(entry, false, &mut frames);
+    let nframes = spans::append_pseudo_frames(&mut frames, nframes);
     let length = (size as u64).div_ceil(WORD_BYTES);
     let nframes = nframes as u16;
     if !channel.try_send(Msg::Alloc { session, nframes, addr, time: now_us(), length, nsamples, frames }) {

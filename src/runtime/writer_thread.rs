@@ -1,6 +1,7 @@
 //! The writer thread: it owns the trace [`Writer`], takes the samples off the hand-off queue,
 //! assigns object ids and keeps the address → id map of live sampled blocks, symbolizes each
-//! new frame address once, and flushes at least once a second.
+//! new frame address once (and names each new pseudo-frame, see `span_table`), and flushes at
+//! least once a second.
 
 use std::fs::File;
 use std::path::Path;
@@ -9,6 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::handoff::{self, Channel, Msg};
+use super::span_table::PseudoFrames;
 use super::state::{MAX_FRAMES, OFF, STATE};
 use super::symbolize;
 use super::unwind::cfi;
@@ -42,6 +44,8 @@ struct TraceWriter {
     ids: FastMap<usize, ObjectId>,
     /// Symbolized frame addresses.
     locations: FastMap<u64, Arc<[Location]>>,
+    /// The names of span and thread pseudo-frames.
+    pseudo: PseudoFrames,
     /// Time of the last event: event times never decrease.
     last_time: Timestamp,
     /// Allocations and frees written.
@@ -77,6 +81,7 @@ pub(crate) fn write_trace(
         session,
         ids: FastMap::default(),
         locations: FastMap::default(),
+        pseudo: PseudoFrames::default(),
         last_time: start_time,
         allocs: 0,
         frees: 0,
@@ -119,9 +124,10 @@ impl TraceWriter {
                     continue;
                 }
                 match msg {
-                    Msg::Alloc { addr, time, length, nsamples, frames, nframes, .. } => {
-                        let result =
-                            self.alloc(addr, time, length, nsamples, &frames[..(nframes as usize).min(MAX_FRAMES)]);
+                    Msg::Alloc { addr, time, length, nsamples, mut frames, nframes, .. } => {
+                        let frames_used = &mut frames[..(nframes as usize).min(MAX_FRAMES)];
+                        self.pseudo.name_thread(frames_used);
+                        let result = self.alloc(addr, time, length, nsamples, frames_used);
                         channel.recycle(frames);
                         result?
                     }
@@ -149,7 +155,7 @@ impl TraceWriter {
     fn without_shim_frame<'a>(&mut self, frames: &'a [u64]) -> &'a [u64] {
         match frames {
             [innermost, rest @ ..] if !rest.is_empty() => {
-                let locations = self.locations.entry(*innermost).or_insert_with(|| symbolize::symbolize(*innermost));
+                let locations = locations_of(&mut self.locations, &mut self.pseudo, *innermost);
                 // Outermost first: the frame's own function.
                 if locations.first().is_some_and(|l| symbolize::is_allocator_shim(&l.defname_str())) {
                     rest
@@ -170,10 +176,8 @@ impl TraceWriter {
         let time = self.time(time);
         let frames = self.without_shim_frame(frames);
         let alloc = NewAlloc { length, nsamples, source: AllocSource::External, callstack: frames, drop: 0 };
-        let locations = &mut self.locations;
-        let id = self.writer.put_alloc(DOMAIN, time, &alloc, |code| {
-            locations.entry(code).or_insert_with(|| symbolize::symbolize(code)).clone()
-        })?;
+        let (locations, pseudo) = (&mut self.locations, &mut self.pseudo);
+        let id = self.writer.put_alloc(DOMAIN, time, &alloc, |code| locations_of(locations, pseudo, code))?;
         self.ids.insert(addr, id);
         self.allocs += 1;
         Ok(())
@@ -190,4 +194,17 @@ impl TraceWriter {
             None => Ok(()),
         }
     }
+}
+
+/// The locations of frame `code`, worked out the first time: a pseudo-frame's name, or the
+/// code address's source locations.
+fn locations_of(
+    locations: &mut FastMap<u64, Arc<[Location]>>,
+    pseudo: &mut PseudoFrames,
+    code: u64,
+) -> Arc<[Location]> {
+    locations
+        .entry(code)
+        .or_insert_with(|| pseudo.locations(code).unwrap_or_else(|| symbolize::symbolize(code)))
+        .clone()
 }
