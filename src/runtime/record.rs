@@ -83,6 +83,10 @@ pub(crate) fn sampled_alloc(addr: usize, size: usize, nsamples: u64, entry: Entr
     }
     let nframes = capture(entry, false, &mut frames);
     let nframes = spans::append_pseudo_frames(&mut frames, nframes);
+    if let Some((tid, name)) = spans::kernel_name_to_send(session) {
+        // Lost with a full queue: the writer then names the thread `thread-<tid>`.
+        channel.try_send(Msg::ThreadName { session, tid, name });
+    }
     let length = (size as u64).div_ceil(WORD_BYTES);
     let nframes = nframes as u16;
     if !channel.try_send(Msg::Alloc { session, nframes, addr, time: now_us(), length, nsamples, frames }) {

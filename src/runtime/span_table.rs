@@ -6,8 +6,7 @@
 //! created, on the thread that creates it (never inside the allocator), and registers a
 //! thread's full name the first time the thread creates or enters a span. The writer reads
 //! both when it first meets a pseudo-frame; a thread that never registered is named after
-//! its kernel name (`/proc/self/task/<tid>/comm`, 15 bytes at most), read while the thread
-//! is alive, or `thread-<tid>`.
+//! the kernel name (15 bytes at most) it sent ahead of its first sample, or `thread-<tid>`.
 //!
 //! Descriptions are bounded: at most [`MAX_DESCRIPTION_BYTES`] bytes, and at most
 //! [`MAX_VALUES_PER_SITE`] distinct descriptions per span call site (and
@@ -24,6 +23,7 @@ use std::sync::{Arc, LazyLock};
 
 use parking_lot::{Mutex, RwLock};
 
+use super::handoff::KernelName;
 use super::spans::Pseudo;
 use crate::format::hash::FastMap;
 use crate::format::location_codec::Location;
@@ -132,6 +132,10 @@ pub(crate) struct PseudoFrames {
     version: u64,
     names: Vec<Arc<[Location]>>,
     numbers: FastMap<Box<str>, u32>,
+    /// The kernel names threads sent, by kernel id.
+    kernel_names: FastMap<u32, KernelName>,
+    /// The process's kernel name (which unnamed threads inherit), once read.
+    process_name: Option<Box<[u8]>>,
 }
 
 impl PseudoFrames {
@@ -144,6 +148,35 @@ impl PseudoFrames {
         }
     }
 
+    /// The thread `tid` (a new one, if the id is reused) has the kernel name `name`.
+    pub(crate) fn kernel_name(&mut self, tid: u32, name: KernelName) {
+        self.kernel_names.insert(tid, name);
+        self.threads.remove(&tid);
+    }
+
+    /// The name of the thread `tid`: as registered, else its kernel name unless it is the
+    /// process's (an unnamed thread has the kernel name of the thread that started it: the
+    /// process's, for threads the main thread starts), else `thread-<tid>`.
+    fn thread_name(&mut self, tid: u32) -> String {
+        let unnamed = || format!("thread-{tid}");
+        if let Some(registered) = THREAD_NAMES.lock().get(&tid) {
+            return registered.as_deref().map_or_else(unnamed, str::to_owned);
+        }
+        if tid == std::process::id() {
+            return "main".to_owned();
+        }
+        let Some(name) = self.kernel_names.get(&tid) else { return unnamed() };
+        let name = name.split(|&b| b == 0).next().unwrap_or_default();
+        let process_name = self.process_name.get_or_insert_with(|| {
+            let comm = std::fs::read("/proc/self/comm").unwrap_or_default();
+            comm.strip_suffix(b"\n").unwrap_or(&comm).into()
+        });
+        if name.is_empty() || name == &process_name[..] {
+            return unnamed();
+        }
+        String::from_utf8_lossy(name).into_owned()
+    }
+
     fn thread_name_number(&mut self, tid: u32) -> u32 {
         let version = THREAD_NAMES_VERSION.load(Ordering::Acquire);
         if version != self.version {
@@ -153,7 +186,7 @@ impl PseudoFrames {
         if let Some(&n) = self.threads.get(&tid) {
             return n;
         }
-        let name = thread_name(tid);
+        let name = self.thread_name(tid);
         let n = match self.numbers.get(&name[..]) {
             Some(&n) => n,
             None => {
@@ -186,25 +219,6 @@ impl PseudoFrames {
 
 fn pseudo_location(file: &str, line: u32, name: &str) -> Location {
     Location { filename: file.as_bytes().into(), line, start_char: 0, end_char: 0, defname: name.as_bytes().into() }
-}
-
-/// The name of the thread `tid`: as registered, else its kernel name (an unnamed thread has
-/// the kernel name of the thread that started it: the process's, for threads the main thread
-/// starts), else `thread-<tid>`.
-fn thread_name(tid: u32) -> String {
-    let unnamed = || format!("thread-{tid}");
-    if let Some(registered) = THREAD_NAMES.lock().get(&tid) {
-        return registered.as_deref().map_or_else(unnamed, str::to_owned);
-    }
-    let pid = std::process::id();
-    if tid == pid {
-        return "main".to_owned();
-    }
-    let comm = |tid: u32| std::fs::read_to_string(format!("/proc/self/task/{tid}/comm")).ok();
-    match comm(tid) {
-        Some(name) if Some(&name) != comm(pid).as_ref() => name.trim_end_matches('\n').to_owned(),
-        _ => unnamed(),
-    }
 }
 
 #[cfg(test)]
@@ -256,7 +270,19 @@ mod tests {
         assert_eq!((&*location[0].filename_str(), &*location[0].defname_str()), ("<thread>", "pool"));
         assert_eq!(pseudo.locations(12345), None);
         register_thread(u32::MAX, None);
-        assert_eq!(thread_name(u32::MAX), format!("thread-{}", u32::MAX));
-        assert_eq!(thread_name(std::process::id()), "main");
+        assert_eq!(pseudo.thread_name(u32::MAX), format!("thread-{}", u32::MAX));
+        assert_eq!(pseudo.thread_name(std::process::id()), "main");
+        // Unregistered threads: by the kernel name they sent, unless it is the process's.
+        let kernel_name = |name: &[u8]| {
+            let mut padded = [0; 16];
+            padded[..name.len()].copy_from_slice(name);
+            padded
+        };
+        pseudo.kernel_name(1, kernel_name(b"io-pool"));
+        assert_eq!(pseudo.thread_name(1), "io-pool");
+        let process = std::fs::read_to_string("/proc/self/comm").unwrap();
+        pseudo.kernel_name(1, kernel_name(process.trim_end().as_bytes()));
+        assert_eq!(pseudo.thread_name(1), "thread-1");
+        assert_eq!(pseudo.thread_name(2), "thread-2");
     }
 }

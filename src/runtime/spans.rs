@@ -10,11 +10,14 @@
 //! with no destructor holding up to [`MAX_SPANS`] span description numbers, which
 //! `MemtraceLayer` updates on span enter and exit (a few cell writes) and the sampled path
 //! copies (no allocation, no lock). Spans nested deeper than [`MAX_SPANS`] are counted but
-//! not recorded. The thread's kernel id is read once, at its first sample.
+//! not recorded. The thread's kernel id is read once, at its first sample, and its kernel name
+//! (which std sets when it starts a named thread) at its first sample in each session, to be
+//! sent to the writer ahead of the sample: the thread may be gone when the writer names it.
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use super::handoff::KernelName;
 use super::state::MAX_FRAMES;
 
 /// Spans of one thread a sample records, outermost first; deeper ones are left out.
@@ -70,7 +73,7 @@ pub(crate) fn configure(thread_frames: bool) {
     THREAD_FRAMES.store(thread_frames, Ordering::Relaxed);
 }
 
-/// One thread's spans and id.
+/// One thread's spans, id and name.
 struct ThreadSpans {
     /// Description numbers of the spans entered, outermost first; the first
     /// `min(depth, MAX_SPANS)` are meaningful.
@@ -81,6 +84,8 @@ struct ThreadSpans {
     tid: Cell<u32>,
     /// The thread's name has been registered with `span_table`.
     named: Cell<bool>,
+    /// The session (hand-off tag) whose writer was sent the thread's kernel name; 0 for none.
+    name_sent_to: Cell<u32>,
 }
 
 thread_local! {
@@ -90,6 +95,7 @@ thread_local! {
             depth: Cell::new(0),
             tid: Cell::new(0),
             named: Cell::new(false),
+            name_sent_to: Cell::new(0),
         }
     };
 }
@@ -143,6 +149,27 @@ pub(crate) fn exit(description: u32) {
 #[cfg_attr(not(feature = "tracing"), allow(dead_code))]
 pub(crate) fn thread_to_register() -> Option<u32> {
     THREAD.try_with(|t| (!t.named.replace(true)).then(|| t.tid())).ok().flatten()
+}
+
+/// This thread's id and kernel name, if samples record their thread and a sample of `session`
+/// has not asked yet. Sampled path: one system call, no allocation.
+pub(crate) fn kernel_name_to_send(session: u32) -> Option<(u32, KernelName)> {
+    if !THREAD_FRAMES.load(Ordering::Relaxed) {
+        return None;
+    }
+    THREAD
+        .try_with(|t| {
+            if t.name_sent_to.replace(session) == session {
+                return None;
+            }
+            let mut name = [0; 16];
+            // SAFETY: PR_GET_NAME writes the NUL-terminated name, 16 bytes at most, to the
+            // buffer, which has 16.
+            unsafe { libc::prctl(libc::PR_GET_NAME, name.as_mut_ptr()) };
+            Some((t.tid(), name))
+        })
+        .ok()
+        .flatten()
 }
 
 /// Append this thread's pseudo-frames to the stack in `frames[..n]` (innermost first): its

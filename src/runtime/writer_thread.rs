@@ -132,6 +132,7 @@ impl TraceWriter {
                         result?
                     }
                     Msg::Free { addr, time, .. } => self.free(addr, time)?,
+                    Msg::ThreadName { tid, name, .. } => self.pseudo.kernel_name(tid, name),
                     Msg::Stop { .. } => return Ok(()),
                 }
             }
