@@ -14,6 +14,9 @@ use memtrace_rs::trace::{EventKind, Warning};
 use memtrace_rs::trace::{Info, ObjectId, Reader};
 use memtrace_rs::{currently_tracing, start_tracing, stop_tracing, trace_if_requested, MemtraceAllocator};
 
+#[cfg(feature = "tracing")]
+mod spans;
+
 #[global_allocator]
 static GLOBAL: MemtraceAllocator = MemtraceAllocator::system();
 
@@ -283,6 +286,8 @@ fn child_role() {
             assert!(!currently_tracing());
             drop(kept);
         }
+        #[cfg(feature = "tracing")]
+        spans if spans.starts_with("spans-") => spans::child_role(spans),
         other => panic!("unknown role {other}"),
     }
 }
