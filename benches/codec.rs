@@ -177,18 +177,18 @@ fn bench_read(c: &mut Criterion) {
     group.bench_function("decode_backtraces_hot_sites", |b| b.iter(|| black_box(read_trace(&hot.bytes, true))));
     group.finish();
 
-    #[cfg(feature = "cli")]
+    #[cfg(feature = "analysis")]
     bench_dump(c, &trace);
 }
 
 /// `memtrace dump` of the generated trace (from a temporary file) into a sink; one line
 /// per event.
-#[cfg(feature = "cli")]
+#[cfg(feature = "analysis")]
 fn bench_dump(c: &mut Criterion, trace: &common::Generated) {
     let path = std::env::temp_dir().join(format!("memtrace-bench-{}.ctf", std::process::id()));
     std::fs::write(&path, &trace.bytes).unwrap();
     let mut counter = LineCounter::default();
-    memtrace_rs::cli::dump::run(&path, &mut counter, &mut std::io::sink()).unwrap();
+    memtrace_rs::analysis::dump(&path, &mut counter, &mut std::io::sink()).unwrap();
     assert_eq!(counter.lines, trace.events);
     println!("dump: {} lines, {} bytes ({:.1} bytes per line)", counter.lines, counter.bytes, {
         counter.bytes as f64 / counter.lines as f64
@@ -197,21 +197,21 @@ fn bench_dump(c: &mut Criterion, trace: &common::Generated) {
     group.sample_size(10);
     group.throughput(Throughput::Elements(trace.events));
     group.bench_function("lines", |b| {
-        b.iter(|| memtrace_rs::cli::dump::run(&path, &mut std::io::sink(), &mut std::io::sink()).unwrap())
+        b.iter(|| memtrace_rs::analysis::dump(&path, &mut std::io::sink(), &mut std::io::sink()).unwrap())
     });
     group.finish();
     std::fs::remove_file(&path).unwrap();
 }
 
 /// A sink that counts lines and bytes.
-#[cfg(feature = "cli")]
+#[cfg(feature = "analysis")]
 #[derive(Default)]
 struct LineCounter {
     lines: u64,
     bytes: u64,
 }
 
-#[cfg(feature = "cli")]
+#[cfg(feature = "analysis")]
 impl std::io::Write for LineCounter {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
         self.lines += buf.iter().filter(|&&b| b == b'\n').count() as u64;

@@ -1,7 +1,7 @@
 //! A small program with distinct allocation patterns, traced by memtrace-rs.
 //!
 //! ```text
-//! MEMTRACE_FILE=trace.ctf cargo run --release --example sample-app
+//! MEMTRACE_FILE=trace.ctf cargo run --release --features analysis --example sample-app
 //! ```
 //!
 //! It runs for a second or so: an ingest stage keeps a growing `Vec` of records, a cache
@@ -9,11 +9,9 @@
 //! allocates messages that a consumer thread frees. At exit it prints where the trace went
 //! and the top allocation sites read back from it.
 
-use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use memtrace_rs::trace::Location;
-use memtrace_rs::trace::{EventKind, Reader};
+use memtrace_rs::analysis::{ranked, Analysis, Grouping, Measure, Options};
 use memtrace_rs::MemtraceAllocator;
 
 #[global_allocator]
@@ -169,61 +167,33 @@ fn main() {
     }
 }
 
-/// Whether `l` is in the standard library or allocator machinery rather than the code that
-/// asked for memory. (Inlined functions carry short names in optimised builds, so the file
-/// tells more than the name.)
-fn is_machinery(l: &Location) -> bool {
-    let file = l.filename_str();
-    let name = l.defname_str();
-    let name = name.trim_start_matches('<');
-    file.contains("/rustc/")
-        || file.contains("/.cargo/registry/")
-        || file.starts_with("<unknown>")
-        || ["alloc::", "core::", "std::", "hashbrown::"].iter().any(|p| name.starts_with(p))
-        || ["RawVec", "__rust_"].iter().any(|p| name.contains(p))
-}
-
-/// Print the top allocation sites of the trace at `path` by estimated bytes.
+/// Print the top allocation sites of the trace at `path` by estimated bytes, grouped as
+/// `memtrace hotspots` groups them.
 fn summarize(path: &std::path::Path) -> memtrace_rs::Result<()> {
-    let mut reader = Reader::open(path)?;
-    let info = reader.info().clone();
-    let (mut samples, mut allocs, mut collects) = (0u64, 0u64, 0u64);
-    let mut sites: HashMap<String, f64> = HashMap::new();
-    while let Some(event) = reader.next_event()? {
-        match event.kind {
-            EventKind::Alloc(a) => {
-                allocs += 1;
-                samples += a.nsamples;
-                let site = a
-                    .backtrace
-                    .iter()
-                    .rev()
-                    .filter_map(|&code| event.locations.get(code).ok())
-                    .flat_map(|locations| locations.iter().rev())
-                    .find(|l| !is_machinery(l))
-                    .map(|l| {
-                        let file = l.filename_str();
-                        let file = file.rsplit_once("/examples/").map_or(&*file, |(_, f)| f).to_owned();
-                        format!("{}  ({file}:{})", l.defname_str(), l.line)
-                    })
-                    .unwrap_or_else(|| "<unknown>".to_owned());
-                *sites.entry(site).or_default() += info.bytes_for_samples(a.nsamples);
-            }
-            EventKind::Collect { .. } => collects += 1,
-            EventKind::Promote { .. } => {}
-        }
-    }
-    let mut sites: Vec<_> = sites.into_iter().collect();
-    sites.sort_by(|a, b| b.1.total_cmp(&a.1));
-    let total: f64 = sites.iter().map(|s| s.1).sum();
+    let analysis = Analysis::run(path, &Options { stacks: true, live_at: None })?;
+    let sites = ranked(&analysis, Grouping::default(), Measure::Allocated);
+    let c = &analysis.counts;
+    let total = analysis.bytes(c.samples);
     println!(
-        "{allocs} sampled blocks ({samples} samples at rate {}), {collects} collected; ~{:.1} MiB allocated in total",
-        info.sample_rate,
+        "{} sampled blocks ({} samples at rate {}), {} collected; ~{:.1} MiB allocated in total",
+        c.allocs(),
+        c.samples,
+        analysis.info.sample_rate,
+        c.collects,
         total / (1 << 20) as f64
     );
     println!("top allocation sites by estimated bytes:");
-    for (site, bytes) in sites.iter().take(8) {
-        println!("  {:>9.1} MiB  {site}", bytes / (1 << 20) as f64);
+    for site in sites.iter().take(8) {
+        let bytes = analysis.bytes(site.stats.allocated.samples);
+        let name = site.frames.first().map_or_else(
+            || "<unknown>".to_owned(),
+            |&f| {
+                let frame = &analysis.frames[f];
+                let file = frame.file.rsplit_once("/examples/").map_or(&*frame.file, |(_, f)| f);
+                format!("{}  ({file}:{})", frame.function, frame.line)
+            },
+        );
+        println!("  {:>9.1} MiB  {name}", bytes / (1 << 20) as f64);
     }
     Ok(())
 }

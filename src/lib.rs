@@ -22,12 +22,13 @@
 //! Traces are read with [`trace::Reader`] and written with [`trace::Writer`].
 
 mod format;
+mod frames;
 #[cfg(feature = "tracing")]
 mod layer;
 mod runtime;
 
-#[cfg(feature = "cli")]
-pub mod cli;
+#[cfg(feature = "analysis")]
+pub mod analysis;
 
 pub use format::error::{Error, ErrorKind, Result};
 #[cfg(feature = "tracing")]

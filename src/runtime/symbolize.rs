@@ -16,6 +16,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::sync::Arc;
 
 use crate::format::location_codec::Location;
+pub(crate) use crate::frames::is_allocator_shim;
 
 /// The locations of the code at return address `addr`, outermost first: the function that
 /// contains the code, then one per inlined function, without the allocator shim and what is
@@ -49,14 +50,6 @@ pub fn symbolize(addr: u64) -> Arc<[Location]> {
     // backtrace::resolve reports the innermost inlined function first.
     locations.reverse();
     locations.into()
-}
-
-/// Whether `name` (demangled, without hash) is one of the allocation entry points that
-/// `#[global_allocator]` generates (`__rust_alloc`, or `__rustc::__rust_alloc` with full debug
-/// info), which call the global allocator's methods. Deallocation never samples.
-pub(crate) fn is_allocator_shim(name: &str) -> bool {
-    const SHIMS: [&str; 3] = ["__rust_alloc", "__rust_alloc_zeroed", "__rust_realloc"];
-    SHIMS.iter().any(|shim| name == *shim || name.strip_suffix(shim).is_some_and(|path| path.ends_with("::")))
 }
 
 /// Drop, from `locations` (innermost first), the global allocator's shim and what is inlined

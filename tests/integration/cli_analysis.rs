@@ -1,8 +1,7 @@
 //! The streaming analysis against traces whose true answer is worked out by hand (see
-//! `cli_support::known_trace`), site selection, and bounded growth on long traces.
+//! `util::cli::known_trace`), site selection, and bounded growth on long traces.
 use crate::util::cli::*;
-use memtrace_rs::cli::analysis::{Measure, Options};
-use memtrace_rs::cli::sites::{self, is_allocator_frame, Grouping};
+use memtrace_rs::analysis::{self as sites, is_allocator_frame, Grouping, Measure, Options};
 
 const STACKS: Options = Options { stacks: true, live_at: None };
 
@@ -54,7 +53,7 @@ fn sites_skip_allocator_frames() {
 
 #[test]
 fn allocator_frames_can_be_kept() {
-    let g = Grouping::new(false, true);
+    let g = Grouping { stacks: false, keep_allocator_frames: true };
     assert_eq!(
         ranked(&known_trace(), STACKS, g, Measure::Allocated),
         owned(&[
@@ -68,7 +67,7 @@ fn allocator_frames_can_be_kept() {
 #[test]
 fn whole_stacks_are_trimmed_and_merged() {
     let a = analyse(&known_trace(), STACKS);
-    let g = Grouping::new(true, false);
+    let g = Grouping { stacks: true, keep_allocator_frames: false };
     let keys: Vec<(String, u64)> =
         sites::ranked(&a, g, Measure::Allocated).iter().map(|s| (s.key(&a), s.stats.allocated.samples)).collect();
     assert_eq!(

@@ -1,107 +1,106 @@
-//! Golden tests of the text outputs (`info`, `hotspots`, `diff`) on upstream's traces and on
-//! traces built here. Expected outputs live in `tests/golden/`; run with `UPDATE_GOLDEN=1`
-//! to regenerate them after an intended change, and review the diff.
+//! Golden tests of the text outputs (`info`, `hotspots`, `diff`) of the `memtrace` binary on
+//! upstream's traces and on traces built here. Expected outputs live in `tests/golden/`; run
+//! with `UPDATE_GOLDEN=1` to regenerate them after an intended change, and review the diff.
+use std::path::Path;
+
 use crate::util::cli::*;
-use memtrace_rs::cli::analysis::{Analysis, Options};
-use memtrace_rs::cli::sites::{By, Grouping, Ranking};
-use memtrace_rs::cli::{diff, hotspots, info};
+use memtrace_rs::analysis::{Analysis, Options};
 
-const STACKS: Options = Options { stacks: true, live_at: None };
-
-fn hotspots_options(top: usize, by: By, stacks: bool, keep: bool) -> hotspots::Options {
-    hotspots::Options { ranking: Ranking { top, by, grouping: Grouping::new(stacks, keep) }, frames: 6 }
+/// `memtrace hotspots FILE --top TOP --frames 6 EXTRA…` run in `dir`.
+fn hotspots(dir: &Path, file: &str, top: usize, extra: &[&str]) -> String {
+    let top = top.to_string();
+    let mut args = vec!["hotspots", file, "--top", &top, "--frames", "6"];
+    args.extend(extra);
+    memtrace_ok(dir, &args)
 }
 
-fn info_text(a: &Analysis, name: &str) -> Vec<u8> {
-    let mut out = Vec::new();
-    info::write(a, name, &mut out).unwrap();
-    out
-}
-
-fn hotspots_text(a: &Analysis, name: &str, options: &hotspots::Options) -> Vec<u8> {
-    let mut out = Vec::new();
-    hotspots::write(a, name, options, &mut out).unwrap();
-    out
-}
-
-fn diff_text(base: &Analysis, new: &Analysis, names: (&str, &str), by: By, stacks: bool) -> Vec<u8> {
-    let options = diff::Options { ranking: Ranking { top: 10, by, grouping: Grouping::new(stacks, false) } };
-    let mut out = Vec::new();
-    diff::write(base, new, names, &options, &mut out).unwrap();
-    out
+/// `memtrace diff BASE NEW --top 10 EXTRA…` run in `dir`.
+fn diff(dir: &Path, base: &str, new: &str, extra: &[&str]) -> String {
+    let mut args = vec!["diff", base, new, "--top", "10"];
+    args.extend(extra);
+    memtrace_ok(dir, &args)
 }
 
 #[test]
 fn upstream_info() {
     for name in UPSTREAM {
-        let a = upstream(name);
-        golden(&format!("{name}.info.txt"), &info_text(a, &format!("{name}.ctf")));
+        let file = format!("{name}.ctf");
+        golden(&format!("{name}.info.txt"), memtrace_ok(&data_dir(), &["info", &file]).as_bytes());
     }
 }
 
 #[test]
-fn upstream_info_without_backtraces_is_the_same() {
+fn upstream_summary_with_backtraces_is_the_same() {
+    // `info` reads without decoding backtraces; the views that decode them must agree with
+    // it on every figure it prints.
     for name in UPSTREAM {
-        let a = Analysis::run(&data(&format!("{name}.ctf")), &Options::default()).unwrap();
-        golden(&format!("{name}.info.txt"), &info_text(&a, &format!("{name}.ctf")));
+        let with = upstream(name);
+        let without = Analysis::run(&data(&format!("{name}.ctf")), &Options::default()).unwrap();
+        assert_eq!(with.counts, without.counts, "{name}");
+        assert_eq!((with.end_time, with.live_end, with.peak), (without.end_time, without.live_end, without.peak));
+        assert_eq!((with.domains, with.location_codes), (without.domains, without.location_codes), "{name}");
+        assert_eq!(with.distinct_locations, without.distinct_locations, "{name}");
+        assert_eq!(with.timeline, without.timeline, "{name}");
     }
 }
 
 #[test]
 fn upstream_hotspots() {
+    let dir = data_dir();
     for name in UPSTREAM {
-        let a = upstream(name);
         let file = format!("{name}.ctf");
-        for (suffix, options) in [
-            ("allocated", hotspots_options(15, By::Allocated, false, false)),
-            ("live-peak", hotspots_options(15, By::LivePeak, false, false)),
-            ("live-end", hotspots_options(15, By::LiveEnd, false, false)),
-            ("stacks", hotspots_options(5, By::Allocated, true, false)),
+        for (suffix, top, extra) in [
+            ("allocated", 15, &["--by", "allocated"][..]),
+            ("live-peak", 15, &["--by", "live-peak"]),
+            ("live-end", 15, &["--by", "live-end"]),
+            ("stacks", 5, &["--by", "allocated", "--stacks"]),
         ] {
-            golden(&format!("{name}.hotspots-{suffix}.txt"), &hotspots_text(a, &file, &options));
+            golden(&format!("{name}.hotspots-{suffix}.txt"), hotspots(&dir, &file, top, extra).as_bytes());
         }
     }
 }
 
 #[test]
 fn upstream_diff() {
-    let (v3, v2, lists) = (upstream("ocamlopt"), upstream("ocamlopt-v2"), upstream("lists_and_sets-v1"));
-    golden(
-        "diff-ocamlopt-v2-ocamlopt.txt",
-        &diff_text(v2, v3, ("ocamlopt-v2.ctf", "ocamlopt.ctf"), By::Allocated, false),
-    );
+    let dir = data_dir();
+    golden("diff-ocamlopt-v2-ocamlopt.txt", diff(&dir, "ocamlopt-v2.ctf", "ocamlopt.ctf", &[]).as_bytes());
     golden(
         "diff-lists_and_sets-ocamlopt.txt",
-        &diff_text(lists, v3, ("lists_and_sets-v1.ctf", "ocamlopt.ctf"), By::LivePeak, false),
+        diff(&dir, "lists_and_sets-v1.ctf", "ocamlopt.ctf", &["--by", "live-peak"]).as_bytes(),
     );
 }
 
 #[test]
 fn built_trace_info_and_hotspots() {
-    let a = analyse(&known_trace(), STACKS);
-    golden("known.info.txt", &info_text(&a, "known.ctf"));
-    let mut out = Vec::new();
-    for options in [
-        hotspots_options(10, By::Allocated, false, false),
-        hotspots_options(10, By::LivePeak, false, false),
-        hotspots_options(10, By::LiveEnd, false, false),
-        hotspots_options(10, By::Allocated, false, true),
-        hotspots_options(1, By::Allocated, true, false),
-        hotspots_options(10, By::Allocated, true, true),
+    let dir = tempfile::tempdir().unwrap();
+    let dir = dir.path();
+    write_trace(dir, "known.ctf", &known_trace());
+    golden("known.info.txt", memtrace_ok(dir, &["info", "known.ctf"]).as_bytes());
+    let mut out = String::new();
+    for (top, extra) in [
+        (10, &[][..]),
+        (10, &["--by", "live-peak"]),
+        (10, &["--by", "live-end"]),
+        (10, &["--keep-allocator-frames"]),
+        (1, &["--stacks"]),
+        (10, &["--stacks", "--keep-allocator-frames"]),
     ] {
-        out.extend(hotspots_text(&a, "known.ctf", &options));
-        out.push(b'\n');
+        out += &hotspots(dir, "known.ctf", top, extra);
+        out.push('\n');
     }
-    golden("known.hotspots.txt", &out);
+    golden("known.hotspots.txt", out.as_bytes());
 }
 
 #[test]
 fn built_trace_diff() {
-    let (base, new) = (analyse(&known_trace(), STACKS), analyse(&known_trace_new(), STACKS));
-    let mut out = Vec::new();
-    for (by, stacks) in [(By::Allocated, false), (By::LivePeak, false), (By::LiveEnd, false), (By::Allocated, true)] {
-        out.extend(diff_text(&base, &new, ("known.ctf", "known-new.ctf"), by, stacks));
-        out.push(b'\n');
+    let dir = tempfile::tempdir().unwrap();
+    let dir = dir.path();
+    write_trace(dir, "known.ctf", &known_trace());
+    write_trace(dir, "known-new.ctf", &known_trace_new());
+    let mut out = String::new();
+    for extra in [&[][..], &["--by", "live-peak"], &["--by", "live-end"], &["--stacks"]] {
+        out += &diff(dir, "known.ctf", "known-new.ctf", extra);
+        out.push('\n');
     }
-    golden("known.diff.txt", &out);
+    golden("known.diff.txt", out.as_bytes());
 }

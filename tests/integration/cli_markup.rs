@@ -6,10 +6,6 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::util::cli::*;
-use memtrace_rs::cli::analysis::{Analysis, Measure, Options};
-use memtrace_rs::cli::{flamegraph, report, timeline};
-
-const STACKS: Options = Options { stacks: true, live_at: None };
 
 /// Parse `xml` completely, checking tag nesting and attribute syntax; returns the root
 /// element's name.
@@ -43,62 +39,69 @@ fn assert_well_formed(xml: &[u8]) -> String {
     root.expect("a root element")
 }
 
-fn flamegraph_svg(a: &Analysis, weight: flamegraph::Weight) -> Vec<u8> {
-    let options = flamegraph::Options { weight, folded: false, trim: Default::default() };
-    let mut out = Vec::new();
-    flamegraph::write(a, &options, &mut out).unwrap();
-    out
+/// The output `memtrace SUBCOMMAND trace -o out ARGS…` writes, run in `dir`.
+fn output(dir: &Path, subcommand: &str, trace: &str, out: &str, args: &[&str]) -> Vec<u8> {
+    let mut all = vec![subcommand, trace, "-o", out];
+    all.extend(args);
+    memtrace_ok(dir, &all);
+    std::fs::read(dir.join(out)).unwrap()
+}
+
+/// The folded stacks of `trace` (in `dir`) with the flame-graph flags `args`.
+fn folded(dir: &Path, trace: &str, args: &[&str]) -> Vec<String> {
+    let mut all = vec!["--folded"];
+    all.extend(args);
+    let text = String::from_utf8(output(dir, "flamegraph", trace, "folded.txt", &all)).unwrap();
+    text.lines().map(str::to_string).collect()
 }
 
 #[test]
 fn folded_stacks_of_the_known_trace() {
-    let a = analyse(&known_trace(), Options { stacks: true, live_at: Some(45) });
-    let folded = |m, keep| flamegraph::folded(&a, m, keep).lines;
+    let dir = tempfile::tempdir().unwrap();
+    let dir = dir.path();
+    write_trace(dir, "known.ctf", &known_trace());
     assert_eq!(
-        folded(Measure::Allocated, false),
+        folded(dir, "known.ctf", &[]),
         [
             "main (src/app.rs:10);app::run (src/app.rs:20);app::parse (src/app.rs:40) 5600",
             "main (src/app.rs:10);app::run (src/app.rs:20);app::load (src/app.rs:30) 3200",
         ]
     );
     assert_eq!(
-        folded(Measure::LiveEnd, false),
+        folded(dir, "known.ctf", &["--live-end"]),
         ["main (src/app.rs:10);app::run (src/app.rs:20);app::load (src/app.rs:30) 800"]
     );
-    assert_eq!(folded(Measure::LiveAt, false).len(), 2);
+    assert_eq!(folded(dir, "known.ctf", &["--live-at", "0.000045"]).len(), 2);
     assert_eq!(
-        folded(Measure::LiveEnd, true),
+        folded(dir, "known.ctf", &["--live-end", "--keep-allocator-frames"]),
         ["main (src/app.rs:10);app::run (src/app.rs:20);app::load (src/app.rs:30);hashbrown::raw::RawTable<T,A>::reserve_rehash (src/app.rs:80) 800"]
     );
 }
 
 #[test]
 fn svgs_are_well_formed() {
-    let known = analyse(&known_trace(), STACKS);
-    let ocamlopt = upstream("ocamlopt");
-    let empty = analyse(&TraceBuilder::new().finish(), STACKS);
-    for a in [&known, ocamlopt, &empty] {
-        for weight in [
-            flamegraph::Weight::default(),
-            flamegraph::Weight { live_end: true, ..Default::default() },
-            flamegraph::Weight { live_peak: true, ..Default::default() },
-        ] {
-            assert_eq!(assert_well_formed(&flamegraph_svg(a, weight)), "svg");
+    let dir = tempfile::tempdir().unwrap();
+    let dir = dir.path();
+    write_trace(dir, "known.ctf", &known_trace());
+    write_trace(dir, "empty.ctf", &TraceBuilder::new().finish());
+    let ocamlopt = data("ocamlopt.ctf");
+    for trace in ["known.ctf", "empty.ctf", ocamlopt.to_str().unwrap()] {
+        for weight in [&[][..], &["--live-end"], &["--live-peak"]] {
+            assert_eq!(assert_well_formed(&output(dir, "flamegraph", trace, "flame.svg", weight)), "svg");
         }
-        assert_eq!(assert_well_formed(timeline::svg(a).as_bytes()), "svg");
+        assert_eq!(assert_well_formed(&output(dir, "timeline", trace, "chart.svg", &[])), "svg");
     }
-    let svg = String::from_utf8(flamegraph_svg(&known, flamegraph::Weight::default())).unwrap();
+    let svg = String::from_utf8(output(dir, "flamegraph", "known.ctf", "flame.svg", &[])).unwrap();
     assert!(svg.contains("app::parse (src/app.rs:40)") && svg.contains("bytes"));
-    let chart = timeline::svg(&known);
+    let chart = String::from_utf8(output(dir, "timeline", "known.ctf", "chart.svg", &[])).unwrap();
     assert!(chart.contains("peak 6.2 KiB at 0.000040 s"), "the peak is marked");
 }
 
 #[test]
 fn timeline_csv() {
-    let a = analyse(&known_trace(), Options::default());
-    let mut out = Vec::new();
-    timeline::write_csv(&a, &mut out).unwrap();
-    let csv = String::from_utf8(out).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    write_trace(dir.path(), "known.ctf", &known_trace());
+    let csv = String::from_utf8(output(dir.path(), "timeline", "known.ctf", "chart.csv", &[])).unwrap();
     let lines: Vec<&str> = csv.lines().collect();
     assert_eq!(lines[0], "time_s,live_bytes,live_max_bytes,alloc_rate_bytes_per_s");
     assert_eq!(lines.len(), 1 + 71);
@@ -131,17 +134,19 @@ fn scripts(html: &str) -> Vec<&str> {
     html.split("<script").skip(1).map(|s| s.split("</script>").next().unwrap_or(s)).collect()
 }
 
-fn report_html(a: &Analysis, name: &str) -> String {
-    let mut out = Vec::new();
-    report::write(a, name, &report::Options { top: 25 }, &mut out).unwrap();
-    String::from_utf8(out).unwrap()
+/// The report of the trace `file` in `dir`, as `memtrace report` writes it.
+fn report_html(dir: &Path, file: &str) -> String {
+    String::from_utf8(output(dir, "report", file, "report.html", &["--top", "25"])).unwrap()
 }
 
 #[test]
 fn report_is_self_contained() {
-    let known = analyse(&known_trace(), STACKS);
-    for (name, a) in [("known.ctf", &known), ("lists_and_sets-v1.ctf", upstream("lists_and_sets-v1"))] {
-        let html = report_html(a, name);
+    let dir = tempfile::tempdir().unwrap();
+    let dir = dir.path();
+    write_trace(dir, "known.ctf", &known_trace());
+    let lists = data("lists_and_sets-v1.ctf");
+    for name in ["known.ctf", lists.to_str().unwrap()] {
+        let html = report_html(dir, name);
         assert_eq!(resource_urls(&html), Vec::<String>::new(), "{name}");
         for script in scripts(&html) {
             assert!(!script.starts_with(" src") && !script.contains(" src="), "{name}: external script");
@@ -163,7 +168,7 @@ fn report_is_self_contained() {
         let end = html.rfind("</svg>").unwrap() + "</svg>".len();
         assert_eq!(assert_well_formed(&html.as_bytes()[start..end]), "svg");
     }
-    let html = report_html(&analyse(&known_trace(), STACKS), "known.ctf");
+    let html = report_html(dir, "known.ctf");
     assert!(html.contains("app::parse (src/app.rs:40)"));
 }
 
@@ -198,8 +203,9 @@ fn report_renders_in_headless_chromium() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
+    write_trace(dir.path(), "known.ctf", &known_trace());
+    report_html(dir.path(), "known.ctf");
     let page = dir.path().join("report.html");
-    std::fs::write(&page, report_html(&analyse(&known_trace(), STACKS), "known.ctf")).unwrap();
     let profile = dir.path().join("chromium-profile");
     let dom = run_with_timeout(
         Command::new(chromium)

@@ -1,24 +1,25 @@
-//! The pprof profile decodes back (with the same prost structs) into the expected samples,
-//! locations, functions and lines.
+//! The pprof profile `memtrace pprof` writes decodes back (with the binary's own prost
+//! structs) into the expected samples, locations, functions and lines.
 use std::io::Read;
+use std::path::Path;
 
 use crate::util::cli::*;
-use memtrace_rs::cli::analysis::{Analysis, Options};
-use memtrace_rs::cli::pprof;
-use memtrace_rs::cli::profile_proto::Profile;
 use prost::Message;
 
-const STACKS: Options = Options { stacks: true, live_at: None };
+#[path = "../../src/bin/memtrace/profile_proto.rs"]
+#[allow(dead_code)]
+mod profile_proto;
+use profile_proto::Profile;
 
-/// Write the gzipped profile, then gunzip and decode it.
-fn round_trip(a: &Analysis) -> Profile {
-    let mut gz = Vec::new();
-    pprof::write(a, &mut gz).unwrap();
+/// Write the gzipped profile of the trace at `trace` with the binary, then gunzip and
+/// decode it.
+fn round_trip(trace: &Path) -> Profile {
+    let dir = tempfile::tempdir().unwrap();
+    memtrace_ok(dir.path(), &["pprof", trace.to_str().unwrap(), "-o", "heap.pb.gz"]);
+    let gz = std::fs::read(dir.path().join("heap.pb.gz")).unwrap();
     let mut raw = Vec::new();
     flate2::read::GzDecoder::new(&gz[..]).read_to_end(&mut raw).unwrap();
-    let profile = Profile::decode(&raw[..]).unwrap();
-    assert_eq!(profile, pprof::profile(a));
-    profile
+    Profile::decode(&raw[..]).unwrap()
 }
 
 fn string(p: &Profile, i: i64) -> &str {
@@ -42,7 +43,8 @@ fn frames(p: &Profile, location_ids: &[u64]) -> Vec<SourceLine> {
 
 #[test]
 fn known_trace_profile() {
-    let p = round_trip(&analyse(&known_trace(), STACKS));
+    let dir = tempfile::tempdir().unwrap();
+    let p = round_trip(&write_trace(dir.path(), "known.ctf", &known_trace()));
     assert_eq!(p.string_table[0], "");
     let types: Vec<(&str, &str)> = p.sample_type.iter().map(|t| (string(&p, t.r#type), string(&p, t.unit))).collect();
     assert_eq!(
@@ -82,7 +84,7 @@ fn known_trace_profile() {
 #[test]
 fn upstream_profile_keeps_totals_and_inlined_frames() {
     let a = upstream("ocamlopt");
-    let p = round_trip(a);
+    let p = round_trip(&data("ocamlopt.ctf"));
     assert_eq!(p.sample.len(), a.stacks.len());
     let total = |i: usize| p.sample.iter().map(|s| s.value[i]).sum::<i64>();
     assert_eq!(total(1), 670_400_000, "alloc_space: 1676 samples of 400000 bytes");

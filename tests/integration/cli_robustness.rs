@@ -2,20 +2,12 @@
 //! (exit 0, or exit 1 with a one-line message), never panic, hang or print nonsense such as
 //! `inf EiB`; and the analysis (with every output built on it) must not panic on randomly
 //! damaged copies of a real trace.
-use std::fs::File;
 use std::io::Cursor;
 use std::path::Path;
-use std::process::{Command, ExitStatus, Stdio};
-use std::time::{Duration, Instant};
 
 use crate::util::cli::*;
-use memtrace_rs::cli::analysis::{Analysis, Measure, Options};
-use memtrace_rs::cli::progress::Progress;
-use memtrace_rs::cli::{copy, diff, flamegraph, hotspots, info, pprof, report, sites, timeline};
+use memtrace_rs::analysis::{self, Analysis, Grouping, Measure, Options};
 use memtrace_rs::trace::{AllocSource, Info, NewAlloc, Reader, Writer};
-
-/// How long one command may take before it counts as hung.
-const TIMEOUT: Duration = Duration::from_secs(20);
 
 /// The most samples one allocation can have (the writer's limit).
 const HUGE: u64 = i64::MAX as u64;
@@ -56,40 +48,6 @@ fn with_rate(trace: &[u8], rate: f64) -> Vec<u8> {
     trace
 }
 
-/// What one run of the binary did.
-struct Run {
-    status: ExitStatus,
-    stdout: String,
-    stderr: String,
-}
-
-/// Run `memtrace args`, killing it (and failing) if it takes longer than [`TIMEOUT`].
-/// Output goes to files, so a full pipe cannot stall the child.
-fn memtrace(args: &[&str], dir: &Path) -> Run {
-    let (out_path, err_path) = (dir.join("stdout"), dir.join("stderr"));
-    let mut child = Command::new(env!("CARGO_BIN_EXE_memtrace"))
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(File::create(&out_path).unwrap())
-        .stderr(File::create(&err_path).unwrap())
-        .spawn()
-        .unwrap();
-    let started = Instant::now();
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if started.elapsed() > TIMEOUT {
-            child.kill().unwrap();
-            child.wait().unwrap();
-            panic!("memtrace {args:?} did not finish within {TIMEOUT:?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let read = |p: &Path| String::from_utf8_lossy(&std::fs::read(p).unwrap()).into_owned();
-    Run { status, stdout: read(&out_path), stderr: read(&err_path) }
-}
-
 /// Run every analysing subcommand on the trace at `trace` (and `diff` against `other`);
 /// each must exit 0 or exit 1 with one line of error. Returns how many exited 0.
 fn run_all(trace: &Path, other: &Path) -> usize {
@@ -118,7 +76,7 @@ fn run_all(trace: &Path, other: &Path) -> usize {
     ];
     let mut succeeded = 0;
     for args in &commands {
-        let run = memtrace(args, dir.path());
+        let run = memtrace(dir.path(), args);
         let what = format!("memtrace {args:?}: {:?}\nstderr: {}", run.status, run.stderr);
         assert!(!run.stderr.contains("panicked"), "{what}");
         match run.status.code() {
@@ -146,12 +104,6 @@ fn run_all(trace: &Path, other: &Path) -> usize {
     succeeded
 }
 
-fn write_trace(dir: &Path, name: &str, trace: &[u8]) -> std::path::PathBuf {
-    let path = dir.join(name);
-    std::fs::write(&path, trace).unwrap();
-    path
-}
-
 #[test]
 fn huge_sample_counts_are_analysed() {
     let dir = tempfile::tempdir().unwrap();
@@ -177,7 +129,7 @@ fn huge_but_finite_estimates_are_analysed() {
     let huge = write_trace(dir.path(), "huge.ctf", &huge_trace(1e-9));
     let known = write_trace(dir.path(), "known.ctf", &known_trace());
     assert_eq!(run_all(&huge, &known), 15, "every command succeeds on a valid trace");
-    let o = memtrace(&["info", huge.to_str().unwrap()], dir.path());
+    let o = memtrace(dir.path(), &["info", huge.to_str().unwrap()]);
     assert!(o.stdout.contains("1.5e29 B (1.47") && o.stdout.contains("e29 bytes"), "{}", o.stdout);
 }
 
@@ -225,29 +177,37 @@ fn mutant(original: &[u8], seed: u64) -> Vec<u8> {
     trace
 }
 
-/// Analyse `trace` and, when `outputs`, build every output from the analysis. Returns
-/// whether the analysis succeeded (a damaged trace may rightly fail to read).
+/// Analyse `trace` and, when `outputs`, have the binary build every output from it: each
+/// must succeed when the analysis does. Returns whether the analysis succeeded (a damaged
+/// trace may rightly fail to read).
 fn analyse_and_write(trace: &[u8], outputs: bool) -> bool {
     let options = Options { stacks: true, live_at: Some(100_000) };
     let Ok(reader) = Reader::new(Cursor::new(trace)) else { return false };
-    let Ok(a) = Analysis::from_reader(reader, &options, &mut Progress::hidden()) else { return false };
+    let Ok(_) = Analysis::from_reader(reader, &options, |_| {}) else { return false };
     if let Ok(reader) = Reader::new(Cursor::new(trace)) {
-        let _ = copy::copy(reader, Vec::new());
+        let _ = analysis::copy(reader, Vec::new());
     }
     if !outputs {
         return true;
     }
-    let mut out = Vec::new();
-    info::write(&a, "mutant", &mut out).unwrap();
-    let ranking = sites::Ranking { top: 10, by: sites::By::LivePeak, grouping: sites::Grouping::new(true, false) };
-    hotspots::write(&a, "mutant", &hotspots::Options { ranking, frames: 8 }, &mut out).unwrap();
-    diff::write(&a, upstream("ocamlopt"), ("mutant", "ocamlopt"), &diff::Options { ranking }, &mut out).unwrap();
-    let weight = flamegraph::Weight { live_at: Some(0.1), ..Default::default() };
-    flamegraph::write(&a, &flamegraph::Options { weight, folded: false, trim: Default::default() }, &mut out).unwrap();
-    pprof::write(&a, &mut out).unwrap();
-    timeline::write(&a, true, &mut out).unwrap();
-    timeline::write(&a, false, &mut out).unwrap();
-    report::write(&a, "mutant", &report::Options { top: 10 }, &mut out).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let dir = dir.path();
+    write_trace(dir, "mutant.ctf", trace);
+    let ocamlopt = data("ocamlopt.ctf");
+    let ocamlopt = ocamlopt.to_str().unwrap();
+    for args in [
+        &["info", "mutant.ctf"][..],
+        &["hotspots", "mutant.ctf", "--top", "10", "--by", "live-peak", "--stacks", "--frames", "8"],
+        &["diff", "mutant.ctf", ocamlopt, "--top", "10", "--by", "live-peak", "--stacks"],
+        &["flamegraph", "mutant.ctf", "-o", "f.svg", "--live-at", "0.1"],
+        &["pprof", "mutant.ctf", "-o", "p.pb.gz"],
+        &["timeline", "mutant.ctf", "-o", "t.csv"],
+        &["timeline", "mutant.ctf", "-o", "t.svg"],
+        &["report", "mutant.ctf", "-o", "r.html", "--top", "10"],
+    ] {
+        let run = memtrace(dir, args);
+        assert!(run.status.success(), "memtrace {args:?}: {:?}\n{}", run.status, run.stderr);
+    }
     true
 }
 
@@ -286,28 +246,44 @@ fn the_reader_accepts_a_subnormal_rate_or_rejects_it_at_its_offset() {
     match Reader::new(Cursor::new(&trace)) {
         Err(e) => assert_eq!(e.offset(), Some(RATE_OFFSET as u64), "{e}"),
         Ok(_) => {
-            let a = analyse(&trace, Options { stacks: true, live_at: None });
-            let mut text = Vec::new();
-            info::write(&a, "subnormal", &mut text).unwrap();
-            let text = String::from_utf8(text).unwrap();
+            let dir = tempfile::tempdir().unwrap();
+            write_trace(dir.path(), "subnormal.ctf", &trace);
+            let text = memtrace_ok(dir.path(), &["info", "subnormal.ctf"]);
             assert!(text.contains("inf B (inf bytes, 11 samples)") && !text.contains("EiB"), "{text}");
         }
     }
 }
 
+/// The folded stacks `memtrace flamegraph --folded` writes for `trace`, and the power of
+/// two bytes their counts are in (0 unless the warning gives one).
+fn folded(trace: &[u8]) -> (Vec<String>, u32) {
+    let dir = tempfile::tempdir().unwrap();
+    write_trace(dir.path(), "t.ctf", trace);
+    let run = memtrace(dir.path(), &["flamegraph", "t.ctf", "-o", "f.txt", "--folded"]);
+    assert!(run.status.success(), "{}", run.stderr);
+    let lines = std::fs::read_to_string(dir.path().join("f.txt")).unwrap().lines().map(str::to_string).collect();
+    let unit_log2 = run
+        .stderr
+        .split("units of 2^")
+        .nth(1)
+        .map_or(0, |rest| rest.split(|c: char| !c.is_ascii_digit()).next().unwrap().parse().unwrap());
+    (lines, unit_log2)
+}
+
 #[test]
 fn folded_counts_of_absurd_estimates_fit_flame_graph_tools() {
     for rate in [0.01, 1e-9] {
-        let a = analyse(&huge_trace(rate), Options { stacks: true, live_at: None });
-        let folded = flamegraph::folded(&a, Measure::Allocated, false);
-        assert!(folded.unit_log2 > 0, "{rate}");
-        let counts: Vec<u64> = folded.lines.iter().map(|l| l.rsplit(' ').next().unwrap().parse().unwrap()).collect();
+        let trace = huge_trace(rate);
+        let (lines, unit_log2) = folded(&trace);
+        assert!(unit_log2 > 0, "{rate}");
+        let counts: Vec<u64> = lines.iter().map(|l| l.rsplit(' ').next().unwrap().parse().unwrap()).collect();
         let total: u128 = counts.iter().map(|&c| u128::from(c)).sum();
         assert!(total <= 1 << 53 && total > 1 << 52, "{rate}: {counts:?}");
-        let top = sites::ranked(&a, sites::Grouping::new(true, false), Measure::Allocated)[0].stats.allocated;
-        assert!((counts[0] as f64 * folded.unit() / a.bytes(top.samples) - 1.0).abs() < 1e-6, "{rate}: the unit");
+        let a = analyse(&trace, Options { stacks: true, live_at: None });
+        let grouping = Grouping { stacks: true, keep_allocator_frames: false };
+        let top = analysis::ranked(&a, grouping, Measure::Allocated)[0].stats.allocated;
+        let unit = 2f64.powi(unit_log2 as i32);
+        assert!((counts[0] as f64 * unit / a.bytes(top.samples) - 1.0).abs() < 1e-6, "{rate}: the unit");
     }
-    let known = analyse(&known_trace(), Options { stacks: true, live_at: None });
-    let known = flamegraph::folded(&known, Measure::Allocated, false);
-    assert_eq!(known.unit_log2, 0);
+    assert_eq!(folded(&known_trace()).1, 0);
 }

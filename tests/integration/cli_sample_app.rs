@@ -39,7 +39,7 @@ fn the_cli_agrees_with_the_sample_apps_own_summary() {
         .skip(1)
         .map(|l| {
             let fields: Vec<&str> = l.split_whitespace().collect();
-            // name and line: "sample_app::pipeline::make_message", "(sample-app.rs:113)"
+            // name and line: "sample_app::pipeline::make_message", "(sample-app.rs:111)"
             format!("{} {}", fields[2], fields[3].trim_start_matches('(').trim_end_matches(')'))
         })
         .collect();
@@ -70,7 +70,7 @@ fn the_cli_agrees_with_the_sample_apps_own_summary() {
     cli_top.sort();
     app_top.sort();
     assert_eq!(cli_top, app_top, "{hotspots}\n{app}");
-    assert!(hotspots.contains("sample-app.rs:113"), "{hotspots}");
+    assert!(hotspots.contains("sample-app.rs:111"), "{hotspots}");
 }
 
 /// Whether a "name file:line" site is `make_message`'s: by path, or by the bare name that

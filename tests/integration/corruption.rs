@@ -533,7 +533,7 @@ fn packet_time_at_u64_max_is_not_a_panic() {
 
 /// `memtrace dump` prints times relative to the start: an event at 2^63 µs in a trace
 /// starting at 1 µs must not overflow the subtraction.
-#[cfg(feature = "cli")]
+#[cfg(feature = "analysis")]
 #[test]
 fn dump_of_event_times_past_i64_max_is_not_a_panic() {
     let (start, pid) = (1, 9);
@@ -550,7 +550,7 @@ fn dump_of_event_times_past_i64_max_is_not_a_panic() {
     std::fs::write(&path, &trace).unwrap();
     let result = panic::catch_unwind(|| {
         let mut out = Vec::new();
-        memtrace_rs::cli::dump::run(&path, &mut out, &mut Vec::new()).map(|()| out)
+        memtrace_rs::analysis::dump(&path, &mut out, &mut Vec::new()).map(|()| out)
     });
     std::fs::remove_file(&path).unwrap();
     assert!(result.is_ok(), "dump panicked on an event time past i64::MAX");

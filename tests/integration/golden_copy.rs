@@ -7,7 +7,7 @@ use memtrace_rs::trace::Reader;
 fn copy_of_ocamlopt_is_byte_identical() {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/ocamlopt.ctf");
     let original = std::fs::read(&path).unwrap();
-    let copied = memtrace_rs::cli::copy::copy(Reader::open(&path).unwrap(), Vec::new()).unwrap();
+    let copied = memtrace_rs::analysis::copy(Reader::open(&path).unwrap(), Vec::new()).unwrap();
     assert_eq!(copied.dropped, 0);
     let copied = copied.out;
     assert_eq!(copied.len(), original.len());
@@ -23,10 +23,13 @@ fn copies_of_older_versions_read_back_to_the_same_dump() {
         let dir = std::env::temp_dir().join(format!("memtrace-copy-{}-{name}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let copy = dir.join("copy.ctf");
-        assert_eq!(memtrace_rs::cli::copy::run(&path, &copy).unwrap(), 0, "{name}: no event dropped");
+        let file = std::fs::File::create(&copy).unwrap();
+        let copied = memtrace_rs::analysis::copy(Reader::open(&path).unwrap(), file).unwrap();
+        assert_eq!(copied.dropped, 0, "{name}: no event dropped");
+        drop(copied.out);
         let (mut a, mut b) = (Vec::new(), Vec::new());
-        memtrace_rs::cli::dump::run(&path, &mut a, &mut Vec::new()).unwrap();
-        memtrace_rs::cli::dump::run(&copy, &mut b, &mut Vec::new()).unwrap();
+        memtrace_rs::analysis::dump(&path, &mut a, &mut Vec::new()).unwrap();
+        memtrace_rs::analysis::dump(&copy, &mut b, &mut Vec::new()).unwrap();
         assert!(a == b, "dump of the copy of {name} differs from the original's");
         std::fs::remove_dir_all(&dir).unwrap();
     }

@@ -16,7 +16,7 @@ fn expected_dump(name: &str) -> Vec<u8> {
 fn check(name: &str) {
     let mut out = Vec::new();
     let mut warn = Vec::new();
-    memtrace_rs::cli::dump::run(&data(&format!("{name}.ctf")), &mut out, &mut warn).unwrap();
+    memtrace_rs::analysis::dump(&data(&format!("{name}.ctf")), &mut out, &mut warn).unwrap();
     let want = expected_dump(name);
     if out != want {
         let (o, w) = (String::from_utf8_lossy(&out), String::from_utf8_lossy(&want));

@@ -23,9 +23,9 @@ mod cli_robustness;
 #[cfg(feature = "cli")]
 mod cli_sample_app;
 mod corruption;
-#[cfg(feature = "cli")]
+#[cfg(feature = "analysis")]
 mod golden_copy;
-#[cfg(feature = "cli")]
+#[cfg(feature = "analysis")]
 mod golden_dump;
 mod read_alloc_free;
 mod roundtrip;

@@ -279,12 +279,17 @@ fn child_role() {
                 std::hint::black_box(start_tracing(config)).unwrap()
             }
             let g2 = start_elsewhere(config);
-            drop(g1); // a stale guard must not stop the new session
+            // A stale guard neither stops the new session nor loses the first one's outcome.
+            let first = g1.finish().expect("the first session's outcome");
             assert!(currently_tracing());
             let kept = site_kept();
-            drop(g2);
+            let second = g2.finish().expect("the second session's outcome");
             assert!(!currently_tracing());
             drop(kept);
+            for stats in [first, second] {
+                assert_eq!(stats.samples_dropped() + stats.frees_lost, 0, "{stats:?}");
+                eprintln!("stats: {} {}", stats.samples_written, stats.frees_written);
+            }
         }
         #[cfg(feature = "tracing")]
         spans if spans.starts_with("spans-") => spans::child_role(spans),
@@ -1083,6 +1088,17 @@ fn explicit_api_sessions() {
     let out = run("api", &[("MEMTRACE_FILE", first.to_str().unwrap()), (SECOND_FILE_VAR, second.to_str().unwrap())]);
     assert!(out.status.success());
     assert!(memtrace_messages(&out).is_empty());
+    // What `TraceGuard::finish` reported of each session is what its trace holds.
+    let stats: Vec<(usize, usize)> = String::from_utf8_lossy(&out.stderr)
+        .lines()
+        .filter_map(|l| l.strip_prefix("stats: "))
+        .map(|l| l.split_once(' ').map(|(a, f)| (a.parse().unwrap(), f.parse().unwrap())).unwrap())
+        .collect();
+    let written = |path: &Path| {
+        let trace = Trace::read(path);
+        (trace.allocs.len(), trace.collected.len())
+    };
+    assert_eq!(stats, [written(&first), written(&second)]);
     let one = Trace::read(&first);
     assert_eq!(one.info.context.as_deref(), Some(&b"api"[..]));
     let freed: Vec<_> = one.at_site("::site_freed").collect();

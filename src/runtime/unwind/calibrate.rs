@@ -211,20 +211,9 @@ fn calibrate_walker(walker: Walker, again: bool) -> Result<bool, NotGlobalAlloca
 /// do): then it is a tracer frame, dropped by count like the others. `None` when the marker
 /// cannot be found (no symbols, or a broken frame chain).
 fn tracer_frames(frames: &[u64], marker: &str) -> Option<Leading> {
-    const OURS: [&str; 9] = [
-        "memtrace_rs::",
-        "backtrace::",
-        "__rust_alloc",
-        "__rust_realloc",
-        "__rust_dealloc",
-        "__rust_alloc_zeroed",
-        "__rg_",
-        "__rustc::",
-        "_Unwind_",
-    ];
     let names: Vec<Vec<String>> = frames.iter().map(|&ip| symbolize::function_names(ip)).collect();
     let marker_at = names.iter().position(|n| n.iter().any(|n| n.ends_with(marker)))?;
-    let Some(last) = names[..marker_at].iter().rposition(|n| n.iter().any(|n| OURS.iter().any(|o| n.contains(o))))
+    let Some(last) = names[..marker_at].iter().rposition(|n| n.iter().any(|n| crate::frames::is_tracer_frame(n)))
     else {
         return Some(Leading::NONE);
     };

@@ -1,15 +1,16 @@
 //! Shared by the `cli_*` tests: paths of the upstream test traces, a builder of small traces
-//! with a known answer (written with the crate's `Writer`), and golden-file comparison
-//! (`UPDATE_GOLDEN=1` rewrites the expected files).
+//! with a known answer (written with the crate's `Writer`), running the `memtrace` binary,
+//! and golden-file comparison (`UPDATE_GOLDEN=1` rewrites the expected files).
 
+use std::fs::File;
 use std::io::Cursor;
 use std::path::{Path, PathBuf};
+use std::process::{Command, ExitStatus, Stdio};
 use std::sync::Arc;
-
 use std::sync::OnceLock;
+use std::time::{Duration, Instant};
 
-use memtrace_rs::cli::analysis::{Analysis, Options};
-use memtrace_rs::cli::progress::Progress;
+use memtrace_rs::analysis::{Analysis, Options};
 use memtrace_rs::trace::Location;
 use memtrace_rs::trace::{AllocSource, Info, NewAlloc, ObjectId, Reader, Writer};
 
@@ -22,6 +23,11 @@ pub fn upstream(name: &str) -> &'static Analysis {
     let i = UPSTREAM.iter().position(|n| *n == name).expect("an upstream trace");
     CACHE[i]
         .get_or_init(|| Analysis::run(&data(&format!("{name}.ctf")), &Options { stacks: true, live_at: None }).unwrap())
+}
+
+/// The `tests/data` directory.
+pub fn data_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data")
 }
 
 /// Path of a file under `tests/data`.
@@ -121,7 +127,7 @@ impl TraceBuilder {
 
 /// Analyse a trace held in memory.
 pub fn analyse(trace: &[u8], options: Options) -> Analysis {
-    Analysis::from_reader(Reader::new(Cursor::new(trace)).unwrap(), &options, &mut Progress::hidden()).unwrap()
+    Analysis::from_reader(Reader::new(Cursor::new(trace)).unwrap(), &options, |_| {}).unwrap()
 }
 
 /// Stacks of the known-answer trace (innermost first).
@@ -161,4 +167,57 @@ pub fn known_trace_new() -> Vec<u8> {
     t.alloc(30, 4, &[2, 1]);
     t.free(40, a);
     t.finish()
+}
+
+/// How long one run of the binary may take before it counts as hung.
+const TIMEOUT: Duration = Duration::from_secs(20);
+
+/// What one run of the binary did.
+pub struct Run {
+    pub status: ExitStatus,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+/// Run `memtrace args` in the directory `cwd`, killing it (and failing) if it takes longer
+/// than [`TIMEOUT`]. Output goes to files, so a full pipe cannot stall the child.
+pub fn memtrace(cwd: &Path, args: &[&str]) -> Run {
+    let outputs = tempfile::tempdir().unwrap();
+    let (out_path, err_path) = (outputs.path().join("stdout"), outputs.path().join("stderr"));
+    let mut child = Command::new(env!("CARGO_BIN_EXE_memtrace"))
+        .args(args)
+        .current_dir(cwd)
+        .stdin(Stdio::null())
+        .stdout(File::create(&out_path).unwrap())
+        .stderr(File::create(&err_path).unwrap())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if started.elapsed() > TIMEOUT {
+            child.kill().unwrap();
+            child.wait().unwrap();
+            panic!("memtrace {args:?} did not finish within {TIMEOUT:?}");
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    let read = |p: &Path| String::from_utf8_lossy(&std::fs::read(p).unwrap()).into_owned();
+    Run { status, stdout: read(&out_path), stderr: read(&err_path) }
+}
+
+/// The stdout of `memtrace args` run in `cwd`, which must succeed.
+pub fn memtrace_ok(cwd: &Path, args: &[&str]) -> String {
+    let run = memtrace(cwd, args);
+    assert!(run.status.success(), "memtrace {args:?}: {:?}\n{}", run.status, run.stderr);
+    run.stdout
+}
+
+/// Write `trace` to `dir/name`; returns its path.
+pub fn write_trace(dir: &Path, name: &str, trace: &[u8]) -> PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, trace).unwrap();
+    path
 }

@@ -1,4 +1,4 @@
-//! The one streaming pass every analysing subcommand is built on.
+//! The one streaming pass every analysis is built on.
 //!
 //! [`Analysis::run`] reads a trace event by event and keeps only what grows with the
 //! program's structure, never with the trace's length:
@@ -36,7 +36,6 @@ use std::collections::HashMap;
 use std::io::Read;
 use std::path::Path;
 
-use super::progress::Progress;
 use crate::format::hash::FastMap;
 use crate::format::location_codec::Location;
 use crate::format::trace::{AllocSource, EventKind, Info, LocationTable, ObjectId, Reader, Timestamp, Warning};
@@ -547,18 +546,18 @@ impl FrameTable {
 }
 
 impl Analysis {
-    /// Read the trace at `path`, with a progress bar on a terminal.
+    /// Read the trace at `path`.
     pub fn run(path: &Path, options: &Options) -> Result<Analysis> {
-        let size = std::fs::metadata(path)?.len();
-        let label = path.file_name().map_or_else(String::new, |n| n.to_string_lossy().into_owned());
-        let mut progress = Progress::new(size, &label);
-        let analysis = Analysis::from_reader(Reader::open(path)?, options, &mut progress);
-        progress.finish();
-        analysis
+        Analysis::from_reader(Reader::open(path)?, options, |_| {})
     }
 
-    /// Read every event of `reader`.
-    pub fn from_reader<R: Read>(mut reader: Reader<R>, options: &Options, progress: &mut Progress) -> Result<Analysis> {
+    /// Read every event of `reader`, calling `progress` now and then with the number of
+    /// bytes read so far.
+    pub fn from_reader<R: Read>(
+        mut reader: Reader<R>,
+        options: &Options,
+        mut progress: impl FnMut(u64),
+    ) -> Result<Analysis> {
         reader.set_decode_backtraces(options.stacks);
         let info = reader.info().clone();
         let mut pass = Pass {
@@ -611,7 +610,7 @@ impl Analysis {
             }
             pass.after_event(event.time, allocated);
             if pass.counts.events.is_multiple_of(PROGRESS_EVERY) {
-                progress.update(reader.bytes_read());
+                progress(reader.bytes_read());
             }
         }
         let warnings = reader.take_warnings();

@@ -1,7 +1,7 @@
 //! Text formatting shared by every output: byte sizes, percentages, times and dates, and
 //! escaping for XML/HTML markup.
 
-use crate::format::trace::Timestamp;
+use memtrace_rs::trace::Timestamp;
 
 /// A byte count in binary units with one decimal (`0 B`, `812 B`, `1.5 KiB`, `3.2 GiB`).
 /// Beyond 1024 EiB it is written in scientific notation (`1.2e30 B`); an infinite count is

@@ -2,9 +2,10 @@
 
 use std::io::{self, Write};
 
-use super::analysis::Analysis;
+use memtrace_rs::analysis::{ranked, Analysis};
+
+use super::args::Ranking;
 use super::format;
-use super::sites::{self, Ranking};
 
 /// Options of `memtrace hotspots`.
 #[derive(Debug, Clone, clap::Args)]
@@ -20,7 +21,7 @@ pub struct Options {
 /// Print the `options.ranking.top` sites of `analysis` (the trace called `name`).
 pub fn write(analysis: &Analysis, name: &str, options: &Options, out: &mut impl Write) -> io::Result<()> {
     let measure = options.ranking.by.measure();
-    let ranked = sites::ranked(analysis, options.ranking.grouping, measure);
+    let ranked = ranked(analysis, options.ranking.grouping.sites(), measure);
     let total = analysis.totals().get(measure);
     let total_bytes = analysis.bytes(total.samples);
     let what = if options.ranking.grouping.stacks { "stacks" } else { "sites" };

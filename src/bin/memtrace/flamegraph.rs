@@ -5,9 +5,10 @@
 
 use std::io::{self, Write};
 
-use super::analysis::{Analysis, Measure, Options as AnalysisOptions};
+use memtrace_rs::analysis::{ranked, Analysis, Grouping, Measure, Options as AnalysisOptions};
+
+use super::args::Trim;
 use super::format;
-use super::sites::{self, Grouping, Trim};
 
 /// Options of `memtrace flamegraph`.
 #[derive(Debug, Clone, clap::Args)]
@@ -105,8 +106,8 @@ impl Folded {
 /// stack whose count is not zero, largest first. The counts are bytes, or units of a power
 /// of two bytes chosen so that they add up to at most 2^53 (see [`Folded::unit_log2`]).
 pub fn folded(analysis: &Analysis, measure: Measure, keep_allocator_frames: bool) -> Folded {
-    let grouping = Grouping::new(true, keep_allocator_frames);
-    let sites = sites::ranked(analysis, grouping, measure);
+    let grouping = Grouping { stacks: true, keep_allocator_frames };
+    let sites = ranked(analysis, grouping, measure);
     let bytes: Vec<f64> = sites.iter().map(|s| analysis.bytes(s.stats.get(measure).samples).min(f64::MAX)).collect();
     let total = bytes.iter().sum::<f64>().min(f64::MAX);
     let mut unit_log2 = 0;

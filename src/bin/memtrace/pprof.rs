@@ -11,7 +11,7 @@
 //! # Limitation: object counts
 //!
 //! `alloc_objects` and `inuse_objects` are the analysis's object estimates
-//! (`nsamples / (length × rate)`, see [`analysis`](super::analysis)), which under-count
+//! (`nsamples / (length × rate)`, see `memtrace_rs::analysis`), which under-count
 //! allocations whose size is not a multiple of the word size: Rust traces record an
 //! allocation of `n` bytes as `ceil(n / 8)` words while sampling only its `n` bytes. The
 //! trace format cannot carry exact byte sizes, so the profile cannot either (each sample
@@ -21,9 +21,9 @@
 use std::collections::HashMap;
 use std::io::{self, Write};
 
+use memtrace_rs::analysis::Analysis;
 use prost::Message;
 
-use super::analysis::Analysis;
 use super::profile_proto::{Function, Line, Location, Mapping, Profile, Sample, ValueType};
 
 /// The sample types, in value order.

@@ -1,22 +1,20 @@
 //! The `memtrace` command line: argument parsing, file handling and error reporting here,
-//! one module per subcommand, and the modules they share ([`analysis`] for the streaming
-//! pass, [`sites`] for grouping stacks into sites, [`format`](mod@format) for text, [`progress`] for the
-//! progress bar).
+//! one module per subcommand, and the modules they share ([`args`] for shared flags,
+//! [`format`](mod@format) for text, [`progress`] for the progress bar), all over
+//! `memtrace_rs::analysis`.
 
-pub mod analysis;
-pub mod copy;
-pub mod diff;
-pub mod dump;
-pub mod flamegraph;
-pub mod format;
-pub mod hotspots;
-pub mod info;
-pub mod pprof;
-pub mod profile_proto;
-pub mod progress;
-pub mod report;
-pub mod sites;
-pub mod timeline;
+mod args;
+mod copy;
+mod diff;
+mod flamegraph;
+mod format;
+mod hotspots;
+mod info;
+mod pprof;
+mod profile_proto;
+mod progress;
+mod report;
+mod timeline;
 
 use std::cell::Cell;
 use std::fmt;
@@ -28,8 +26,9 @@ use std::rc::Rc;
 
 use clap::{Parser, Subcommand};
 
-use crate::format::trace::Warning;
-use analysis::{Analysis, Options as AnalysisOptions};
+use memtrace_rs::analysis::{Analysis, Options as AnalysisOptions};
+use memtrace_rs::trace::{Reader, Warning};
+use progress::Progress;
 
 /// Analyse memtrace traces (from this crate's allocator or from OCaml's memtrace).
 ///
@@ -37,7 +36,7 @@ use analysis::{Analysis, Options as AnalysisOptions};
 /// word_size / 8 / sample_rate bytes.
 #[derive(Debug, Parser)]
 #[command(name = "memtrace", version, about)]
-pub struct Cli {
+struct Cli {
     #[command(subcommand)]
     command: Command,
 }
@@ -117,18 +116,18 @@ enum Command {
 
 /// A failed command: what went wrong, and the file it concerns.
 #[derive(Debug)]
-pub struct Failure {
+struct Failure {
     path: PathBuf,
-    error: crate::Error,
+    error: memtrace_rs::Error,
 }
 
 impl Failure {
-    fn new(path: &Path, error: impl Into<crate::Error>) -> Failure {
+    fn new(path: &Path, error: impl Into<memtrace_rs::Error>) -> Failure {
         Failure { path: path.to_path_buf(), error: error.into() }
     }
 
     fn is_broken_pipe(&self) -> bool {
-        matches!(self.error.kind(), crate::ErrorKind::Io(e) if e.kind() == io::ErrorKind::BrokenPipe)
+        matches!(self.error.kind(), memtrace_rs::ErrorKind::Io(e) if e.kind() == io::ErrorKind::BrokenPipe)
     }
 }
 
@@ -140,8 +139,7 @@ impl fmt::Display for Failure {
 
 impl std::error::Error for Failure {}
 
-/// Run the command line with the process's arguments; returns the exit status.
-pub fn main() -> ExitCode {
+fn main() -> ExitCode {
     let cli = Cli::parse();
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
@@ -162,10 +160,12 @@ fn run(cli: Cli) -> Result<(), Failure> {
         Command::Dump { file } => {
             let (stdout, failed) = Watched::new(io::stdout().lock());
             let mut out = io::BufWriter::with_capacity(1 << 16, stdout);
-            dump::run(&file, &mut out, &mut io::stderr()).and_then(|()| Ok(out.flush()?)).map_err(|e| {
-                let path = if failed.get() { Path::new("<stdout>") } else { file.as_path() };
-                Failure::new(path, e)
-            })
+            memtrace_rs::analysis::dump(&file, &mut out, &mut io::stderr()).and_then(|()| Ok(out.flush()?)).map_err(
+                |e| {
+                    let path = if failed.get() { Path::new("<stdout>") } else { file.as_path() };
+                    Failure::new(path, e)
+                },
+            )
         }
         Command::Copy { input, output } => {
             let dropped = copy::run(&input, &output)?;
@@ -220,9 +220,18 @@ fn run(cli: Cli) -> Result<(), Failure> {
     }
 }
 
-/// Analyse the trace at `path`, printing the reader's warnings to stderr.
+/// Analyse the trace at `path` with a progress bar on a terminal, printing the reader's
+/// warnings to stderr.
 fn analyse(path: &Path, options: AnalysisOptions) -> Result<Analysis, Failure> {
-    let analysis = Analysis::run(path, &options).map_err(|e| Failure::new(path, e))?;
+    let read = || -> memtrace_rs::Result<Analysis> {
+        let size = std::fs::metadata(path)?.len();
+        let label = path.file_name().map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+        let mut progress = Progress::new(size, &label);
+        let analysis = Analysis::from_reader(Reader::open(path)?, &options, |bytes| progress.update(bytes));
+        progress.finish();
+        analysis
+    };
+    let analysis = read().map_err(|e| Failure::new(path, e))?;
     for warning in &analysis.warnings {
         eprintln!("memtrace: warning: {}: {}", path.display(), describe(warning));
     }

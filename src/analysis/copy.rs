@@ -1,4 +1,4 @@
-//! `memtrace copy`: re-encode a trace through this crate's writer (FORMAT.md §10.6).
+//! Re-encoding a trace through this crate's writer (`memtrace copy`, FORMAT.md §10.6).
 //!
 //! For traces written by upstream's current writer (such as `ocamlopt.ctf`) the copy is
 //! byte-identical to the input, which is the format's conformance check. Other traces are
@@ -7,11 +7,8 @@
 //! renumbering. A promote or collect of an object whose allocation is not in the trace
 //! (e.g. it was in a packet the reader skipped) has no id in the copy and is dropped.
 
-use std::fs::File;
-use std::io::{BufWriter, Write};
-use std::path::Path;
+use std::io::Write;
 
-use super::{Failure, Watched};
 use crate::format::hash::FastMap;
 use crate::format::trace::{EventKind, NewAlloc, ObjectId, Reader, Writer};
 use crate::Result;
@@ -24,21 +21,6 @@ pub struct Copied<W> {
     /// Promote and collect events dropped because the trace never allocated their object
     /// (or collected it already).
     pub dropped: u64,
-}
-
-/// Read the trace at `input` and write it again to `output`; returns the number of events
-/// dropped (see [`Copied::dropped`]). Errors name the file they concern: `input` for
-/// reading it and for what it holds, `output` for creating and writing the copy.
-pub fn run(input: &Path, output: &Path) -> Result<u64, Failure> {
-    let reader = Reader::open(input).map_err(|e| Failure::new(input, e))?;
-    let file = File::create(output).map_err(|e| Failure::new(output, e))?;
-    let (out, failed) = Watched::new(file);
-    let out = BufWriter::new(out);
-    let which = |e| Failure::new(if failed.get() { output } else { input }, e);
-    let copied = copy(reader, out).map_err(which)?;
-    let mut out = copied.out;
-    out.flush().map_err(|e| which(e.into()))?;
-    Ok(copied.dropped)
 }
 
 /// Re-encode every event of `reader` into `out`.

@@ -4,8 +4,8 @@
 use std::fmt::Write as _;
 use std::io::{self, Write};
 
-use super::analysis::Analysis;
 use super::format;
+use memtrace_rs::analysis::Analysis;
 
 /// Chart geometry, in SVG user units.
 const WIDTH: f64 = 960.0;

@@ -1,4 +1,4 @@
-//! `memtrace dump`: the text dump of upstream's `dump_trace` (FORMAT.md §13), byte for byte.
+//! The text dump of upstream's `dump_trace` (`memtrace dump`, FORMAT.md §13), byte for byte.
 
 use std::io::{self, Write};
 
@@ -9,7 +9,7 @@ use crate::Result;
 
 /// Print one line per allocation, promote and collect event of the trace at `path`.
 /// Reader warnings (e.g. a truncated last packet) go to `warn`.
-pub fn run(path: &std::path::Path, out: &mut impl Write, warn: &mut impl Write) -> Result<()> {
+pub fn dump(path: &std::path::Path, out: &mut impl Write, warn: &mut impl Write) -> Result<()> {
     let mut reader = Reader::open(path)?;
     let start = reader.info().start_time;
     let mut line = Vec::with_capacity(4096);

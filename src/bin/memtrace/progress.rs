@@ -35,11 +35,6 @@ impl Progress {
         }
     }
 
-    /// A progress that never draws anything (for traces read from memory).
-    pub fn hidden() -> Progress {
-        Progress { state: None }
-    }
-
     /// Record that `position` bytes have been read.
     pub fn update(&mut self, position: u64) {
         let Some(state) = &mut self.state else { return };

@@ -7,8 +7,8 @@
 
 use std::io::{self, Write};
 
-use super::analysis::{Analysis, Measure};
-use super::sites::{self, Grouping};
+use memtrace_rs::analysis::{ranked, Analysis, Grouping, Measure};
+
 use super::{flamegraph, format, info, timeline};
 
 /// Options of `memtrace report`.
@@ -65,7 +65,7 @@ pub fn write(analysis: &Analysis, name: &str, options: &Options, out: &mut impl 
 
 /// The top sites by bytes allocated, with their live figures.
 fn write_sites(analysis: &Analysis, top: usize, out: &mut impl Write) -> io::Result<()> {
-    let ranked = sites::ranked(analysis, Grouping::default(), Measure::Allocated);
+    let ranked = ranked(analysis, Grouping::default(), Measure::Allocated);
     let total = analysis.bytes(analysis.totals().allocated.samples);
     writeln!(
         out,

@@ -2,8 +2,8 @@
 
 use std::io::{self, Write};
 
-use super::analysis::Analysis;
 use super::format;
+use memtrace_rs::analysis::Analysis;
 
 /// One `name: value` line of the summary.
 pub type Line = (&'static str, String);

@@ -6,9 +6,10 @@
 use std::collections::HashMap;
 use std::io::{self, Write};
 
-use super::analysis::Analysis;
+use memtrace_rs::analysis::{ranked, Analysis};
+
+use super::args::Ranking;
 use super::format;
-use super::sites::{self, Ranking};
 
 /// Options of `memtrace diff`.
 #[derive(Debug, Clone, clap::Args)]
@@ -41,7 +42,7 @@ pub fn changes(base: &Analysis, new: &Analysis, options: &Options) -> Vec<Change
     let measure = options.ranking.by.measure();
     let mut by_site: HashMap<String, Change> = HashMap::new();
     for (analysis, is_new) in [(base, false), (new, true)] {
-        for site in sites::ranked(analysis, options.ranking.grouping, measure) {
+        for site in ranked(analysis, options.ranking.grouping.sites(), measure) {
             let key = site.key(analysis);
             let bytes = analysis.bytes(site.stats.get(measure).samples);
             let change = by_site.entry(key).or_insert_with_key(|k| Change { site: k.clone(), base: 0.0, new: 0.0 });
