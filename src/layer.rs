@@ -2,10 +2,11 @@
 //! happened in the outermost frames of its stack in the trace.
 //!
 //! The layer only keeps books on application threads, outside the allocator: it interns each
-//! new span's description (`span_table`) and keeps it in the span's extensions, and on enter
-//! and exit pushes and pops that description's number on the thread's span stack (`spans`),
-//! which the allocator's sampled path copies.
+//! new span's description (`span_table`) and keeps its number in the span's extensions (and a
+//! small per-thread cache), and on enter and exit pushes and pops that number on the thread's
+//! span stack (`spans`), which the allocator's sampled path copies.
 
+use std::cell::Cell;
 use std::fmt::{self, Write as _};
 
 use tracing::field::{Field, Visit};
@@ -83,6 +84,7 @@ where
         if let Some(span) = ctx.span(id) {
             span.extensions_mut().insert(Described(n));
         }
+        cache(id, n);
     }
 
     fn on_enter(&self, id: &Id, ctx: Context<'_, S>) {
@@ -99,8 +101,35 @@ where
     }
 }
 
+/// Slots of the per-thread cache of description numbers.
+const CACHE_SLOTS: usize = 64;
+
+thread_local! {
+    /// Span ids and their description numbers, recently entered on this thread: a look-up of
+    /// the span in the registry (reference counts and a lock on its extensions) costs several
+    /// times the registry's own enter. An id is only reused for a new span after its slot's
+    /// generation counter wraps, and `on_new_span` overwrites its slot on the creating thread.
+    static CACHE: [Cell<(u64, u32)>; CACHE_SLOTS] = const { [const { Cell::new((0, 0)) }; CACHE_SLOTS] };
+}
+
+/// The description number of the span `id`.
 fn described<S: Subscriber + for<'a> LookupSpan<'a>>(id: &Id, ctx: &Context<'_, S>) -> Option<u32> {
-    ctx.span(id)?.extensions().get::<Described>().map(|d| d.0)
+    let key = id.into_u64();
+    let slot = key as usize % CACHE_SLOTS;
+    if let Ok(Some(n)) = CACHE.try_with(|c| {
+        let (cached, n) = c[slot].get();
+        (cached == key).then_some(n)
+    }) {
+        return Some(n);
+    }
+    let n = ctx.span(id)?.extensions().get::<Described>()?.0;
+    cache(id, n);
+    Some(n)
+}
+
+fn cache(id: &Id, n: u32) {
+    let key = id.into_u64();
+    let _ = CACHE.try_with(|c| c[key as usize % CACHE_SLOTS].set((key, n)));
 }
 
 /// Register this thread's full name the first time it meets a span (the kernel's copy is cut
