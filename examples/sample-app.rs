@@ -170,7 +170,7 @@ fn main() {
 /// Print the top allocation sites of the trace at `path` by estimated bytes, grouped as
 /// `memtrace hotspots` groups them.
 fn summarize(path: &std::path::Path) -> memtrace_rs::Result<()> {
-    let analysis = Analysis::run(path, &Options { stacks: true, live_at: None })?;
+    let analysis = Analysis::run(path, &Options { stacks: true, ..Default::default() })?;
     let sites = ranked(&analysis, Grouping::default(), Measure::Allocated);
     let c = &analysis.counts;
     let total = analysis.bytes(c.samples);

@@ -15,6 +15,7 @@ pub use crate::frames::is_allocator_frame;
 pub use copy::{copy, Copied};
 pub use dump::dump;
 pub use pass::{
-    short_path, Analysis, Bucket, Counts, Frame, FrameId, Measure, Options, Peak, Stack, StackStats, Tally, Timeline,
+    short_path, Analysis, Bucket, Counts, Frame, FrameId, FrameKind, Measure, Options, Peak, Stack, StackStats, Tally,
+    Timeline,
 };
 pub use sites::{ranked, Grouping, Site};

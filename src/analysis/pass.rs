@@ -39,6 +39,7 @@ use std::path::Path;
 use crate::format::hash::FastMap;
 use crate::format::location_codec::Location;
 use crate::format::trace::{AllocSource, EventKind, Info, LocationTable, ObjectId, Reader, Timestamp, Warning};
+use crate::trace::{SPAN_FILE_PREFIX, THREAD_FILE};
 use crate::Result;
 
 /// Events between two progress updates.
@@ -47,13 +48,38 @@ const PROGRESS_EVERY: u64 = 1 << 14;
 const TIMELINE_BUCKETS: usize = 1024;
 
 /// What the pass must collect beyond the totals.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct Options {
     /// Decode backtraces and keep per-stack figures (otherwise every allocation is counted
     /// under one empty stack, which is faster).
     pub stacks: bool,
     /// Also record each stack's live estimate at this time (µs after the trace start).
     pub live_at: Option<u64>,
+    /// Only count the allocations made inside a span described so: its whole description
+    /// (`http_request{route=/api}`) or its name (`http_request`). Needs `stacks`.
+    pub inside_span: Option<String>,
+}
+
+/// Whether an allocation made inside a span is counted ([`Options::inside_span`]).
+struct SpanFilter {
+    span: String,
+    /// Whether each location code met is a span frame that matches.
+    matches: FastMap<u64, bool>,
+}
+
+impl SpanFilter {
+    fn admits(&mut self, codes: &[u64], locations: &LocationTable) -> bool {
+        codes.iter().any(|&code| {
+            *self.matches.entry(code).or_insert_with(|| {
+                locations.get(code).unwrap_or_default().iter().any(|l| {
+                    let description = l.defname_str();
+                    l.filename_str().starts_with(SPAN_FILE_PREFIX)
+                        && (description == self.span
+                            || description.split_once('{').is_some_and(|(name, _)| name == self.span))
+                })
+            })
+        })
+    }
 }
 
 /// A sample count with the number of objects it is estimated to stand for.
@@ -166,7 +192,22 @@ pub struct Stack {
     pub stats: StackStats,
 }
 
-/// One source frame: a function at a line of a file.
+/// What a frame stands for: the program's code, or one of the pseudo-frames of this crate's
+/// runtime (a `tracing` span the allocation was made in, or its thread), told apart by their
+/// file names ([`SPAN_FILE_PREFIX`], [`THREAD_FILE`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum FrameKind {
+    /// A function at a line of a file.
+    #[default]
+    Code,
+    /// A span: its description, and its call site's file and line.
+    Span,
+    /// A thread: its name.
+    Thread,
+}
+
+/// One source frame: a function at a line of a file (or a span or a thread, see
+/// [`FrameKind`]).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Frame {
     /// The function (or definition) name; for a code without locations, the code in hex.
@@ -178,13 +219,29 @@ pub struct Frame {
 }
 
 impl Frame {
-    /// `function (file:line)`, or just the function when the file is unknown. Machine-specific
+    /// `function (file:line)`, or just the function when the file is unknown; `span
+    /// description (file:line)` for a span and `thread name` for a thread. Machine-specific
     /// path prefixes are left out (see [`short_path`]), so labels match across machines.
     pub fn label(&self) -> String {
-        if self.file.is_empty() {
-            self.function.clone()
+        match self.kind() {
+            FrameKind::Thread => format!("thread {}", self.function),
+            FrameKind::Span => {
+                let file = &self.file[SPAN_FILE_PREFIX.len()..];
+                format!("span {} ({}:{})", self.function, short_path(file), self.line)
+            }
+            FrameKind::Code if self.file.is_empty() => self.function.clone(),
+            FrameKind::Code => format!("{} ({}:{})", self.function, short_path(&self.file), self.line),
+        }
+    }
+
+    /// What the frame stands for.
+    pub fn kind(&self) -> FrameKind {
+        if self.file == THREAD_FILE {
+            FrameKind::Thread
+        } else if self.file.starts_with(SPAN_FILE_PREFIX) {
+            FrameKind::Span
         } else {
-            format!("{} ({}:{})", self.function, short_path(&self.file), self.line)
+            FrameKind::Code
         }
     }
 }
@@ -439,10 +496,13 @@ impl Pass {
         self.live_total = self.live_total.saturating_add(u128::from(samples));
     }
 
-    fn collect(&mut self, id: ObjectId) {
-        if let Some(object) = self.live.remove(&id) {
+    /// Whether `id` was live.
+    fn collect(&mut self, id: ObjectId) -> bool {
+        let object = self.live.remove(&id);
+        if let Some(object) = object {
             self.free(object);
         }
+        object.is_some()
     }
 
     fn free(&mut self, object: LiveObject) {
@@ -578,6 +638,7 @@ impl Analysis {
             end_time: info.start_time,
             timeline: Timeline::new(),
         };
+        let mut filter = options.inside_span.clone().map(|span| SpanFilter { span, matches: FastMap::default() });
         while let Some(event) = reader.next_event()? {
             if let Some(at) = pass.live_at {
                 if !pass.snapshot_taken && event.time.saturating_sub(pass.start) > at {
@@ -590,6 +651,7 @@ impl Analysis {
             pass.counts.events = pass.counts.events.saturating_add(1);
             let mut allocated = 0;
             match event.kind {
+                EventKind::Alloc(a) if filter.as_mut().is_some_and(|f| !f.admits(a.backtrace, event.locations)) => {}
                 EventKind::Alloc(a) => {
                     let c = &mut pass.counts;
                     match a.source {
@@ -604,8 +666,10 @@ impl Analysis {
                 }
                 EventKind::Promote { .. } => pass.counts.promotes += 1,
                 EventKind::Collect { id } => {
-                    pass.counts.collects += 1;
-                    pass.collect(id);
+                    // With a span filter, only the collects of the allocations it admitted.
+                    if pass.collect(id) || filter.is_none() {
+                        pass.counts.collects += 1;
+                    }
                 }
             }
             pass.after_event(event.time, allocated);

@@ -3,7 +3,7 @@
 use crate::util::cli::*;
 use memtrace_rs::analysis::{self as sites, is_allocator_frame, Grouping, Measure, Options};
 
-const STACKS: Options = Options { stacks: true, live_at: None };
+const STACKS: Options = Options { stacks: true, live_at: None, inside_span: None };
 
 /// `(label, bytes)` of the ranked sites.
 fn ranked(trace: &[u8], options: Options, grouping: Grouping, measure: Measure) -> Vec<(String, f64)> {
@@ -53,7 +53,7 @@ fn sites_skip_allocator_frames() {
 
 #[test]
 fn allocator_frames_can_be_kept() {
-    let g = Grouping { stacks: false, keep_allocator_frames: true };
+    let g = Grouping { stacks: false, keep_allocator_frames: true, ..Default::default() };
     assert_eq!(
         ranked(&known_trace(), STACKS, g, Measure::Allocated),
         owned(&[
@@ -67,7 +67,7 @@ fn allocator_frames_can_be_kept() {
 #[test]
 fn whole_stacks_are_trimmed_and_merged() {
     let a = analyse(&known_trace(), STACKS);
-    let g = Grouping { stacks: true, keep_allocator_frames: false };
+    let g = Grouping { stacks: true, keep_allocator_frames: false, ..Default::default() };
     let keys: Vec<(String, u64)> =
         sites::ranked(&a, g, Measure::Allocated).iter().map(|s| (s.key(&a), s.stats.allocated.samples)).collect();
     assert_eq!(
@@ -84,7 +84,7 @@ fn live_at_a_chosen_time() {
     let t = known_trace();
     let parse = "app::parse (src/app.rs:40)";
     let load = "app::load (src/app.rs:30)";
-    let at = |us| Options { stacks: true, live_at: Some(us) };
+    let at = |us| Options { stacks: true, live_at: Some(us), inside_span: None };
     let g = Grouping::default();
     assert_eq!(ranked(&t, at(35), g, Measure::LiveAt), owned(&[(load, 2400.0)]));
     assert_eq!(ranked(&t, at(40), g, Measure::LiveAt), owned(&[(parse, 4000.0), (load, 2400.0)]));

@@ -112,7 +112,7 @@ fn huge_sample_counts_are_analysed() {
     assert_eq!(run_all(&huge, &known), 15, "every command succeeds on a valid trace");
 
     // The totals saturate instead of wrapping; the live figures are exact until reported.
-    let a = analyse(&huge_trace(0.01), Options { stacks: true, live_at: Some(45) });
+    let a = analyse(&huge_trace(0.01), Options { stacks: true, live_at: Some(45), inside_span: None });
     assert_eq!(a.counts.samples, u64::MAX);
     assert_eq!(a.counts.allocs(), 6);
     assert_eq!(a.peak.samples, u64::MAX, "three objects of 2^63 - 1 samples were live at once");
@@ -181,7 +181,7 @@ fn mutant(original: &[u8], seed: u64) -> Vec<u8> {
 /// must succeed when the analysis does. Returns whether the analysis succeeded (a damaged
 /// trace may rightly fail to read).
 fn analyse_and_write(trace: &[u8], outputs: bool) -> bool {
-    let options = Options { stacks: true, live_at: Some(100_000) };
+    let options = Options { stacks: true, live_at: Some(100_000), inside_span: None };
     let Ok(reader) = Reader::new(Cursor::new(trace)) else { return false };
     let Ok(_) = Analysis::from_reader(reader, &options, |_| {}) else { return false };
     if let Ok(reader) = Reader::new(Cursor::new(trace)) {
@@ -279,8 +279,8 @@ fn folded_counts_of_absurd_estimates_fit_flame_graph_tools() {
         let counts: Vec<u64> = lines.iter().map(|l| l.rsplit(' ').next().unwrap().parse().unwrap()).collect();
         let total: u128 = counts.iter().map(|&c| u128::from(c)).sum();
         assert!(total <= 1 << 53 && total > 1 << 52, "{rate}: {counts:?}");
-        let a = analyse(&trace, Options { stacks: true, live_at: None });
-        let grouping = Grouping { stacks: true, keep_allocator_frames: false };
+        let a = analyse(&trace, Options { stacks: true, live_at: None, ..Default::default() });
+        let grouping = Grouping { stacks: true, keep_allocator_frames: false, ..Default::default() };
         let top = analysis::ranked(&a, grouping, Measure::Allocated)[0].stats.allocated;
         let unit = 2f64.powi(unit_log2 as i32);
         assert!((counts[0] as f64 * unit / a.bytes(top.samples) - 1.0).abs() < 1e-6, "{rate}: the unit");

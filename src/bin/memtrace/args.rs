@@ -1,20 +1,63 @@
 //! Flags shared by several subcommands: which sites to rank, by what figure, and whether
 //! allocator frames are trimmed.
 
-use memtrace_rs::analysis::{Grouping as SiteGrouping, Measure};
+use memtrace_rs::analysis::{FrameKind, Grouping as SiteGrouping, Measure};
 
 /// Which sites to list and by what figure (flags shared by `hotspots` and `diff`).
-#[derive(Debug, Clone, Copy, clap::Args)]
+#[derive(Debug, Clone, clap::Args)]
 pub struct Ranking {
     /// Number of sites to show.
     #[arg(long, default_value_t = 20)]
     pub top: usize,
-    /// The figure to rank (or compare) by.
-    #[arg(long, value_enum, default_value_t = By::Allocated)]
-    pub by: By,
+    /// The figure to rank (or compare) by, and with `span` or `thread` the spans or threads
+    /// of memtrace-rs traces instead of code sites; comma-separated (`span,live-end`).
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "allocated")]
+    pub by: Vec<By>,
     /// How stacks are grouped into sites.
     #[command(flatten)]
     pub grouping: Grouping,
+}
+
+impl Ranking {
+    /// The figure ranked by (the last one given).
+    pub fn measure(&self) -> Measure {
+        self.by.iter().rev().find_map(|b| b.measure()).unwrap_or(Measure::Allocated)
+    }
+
+    /// How the figure is described in headings.
+    pub fn describe(&self) -> &'static str {
+        match self.measure() {
+            Measure::LiveEnd => "bytes live at the end",
+            Measure::LivePeak => "bytes live at the peak",
+            _ => "bytes allocated",
+        }
+    }
+
+    /// What is ranked: code sites, spans or threads (the last one given).
+    pub fn kind(&self) -> FrameKind {
+        let kind = |b: &By| match b {
+            By::Span => Some(FrameKind::Span),
+            By::Thread => Some(FrameKind::Thread),
+            _ => None,
+        };
+        self.by.iter().rev().find_map(kind).unwrap_or_default()
+    }
+
+    /// The analysis's grouping.
+    pub fn sites(&self) -> SiteGrouping {
+        SiteGrouping { kind: self.kind(), ..self.grouping.sites() }
+    }
+
+    /// What the ranked things are called.
+    pub fn what(&self) -> &'static str {
+        match (self.kind(), self.grouping.stacks) {
+            (FrameKind::Code, false) => "sites",
+            (FrameKind::Code, true) => "stacks",
+            (FrameKind::Span, false) => "spans",
+            (FrameKind::Span, true) => "span stacks",
+            (FrameKind::Thread, _) => "threads",
+        }
+    }
 }
 
 /// How stacks are grouped into sites.
@@ -31,7 +74,11 @@ pub struct Grouping {
 impl Grouping {
     /// The analysis's grouping.
     pub fn sites(self) -> SiteGrouping {
-        SiteGrouping { stacks: self.stacks, keep_allocator_frames: self.trim.keep_allocator_frames }
+        SiteGrouping {
+            stacks: self.stacks,
+            keep_allocator_frames: self.trim.keep_allocator_frames,
+            ..Default::default()
+        }
     }
 }
 
@@ -46,7 +93,7 @@ pub struct Trim {
     pub keep_allocator_frames: bool,
 }
 
-/// The figure sites are ranked by (`--by`).
+/// The figure sites are ranked by, or what is ranked (`--by`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
 pub enum By {
     /// Bytes allocated over the whole trace.
@@ -56,24 +103,20 @@ pub enum By {
     LiveEnd,
     /// Bytes live when the total live estimate peaks.
     LivePeak,
+    /// Rank the innermost `tracing` span of each allocation (all its spans with --stacks).
+    Span,
+    /// Rank the thread of each allocation.
+    Thread,
 }
 
 impl By {
-    /// The corresponding measure.
-    pub fn measure(self) -> Measure {
+    /// The corresponding measure, if a figure.
+    fn measure(self) -> Option<Measure> {
         match self {
-            By::Allocated => Measure::Allocated,
-            By::LiveEnd => Measure::LiveEnd,
-            By::LivePeak => Measure::LivePeak,
-        }
-    }
-
-    /// How the figure is described in headings.
-    pub fn describe(self) -> &'static str {
-        match self {
-            By::Allocated => "bytes allocated",
-            By::LiveEnd => "bytes live at the end",
-            By::LivePeak => "bytes live at the peak",
+            By::Allocated => Some(Measure::Allocated),
+            By::LiveEnd => Some(Measure::LiveEnd),
+            By::LivePeak => Some(Measure::LivePeak),
+            By::Span | By::Thread => None,
         }
     }
 }

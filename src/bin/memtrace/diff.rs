@@ -39,10 +39,10 @@ impl Change {
 
 /// Every site whose figure differs, largest change (in absolute value) first.
 pub fn changes(base: &Analysis, new: &Analysis, options: &Options) -> Vec<Change> {
-    let measure = options.ranking.by.measure();
+    let measure = options.ranking.measure();
     let mut by_site: HashMap<String, Change> = HashMap::new();
     for (analysis, is_new) in [(base, false), (new, true)] {
-        for site in ranked(analysis, options.ranking.grouping.sites(), measure) {
+        for site in ranked(analysis, options.ranking.sites(), measure) {
             let key = site.key(analysis);
             let bytes = analysis.bytes(site.stats.get(measure).samples);
             let change = by_site.entry(key).or_insert_with_key(|k| Change { site: k.clone(), base: 0.0, new: 0.0 });
@@ -67,14 +67,14 @@ pub fn write(
     options: &Options,
     out: &mut impl Write,
 ) -> io::Result<()> {
-    let measure = options.ranking.by.measure();
+    let measure = options.ranking.measure();
     let total_base = base.bytes(base.totals().get(measure).samples);
     let total_new = new.bytes(new.totals().get(measure).samples);
     let changes = changes(base, new, options);
     writeln!(
         out,
         "Changes in {} (estimated) from {} to {}: total {} -> {} ({}, {} sites changed)",
-        options.ranking.by.describe(),
+        options.ranking.describe(),
         names.0,
         names.1,
         format::bytes(total_base),

@@ -5,7 +5,7 @@
 
 use std::io::{self, Write};
 
-use memtrace_rs::analysis::{ranked, Analysis, Grouping, Measure, Options as AnalysisOptions};
+use memtrace_rs::analysis::{ranked, Analysis, FrameKind, Grouping, Measure, Options as AnalysisOptions};
 
 use super::args::Trim;
 use super::format;
@@ -24,6 +24,34 @@ pub struct Options {
     /// Whether allocator frames are trimmed from the leaves.
     #[command(flatten)]
     pub trim: Trim,
+    /// What the roots are, in memtrace-rs traces: threads, then the spans inside them, then
+    /// code (`thread`, as recorded); spans, then code (`span`: thread frames left out); or
+    /// code alone (`code`: thread and span frames left out).
+    #[arg(long, value_enum, default_value_t = Root::Thread)]
+    pub root: Root,
+}
+
+/// What a flame graph's roots are (`--root`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum Root {
+    /// Threads, then spans, then code.
+    #[default]
+    Thread,
+    /// Spans, then code.
+    Span,
+    /// Code.
+    Code,
+}
+
+impl Root {
+    /// Whether frames of `kind` are drawn.
+    fn draws(self, kind: FrameKind) -> bool {
+        match kind {
+            FrameKind::Thread => self == Root::Thread,
+            FrameKind::Span => self != Root::Code,
+            FrameKind::Code => true,
+        }
+    }
 }
 
 /// The figure the flame graph shows (at most one flag; bytes allocated by default).
@@ -60,7 +88,7 @@ impl Weight {
 
     /// What the analysis must collect for this figure.
     pub fn analysis_options(&self) -> AnalysisOptions {
-        AnalysisOptions { stacks: true, live_at: self.live_at.map(|s| (s * 1e6).round() as u64) }
+        AnalysisOptions { stacks: true, live_at: self.live_at.map(|s| (s * 1e6).round() as u64), ..Default::default() }
     }
 
     fn describe(&self) -> String {
@@ -105,8 +133,8 @@ impl Folded {
 /// The folded stacks of `analysis` for `measure`: one `outer;...;inner count` line per
 /// stack whose count is not zero, largest first. The counts are bytes, or units of a power
 /// of two bytes chosen so that they add up to at most 2^53 (see [`Folded::unit_log2`]).
-pub fn folded(analysis: &Analysis, measure: Measure, keep_allocator_frames: bool) -> Folded {
-    let grouping = Grouping { stacks: true, keep_allocator_frames };
+pub fn folded(analysis: &Analysis, measure: Measure, keep_allocator_frames: bool, root: Root) -> Folded {
+    let grouping = Grouping { stacks: true, keep_allocator_frames, ..Default::default() };
     let sites = ranked(analysis, grouping, measure);
     let bytes: Vec<f64> = sites.iter().map(|s| analysis.bytes(s.stats.get(measure).samples).min(f64::MAX)).collect();
     let total = bytes.iter().sum::<f64>().min(f64::MAX);
@@ -131,7 +159,8 @@ pub fn folded(analysis: &Analysis, measure: Measure, keep_allocator_frames: bool
             if site.frames.is_empty() {
                 line.push_str(&site.label(analysis));
             }
-            for (i, &frame) in site.frames.iter().rev().enumerate() {
+            let drawn = site.frames.iter().rev().filter(|&&f| root.draws(analysis.frames[f].kind()));
+            for (i, &frame) in drawn.enumerate() {
                 if i > 0 {
                     line.push(';');
                 }
@@ -176,7 +205,7 @@ pub fn title(analysis: &Analysis, weight: &Weight) -> String {
 /// Write the flame graph (or the folded stacks) of `analysis` as `options` ask. Returns the
 /// unit of the folded counts as a power of two bytes (see [`Folded::unit_log2`]).
 pub fn write(analysis: &Analysis, options: &Options, out: &mut impl Write) -> io::Result<u32> {
-    let folded = folded(analysis, options.weight.measure(), options.trim.keep_allocator_frames);
+    let folded = folded(analysis, options.weight.measure(), options.trim.keep_allocator_frames, options.root);
     if options.folded {
         for line in &folded.lines {
             writeln!(out, "{line}")?;

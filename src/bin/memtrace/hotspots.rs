@@ -20,17 +20,17 @@ pub struct Options {
 
 /// Print the `options.ranking.top` sites of `analysis` (the trace called `name`).
 pub fn write(analysis: &Analysis, name: &str, options: &Options, out: &mut impl Write) -> io::Result<()> {
-    let measure = options.ranking.by.measure();
-    let ranked = ranked(analysis, options.ranking.grouping.sites(), measure);
+    let measure = options.ranking.measure();
+    let ranked = ranked(analysis, options.ranking.sites(), measure);
     let total = analysis.totals().get(measure);
     let total_bytes = analysis.bytes(total.samples);
-    let what = if options.ranking.grouping.stacks { "stacks" } else { "sites" };
+    let what = options.ranking.what();
     writeln!(
         out,
         "Top {} of {} {what} of {name} by {} (estimated): total {} in {} samples",
         ranked.len().min(options.ranking.top),
         ranked.len(),
-        options.ranking.by.describe(),
+        options.ranking.describe(),
         format::bytes(total_bytes),
         total.samples
     )?;

@@ -179,7 +179,7 @@ fn run(cli: Cli) -> Result<(), Failure> {
             Ok(())
         }
         Command::Hotspots { file, options } => {
-            let analysis = analyse(&file, AnalysisOptions { stacks: true, live_at: None })?;
+            let analysis = analyse(&file, AnalysisOptions { stacks: true, ..Default::default() })?;
             to_stdout(|out| hotspots::write(&analysis, &file.display().to_string(), &options, out))
         }
         Command::Flamegraph { file, output, options } => {
@@ -199,7 +199,7 @@ fn run(cli: Cli) -> Result<(), Failure> {
             Ok(())
         }
         Command::Pprof { file, output } => {
-            let analysis = analyse(&file, AnalysisOptions { stacks: true, live_at: None })?;
+            let analysis = analyse(&file, AnalysisOptions { stacks: true, ..Default::default() })?;
             to_file(&output, |out| pprof::write(&analysis, out))
         }
         Command::Timeline { file, output } => {
@@ -208,13 +208,14 @@ fn run(cli: Cli) -> Result<(), Failure> {
             to_file(&output, |out| timeline::write(&analysis, csv, out))
         }
         Command::Diff { base, new, options } => {
-            let stacks = AnalysisOptions { stacks: true, live_at: None };
-            let (a, b) = (analyse(&base, stacks)?, analyse(&new, stacks)?);
+            let stacks = AnalysisOptions { stacks: true, ..Default::default() };
+            let (a, b) = (analyse(&base, stacks.clone())?, analyse(&new, stacks)?);
             let names = (base.display().to_string(), new.display().to_string());
             to_stdout(|out| diff::write(&a, &b, (&names.0, &names.1), &options, out))
         }
         Command::Report { file, output, options } => {
-            let analysis = analyse(&file, AnalysisOptions { stacks: true, live_at: None })?;
+            let inside_span = options.span.clone();
+            let analysis = analyse(&file, AnalysisOptions { stacks: true, inside_span, ..Default::default() })?;
             to_file(&output, |out| report::write(&analysis, &file.display().to_string(), &options, out))
         }
     }

@@ -17,6 +17,10 @@ pub struct Options {
     /// Number of sites in the table.
     #[arg(long, default_value_t = 25)]
     pub top: usize,
+    /// Only the allocations made inside this `tracing` span of a memtrace-rs trace: a span
+    /// name (`http_request`) or a whole description (`http_request{route=/api/users}`).
+    #[arg(long, value_name = "SPAN")]
+    pub span: Option<String>,
 }
 
 const STYLE: &str = "body{font-family:system-ui,sans-serif;margin:2em;color:#222}\
@@ -30,7 +34,10 @@ div.flamegraph svg{width:100%}";
 
 /// Write the report of `analysis` (the trace called `name`).
 pub fn write(analysis: &Analysis, name: &str, options: &Options, out: &mut impl Write) -> io::Result<()> {
-    let title = format!("memtrace report: {name}");
+    let title = match &options.span {
+        Some(span) => format!("memtrace report: {name}, inside span {span}"),
+        None => format!("memtrace report: {name}"),
+    };
     write!(
         out,
         "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\
@@ -56,7 +63,7 @@ pub fn write(analysis: &Analysis, name: &str, options: &Options, out: &mut impl 
     write_sites(analysis, options.top, out)?;
     writeln!(out, "<h2>Flame graph of bytes allocated</h2>\n<div class=\"flamegraph\">")?;
     let weight = flamegraph::Weight::default();
-    let folded = flamegraph::folded(analysis, Measure::Allocated, false);
+    let folded = flamegraph::folded(analysis, Measure::Allocated, false, flamegraph::Root::Thread);
     let mut svg = Vec::new();
     flamegraph::write_svg(&flamegraph::title(analysis, &weight), &folded, &mut svg)?;
     out.write_all(inline_svg(&svg))?;

@@ -21,8 +21,10 @@ pub const UPSTREAM: [&str; 3] = ["ocamlopt", "ocamlopt-v2", "lists_and_sets-v1"]
 pub fn upstream(name: &str) -> &'static Analysis {
     static CACHE: [OnceLock<Analysis>; 3] = [OnceLock::new(), OnceLock::new(), OnceLock::new()];
     let i = UPSTREAM.iter().position(|n| *n == name).expect("an upstream trace");
-    CACHE[i]
-        .get_or_init(|| Analysis::run(&data(&format!("{name}.ctf")), &Options { stacks: true, live_at: None }).unwrap())
+    CACHE[i].get_or_init(|| {
+        Analysis::run(&data(&format!("{name}.ctf")), &Options { stacks: true, live_at: None, ..Default::default() })
+            .unwrap()
+    })
 }
 
 /// The `tests/data` directory.
