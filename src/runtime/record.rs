@@ -2,10 +2,11 @@
 //! sampled block, on the application's thread.
 //!
 //! A sampled allocation takes a pooled frame buffer, notes the block in the sampled-block
-//! table, captures its stack, appends its spans and thread (`spans`) and queues an alloc message for the writer; a free of a sampled
-//! block queues a free message. Nothing here blocks, takes a lock or (in the steady state)
-//! allocates. The queue bound and the table are the only places a sample can be lost; every
-//! loss is counted here and reported when the session ends.
+//! table, captures its stack, appends its spans and thread (`spans`) and queues an alloc
+//! message for the writer (after its thread's kernel name, the first time in a session); a
+//! free of a sampled block queues a free message. Nothing here blocks, takes a lock or (in the
+//! steady state) allocates. The queue bound and the table are the only places a sample can be
+//! lost; every loss is counted here and reported when the session ends.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
