@@ -39,8 +39,8 @@ pub use runtime::session::{start_tracing, stop_tracing, trace_if_requested, Trac
 pub use runtime::state::currently_tracing;
 pub use runtime::unwind::Unwinder;
 
-/// Reading and writing memtrace traces: a streaming [`Reader`] for format versions 1–3 and a
-/// [`Writer`] of version 3.
+/// Reading and writing memtrace traces: a streaming [`Reader`](trace::Reader) for format
+/// versions 1–3 and a [`Writer`](trace::Writer) of version 3.
 pub mod trace {
     pub use crate::format::location_codec::Location;
     pub use crate::format::trace::{
@@ -50,10 +50,17 @@ pub mod trace {
     pub use crate::runtime::span_table::{SPAN_FILE_PREFIX, THREAD_FILE};
 }
 
-/// The format's internals, for this crate's benchmarks and fuzz targets only: not a stable
-/// API.
+/// The format's internals and a test hook, for this crate's benchmarks, fuzz targets and
+/// tests only: not a stable API.
 #[doc(hidden)]
 pub mod __internals {
     pub use crate::format::{backtrace_codec, buf, location_codec};
     pub use crate::runtime::symbolize::function_names;
+
+    /// Make the next sampled allocation panic inside the allocator's sampled path, to test
+    /// that it aborts rather than unwinds (debug builds only).
+    #[cfg(debug_assertions)]
+    pub fn panic_in_next_sample() {
+        crate::runtime::allocator::PANIC_IN_NEXT_SAMPLE.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
 }

@@ -18,6 +18,13 @@ const BUCKET_MASK: u64 = CACHE_SIZE as u64 - 1;
 /// [`BUCKET_MASK`] for indexing: masking proves indexes in range, so no bounds checks.
 const MASK: usize = CACHE_SIZE - 1;
 /// The largest bytes of one codeword: a u16 tag and a u64 code.
+/// A zeroed cache table, allocated zeroed on the heap: `Box::new([0; CACHE_SIZE])` builds the
+/// array on the stack first in unoptimised builds (the writer's three took 288 KiB of the
+/// stack of the thread that starts tracing).
+fn zeroed_cache<T: Copy + Default>() -> Box<[T; CACHE_SIZE]> {
+    vec![T::default(); CACHE_SIZE].into_boxed_slice().try_into().unwrap_or_else(|_| unreachable!())
+}
+
 const MAX_CODEWORD: usize = 2 + 8;
 /// Bucket index written in the header when a packet carries no verifier.
 const NO_VERIFIER: u16 = 0xFFFF;
@@ -69,12 +76,7 @@ impl Writer {
 
     /// A new encoder with an empty cache.
     pub fn new() -> Writer {
-        Writer {
-            code: Box::new([0; CACHE_SIZE]),
-            next: Box::new([0; CACHE_SIZE]),
-            date: Box::new([0; CACHE_SIZE]),
-            verify_ix: FIRST_VERIFY_INDEX,
-        }
+        Writer { code: zeroed_cache(), next: zeroed_cache(), date: zeroed_cache(), verify_ix: FIRST_VERIFY_INDEX }
     }
 
     /// Encode the frames `callstack[callstack_pos .. callstack_pos + callstack_len]`, from
@@ -223,12 +225,7 @@ impl std::fmt::Debug for Reader {
 impl Reader {
     /// A new decoder with an empty cache.
     pub fn new() -> Reader {
-        Reader {
-            code: Box::new([0; CACHE_SIZE]),
-            pred: Box::new([0; CACHE_SIZE]),
-            last: Vec::new(),
-            scratch: Vec::new(),
-        }
+        Reader { code: zeroed_cache(), pred: zeroed_cache(), last: Vec::new(), scratch: Vec::new() }
     }
 
     /// Decode `nencoded` codewords and return the allocation's backtrace in file

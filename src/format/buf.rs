@@ -1,4 +1,5 @@
-//! Byte cursors for the trace's primitive encodings (FORMAT.md §1).
+//! Byte cursors for the trace's primitive encodings (FORMAT.md §1), and the crate's one byte
+//! reader: the unwinder parses DWARF call-frame information with [`ReadCursor`] too.
 //!
 //! [`WriteBuf`] is a fixed-size output buffer with a write position; it never grows, and a
 //! write that does not fit sets a sticky overflow flag instead of panicking, so the writer
@@ -159,6 +160,10 @@ impl WriteBuf {
 /// A bounds-checked little-endian read cursor over a byte slice (upstream `Buf.Read`).
 ///
 /// `base` is the absolute file offset of `data[0]`, so errors name positions in the file.
+/// The `get_*` reads, the trace reader's, return such an [`Error`]; the `try_*` reads return
+/// `None` instead, for the unwinder's parser of DWARF call-frame information: it runs inside
+/// the allocator, reads memory rather than a file, and only needs to know that its input is
+/// malformed.
 #[derive(Debug, Clone)]
 pub struct ReadCursor<'a> {
     data: &'a [u8],
@@ -191,6 +196,7 @@ impl<'a> ReadCursor<'a> {
     }
 
     /// An error at the current offset.
+    #[cold]
     pub fn error(&self, kind: ErrorKind) -> Error {
         Error::at(self.offset(), kind)
     }
@@ -208,39 +214,44 @@ impl<'a> ReadCursor<'a> {
 
     /// Take the next `N` bytes.
     #[inline]
+    fn try_take<const N: usize>(&mut self) -> Option<[u8; N]> {
+        let bytes = self.data.get(self.pos..self.pos + N)?;
+        self.pos += N;
+        let mut out = [0; N];
+        out.copy_from_slice(bytes);
+        Some(out)
+    }
+
+    /// [`Self::try_take`], or an error naming the bytes missing.
+    #[inline]
     fn take<const N: usize>(&mut self) -> Result<[u8; N]> {
-        match self.data.get(self.pos..self.pos + N) {
-            Some(bytes) => {
-                self.pos += N;
-                let mut out = [0; N];
-                out.copy_from_slice(bytes);
-                Ok(out)
-            }
-            None => Err(self.error(ErrorKind::UnexpectedEnd { needed: N - self.remaining() })),
-        }
+        self.try_take().ok_or_else(|| self.error(ErrorKind::UnexpectedEnd { needed: N - self.remaining() }))
     }
 
     /// Skip `n` bytes.
     #[inline]
     pub fn skip(&mut self, n: usize) -> Result<()> {
-        if n <= self.remaining() {
-            self.pos += n;
-            Ok(())
-        } else {
-            Err(self.error(ErrorKind::UnexpectedEnd { needed: n - self.remaining() }))
-        }
+        self.try_skip(n).ok_or_else(|| self.error(ErrorKind::UnexpectedEnd { needed: n - self.remaining() }))
+    }
+
+    /// Skip `n` bytes; `None` (and nothing skipped) if fewer remain.
+    #[inline]
+    pub fn try_skip(&mut self, n: usize) -> Option<()> {
+        (n <= self.remaining()).then(|| self.pos += n)
     }
 
     /// Read a u8.
     #[inline]
     pub fn get_u8(&mut self) -> Result<u8> {
-        match self.data.get(self.pos) {
-            Some(&b) => {
-                self.pos += 1;
-                Ok(b)
-            }
-            None => Err(self.error(ErrorKind::UnexpectedEnd { needed: 1 })),
-        }
+        self.try_u8().ok_or_else(|| self.error(ErrorKind::UnexpectedEnd { needed: 1 }))
+    }
+
+    /// Read a u8; `None` at the end.
+    #[inline]
+    pub fn try_u8(&mut self) -> Option<u8> {
+        let byte = *self.data.get(self.pos)?;
+        self.pos += 1;
+        Some(byte)
     }
 
     /// Read a little-endian u16.
@@ -249,10 +260,22 @@ impl<'a> ReadCursor<'a> {
         self.take().map(u16::from_le_bytes)
     }
 
+    /// Read a little-endian u16; `None` if fewer than 2 bytes remain.
+    #[inline]
+    pub fn try_u16(&mut self) -> Option<u16> {
+        self.try_take().map(u16::from_le_bytes)
+    }
+
     /// Read a little-endian u32.
     #[inline]
     pub fn get_u32(&mut self) -> Result<u32> {
         self.take().map(u32::from_le_bytes)
+    }
+
+    /// Read a little-endian u32; `None` if fewer than 4 bytes remain.
+    #[inline]
+    pub fn try_u32(&mut self) -> Option<u32> {
+        self.try_take().map(u32::from_le_bytes)
     }
 
     /// Read a little-endian u64.
@@ -275,6 +298,54 @@ impl<'a> ReadCursor<'a> {
             0xFF => self.get_u64()? as i64,
             tag => tag as i64,
         })
+    }
+
+    /// Take the next `n` bytes as a slice; `None` (and nothing taken) if fewer remain.
+    #[inline]
+    pub fn try_bytes(&mut self, n: usize) -> Option<&'a [u8]> {
+        let start = self.pos;
+        self.try_skip(n)?;
+        Some(&self.data[start..self.pos])
+    }
+
+    /// Read an unsigned LEB128 integer (DWARF's variable-length encoding); `None` when the
+    /// bytes end first or the value needs more than 64 bits.
+    // Always inlined (the compiler inlines the fixed-width reads by itself): as an out-of-line
+    // call it made the CFI interpreter's rule computation slower (see the README's benchmarks).
+    #[inline(always)]
+    pub fn try_uleb128(&mut self) -> Option<u64> {
+        let mut value = 0u64;
+        for (i, &byte) in self.rest().iter().enumerate().take(10) {
+            let low = (byte & 0x7f) as u64;
+            if i == 9 && low > 1 {
+                return None; // Bits beyond the 64th.
+            }
+            value |= low << (7 * i);
+            if byte & 0x80 == 0 {
+                self.pos += i + 1;
+                return Some(value);
+            }
+        }
+        None
+    }
+
+    /// Read a signed LEB128 integer, sign-extended from its last byte's bit 6; `None` as for
+    /// [`Self::try_uleb128`].
+    #[inline(always)]
+    pub fn try_sleb128(&mut self) -> Option<i64> {
+        let mut value = 0i64;
+        for (i, &byte) in self.rest().iter().enumerate().take(10) {
+            let shift = 7 * i;
+            value |= ((byte & 0x7f) as i64) << shift;
+            if byte & 0x80 == 0 {
+                if shift + 7 < 64 && byte & 0x40 != 0 {
+                    value |= -1 << (shift + 7);
+                }
+                self.pos += i + 1;
+                return Some(value);
+            }
+        }
+        None
     }
 
     /// Read a NUL-terminated string, returning its bytes without the terminator.
@@ -338,6 +409,25 @@ mod tests {
         assert!(matches!(e.kind(), ErrorKind::UnexpectedEnd { needed: 2 }));
         assert!(ReadCursor::new(b"abc", 0).get_string().is_err());
         assert!(ReadCursor::new(&[0xFD, 1], 0).get_vint().is_err());
+    }
+
+    #[test]
+    fn leb128() {
+        let mut r = ReadCursor::new(&[0xe5, 0x8e, 0x26, 0x7f, 0x80, 0x7f, 0x02, 0x80], 0);
+        assert_eq!(r.try_uleb128(), Some(624_485));
+        assert_eq!(r.try_sleb128(), Some(-1));
+        assert_eq!(r.try_sleb128(), Some(-128));
+        assert_eq!(r.try_sleb128(), Some(2));
+        assert_eq!(r.try_uleb128(), None, "truncated");
+        let max = [0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01];
+        assert_eq!(ReadCursor::new(&max, 0).try_uleb128(), Some(u64::MAX));
+        let wider = [0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x02];
+        assert_eq!(ReadCursor::new(&wider, 0).try_uleb128(), None, "more than 64 bits");
+        let mut r = ReadCursor::new(&[1, 2, 3], 0);
+        assert_eq!(r.try_bytes(2).unwrap(), [1, 2]);
+        assert_eq!(r.try_bytes(2), None);
+        assert_eq!(r.try_u16(), None);
+        assert_eq!(r.try_u8(), Some(3));
     }
 
     #[test]

@@ -89,6 +89,9 @@ pub enum ErrorKind {
     PidChanged,
     /// The tracer's writer thread panicked (a bug): the trace ends at its last flush.
     WriterPanicked,
+    /// The tracer's writer thread did not finish within the stop timeout (blocked writing to
+    /// a pipe nobody reads, say) and was left behind: the trace ends at its last write.
+    WriterStalled(std::time::Duration),
 }
 
 /// An error reading or writing a trace, with the byte offset where it happened when known.
@@ -162,6 +165,7 @@ impl fmt::Display for ErrorKind {
             TooManyDomains => write!(f, "more than 128 domains"),
             PidChanged => write!(f, "pid changed (forked child): not writing to the parent's trace"),
             WriterPanicked => write!(f, "the trace writer panicked"),
+            WriterStalled(waited) => write!(f, "the trace writer did not finish within {waited:?}"),
         }
     }
 }

@@ -16,6 +16,10 @@
 //!   for `dealloc`) and the new block being allocated, sampled on its new size. If the inner
 //!   `realloc` fails, the old block — still alive — is no longer tracked: the trace shows it
 //!   collected at the failed call.
+//!
+//! Unwinding out of a `GlobalAlloc` method is undefined behaviour, so the sampled path (the
+//! out-of-line functions below the countdown and the filter) runs under [`AbortOnUnwind`]: a
+//! panic there, which would be a bug, prints one `memtrace:` line and aborts.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 
@@ -90,11 +94,52 @@ unsafe fn sampled(size: usize, entry: Entry, inner: impl FnOnce() -> *mut u8) ->
     ptr
 }
 
-/// Record a sampled block (never panics, never recurses into sampling).
+/// Aborts the process if dropped: armed around the sampled path and defused when the path
+/// returns, so it is only dropped while a panic unwinds through it. It costs nothing when
+/// nothing panics (the abort is in the unwinding landing pad), and it is armed only out of
+/// line, never on the unsampled path.
+struct AbortOnUnwind;
+
+impl AbortOnUnwind {
+    /// Run `f`, aborting instead of unwinding if it panics.
+    #[inline(always)]
+    fn around<R>(f: impl FnOnce() -> R) -> R {
+        let guard = AbortOnUnwind;
+        let result = f();
+        std::mem::forget(guard);
+        result
+    }
+}
+
+impl Drop for AbortOnUnwind {
+    fn drop(&mut self) {
+        const MESSAGE: &[u8] = b"memtrace: a panic in the allocator's sampled path (a bug in memtrace-rs); \
+            aborting, since a panic must not unwind out of a global allocator\n";
+        // SAFETY: writes a static buffer to stderr; a direct write, because the allocator is
+        // in the middle of a call and the panic may have come from anywhere under it.
+        unsafe { libc::write(libc::STDERR_FILENO, MESSAGE.as_ptr().cast(), MESSAGE.len()) };
+        std::process::abort();
+    }
+}
+
+/// The test hook behind `__internals::panic_in_next_sample` (debug builds only): the next
+/// sampled allocation panics inside the sampled path.
+#[cfg(debug_assertions)]
+pub(crate) static PANIC_IN_NEXT_SAMPLE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Record a sampled block (never recurses into sampling; aborts if it panics).
 #[cold]
 #[inline(never)]
 fn record_alloc(ptr: *mut u8, size: usize, nsamples: u64, entry: Entry) {
-    sampler::in_tracer(|| record::sampled_alloc(ptr as usize, size, nsamples, entry));
+    AbortOnUnwind::around(|| {
+        sampler::in_tracer(|| {
+            #[cfg(debug_assertions)]
+            if PANIC_IN_NEXT_SAMPLE.swap(false, std::sync::atomic::Ordering::Relaxed) {
+                panic!("deliberate panic in the sampled path");
+            }
+            record::sampled_alloc(ptr as usize, size, nsamples, entry)
+        })
+    });
 }
 
 /// Report the end of sampled block `ptr`.
@@ -112,13 +157,15 @@ fn forget_block(ptr: *mut u8) {
     }
 }
 
-/// [`forget_block`] past the filter: look the block up in the table.
+/// [`forget_block`] past the filter: look the block up in the table (aborts if it panics).
 #[cold]
 #[inline(never)]
 fn forget_if_sampled(ptr: *mut u8) {
-    if sampled_set::remove(ptr as usize) {
-        record_free(ptr);
-    }
+    AbortOnUnwind::around(|| {
+        if sampled_set::remove(ptr as usize) {
+            record_free(ptr);
+        }
+    });
 }
 
 // SAFETY: every method forwards to the inner allocator with the caller's arguments unchanged

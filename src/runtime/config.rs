@@ -5,6 +5,7 @@ use std::ffi::{OsStr, OsString};
 use std::fmt;
 use std::io;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use super::state::{DEFAULT_FRAME_CAP, MAX_FRAMES};
 use super::unwind::Unwinder;
@@ -22,8 +23,12 @@ pub(crate) const CONTEXT_VAR: &str = "MEMTRACE_CONTEXT";
 /// Environment variable choosing the stack unwinder: `auto` (default), `dwarf` or
 /// `frame-pointers` (see [`Unwinder`]).
 pub(crate) const UNWINDER_VAR: &str = "MEMTRACE_UNWINDER";
+/// Environment variable holding the stop timeout in seconds (see [`TraceConfig::stop_timeout`]).
+pub(crate) const STOP_TIMEOUT_VAR: &str = "MEMTRACE_STOP_TIMEOUT";
+/// How long stopping waits for the writer thread by default.
+pub(crate) const DEFAULT_STOP_TIMEOUT: Duration = Duration::from_secs(1);
 
-/// How to trace: see [`start_tracing`].
+/// How to trace: see [`start_tracing`](crate::start_tracing).
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub struct TraceConfig {
@@ -39,6 +44,8 @@ pub struct TraceConfig {
     pub(crate) unwinder: Unwinder,
     /// Whether each sample records its thread as the outermost frame.
     pub(crate) thread_frames: bool,
+    /// How long stopping waits for the writer thread to write what is queued.
+    pub(crate) stop_timeout: Duration,
 }
 
 impl TraceConfig {
@@ -52,6 +59,7 @@ impl TraceConfig {
             frame_cap: DEFAULT_FRAME_CAP,
             unwinder: Unwinder::default(),
             thread_frames: true,
+            stop_timeout: DEFAULT_STOP_TIMEOUT,
         }
     }
 
@@ -87,6 +95,17 @@ impl TraceConfig {
         self.thread_frames = on;
         self
     }
+
+    /// How long stopping (the guard's drop, [`stop_tracing`], the exit hook) waits at most for
+    /// the writer thread to write what is queued and close the trace (default 1 s). A writer
+    /// still busy then (blocked writing to a pipe nobody reads, say) is left behind, with one
+    /// message on stderr, and the program goes on: the trace ends at the writer's last write.
+    ///
+    /// [`stop_tracing`]: crate::stop_tracing
+    pub fn stop_timeout(mut self, timeout: Duration) -> TraceConfig {
+        self.stop_timeout = timeout;
+        self
+    }
 }
 
 /// Why tracing did not start.
@@ -106,7 +125,7 @@ pub enum StartError {
         /// What it must be instead, e.g. "a sampling rate in (0, 1]".
         expected: &'static str,
     },
-    /// The frame cap is not in 1..=[`MAX_FRAMES`].
+    /// The frame cap is not in 1..=128.
     InvalidFrameCap(usize),
     /// Allocations do not reach a [`crate::MemtraceAllocator`]: it is not the
     /// `#[global_allocator]`.
@@ -117,6 +136,12 @@ pub enum StartError {
         path: PathBuf,
         /// Why.
         source: io::Error,
+    },
+    /// The trace file is a FIFO that no process has open for reading (opening it would block
+    /// until one does).
+    NoReader {
+        /// The trace file.
+        path: PathBuf,
     },
     /// The trace file is locked by another process.
     Locked {
@@ -149,6 +174,9 @@ impl fmt::Display for StartError {
             StartError::Open { path, source } => {
                 write!(f, "cannot open trace file {}: {source}; not tracing", path.display())
             }
+            StartError::NoReader { path } => {
+                write!(f, "trace file {} is a FIFO that no process is reading; not tracing", path.display())
+            }
             StartError::Locked { path } => {
                 write!(f, "trace file {} is locked: is another process using it? Not tracing", path.display())
             }
@@ -180,8 +208,25 @@ pub(crate) fn config_from_env(path: OsString) -> Result<TraceConfig, StartError>
     if let Some(unwinder) = unwinder_from_env(std::env::var_os(UNWINDER_VAR).as_deref())? {
         config.unwinder = unwinder;
     }
+    if let Some(timeout) = stop_timeout_from_env(std::env::var_os(STOP_TIMEOUT_VAR).as_deref())? {
+        config.stop_timeout = timeout;
+    }
     config.context = std::env::var(CONTEXT_VAR).ok().filter(|c| !c.is_empty());
     Ok(config)
+}
+
+/// The stop timeout given by the value of [`STOP_TIMEOUT_VAR`] (seconds): `None` when unset or
+/// empty.
+fn stop_timeout_from_env(value: Option<&OsStr>) -> Result<Option<Duration>, StartError> {
+    let Some(value) = value.filter(|v| !v.is_empty()) else { return Ok(None) };
+    match value.to_str().and_then(|v| Duration::try_from_secs_f64(v.trim().parse::<f64>().ok()?).ok()) {
+        Some(timeout) => Ok(Some(timeout)),
+        None => Err(StartError::InvalidVariable {
+            var: STOP_TIMEOUT_VAR,
+            value: value.to_string_lossy().into_owned(),
+            expected: "a number of seconds",
+        }),
+    }
 }
 
 /// The rate given by the value of [`RATE_VAR`]: `None` when unset or empty.
@@ -233,6 +278,21 @@ mod tests {
             assert_eq!(
                 e.to_string(),
                 format!("{RATE_VAR} must be a sampling rate in (0, 1], got {bad:?}; not tracing")
+            );
+        }
+    }
+
+    #[test]
+    fn stop_timeout_variable_parsing() {
+        assert!(stop_timeout_from_env(None).unwrap().is_none());
+        assert!(stop_timeout_from_env(Some(OsStr::new(""))).unwrap().is_none());
+        assert_eq!(stop_timeout_from_env(Some(OsStr::new("2.5"))).unwrap(), Some(Duration::from_millis(2500)));
+        assert_eq!(stop_timeout_from_env(Some(OsStr::new(" 0 "))).unwrap(), Some(Duration::ZERO));
+        for bad in ["-1", "abc", "NaN", "inf", "1s"] {
+            let e = stop_timeout_from_env(Some(OsStr::new(bad))).unwrap_err();
+            assert_eq!(
+                e.to_string(),
+                format!("{STOP_TIMEOUT_VAR} must be a number of seconds, got {bad:?}; not tracing")
             );
         }
     }

@@ -131,6 +131,11 @@ impl Channel {
         self.rx.try_recv().ok()
     }
 
+    /// How many messages wait for the writer.
+    pub(crate) fn queued(&self) -> usize {
+        self.rx.len()
+    }
+
     /// Queue `Stop` for `session`, waiting for room while `alive` says the writer is still
     /// draining the queue. Only called by the thread stopping a session.
     pub(crate) fn send_stop(&self, session: u32, alive: impl Fn() -> bool) {
@@ -238,6 +243,12 @@ pub(crate) fn open(pid: u32) -> &'static Channel {
         channel.dispose(msg);
     }
     channel
+}
+
+/// Leave the process's channel to a writer thread that was given up on (it may still be
+/// taking messages off it): the next session makes a new one.
+pub(crate) fn abandon() {
+    PROCESS.store(std::ptr::null_mut(), Ordering::Release);
 }
 
 /// Let the sampled path send messages tagged `session` (the session is running).

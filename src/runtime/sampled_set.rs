@@ -15,22 +15,16 @@
 //! A free whose bucket holds other entries reads the table for nothing, so the filter must be
 //! fine-grained: a program's live sampled blocks number its live heap × rate / 8 (about 1 250
 //! for a 1 GB heap at 1e-5). An earlier filter of one counter per 32 buckets (2 KiB) had 70 %
-//! of its counters nonzero at that size; one counter per bucket has under 4 %. In the
-//! allocation benchmark's rows with 20 000 live blocks per thread, ten alternating runs of
-//! each filter gave (best, median, ns an operation): at rate 1e-4, with some 300 sampled
-//! blocks live, 101.7 and 106.1 against 109.2 and 115.1 for the coarse filter; at rate 1e-5
-//! (some 30 live), 98.2 and 103.2 against 98.3 and 104.1, within the noise, as with 512 live
-//! blocks.
+//! of its counters nonzero at that size; one counter per bucket has under 4 %, which the
+//! allocation benchmark shows at rate 1e-4 (the comparison is in `benches/alloc.rs`).
 //!
 //! The table lives in `.bss` (2^15 buckets × 64 bytes = 2 MiB). It is not aligned to 2 MiB
-//! for a transparent huge page: with `perf`, a huge page cut the time in inserts and lookups
-//! by about a third, but the whole-workload gain was within the noise, and the alignment
-//! would have made the kernel load every program that links this crate at a 2 MiB-aligned
+//! for a transparent huge page: it made inserts and lookups cheaper but the whole workload
+//! no faster beyond the noise (see `benches/alloc.rs`), and the alignment would have made the kernel load every program that links this crate at a 2 MiB-aligned
 //! address, nine bits less of address-space randomisation, traced or not. Each session
 //! starts with [`clear`], which also makes all of it resident: left to fault in on demand,
 //! each page costs a read fault and then, at its first insert, a write fault whose TLB
-//! shoot-down interrupts the program's other threads (measured: ~1 000 faults in a
-//! benchmark's first second of tracing). Between sessions the table may keep stale entries
+//! shoot-down interrupts the program's other threads. Between sessions the table may keep stale entries
 //! (an insert racing with the end of a session); they are harmless — a stale hit only makes
 //! the writer see a free for an address it does not track, which it ignores — and `clear`
 //! wipes them.

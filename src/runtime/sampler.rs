@@ -20,12 +20,25 @@
 //! The bytes a thread allocates between the start of a session and that moment are not
 //! sampled (the estimate is unbiased for the bytes allocated after it).
 //!
+//! An allocation that crosses its countdown's point may cover many more: each whole word past
+//! the point is a sample point with probability `rate`, so their number is binomial. When few
+//! are expected (the common case: a block a fraction of the mean gap long) they are counted
+//! one geometric gap at a time, which takes little stack (the sampled path may run on a thread
+//! near the end of its stack); from [`LOOP_MEAN_LIMIT`] expected points on, their number is
+//! one exact Binomial draw (`rand_distr`: BTPE, a rejection sampler, O(1) whatever the size;
+//! an allocation of 2^60 bytes must not walk its 2^57 · rate gaps inside `GlobalAlloc`) and
+//! the distance from the last of them to the next point, beyond the block, one geometric draw
+//! (memorylessness again). Both ways are exact, so the estimate stays unbiased for every size.
+//!
 //! The thread state is a `const`-initialised set of [`Cell`]s with no destructor, so
 //! touching it never allocates, never registers a TLS destructor and cannot fail except
 //! during thread teardown, where `try_with` makes "TLS gone" mean "not sampled".
 
 use std::cell::Cell;
+use std::convert::Infallible;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+use rand_distr::{Binomial, Distribution};
 
 /// Bytes per word: sample points are counted in 8-byte words.
 pub(crate) const WORD_BYTES: u64 = 8;
@@ -37,9 +50,15 @@ const MAX_DRAW_WORDS: u64 = 1 << 56;
 /// The longest countdown: a longer distance to the next sample point is cut at a checkpoint.
 const CHECKPOINT_BYTES: i64 = 4 << 20;
 
+/// The expected number of sample points past the countdown's point from which they are counted
+/// with one binomial draw rather than one geometric gap at a time (`1 +` that many draws).
+const LOOP_MEAN_LIMIT: f64 = 16.0;
+
 /// Identifies the current tracing session's sampling parameters. A thread whose countdown was
 /// drawn for another session redraws it at its next sample point or checkpoint.
 static EPOCH: AtomicU32 = AtomicU32::new(0);
+/// The current session's rate as f64 bits.
+static RATE: AtomicU64 = AtomicU64::new(0);
 /// `1 / ln(1 − rate)` of the current session as f64 bits (0.0 when `rate ≥ 1`).
 static LOG_SCALE: AtomicU64 = AtomicU64::new(0);
 /// Distinguishes the seeds of threads started in the same nanosecond.
@@ -78,16 +97,24 @@ thread_local! {
 /// Start a new sampling session at `rate` (0 < rate ≤ 1): every thread redraws its countdown
 /// at its next sample point.
 pub(crate) fn configure(rate: f64) {
-    LOG_SCALE.store(log_scale(rate).to_bits(), Ordering::Relaxed);
+    let rate = Rate::new(rate);
+    RATE.store(rate.p.to_bits(), Ordering::Relaxed);
+    LOG_SCALE.store(rate.scale.to_bits(), Ordering::Relaxed);
     EPOCH.fetch_add(1, Ordering::Release);
 }
 
-/// `1 / ln(1 − rate)` (negative), or 0 when every word is sampled.
-pub(crate) fn log_scale(rate: f64) -> f64 {
-    if rate >= 1.0 {
-        0.0
-    } else {
-        1.0 / (-rate).ln_1p()
+/// A sampling rate and the constant of its geometric draws.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Rate {
+    /// The probability that a word is a sample point, in (0, 1].
+    p: f64,
+    /// `1 / ln(1 − p)` (negative), or 0 when every word is sampled.
+    scale: f64,
+}
+
+impl Rate {
+    pub(crate) fn new(p: f64) -> Rate {
+        Rate { p, scale: if p >= 1.0 { 0.0 } else { 1.0 / (-p).ln_1p() } }
     }
 }
 
@@ -123,16 +150,19 @@ impl ThreadState {
         }
         // Epoch first: its acquire load makes the scale at least as new as the epoch.
         let epoch = EPOCH.load(Ordering::Acquire);
-        let scale = f64::from_bits(LOG_SCALE.load(Ordering::Relaxed));
+        let rate = Rate {
+            p: f64::from_bits(RATE.load(Ordering::Relaxed)),
+            scale: f64::from_bits(LOG_SCALE.load(Ordering::Relaxed)),
+        };
         let mut checkpoint = self.checkpoint.get();
         if self.epoch.get() != epoch {
             // The countdown belongs to an earlier session (maybe another rate): start afresh,
             // as if this allocation were the thread's first.
             self.epoch.set(epoch);
-            left = (draw_words(&mut rng, scale) * WORD_BYTES) as i64 - bytes as i64;
+            left = (draw_words(&mut rng, rate) * WORD_BYTES) as i64 - bytes as i64;
             checkpoint = false;
         }
-        let (left, nsamples, checkpoint) = count_sample_points(left, checkpoint, &mut rng, scale);
+        let (left, nsamples, checkpoint) = count_sample_points(left, checkpoint, &mut rng, rate);
         self.countdown.set(left);
         self.checkpoint.set(checkpoint);
         self.rng.set(rng);
@@ -147,20 +177,22 @@ impl ThreadState {
 /// Refill a countdown that reached `left ≤ 0` (at a checkpoint if `checkpoint`), returning
 /// the new countdown (> 0), the number of sample points crossed (0 when `left > 0`), and
 /// whether the new countdown ends at a checkpoint. A countdown longer than
-/// [`CHECKPOINT_BYTES`] (`left` itself, too) is cut to end at a checkpoint.
-pub(crate) fn count_sample_points(mut left: i64, mut checkpoint: bool, rng: &mut u64, scale: f64) -> (i64, u64, bool) {
-    if scale == 0.0 {
-        if left > 0 {
-            return (left, 0, checkpoint);
-        }
-        // rate 1: every word is a sample point (but a checkpoint left by an earlier rate).
-        let words = (-left) as u64 / WORD_BYTES + 1;
-        return (left + (words * WORD_BYTES) as i64, words - checkpoint as u64, false);
-    }
+/// [`CHECKPOINT_BYTES`] (`left` itself, too) is cut to end at a checkpoint. O(1) whatever
+/// `left`.
+pub(crate) fn count_sample_points(mut left: i64, mut checkpoint: bool, rng: &mut u64, rate: Rate) -> (i64, u64, bool) {
     let mut nsamples = 0;
+    // The countdown's point is crossed (a sample point, unless a checkpoint), and so are the
+    // `past / 8` whole words after it, each a sample point with probability `p`.
+    let past = left.unsigned_abs();
+    if left <= 0 && (past / WORD_BYTES) as f64 * rate.p >= LOOP_MEAN_LIMIT {
+        // The next point is a geometric draw of words beyond the last of them.
+        nsamples = !checkpoint as u64 + binomial(past / WORD_BYTES, rate.p, rng);
+        left = (draw_words(rng, rate) * WORD_BYTES) as i64 - (past % WORD_BYTES) as i64;
+        checkpoint = false;
+    }
     while left <= 0 {
         nsamples += !checkpoint as u64;
-        left += (draw_words(rng, scale) * WORD_BYTES) as i64;
+        left += (draw_words(rng, rate) * WORD_BYTES) as i64;
         checkpoint = false;
     }
     if left > CHECKPOINT_BYTES {
@@ -172,15 +204,45 @@ pub(crate) fn count_sample_points(mut left: i64, mut checkpoint: bool, rng: &mut
     (left, nsamples, checkpoint)
 }
 
+/// How many of `words` independent words are sample points at probability `p`: an exact
+/// Binomial(words, p) draw in O(1) expected time.
+#[inline(never)]
+fn binomial(words: u64, p: f64, rng: &mut u64) -> u64 {
+    // `p` is a valid rate, so the distribution always exists.
+    Binomial::new(words, p).map_or(0, |b| b.sample(&mut SplitMix(rng)))
+}
+
+/// [`next_u64`] as a `rand` generator, for `rand_distr`'s draws.
+struct SplitMix<'a>(&'a mut u64);
+
+impl rand_core::TryRng for SplitMix<'_> {
+    type Error = Infallible;
+
+    fn try_next_u32(&mut self) -> Result<u32, Infallible> {
+        Ok((next_u64(self.0) >> 32) as u32)
+    }
+
+    fn try_next_u64(&mut self) -> Result<u64, Infallible> {
+        Ok(next_u64(self.0))
+    }
+
+    fn try_fill_bytes(&mut self, dst: &mut [u8]) -> Result<(), Infallible> {
+        for chunk in dst.chunks_mut(8) {
+            chunk.copy_from_slice(&next_u64(self.0).to_le_bytes()[..chunk.len()]);
+        }
+        Ok(())
+    }
+}
+
 /// A geometric draw (support 1, 2, ...; mean `1 / rate`): the distance in words to the next
-/// sample point. `scale` is [`log_scale`] of the rate.
-pub(crate) fn draw_words(rng: &mut u64, scale: f64) -> u64 {
-    if scale == 0.0 {
+/// sample point.
+pub(crate) fn draw_words(rng: &mut u64, rate: Rate) -> u64 {
+    if rate.scale == 0.0 {
         return 1;
     }
     // Uniform in (0, 1]: P(u ≤ x) = x, so P(draw > m) = P(ln u ≤ m·ln(1 − rate)) = (1 − rate)^m.
     let u = ((next_u64(rng) >> 11) + 1) as f64 * (1.0 / (1u64 << 53) as f64);
-    let words = u.ln() * scale;
+    let words = u.ln() * rate.scale;
     if words >= MAX_DRAW_WORDS as f64 {
         MAX_DRAW_WORDS
     } else {
@@ -251,24 +313,24 @@ mod tests {
     use super::*;
 
     /// Simulate `count` allocations with sizes from `size` at `rate`; return (bytes, samples).
-    fn simulate(rate: f64, count: usize, mut size: impl FnMut(&mut u64) -> u64) -> (u64, u64) {
-        let scale = log_scale(rate);
+    fn simulate(rate: f64, count: usize, mut size: impl FnMut(&mut u64) -> u64) -> (u128, u128) {
+        let rate = Rate::new(rate);
         let mut rng = 12345;
         let mut sizes = 999;
-        let first = (draw_words(&mut rng, scale) * WORD_BYTES) as i64;
-        let (mut left, _, mut checkpoint) = count_sample_points(first, false, &mut rng, scale);
+        let first = (draw_words(&mut rng, rate) * WORD_BYTES) as i64;
+        let (mut left, _, mut checkpoint) = count_sample_points(first, false, &mut rng, rate);
         let (mut bytes, mut samples) = (0, 0);
         for _ in 0..count {
             let n = size(&mut sizes);
-            bytes += n;
-            let (l, s, c) = count_sample_points(left - n as i64, checkpoint, &mut rng, scale);
+            bytes += n as u128;
+            let (l, s, c) = count_sample_points(left - n as i64, checkpoint, &mut rng, rate);
             (left, checkpoint) = (l, c);
-            samples += s;
+            samples += s as u128;
         }
         (bytes, samples)
     }
 
-    fn assert_unbiased(rate: f64, bytes: u64, samples: u64) {
+    fn assert_unbiased(rate: f64, bytes: u128, samples: u128) {
         let estimate = samples as f64 * WORD_BYTES as f64 / rate;
         // Relative standard error of a Poisson count is 1/sqrt(n); allow 5 of them.
         let tolerance = 5.0 / (samples as f64).sqrt();
@@ -307,24 +369,83 @@ mod tests {
     }
 
     #[test]
+    fn estimate_is_unbiased_for_huge_blocks() {
+        // Sizes spread over every power of two up to 2^60 bytes, mixed with small ones: each
+        // block is counted in O(1) (walking 2^57 · rate gaps would not finish), and the
+        // estimate stays within its statistical error, which 10^12-odd samples make tight.
+        let log_uniform = |s: &mut u64| {
+            let bits = next_u64(s) % 61;
+            if bits == 60 {
+                1 << 60
+            } else {
+                (1 << bits) + next_u64(s) % (1 << bits)
+            }
+        };
+        for rate in [1e-5, 1e-3, 0.3, 0.7] {
+            let (bytes, samples) = simulate(rate, 20_000, log_uniform);
+            assert!(samples > 1 << 40, "rate {rate}: {samples}");
+            assert_unbiased(rate, bytes, samples);
+        }
+        // Small blocks around a few huge ones: the countdown left by a huge block is drawn
+        // afresh, so what follows is sampled as usual.
+        let mut i = 0u64;
+        let (bytes, samples) = simulate(1e-3, 2_000_000, |s| {
+            i += 1;
+            if i.is_multiple_of(100_000) {
+                1 << 40
+            } else {
+                1 + next_u64(s) % 4096
+            }
+        });
+        assert_unbiased(1e-3, bytes, samples);
+    }
+
+    #[test]
+    fn a_huge_block_covers_a_binomial_number_of_sample_points() {
+        // The countdown's own point plus Binomial(words past it, rate): mean and variance.
+        for (bytes, rate) in [(1u64 << 60, 1e-5), (1 << 40, 1e-3), (1 << 20, 0.5), (1 << 12, 1e-3)] {
+            let r = Rate::new(rate);
+            let mut rng = bytes ^ 77;
+            let words = (bytes / WORD_BYTES) as f64;
+            let n = 4000;
+            let draws: Vec<f64> = (0..n)
+                .map(|_| {
+                    let (left, samples, _) = count_sample_points(-(bytes as i64), false, &mut rng, r);
+                    assert!(left > 0);
+                    samples as f64 - 1.0
+                })
+                .collect();
+            let mean = draws.iter().sum::<f64>() / n as f64;
+            let variance = draws.iter().map(|d| (d - mean).powi(2)).sum::<f64>() / (n - 1) as f64;
+            let (expected_mean, expected_variance) = (words * rate, words * rate * (1.0 - rate));
+            let mean_error = (mean - expected_mean).abs() / (expected_variance / n as f64).sqrt();
+            assert!(mean_error < 5.0, "{bytes} B at {rate}: mean {mean}, expected {expected_mean}");
+            assert!(
+                (variance / expected_variance - 1.0).abs() < 0.15,
+                "{bytes} B at {rate}: variance {variance}, expected {expected_variance}"
+            );
+        }
+    }
+
+    #[test]
     fn draws_have_geometric_mean() {
-        let scale = log_scale(0.01);
+        let rate = Rate::new(0.01);
         let mut rng = 7;
         let n = 200_000;
-        let total: u64 = (0..n).map(|_| draw_words(&mut rng, scale)).sum();
+        let total: u64 = (0..n).map(|_| draw_words(&mut rng, rate)).sum();
         let mean = total as f64 / n as f64;
         assert!((mean - 100.0).abs() < 1.5, "mean {mean}");
-        assert!((0..10_000).all(|_| draw_words(&mut rng, scale) >= 1));
+        assert!((0..10_000).all(|_| draw_words(&mut rng, rate) >= 1));
     }
 
     #[test]
     fn rate_one_samples_every_word() {
         let mut rng = 1;
-        assert_eq!(count_sample_points(8 - 64, false, &mut rng, log_scale(1.0)), (8, 8, false));
-        assert_eq!(count_sample_points(8 - 8, false, &mut rng, log_scale(1.0)), (8, 1, false));
-        assert_eq!(count_sample_points(5, false, &mut rng, log_scale(1.0)), (5, 0, false));
+        assert_eq!(count_sample_points(8 - 64, false, &mut rng, Rate::new(1.0)), (8, 8, false));
+        assert_eq!(count_sample_points(8 - 8, false, &mut rng, Rate::new(1.0)), (8, 1, false));
+        assert_eq!(count_sample_points(5, false, &mut rng, Rate::new(1.0)), (5, 0, false));
         // Reaching a checkpoint (left by an earlier, lower rate) samples only the words past it.
-        assert_eq!(count_sample_points(8 - 64, true, &mut rng, log_scale(1.0)), (8, 7, false));
+        assert_eq!(count_sample_points(8 - 64, true, &mut rng, Rate::new(1.0)), (8, 7, false));
     }
 
     /// [`configure`] sets process-wide parameters: the tests that call it run one at a time.
@@ -431,12 +552,12 @@ mod tests {
     #[test]
     fn tiny_rates_do_not_overflow() {
         let mut rng = 3;
-        let scale = log_scale(1e-300);
-        let w = draw_words(&mut rng, scale);
+        let rate = Rate::new(1e-300);
+        let w = draw_words(&mut rng, rate);
         assert!(w <= MAX_DRAW_WORDS);
-        let (left, n, checkpoint) = count_sample_points(0, false, &mut rng, scale);
+        let (left, n, checkpoint) = count_sample_points(0, false, &mut rng, rate);
         assert!(left == CHECKPOINT_BYTES && n == 1 && checkpoint);
-        let (left, n, checkpoint) = count_sample_points(0, true, &mut rng, scale);
+        let (left, n, checkpoint) = count_sample_points(0, true, &mut rng, rate);
         assert!(left == CHECKPOINT_BYTES && n == 0 && checkpoint);
     }
 }

@@ -5,7 +5,7 @@
 
 use std::fs::File;
 use std::path::Path;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -68,13 +68,15 @@ impl WriterOutcome {
 }
 
 /// The writer thread's body: record messages until `Stop`, then close the trace. A write
-/// error stops tracing with one message on stderr (none in a forked child).
+/// error stops tracing with one message on stderr (none in a forked child, nor once the
+/// session has `abandoned` this writer: stopping gave up waiting for it, and reported it).
 pub(crate) fn write_trace(
     channel: &'static Channel,
     session: u32,
     writer: Writer<File>,
     path: &Path,
     start_time: Timestamp,
+    abandoned: &AtomicBool,
 ) -> WriterOutcome {
     let mut state = TraceWriter {
         writer,
@@ -99,7 +101,7 @@ pub(crate) fn write_trace(
         Ok(Err(e)) => Some(e),
         Err(_) => Some(Error::new(ErrorKind::WriterPanicked)),
     };
-    if let Some(e) = &error {
+    if let Some(e) = error.as_ref().filter(|_| !abandoned.load(Ordering::Acquire)) {
         STATE.store(OFF, Ordering::SeqCst);
         if !matches!(e.kind(), ErrorKind::PidChanged) {
             eprintln!("memtrace: error writing trace file {}: {e}; tracing stopped", path.display());

@@ -14,6 +14,7 @@ use memtrace_rs::trace::{EventKind, Warning};
 use memtrace_rs::trace::{Info, ObjectId, Reader};
 use memtrace_rs::{currently_tracing, start_tracing, stop_tracing, trace_if_requested, MemtraceAllocator};
 
+mod faults;
 #[cfg(feature = "tracing")]
 mod spans;
 
@@ -226,6 +227,13 @@ fn child_role() {
             site_freed();
             panic!("deliberate panic");
         }
+        #[cfg(debug_assertions)]
+        "panic_in_sample" => {
+            let _guard = trace_if_requested();
+            memtrace_rs::__internals::panic_in_next_sample();
+            let unwound = std::panic::catch_unwind(|| black_box(vec![0u8; 64]));
+            eprintln!("the panic unwound out of the allocator: {unwound:?}");
+        }
         "loop" => {
             let _guard = trace_if_requested();
             let end = Instant::now() + Duration::from_secs(20);
@@ -293,7 +301,7 @@ fn child_role() {
         }
         #[cfg(feature = "tracing")]
         spans if spans.starts_with("spans-") => spans::child_role(spans),
-        other => panic!("unknown role {other}"),
+        other => assert!(faults::child_role(other), "unknown role {other}"),
     }
 }
 
@@ -914,22 +922,20 @@ fn queue_full_drops_and_lost_frees_are_reported() {
     let fifo = temp_path("fifo");
     let marker = fifo.with_extension("done");
     let _ = std::fs::remove_file(&marker);
-    let c_fifo = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
-    // SAFETY: a valid C string.
-    assert_eq!(unsafe { libc::mkfifo(c_fifo.as_ptr(), 0o600) }, 0);
+    let mut reader = fifo_reader(&fifo);
     let mut proc = child(
         "writer_blocked",
         &[
             ("MEMTRACE_FILE", fifo.to_str().unwrap()),
             ("MEMTRACE_RATE", "1"),
             (SECOND_FILE_VAR, marker.to_str().unwrap()),
+            // Draining the queue into the FIFO takes the (unoptimised) writer a while.
+            ("MEMTRACE_STOP_TIMEOUT", "120"),
         ],
     )
     .stderr(std::process::Stdio::piped())
     .spawn()
     .unwrap();
-    // Opening blocks until the child's tracer opens the FIFO for writing.
-    let mut reader = std::fs::File::open(&fifo).unwrap();
     let deadline = Instant::now() + Duration::from_secs(60);
     while !marker.exists() {
         if Instant::now() >= deadline {
@@ -964,6 +970,24 @@ fn queue_full_drops_and_lost_frees_are_reported() {
     }
 }
 
+/// Make a FIFO at `path` and open it for reading, without waiting for a writer (the tracer
+/// refuses a FIFO nobody reads); reads then block as usual.
+fn fifo_reader(path: &Path) -> std::fs::File {
+    let c_path = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
+    // SAFETY: a valid C string.
+    assert_eq!(unsafe { libc::mkfifo(c_path.as_ptr(), 0o600) }, 0);
+    let reader =
+        std::os::unix::fs::OpenOptionsExt::custom_flags(std::fs::OpenOptions::new().read(true), libc::O_NONBLOCK)
+            .open(path)
+            .unwrap();
+    // SAFETY: fcntl on a descriptor we own.
+    unsafe {
+        let flags = libc::fcntl(reader.as_raw_fd(), libc::F_GETFL);
+        assert_eq!(libc::fcntl(reader.as_raw_fd(), libc::F_SETFL, flags & !libc::O_NONBLOCK), 0);
+    }
+    reader
+}
+
 #[test]
 fn process_exit_flushes_the_trace() {
     let path = temp_path("exit");
@@ -989,6 +1013,23 @@ fn panic_flushes_the_trace() {
     let freed: Vec<_> = trace.at_site("::site_freed").collect();
     assert!(freed.len() > 10);
     assert!(freed.iter().all(|(id, _)| trace.collected.contains(id)));
+    let _ = std::fs::remove_file(&path);
+}
+
+/// A panic inside the sampled path aborts the process with one `memtrace:` line: it never
+/// unwinds out of the allocator (which would be undefined behaviour).
+#[cfg(debug_assertions)]
+#[test]
+fn panic_in_the_sampled_path_aborts_instead_of_unwinding() {
+    use std::os::unix::process::ExitStatusExt;
+    let path = temp_path("panic-in-sample");
+    let out = run("panic_in_sample", &[("MEMTRACE_FILE", path.to_str().unwrap()), ("MEMTRACE_RATE", "1")]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.signal(), Some(libc::SIGABRT), "{:?}", out.status);
+    assert!(stderr.contains("deliberate panic in the sampled path"), "the hook did not fire");
+    assert!(!stderr.contains("unwound out of the allocator"));
+    assert_eq!(memtrace_messages(&out).len(), 1, "{stderr}");
+    assert!(memtrace_messages(&out)[0].contains("a panic in the allocator's sampled path"), "{stderr}");
     let _ = std::fs::remove_file(&path);
 }
 

@@ -4,10 +4,13 @@
 //!
 //! # Threads and ordering
 //! Application threads never wait for the writer (see `record` and `handoff`). Starting a
-//! session calibrates the stack capture (`unwind::calibrate`), opens and locks the file,
-//! writes the trace's first packet, starts the writer thread and only then turns sampling on;
-//! stopping turns sampling off, sends the writer a stop message after everything queued, and
-//! joins it.
+//! session calibrates the stack capture (`unwind::calibrate`), checks that the trace's first
+//! packet can be written, opens (never waiting for a FIFO's reader) and locks the file,
+//! writes that packet, starts the writer thread and only then turns sampling on; a start that
+//! fails removes the file if it created it. Stopping turns sampling off, sends the writer a
+//! stop message after everything queued, and waits for it at most the session's stop
+//! timeout: a writer blocked longer (on a pipe nobody reads) is left behind with its channel,
+//! and the program goes on.
 
 mod lock;
 
@@ -17,9 +20,12 @@ use std::os::fd::AsRawFd;
 use std::os::unix::ffi::OsStringExt;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Once;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Once};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, RecvTimeoutError};
 
 use self::lock::ForkSafeLock;
 use super::config::{config_from_env, valid_rate, StartError, TraceConfig, FILE_VAR, UPSTREAM_FILE_VAR};
@@ -31,7 +37,7 @@ use super::spans;
 use super::state::{currently_tracing, getpid, now_us, MAX_FRAMES, OFF, ON, STATE};
 use super::unwind::{self, cfi, Walker};
 use super::writer_thread::{write_trace, WriterOutcome, DOMAIN};
-use crate::format::error::Error;
+use crate::format::error::{Error, ErrorKind};
 use crate::format::trace::{Info, Writer};
 
 /// The running session; held while starting and stopping (and across `fork`).
@@ -49,8 +55,9 @@ pub struct TraceGuard {
 
 impl TraceGuard {
     /// Stop tracing, flush the trace and close it: what was written and what was lost, or
-    /// the error that stopped the writer. A session already stopped by [`stop_tracing`] or at
-    /// a write error gives its outcome too.
+    /// the error that stopped the writer ([`ErrorKind::WriterStalled`] when it was still
+    /// writing at the [stop timeout](TraceConfig::stop_timeout)). A session already stopped by
+    /// [`stop_tracing`] or at a write error gives its outcome too.
     pub fn finish(self) -> Result<TraceStats, Error> {
         let id = self.session;
         std::mem::forget(self);
@@ -88,15 +95,21 @@ pub struct TraceStats {
     pub dropped_table_full: u64,
     /// Sampled allocations dropped because no memory was left for their stacks.
     pub dropped_no_memory: u64,
+    /// Sampled allocations dropped because their thread had too little stack left to capture
+    /// their stacks.
+    pub dropped_no_stack: u64,
     /// Frees of sampled blocks lost because the writer was too far behind: the trace shows
     /// those blocks as never freed.
     pub frees_lost: u64,
+    /// Frees of sampled blocks lost because their thread had too little stack left to send
+    /// them: the trace shows those blocks as never freed.
+    pub frees_lost_no_stack: u64,
 }
 
 impl TraceStats {
     /// All sampled allocations dropped, whatever the reason.
     pub fn samples_dropped(&self) -> u64 {
-        self.dropped_writer_behind + self.dropped_table_full + self.dropped_no_memory
+        self.dropped_writer_behind + self.dropped_table_full + self.dropped_no_memory + self.dropped_no_stack
     }
 }
 
@@ -113,7 +126,13 @@ struct Session {
     /// The process that started it (a forked child must not touch the writer).
     pid: u32,
     channel: &'static Channel,
-    writer: JoinHandle<WriterOutcome>,
+    writer: JoinHandle<()>,
+    /// Where the writer thread sends its outcome when it ends.
+    outcome: Receiver<WriterOutcome>,
+    /// Set when stopping gives up waiting for the writer (it then reports nothing).
+    abandoned: Arc<AtomicBool>,
+    stop_timeout: Duration,
+    path: std::path::PathBuf,
 }
 
 /// Start tracing if the environment asks for it: `MEMTRACE_FILE` (or upstream's `MEMTRACE`)
@@ -121,9 +140,9 @@ struct Session {
 /// `MEMTRACE_CONTEXT` an optional description.
 ///
 /// The file variables are removed from the environment, so that child processes are not
-/// traced into the same file. Problems (a malformed rate, an unwritable or locked file) are
-/// reported on stderr in one line starting with `memtrace: `, and the program runs on
-/// untraced. Returns `None` when not tracing; keep the guard alive for as long as the program
+/// traced into the same file. Problems (a malformed rate, an unwritable or locked file, a
+/// FIFO that no process reads) are reported on stderr in one line starting with `memtrace: `,
+/// and the program runs on untraced. Returns `None` when not tracing; keep the guard alive for as long as the program
 /// should be traced.
 ///
 /// Call it first thing in `main`, before the program starts threads: removing the variables
@@ -147,8 +166,11 @@ pub fn trace_if_requested() -> Option<TraceGuard> {
 ///
 /// Only one trace can be recorded at a time. The file is created with mode 0600 (or
 /// truncated), after taking an exclusive `lockf` lock on it: a file another process is
-/// tracing into gives [`StartError::Locked`]. The first call in a process also calibrates the
-/// stack capture, which requires [`crate::MemtraceAllocator`] to be the global allocator.
+/// tracing into gives [`StartError::Locked`]. Opening never waits: a FIFO that no process has
+/// open for reading gives [`StartError::NoReader`]. A start that fails leaves no file it
+/// created behind, and a first packet that cannot be written (a context too long) is found
+/// before the file is touched. The first call in a process also calibrates the stack capture,
+/// which requires [`crate::MemtraceAllocator`] to be the global allocator.
 pub fn start_tracing(config: TraceConfig) -> Result<TraceGuard, StartError> {
     if !valid_rate(config.rate) {
         return Err(StartError::InvalidRate(config.rate));
@@ -171,7 +193,6 @@ pub fn start_tracing(config: TraceConfig) -> Result<TraceGuard, StartError> {
     cfi::invalidate_if_unloaded();
     let walker =
         unwind::calibrate(config.unwinder).map_err(|unwind::NotGlobalAllocator| StartError::NotGlobalAllocator)?;
-    let file = open_locked(&config.path)?;
     let start_time = now_us();
     let info = Info {
         sample_rate: config.rate,
@@ -182,42 +203,70 @@ pub fn start_tracing(config: TraceConfig) -> Result<TraceGuard, StartError> {
         pid: getpid() as u64,
         initial_domain: DOMAIN,
         start_time,
-        context: config.context.map(String::into_bytes),
+        context: config.context.clone().map(String::into_bytes),
     };
     let write_error = |source| StartError::Write { path: config.path.clone(), source };
-    let writer = Writer::new(file, &info).map_err(write_error)?.check_pid_on_flush(true);
-
-    let id = NEXT_SESSION.fetch_add(1, Ordering::Relaxed);
-    let tag = handoff::session_tag(id);
-    let channel = handoff::open(getpid());
-    let (ready_tx, ready_rx) = crossbeam_channel::bounded(1);
-    let path = config.path.clone();
-    let writer = std::thread::Builder::new()
-        .name("memtrace-writer".into())
-        .spawn(move || {
-            sampler::enter_tracer_forever();
-            let _ = ready_tx.send(());
-            write_trace(channel, tag, writer, &path, start_time)
-        })
-        .map_err(StartError::Spawn)?;
-    let _ = ready_rx.recv();
+    // A first packet that cannot be written (a context too long for a packet) must not cost
+    // the file: check it before opening.
+    Writer::new(io::sink(), &info).map_err(write_error)?;
+    let (file, created) = open_locked(&config.path)?;
+    let session = Writer::new(file, &info)
+        .map_err(write_error)
+        .and_then(|writer| start_writer(writer.check_pid_on_flush(true), &config, start_time))
+        .inspect_err(|_| {
+            if created {
+                let _ = std::fs::remove_file(&config.path);
+            }
+        })?;
 
     sampled_set::clear();
     record::take_losses();
     sampler::configure(config.rate);
     unwind::configure(walker, config.frame_cap);
     spans::configure(config.thread_frames);
-    handoff::publish(tag);
+    handoff::publish(handoff::session_tag(session.id));
     STATE.store(ON, Ordering::Release);
-    slot.running = Some(Session { id, pid: getpid(), channel, writer });
+    let id = session.id;
+    slot.running = Some(session);
     Ok(TraceGuard { session: id })
 }
 
 /// Session ids, so that a guard only stops its own session.
 static NEXT_SESSION: AtomicU64 = AtomicU64::new(1);
 
+/// Start the writer thread of a new session that writes with `writer`, and wait until it runs.
+fn start_writer(writer: Writer<File>, config: &TraceConfig, start_time: u64) -> Result<Session, StartError> {
+    let id = NEXT_SESSION.fetch_add(1, Ordering::Relaxed);
+    let tag = handoff::session_tag(id);
+    let channel = handoff::open(getpid());
+    let (ready_tx, ready_rx) = crossbeam_channel::bounded(1);
+    let (outcome_tx, outcome) = crossbeam_channel::bounded(1);
+    let abandoned = Arc::new(AtomicBool::new(false));
+    let (path, given_up) = (config.path.clone(), Arc::clone(&abandoned));
+    let writer = std::thread::Builder::new()
+        .name("memtrace-writer".into())
+        .spawn(move || {
+            sampler::enter_tracer_forever();
+            let _ = ready_tx.send(());
+            let _ = outcome_tx.send(write_trace(channel, tag, writer, &path, start_time, &given_up));
+        })
+        .map_err(StartError::Spawn)?;
+    let _ = ready_rx.recv();
+    Ok(Session {
+        id,
+        pid: getpid(),
+        channel,
+        writer,
+        outcome,
+        abandoned,
+        stop_timeout: config.stop_timeout,
+        path: config.path.clone(),
+    })
+}
+
 /// Stop the running trace, if any, and flush it. Blocks still alive are not reported as
-/// collected.
+/// collected. Waits for the writer at most the session's
+/// [stop timeout](TraceConfig::stop_timeout), as the guard's drop and the exit hook do.
 pub fn stop_tracing() {
     stop_session(None);
 }
@@ -247,10 +296,22 @@ fn finish(session: Session) -> Option<Result<TraceStats, Error>> {
     }
     STATE.store(OFF, Ordering::SeqCst);
     handoff::unpublish();
+    // None: a timeout too long to count, waited for without limit.
+    let deadline = Instant::now().checked_add(session.stop_timeout);
     // A writer that stopped on a write error no longer drains the queue: then Stop may not
     // fit, and is not needed.
-    session.channel.send_stop(handoff::session_tag(session.id), || !session.writer.is_finished());
-    let written = session.writer.join().unwrap_or_else(|_| WriterOutcome::panicked());
+    let draining = || !session.writer.is_finished() && deadline.is_none_or(|deadline| Instant::now() < deadline);
+    session.channel.send_stop(handoff::session_tag(session.id), draining);
+    let outcome = match deadline {
+        Some(deadline) => session.outcome.recv_deadline(deadline),
+        None => session.outcome.recv().map_err(|_| RecvTimeoutError::Disconnected),
+    };
+    let written = match outcome {
+        Ok(written) => written,
+        // Panicked past the code that catches panics.
+        Err(RecvTimeoutError::Disconnected) => WriterOutcome::panicked(),
+        Err(RecvTimeoutError::Timeout) => give_up(&session),
+    };
     let losses = record::take_losses();
     report_losses(&losses);
     let stats = TraceStats {
@@ -259,7 +320,9 @@ fn finish(session: Session) -> Option<Result<TraceStats, Error>> {
         dropped_writer_behind: losses.writer_behind,
         dropped_table_full: losses.table_full,
         dropped_no_memory: losses.no_memory,
+        dropped_no_stack: losses.no_stack,
         frees_lost: losses.frees,
+        frees_lost_no_stack: losses.frees_no_stack,
     };
     Some(match written.error {
         None => Ok(stats),
@@ -267,33 +330,65 @@ fn finish(session: Session) -> Option<Result<TraceStats, Error>> {
     })
 }
 
+/// Leave behind the writer of `session`, still busy at its stop timeout (blocked writing to a
+/// pipe nobody reads, say): it cannot be cancelled, so it keeps its thread and its channel,
+/// and reports nothing more; the next session makes a new channel. One line on stderr.
+fn give_up(session: &Session) -> WriterOutcome {
+    session.abandoned.store(true, Ordering::Release);
+    handoff::abandon();
+    eprintln!(
+        "memtrace: the trace writer is still writing {} after {:?} (a pipe or FIFO nobody reads?); gave up \
+         waiting: {} queued samples and frees, and what it had not flushed, are not in the trace",
+        session.path.display(),
+        session.stop_timeout,
+        session.channel.queued(),
+    );
+    WriterOutcome { allocs: 0, frees: 0, error: Some(Error::new(ErrorKind::WriterStalled(session.stop_timeout))) }
+}
+
 /// One line on stderr for lost samples, one for lost frees.
 fn report_losses(losses: &Losses) {
-    let Losses { writer_behind, table_full, no_memory, frees } = *losses;
-    let dropped = writer_behind + table_full + no_memory;
+    let Losses { writer_behind, table_full, no_memory, no_stack, frees: frees_behind, frees_no_stack } = *losses;
+    let dropped = writer_behind + table_full + no_memory + no_stack;
     if dropped > 0 {
         eprintln!(
             "memtrace: {dropped} samples were dropped ({writer_behind} with the trace writer too far behind, \
-             {table_full} with the sampled-block table full, {no_memory} with no memory left for their stacks)"
+             {table_full} with the sampled-block table full, {no_memory} with no memory left for their stacks, \
+             {no_stack} with too little stack left to capture theirs)"
         );
     }
+    let frees = frees_behind + frees_no_stack;
     if frees > 0 {
         eprintln!(
-            "memtrace: {frees} frees of sampled blocks were lost with the trace writer too far behind; the trace \
-             shows those blocks as never freed"
+            "memtrace: {frees} frees of sampled blocks were lost ({frees_behind} with the trace writer too far \
+             behind, {frees_no_stack} with too little stack left to send them); the trace shows those blocks as \
+             never freed"
         );
     }
 }
 
-/// Create or open `path` for writing (mode 0600), lock it, then truncate it.
-fn open_locked(path: &Path) -> Result<File, StartError> {
-    let file = OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .mode(0o600)
-        .open(path)
-        .map_err(|source| StartError::Open { path: path.to_owned(), source })?;
+/// Create or open `path` for writing (mode 0600), lock it, then truncate it; and whether it
+/// was created. Never waits: a FIFO that no process reads gives [`StartError::NoReader`]
+/// (opening it for writing would block until one opens it).
+fn open_locked(path: &Path) -> Result<(File, bool), StartError> {
+    let open = |create: bool| {
+        OpenOptions::new().write(true).create_new(create).mode(0o600).custom_flags(libc::O_NONBLOCK).open(path)
+    };
+    let opened = match open(true) {
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => open(false).map(|file| (file, false)),
+        opened => opened.map(|file| (file, true)),
+    };
+    let (file, created) = opened.map_err(|source| match source.raw_os_error() {
+        Some(libc::ENXIO) => StartError::NoReader { path: path.to_owned() },
+        _ => StartError::Open { path: path.to_owned(), source },
+    })?;
+    // Writes block as usual: a reader that falls behind holds the writer thread up, never the
+    // program (stopping waits for it at most the stop timeout).
+    // SAFETY: `file` is an open descriptor for the duration of the calls.
+    unsafe {
+        let flags = libc::fcntl(file.as_raw_fd(), libc::F_GETFL);
+        libc::fcntl(file.as_raw_fd(), libc::F_SETFL, flags & !libc::O_NONBLOCK);
+    }
     // SAFETY: `file` is an open descriptor for the duration of the call.
     if unsafe { libc::lockf(file.as_raw_fd(), libc::F_TLOCK, 0) } != 0 {
         let e = io::Error::last_os_error();
@@ -304,7 +399,7 @@ fn open_locked(path: &Path) -> Result<File, StartError> {
     }
     // Errors ignored, as upstream does: devices cannot be truncated.
     let _ = file.set_len(0);
-    Ok(file)
+    Ok((file, created))
 }
 
 fn host_name() -> Vec<u8> {

@@ -1,10 +1,15 @@
 //! Start-up calibration: how many leading frames of each walker's captures are the tracer's,
 //! whether frame pointers or the cached DWARF walk can be trusted in this process, and which
 //! walker a session should use.
+//!
+//! The captures must be taken on the thread that starts tracing, but little else is: they go
+//! straight into a static table, not onto that thread's stack, and resolving their frames'
+//! names (the symbolizer parses debug info, with a large appetite for stack in unoptimised
+//! builds) runs on a thread of its own, so that a thread with a small stack can start tracing.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use parking_lot::Mutex;
+use parking_lot::{MappedMutexGuard, Mutex, MutexGuard};
 
 use super::capture::WALKER;
 use super::choice::{Unwinder, Walker};
@@ -24,7 +29,7 @@ static CALIBRATED: [AtomicBool; 3] = [AtomicBool::new(false), AtomicBool::new(fa
 /// pointers: a frame chain; for the cached DWARF walk: libgcc's stacks).
 static USABLE: [AtomicBool; 3] = [AtomicBool::new(true), AtomicBool::new(false), AtomicBool::new(false)];
 /// A calibration capture: its frame count and frames.
-type Capture = (usize, [u64; MAX_FRAMES]);
+pub(crate) type Capture = (usize, [u64; MAX_FRAMES]);
 const NO_CAPTURE: Capture = (0, [0; MAX_FRAMES]);
 /// The captures made by the calibration markers, per [`Walker`] and [`Entry`].
 static CALIBRATION: Mutex<[[Capture; 3]; 3]> = parking_lot::const_mutex([[NO_CAPTURE; 3]; 3]);
@@ -33,9 +38,11 @@ static CALIBRATION: Mutex<[[Capture; 3]; 3]> = parking_lot::const_mutex([[NO_CAP
 /// `__libc_start_main`, `_start`; `start_thread`, `clone3`), which keeps no frame pointers.
 const C_START_FRAMES: usize = 3;
 
-/// Keep a calibration capture taken in `entry` by the walker being calibrated.
-pub(crate) fn record_calibration(entry: Entry, n: usize, frames: [u64; MAX_FRAMES]) {
-    CALIBRATION.lock()[WALKER.load(Ordering::Relaxed) as usize][entry as usize] = (n, frames);
+/// The slot of the table for a calibration capture taken in `entry` by the walker being
+/// calibrated: the sampled path captures into it (the capture inlined where a sample's is,
+/// so that both stacks hold the same tracer frames).
+pub(crate) fn calibration_slot(entry: Entry) -> MappedMutexGuard<'static, Capture> {
+    MutexGuard::map(CALIBRATION.lock(), |all| &mut all[WALKER.load(Ordering::Relaxed) as usize][entry as usize])
 }
 
 /// Measure, once per process, how many leading captured frames belong to the tracer, the
@@ -160,7 +167,7 @@ fn calibrate_walker(walker: Walker, again: bool) -> Result<bool, NotGlobalAlloca
         (Entry::AllocZeroed, marker_alloc_zeroed, "marker_alloc_zeroed"),
         (Entry::Realloc, marker_realloc, "marker_realloc"),
     ];
-    CALIBRATION.lock()[w] = [NO_CAPTURE; 3];
+    CALIBRATION.lock()[w].iter_mut().for_each(|(n, _)| *n = 0);
     WALKER.store(w as u8, Ordering::Relaxed);
     STATE.store(CALIBRATING, Ordering::SeqCst);
     for (_, marker, _) in &markers {
@@ -168,14 +175,19 @@ fn calibrate_walker(walker: Walker, again: bool) -> Result<bool, NotGlobalAlloca
     }
     STATE.store(OFF, Ordering::SeqCst);
     WALKER.store(Walker::Libgcc as u8, Ordering::Relaxed);
-    let captures = CALIBRATION.lock()[w];
+    let all = CALIBRATION.lock();
+    let captures = &all[w];
     if walker == Walker::Libgcc && captures.iter().any(|&(n, _)| n == 0) {
         return Err(NotGlobalAllocator);
     }
+    let leadings = on_a_thread_of_its_own(|| {
+        markers.map(|(entry, _, name)| {
+            let (n, frames) = &captures[entry as usize];
+            tracer_frames(&frames[..*n], name)
+        })
+    });
     let mut found = true;
-    for (entry, _, name) in markers {
-        let (n, frames) = &captures[entry as usize];
-        let leading = tracer_frames(&frames[..*n], name);
+    for ((entry, _, _), leading) in markers.into_iter().zip(leadings) {
         found &= leading.is_some();
         let leading = leading.unwrap_or(Leading::NONE);
         SKIP[w][entry as usize].store(leading.tracer, Ordering::Relaxed);
@@ -193,7 +205,6 @@ fn calibrate_walker(walker: Walker, again: bool) -> Result<bool, NotGlobalAlloca
         }
         Walker::FramePointers => found,
         Walker::Cfi => {
-            let all = CALIBRATION.lock();
             let callers = |walker: Walker, entry: usize| {
                 (calibration_callers(&all, walker, entry), all[walker as usize][entry].0 == MAX_FRAMES)
             };
@@ -203,6 +214,17 @@ fn calibrate_walker(walker: Walker, again: bool) -> Result<bool, NotGlobalAlloca
     USABLE[w].store(usable, Ordering::Relaxed);
     CALIBRATED[w].store(walker != Walker::Cfi || usable, Ordering::Relaxed);
     Ok(usable)
+}
+
+/// `f()` on a new thread with the default stack size (or on this one when no thread can be
+/// started): the symbolizer's appetite for stack is not the caller's to feed.
+fn on_a_thread_of_its_own<R: Send>(f: impl Fn() -> R + Sync) -> R {
+    std::thread::scope(|scope| {
+        match std::thread::Builder::new().name("memtrace-calibrate".into()).spawn_scoped(scope, &f) {
+            Ok(thread) => thread.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
+            Err(_) => f(),
+        }
+    })
 }
 
 /// The leading `frames` (innermost first) that are tracer or allocator machinery, given that

@@ -18,6 +18,32 @@ pub(crate) fn configure(walker: Walker, frame_cap: usize) {
     WALKER.store(walker as u8, Ordering::Relaxed);
 }
 
+/// Stack a capture may take below the sampled path's check, per [`Walker`] (indexed by
+/// `Walker as usize`): what unoptimised builds were measured to take, with room to spare
+/// (README, "Stopping and stack needs"; `tests/tracing` checks the bounds). The cached DWARF walk hands the stacks
+/// it cannot follow to libgcc, so it needs libgcc's room too.
+pub(crate) const STACK_NEEDED: [usize; 3] = [16 << 10, 8 << 10, 16 << 10];
+
+/// Whether this thread has the stack left for a capture with the session's walker (see
+/// [`stack_left`]).
+#[inline]
+pub(crate) fn stack_left_for_capture() -> bool {
+    stack_left(STACK_NEEDED[WALKER.load(Ordering::Relaxed) as usize])
+}
+
+/// Whether this thread has at least `needed` bytes of stack left below the caller's frame. Also
+/// true when nothing can be known: the thread's stack bounds are unknown, or the code runs on
+/// another stack (a coroutine's, a signal handler's).
+#[inline]
+pub(crate) fn stack_left(needed: usize) -> bool {
+    let marker = 0u8;
+    let sp = std::ptr::addr_of!(marker) as usize;
+    match frame_pointers::stack_bounds() {
+        Some((lo, hi)) if (lo..hi).contains(&sp) => sp - lo >= needed,
+        _ => true,
+    }
+}
+
 /// Record the stack of a sample taken in `entry` with the session's walker into `frames`,
 /// innermost first, without the tracer's own frames (all frames, up to [`MAX_FRAMES`], for a
 /// calibration capture). Returns the number of frames written. Allocation-free, except that

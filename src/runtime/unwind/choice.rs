@@ -23,12 +23,12 @@ pub enum Unwinder {
     /// program that has them (Rust's default).
     ///
     /// On x86_64 Linux with glibc, the stack is walked with the rules of each return address,
-    /// worked out from the tables the first time the address is met and cached: within a
-    /// factor of two of a frame-pointer walk once the program's call sites have been seen. A
+    /// worked out from the tables the first time the address is met and cached: cheap once the
+    /// program's call sites have been seen (see the README's benchmark section). A
     /// stack that needs more than those rules can express (rare: stack realignment, a signal
     /// frame) is unwound by libgcc's `_Unwind_Backtrace`, as every stack is on other
     /// platforms or if start-up calibration finds the cached walk's stacks differ from
-    /// libgcc's; that costs a few µs per sample.
+    /// libgcc's, which is several times slower.
     ///
     /// Both find unwind tables with libgcc's `_Unwind_Find_FDE` (the cached walk only on a
     /// cache miss), which uses glibc's lock-free `_dl_find_object` (glibc 2.35 and later with
@@ -36,8 +36,8 @@ pub enum Unwinder {
     /// sample could deadlock against a thread inside `dlopen`/`dlclose`; tracing then says so
     /// on stderr when it starts (ALLOCATOR-PITFALLS §3).
     Dwarf = 0,
-    /// Walk the frame-pointer chain: the cheapest (about 13–15 ns a frame less than cached DWARF
-    /// rules), and never touches the dynamic loader or an unwinder lock. Needs the program
+    /// Walk the frame-pointer chain: the cheapest walker (see the README's benchmark section),
+    /// and never touches the dynamic loader or an unwinder lock. Needs the program
     /// built with `-C force-frame-pointers=yes` (e.g. `RUSTFLAGS="-C force-frame-pointers=yes"`;
     /// the precompiled std keeps frame pointers since Rust 1.79); a function without one hides
     /// its caller's frame from the stacks that pass through it, and C code that uses the
@@ -48,7 +48,7 @@ pub enum Unwinder {
 }
 
 impl Unwinder {
-    /// The name used by [`UNWINDER_VAR`](crate::tracer::UNWINDER_VAR) and in the trace's runtime parameters.
+    /// The name used by `MEMTRACE_UNWINDER` and in the trace's runtime parameters.
     pub fn name(self) -> &'static str {
         match self {
             Unwinder::Auto => "auto",
@@ -65,7 +65,7 @@ pub(crate) enum Walker {
     /// libgcc's `_Unwind_Backtrace`, through `backtrace::trace_unsynchronized`.
     Libgcc = 0,
     FramePointers = 1,
-    /// The DWARF walk with cached rules ([`cfi`]); libgcc unwinds the stacks it cannot.
+    /// The DWARF walk with cached rules ([`cfi`](super::cfi)); libgcc unwinds the stacks it cannot.
     Cfi = 2,
 }
 

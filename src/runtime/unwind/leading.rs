@@ -4,14 +4,15 @@
 
 use std::sync::atomic::{AtomicU64, AtomicUsize};
 
-/// Per [`Walker`] and [`Entry`]: leading captured frames that belong to the tracer and the
-/// unwinder, below the allocator shim's frame (measured by [`calibrate`]).
+/// Per [`Walker`](super::Walker) and [`Entry`](crate::runtime::state::Entry): leading captured
+/// frames that belong to the tracer and the unwinder, below the allocator shim's frame
+/// (measured by [`calibrate`](mod@super::calibrate)).
 #[allow(clippy::declare_interior_mutable_const)] // Only used to initialise `SKIP`.
 const NO_SKIP: [AtomicUsize; 3] = [AtomicUsize::new(0), AtomicUsize::new(0), AtomicUsize::new(0)];
 pub(crate) static SKIP: [[AtomicUsize; 3]; 3] = [NO_SKIP, NO_SKIP, NO_SKIP];
-/// Per [`Walker`] and [`Entry`]: the address, in the allocator shim (`__rust_alloc` and co.,
-/// with the global allocator's methods inlined), at which it calls into the tracer; 0 when
-/// calibration saw no shim frame. The frame after the [`SKIP`] ones is dropped too when it is
+/// Per [`Walker`](super::Walker) and [`Entry`](crate::runtime::state::Entry): the address, in
+/// the allocator shim (`__rust_alloc` and co., with the global allocator's methods inlined), at
+/// which it calls into the tracer; 0 when calibration saw no shim frame. The frame after the [`SKIP`] ones is dropped too when it is
 /// at that address: the shim's own frame. In an optimised build LLVM may inline the shim into
 /// a function of the crate that defines the global allocator; the frame of that function is at
 /// another address, and is kept (the writer trims the shim's inlined locations from it). With

@@ -2,8 +2,9 @@
 //!
 //! Three walkers ([`choice`]): a frame-pointer walk ([`frame_pointers`]), a DWARF walk with a
 //! cache of unwind rules ([`cfi`]), and libgcc's DWARF unwinder ([`libgcc`]), the last resort
-//! of the others. [`capture`] runs the session's walker and drops the tracer's leading frames
-//! ([`leading`]), which start-up [`calibrate`] measures per walker and entry point.
+//! of the others. [`capture`](fn@capture) runs the session's walker and drops the tracer's
+//! leading frames ([`leading`]), which start-up [`calibrate`](mod@calibrate) measures per walker
+//! and entry point.
 //!
 //! Everything here runs inside the tracer (allocations are not sampled) and, on the sampled
 //! path, allocates nothing.
@@ -16,7 +17,7 @@ pub(crate) mod frame_pointers;
 pub(crate) mod leading;
 pub(crate) mod libgcc;
 
-pub(crate) use calibrate::{calibrate, record_calibration, NotGlobalAllocator};
-pub(crate) use capture::{capture, configure};
+pub(crate) use calibrate::{calibrate, calibration_slot, NotGlobalAllocator};
+pub(crate) use capture::{capture, configure, stack_left, stack_left_for_capture};
 pub use choice::Unwinder;
 pub(crate) use choice::Walker;

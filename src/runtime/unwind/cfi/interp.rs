@@ -2,6 +2,7 @@
 //! reduced to the registers the walk follows.
 
 use super::rule::{Rule, RBP, RSP};
+use crate::format::buf::ReadCursor;
 
 /// The rule at `pc` of the FDE at `fde`, which covers code starting at `start`; `None` for
 /// malformed or unsupported CFI.
@@ -23,20 +24,20 @@ pub(super) unsafe fn rule_from_fde(fde: *const u8, start: u64, pc: u64) -> Optio
     // SAFETY: the caller's contract.
     let fde_body = unsafe { entry(fde) }?;
     // The CIE pointer counts back from its own position, the first word of the FDE's body.
-    let cie_pointer = u32::from_le_bytes(fde_body.get(..4)?.try_into().ok()?);
+    let mut cursor = cfi_cursor(fde_body);
+    let cie_pointer = cursor.try_u32()?;
     // SAFETY: the CIE lies at that distance before the FDE, in the same section.
     let cie_body = unsafe { entry(fde.add(4).wrapping_sub(cie_pointer as usize)) }?;
     let cie = Cie::parse(cie_body)?;
-    let mut cursor = Cursor(&fde_body[4..]);
     // The FDE's address and length (the lookup already matched them) and augmentation data.
-    cursor.skip_pointer(cie.pointer_encoding)?;
-    cursor.skip_pointer(cie.pointer_encoding)?;
+    skip_pointer(&mut cursor, cie.pointer_encoding)?;
+    skip_pointer(&mut cursor, cie.pointer_encoding)?;
     if cie.has_augmentation_data {
-        let length = cursor.uleb()?;
-        cursor.skip(length)?;
+        let length = cursor.try_uleb128()?;
+        skip(&mut cursor, length)?;
     }
     let mut machine = Machine::new(&cie);
-    machine.run(Cursor(cie.initial_instructions), &cie, u64::MAX, start)?;
+    machine.run(cfi_cursor(cie.initial_instructions), &cie, u64::MAX, start)?;
     machine.initial = machine.row;
     machine.run(cursor, &cie, pc, start)?;
     if cie.signal_frame {
@@ -59,18 +60,18 @@ struct Cie<'a> {
 
 impl<'a> Cie<'a> {
     fn parse(body: &'a [u8]) -> Option<Cie<'a>> {
-        let mut cursor = Cursor(body);
-        if cursor.u32()? != 0 {
+        let mut cursor = cfi_cursor(body);
+        if cursor.try_u32()? != 0 {
             return None; // Not a CIE.
         }
-        let version = cursor.u8()?;
-        let augmentation = cursor.c_string()?;
+        let version = cursor.try_u8()?;
+        let augmentation = cursor.get_string().ok()?;
         if augmentation.starts_with(b"eh") {
             return None; // GCC 2's format.
         }
-        let code_alignment = cursor.uleb()?;
-        let data_alignment = cursor.sleb()?;
-        let return_address_register = if version == 1 { cursor.u8()? as u64 } else { cursor.uleb()? };
+        let code_alignment = cursor.try_uleb128()?;
+        let data_alignment = cursor.try_sleb128()?;
+        let return_address_register = if version == 1 { cursor.try_u8()? as u64 } else { cursor.try_uleb128()? };
         let mut cie = Cie {
             code_alignment,
             data_alignment,
@@ -81,15 +82,15 @@ impl<'a> Cie<'a> {
             initial_instructions: &[],
         };
         if cie.has_augmentation_data {
-            let length = cursor.uleb()?;
-            let mut data = Cursor(cursor.take(length)?);
+            let length = cursor.try_uleb128()?;
+            let mut data = cfi_cursor(cursor.try_bytes(usize::try_from(length).ok()?)?);
             for &letter in &augmentation[1..] {
                 match letter {
-                    b'R' => cie.pointer_encoding = data.u8()?,
-                    b'L' => _ = data.u8()?,
+                    b'R' => cie.pointer_encoding = data.try_u8()?,
+                    b'L' => _ = data.try_u8()?,
                     b'P' => {
-                        let encoding = data.u8()?;
-                        data.skip_pointer(encoding)?;
+                        let encoding = data.try_u8()?;
+                        skip_pointer(&mut data, encoding)?;
                     }
                     b'S' => cie.signal_frame = true,
                     // Other letters come with no data, or after all the data the walk needs.
@@ -99,7 +100,7 @@ impl<'a> Cie<'a> {
         } else if !augmentation.is_empty() {
             return None;
         }
-        cie.initial_instructions = cursor.0;
+        cie.initial_instructions = cursor.rest();
         Some(cie)
     }
 }
@@ -201,16 +202,16 @@ impl Machine {
 
     /// Run `code` until the row that covers `pc` (the instructions of a function starting at
     /// `start`). `None` for malformed or unknown instructions.
-    fn run(&mut self, mut code: Cursor<'_>, cie: &Cie<'_>, pc: u64, start: u64) -> Option<()> {
+    fn run(&mut self, mut code: ReadCursor<'_>, cie: &Cie<'_>, pc: u64, start: u64) -> Option<()> {
         let mut location = start;
-        while !code.0.is_empty() {
-            let op = code.u8()?;
+        while !code.is_empty() {
+            let op = code.try_u8()?;
             let advance = match op >> 6 {
                 // DW_CFA_advance_loc
                 1 => Some((op & 0x3f) as u64),
                 // DW_CFA_offset
                 2 => {
-                    let offset = factored(code.uleb()?, cie.data_alignment)?;
+                    let offset = factored(code.try_uleb128()?, cie.data_alignment)?;
                     self.set((op & 0x3f) as u64, Recovery::Offset(offset));
                     None
                 }
@@ -232,38 +233,38 @@ impl Machine {
     }
 
     /// One of the instructions with a full opcode byte; returns its advance, if it is one.
-    fn extended(&mut self, op: u8, code: &mut Cursor<'_>, cie: &Cie<'_>) -> Option<Option<u64>> {
+    fn extended(&mut self, op: u8, code: &mut ReadCursor<'_>, cie: &Cie<'_>) -> Option<Option<u64>> {
         let data_alignment = cie.data_alignment;
         match op {
-            0x00 => {}                                     // DW_CFA_nop
-            0x02 => return Some(Some(code.u8()? as u64)),  // DW_CFA_advance_loc1
-            0x03 => return Some(Some(code.u16()? as u64)), // DW_CFA_advance_loc2
-            0x04 => return Some(Some(code.u32()? as u64)), // DW_CFA_advance_loc4
+            0x00 => {}                                         // DW_CFA_nop
+            0x02 => return Some(Some(code.try_u8()? as u64)),  // DW_CFA_advance_loc1
+            0x03 => return Some(Some(code.try_u16()? as u64)), // DW_CFA_advance_loc2
+            0x04 => return Some(Some(code.try_u32()? as u64)), // DW_CFA_advance_loc4
             0x05 => {
                 // DW_CFA_offset_extended
-                let register = code.uleb()?;
-                let offset = factored(code.uleb()?, data_alignment)?;
+                let register = code.try_uleb128()?;
+                let offset = factored(code.try_uleb128()?, data_alignment)?;
                 self.set(register, Recovery::Offset(offset));
             }
             0x06 => {
                 // DW_CFA_restore_extended
-                let register = code.uleb()?;
+                let register = code.try_uleb128()?;
                 self.restore(register);
             }
             0x07 => {
                 // DW_CFA_undefined
-                let register = code.uleb()?;
+                let register = code.try_uleb128()?;
                 self.set(register, Recovery::Undefined);
             }
             0x08 => {
                 // DW_CFA_same_value
-                let register = code.uleb()?;
+                let register = code.try_uleb128()?;
                 self.set(register, Recovery::Same);
             }
             0x09 => {
                 // DW_CFA_register
-                let register = code.uleb()?;
-                code.uleb()?;
+                let register = code.try_uleb128()?;
+                code.try_uleb128()?;
                 self.set(register, Recovery::Other);
             }
             0x0a => {
@@ -279,58 +280,58 @@ impl Machine {
             }
             0x0c => {
                 // DW_CFA_def_cfa
-                self.row.cfa_register = code.uleb()?;
-                self.row.cfa_offset = i64::try_from(code.uleb()?).ok()?;
+                self.row.cfa_register = code.try_uleb128()?;
+                self.row.cfa_offset = i64::try_from(code.try_uleb128()?).ok()?;
                 self.row.cfa_is_expression = false;
             }
             0x0d => {
                 // DW_CFA_def_cfa_register
-                self.row.cfa_register = code.uleb()?;
+                self.row.cfa_register = code.try_uleb128()?;
                 self.row.cfa_is_expression = false;
             }
             // DW_CFA_def_cfa_offset (an expression CFA stays one, as in libgcc)
-            0x0e => self.row.cfa_offset = i64::try_from(code.uleb()?).ok()?,
+            0x0e => self.row.cfa_offset = i64::try_from(code.try_uleb128()?).ok()?,
             0x0f => {
                 // DW_CFA_def_cfa_expression
-                let length = code.uleb()?;
-                code.skip(length)?;
+                let length = code.try_uleb128()?;
+                skip(code, length)?;
                 self.row.cfa_is_expression = true;
             }
             0x10 | 0x16 => {
                 // DW_CFA_expression, DW_CFA_val_expression
-                let register = code.uleb()?;
-                let length = code.uleb()?;
-                code.skip(length)?;
+                let register = code.try_uleb128()?;
+                let length = code.try_uleb128()?;
+                skip(code, length)?;
                 self.set(register, Recovery::Other);
             }
             0x11 => {
                 // DW_CFA_offset_extended_sf
-                let register = code.uleb()?;
-                let offset = code.sleb()?.checked_mul(data_alignment)?;
+                let register = code.try_uleb128()?;
+                let offset = code.try_sleb128()?.checked_mul(data_alignment)?;
                 self.set(register, Recovery::Offset(offset));
             }
             0x12 => {
                 // DW_CFA_def_cfa_sf
-                self.row.cfa_register = code.uleb()?;
-                self.row.cfa_offset = code.sleb()?.checked_mul(data_alignment)?;
+                self.row.cfa_register = code.try_uleb128()?;
+                self.row.cfa_offset = code.try_sleb128()?.checked_mul(data_alignment)?;
                 self.row.cfa_is_expression = false;
             }
-            0x13 => self.row.cfa_offset = code.sleb()?.checked_mul(data_alignment)?, // DW_CFA_def_cfa_offset_sf
+            0x13 => self.row.cfa_offset = code.try_sleb128()?.checked_mul(data_alignment)?, // DW_CFA_def_cfa_offset_sf
             0x14 | 0x15 => {
                 // DW_CFA_val_offset, DW_CFA_val_offset_sf
-                let register = code.uleb()?;
+                let register = code.try_uleb128()?;
                 if op == 0x14 {
-                    code.uleb()?;
+                    code.try_uleb128()?;
                 } else {
-                    code.sleb()?;
+                    code.try_sleb128()?;
                 }
                 self.set(register, Recovery::Other);
             }
-            0x2e => _ = code.uleb()?, // DW_CFA_GNU_args_size
+            0x2e => _ = code.try_uleb128()?, // DW_CFA_GNU_args_size
             0x2f => {
                 // DW_CFA_GNU_negative_offset_extended
-                let register = code.uleb()?;
-                let offset = factored(code.uleb()?, data_alignment)?.checked_neg()?;
+                let register = code.try_uleb128()?;
+                let offset = factored(code.try_uleb128()?, data_alignment)?.checked_neg()?;
                 self.set(register, Recovery::Offset(offset));
             }
             // DW_CFA_set_loc and anything unknown.
@@ -345,96 +346,35 @@ fn factored(operand: u64, data_alignment: i64) -> Option<i64> {
     i64::try_from(operand).ok()?.checked_mul(data_alignment)
 }
 
-/// A reader of CFI bytes; every read is checked.
-pub(super) struct Cursor<'a>(&'a [u8]);
+/// A cursor over CFI bytes. The CFI is in memory, not in a trace file, so error offsets count
+/// from the start of `bytes`; they are never reported (a malformed FDE is just "unsupported").
+fn cfi_cursor(bytes: &[u8]) -> ReadCursor<'_> {
+    ReadCursor::new(bytes, 0)
+}
 
-impl<'a> Cursor<'a> {
-    fn take(&mut self, n: u64) -> Option<&'a [u8]> {
-        let n = usize::try_from(n).ok()?;
-        let (head, rest) = self.0.split_at_checked(n)?;
-        self.0 = rest;
-        Some(head)
+/// Skip `n` bytes, a length read from the CFI.
+fn skip(cursor: &mut ReadCursor<'_>, n: u64) -> Option<()> {
+    cursor.try_skip(usize::try_from(n).ok()?)
+}
+
+/// Skip a pointer encoded with `DW_EH_PE_*` `encoding` (its format: the low four bits).
+fn skip_pointer(cursor: &mut ReadCursor<'_>, encoding: u8) -> Option<()> {
+    if encoding == 0xff {
+        return Some(()); // DW_EH_PE_omit
     }
-
-    fn skip(&mut self, n: u64) -> Option<()> {
-        self.take(n).map(drop)
-    }
-
-    fn u8(&mut self) -> Option<u8> {
-        Some(self.take(1)?[0])
-    }
-
-    fn u16(&mut self) -> Option<u16> {
-        Some(u16::from_le_bytes(self.take(2)?.try_into().ok()?))
-    }
-
-    fn u32(&mut self) -> Option<u32> {
-        Some(u32::from_le_bytes(self.take(4)?.try_into().ok()?))
-    }
-
-    fn uleb(&mut self) -> Option<u64> {
-        let mut value = 0u64;
-        for shift in (0..64).step_by(7) {
-            let byte = self.u8()?;
-            value |= ((byte & 0x7f) as u64) << shift;
-            if byte & 0x80 == 0 {
-                return Some(value);
-            }
-        }
-        None
-    }
-
-    fn sleb(&mut self) -> Option<i64> {
-        let mut value = 0i64;
-        for shift in (0..64).step_by(7) {
-            let byte = self.u8()?;
-            value |= ((byte & 0x7f) as i64) << shift;
-            if byte & 0x80 == 0 {
-                if shift + 7 < 64 && byte & 0x40 != 0 {
-                    value |= -1 << (shift + 7);
-                }
-                return Some(value);
-            }
-        }
-        None
-    }
-
-    fn c_string(&mut self) -> Option<&'a [u8]> {
-        let end = self.0.iter().position(|&b| b == 0)?;
-        let s = self.take(end as u64)?;
-        self.skip(1)?;
-        Some(s)
-    }
-
-    /// Skip a pointer encoded with `DW_EH_PE_*` `encoding` (its format: the low four bits).
-    fn skip_pointer(&mut self, encoding: u8) -> Option<()> {
-        if encoding == 0xff {
-            return Some(()); // DW_EH_PE_omit
-        }
-        match encoding & 0x0f {
-            0x00 | 0x04 | 0x0c => self.skip(8),
-            0x01 => self.uleb().map(drop),
-            0x09 => self.sleb().map(drop),
-            0x02 | 0x0a => self.skip(2),
-            0x03 | 0x0b => self.skip(4),
-            _ => None,
-        }
+    match encoding & 0x0f {
+        0x00 | 0x04 | 0x0c => skip(cursor, 8),
+        0x01 => cursor.try_uleb128().map(drop),
+        0x09 => cursor.try_sleb128().map(drop),
+        0x02 | 0x0a => skip(cursor, 2),
+        0x03 | 0x0b => skip(cursor, 4),
+        _ => None,
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn leb128() {
-        let mut c = Cursor(&[0xe5, 0x8e, 0x26, 0x7f, 0x80, 0x7f, 0x02]);
-        assert_eq!(c.uleb(), Some(624_485));
-        assert_eq!(c.sleb(), Some(-1));
-        assert_eq!(c.sleb(), Some(-128));
-        assert_eq!(c.sleb(), Some(2));
-        assert_eq!(c.uleb(), None, "truncated");
-    }
 
     /// A CIE as GCC and LLVM write it for x86_64 (`zR`, pcrel|sdata4, code alignment 1, data
     /// alignment −8, return address in r16 at CFA − 8, CFA = rsp + 8), then an FDE body.
@@ -446,9 +386,9 @@ mod tests {
         let cie = cie();
         let cie = Cie::parse(&cie)?;
         let mut machine = Machine::new(&cie);
-        machine.run(Cursor(cie.initial_instructions), &cie, u64::MAX, 0x1000)?;
+        machine.run(cfi_cursor(cie.initial_instructions), &cie, u64::MAX, 0x1000)?;
         machine.initial = machine.row;
-        machine.run(Cursor(fde_instructions), &cie, 0x1000 + offset, 0x1000)?;
+        machine.run(cfi_cursor(fde_instructions), &cie, 0x1000 + offset, 0x1000)?;
         machine.row.rule()
     }
 

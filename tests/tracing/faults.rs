@@ -1,0 +1,346 @@
+//! Faults an adversarial run found (issue #12), each in a child process under a time limit: a
+//! failing huge allocation, a FIFO nobody reads, a reader that stops reading, a thread close
+//! to its stack limit, a start that fails after choosing its file.
+
+use std::hint::black_box;
+use std::os::fd::AsRawFd;
+use std::process::{Output, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use memtrace_rs::{currently_tracing, trace_if_requested};
+
+use super::{child, fifo_reader, memtrace_messages, site_freed, temp_path, Trace};
+
+/// Environment variable: the stack a `small_stack` child leaves when it allocates, in bytes.
+const STACK_LEFT_VAR: &str = "MEMTRACE_TEST_STACK_LEFT";
+
+/// The roles of this module's children; `false` for a role that is not one of them.
+pub(crate) fn child_role(role: &str) -> bool {
+    match role {
+        "huge" => {
+            let guard = trace_if_requested();
+            assert!(guard.is_some());
+            for size in [isize::MAX as usize, 1 << 50, 1 << 48] {
+                let start = Instant::now();
+                let mut v: Vec<u8> = Vec::new();
+                assert!(black_box(v.try_reserve(size)).is_err(), "{size} bytes reserved");
+                let took = start.elapsed();
+                assert!(took < Duration::from_millis(100), "a failing {size}-byte allocation took {took:?}");
+            }
+            drop(guard);
+        }
+        "stalled" | "stalled_exit" => {
+            let guard = trace_if_requested();
+            assert!(guard.is_some());
+            // Enough samples to fill the pipe, over more than a flush interval.
+            let end = Instant::now() + Duration::from_millis(1500);
+            while Instant::now() < end {
+                site_freed();
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            if role == "stalled_exit" {
+                std::mem::forget(guard);
+                std::process::exit(0);
+            }
+            let error = guard.unwrap().finish().unwrap_err();
+            assert!(matches!(error.kind(), memtrace_rs::ErrorKind::WriterStalled(_)), "{error}");
+            assert!(!currently_tracing());
+        }
+        "small_stack" => {
+            let left: usize = std::env::var(STACK_LEFT_VAR).unwrap().parse().unwrap();
+            let guard = trace_if_requested();
+            let thread = std::thread::Builder::new().stack_size(128 << 10).spawn(move || {
+                // The thread's first allocation (its malloc arena; for the tracer, its stack
+                // bounds) near the top of its stack, and a block to free at the bottom.
+                let shallow = black_box(Box::new([1u8; 64]));
+                descend_and_allocate(left, stack_low(), shallow)
+            });
+            let allocated = thread.unwrap().join().unwrap();
+            assert!(allocated > 0);
+            eprintln!("allocated with {} bytes of stack left", STACK_LEFT_DEEPEST.load(Ordering::Relaxed));
+            drop(guard);
+        }
+        "stack_use" => {
+            // Bytes of stack below the caller: starting (and stopping) a session, an allocation
+            // and a free untraced, a sampled allocation (on a thread's first sample: its stack
+            // bounds asked for, unwind rules looked up; and later), the free of a sampled block,
+            // and libgcc's unwinder, which the DWARF walk falls back to.
+            let start = on_new_thread(|| {}, start_and_stop);
+            let untraced = on_new_thread(|| {}, alloc_and_free);
+            let guard = trace_if_requested();
+            assert!(guard.is_some());
+            let first = on_new_thread(|| {}, alloc_and_free);
+            let sample = on_new_thread(alloc_and_free, alloc_and_free);
+            let free = on_new_thread(keep_a_block, free_the_block);
+            drop(guard);
+            let libgcc = on_new_thread(|| {}, libgcc_trace);
+            let libgcc_warm = on_new_thread(libgcc_trace, libgcc_trace);
+            println!(
+                "stack start={start} untraced={untraced} first-sample={first} sample={sample} free={free} \
+                 libgcc-first={libgcc} libgcc={libgcc_warm}"
+            );
+        }
+        _ => return false,
+    }
+    true
+}
+
+fn alloc_and_free() {
+    drop(black_box(Box::new([3u8; 40])));
+}
+
+fn start_and_stop() {
+    let path = std::env::var_os(super::SECOND_FILE_VAR).unwrap();
+    drop(memtrace_rs::start_tracing(memtrace_rs::TraceConfig::new(path)).unwrap());
+}
+
+thread_local! {
+    static KEPT: std::cell::Cell<Option<Box<[u8; 40]>>> = const { std::cell::Cell::new(None) };
+}
+
+fn keep_a_block() {
+    KEPT.set(Some(black_box(Box::new([4u8; 40]))));
+}
+
+fn free_the_block() {
+    drop(KEPT.take());
+}
+
+fn libgcc_trace() {
+    // SAFETY: walks this thread's stack; the callback only counts.
+    unsafe { backtrace::trace_unsynchronized(|frame| black_box(frame.ip()) as usize != 0) };
+}
+
+/// On a new thread with a 1 MiB stack, after `setup`: the bytes of stack `f` uses.
+fn on_new_thread(setup: fn(), f: fn()) -> usize {
+    let thread = std::thread::Builder::new().stack_size(1 << 20).spawn(move || {
+        setup();
+        stack_used(f)
+    });
+    thread.unwrap().join().unwrap()
+}
+
+/// The bytes of stack `f` uses below this function's frame: the stack below is painted with a
+/// pattern first, and the lowest word `f` changed is looked for after.
+#[inline(never)]
+fn stack_used(f: fn()) -> usize {
+    const PATTERN: u64 = 0x5a5a_a5a5_5a5a_a5a5;
+    let marker = 0u64;
+    let here = black_box(std::ptr::addr_of!(marker) as usize);
+    let (bottom, top) = ((stack_low() + 4096) & !7, (here - 256) & !7);
+    for at in (bottom..top).step_by(8) {
+        // SAFETY: an aligned word of this thread's stack, between its low end and well below
+        // the current frame: mapped, and in use by nobody.
+        unsafe { std::ptr::write_volatile(at as *mut u64, PATTERN) };
+    }
+    f();
+    // SAFETY: as above: words of this thread's stack below this frame.
+    let lowest = (bottom..top).step_by(8).find(|&at| unsafe { std::ptr::read_volatile(at as *const u64) } != PATTERN);
+    here - lowest.unwrap_or(top)
+}
+
+/// The lowest address of this thread's stack.
+fn stack_low() -> usize {
+    // SAFETY: `attr` is initialised by pthread_getattr_np before use and destroyed after; the
+    // out-pointers are valid for writes.
+    unsafe {
+        let mut attr: libc::pthread_attr_t = std::mem::zeroed();
+        assert_eq!(libc::pthread_getattr_np(libc::pthread_self(), &mut attr), 0);
+        let (mut addr, mut size) = (std::ptr::null_mut(), 0);
+        assert_eq!(libc::pthread_attr_getstack(&attr, &mut addr, &mut size), 0);
+        libc::pthread_attr_destroy(&mut attr);
+        addr as usize
+    }
+}
+
+/// The stack `deepest` had left, for the record.
+static STACK_LEFT_DEEPEST: AtomicUsize = AtomicUsize::new(0);
+
+/// Recurse until about `left` bytes of stack are left (give or take a frame, a hundred bytes),
+/// then allocate and free there (and free `shallow`, allocated near the top); returns the
+/// address allocated.
+#[inline(never)]
+fn descend_and_allocate(left: usize, low: usize, shallow: Box<[u8; 64]>) -> usize {
+    let pad = black_box([0u8; 32]);
+    let here = std::ptr::addr_of!(pad) as usize;
+    if here - low > left + 160 {
+        return descend_and_allocate(left, low, shallow) + pad[0] as usize;
+    }
+    deepest(low, shallow)
+}
+
+#[inline(never)]
+fn deepest(low: usize, shallow: Box<[u8; 64]>) -> usize {
+    let marker = 0u8;
+    STACK_LEFT_DEEPEST.store(std::ptr::addr_of!(marker) as usize - low, Ordering::Relaxed);
+    let block = black_box(Box::new([2u8; 48]));
+    let at = &*block as *const [u8; 48] as usize;
+    drop(block);
+    drop(shallow);
+    at
+}
+
+/// Run a child in `role` with `env`, killing it (and failing) past `limit`; its output and how
+/// long it ran.
+fn run_within(role: &str, env: &[(&str, &str)], limit: Duration) -> (Output, Duration) {
+    let start = Instant::now();
+    let proc = child(role, env).stderr(Stdio::piped()).spawn().unwrap();
+    let pid = proc.id() as libc::pid_t;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || tx.send(proc.wait_with_output()));
+    match rx.recv_timeout(limit) {
+        Ok(out) => {
+            let out = out.unwrap();
+            eprintln!("--- child {role} stderr:\n{}", String::from_utf8_lossy(&out.stderr));
+            (out, start.elapsed())
+        }
+        Err(_) => {
+            // SAFETY: a signal to our own child.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+            panic!("child {role} still running after {limit:?}");
+        }
+    }
+}
+
+#[test]
+fn a_failing_huge_allocation_returns_at_once() {
+    let path = temp_path("huge");
+    // The default rate, a higher one, and every word sampled.
+    for rate in ["", "1e-3", "1"] {
+        let env = [("MEMTRACE_FILE", path.to_str().unwrap()), ("MEMTRACE_RATE", rate)];
+        let (out, _) = run_within("huge", &env, Duration::from_secs(60));
+        assert!(out.status.success(), "rate {rate:?}");
+        assert!(memtrace_messages(&out).is_empty(), "{:?}", memtrace_messages(&out));
+        let trace = Trace::read(&path);
+        assert!(trace.warnings.is_empty(), "{:?}", trace.warnings);
+    }
+    let _ = std::fs::remove_file(&path);
+}
+
+#[test]
+fn a_fifo_nobody_reads_is_reported_and_ignored() {
+    let fifo = temp_path("fifo-unread");
+    let c_fifo = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: a valid C string.
+    assert_eq!(unsafe { libc::mkfifo(c_fifo.as_ptr(), 0o600) }, 0);
+    let (out, _) = run_within("untraced", &[("MEMTRACE_FILE", fifo.to_str().unwrap())], Duration::from_secs(30));
+    assert!(out.status.success());
+    let messages = memtrace_messages(&out);
+    assert_eq!(messages.len(), 1, "{messages:?}");
+    assert!(messages[0].contains("is a FIFO that no process is reading"), "{messages:?}");
+    let _ = std::fs::remove_file(&fifo);
+}
+
+/// A reader that opens the FIFO and never reads: the writer blocks once the pipe is full, and
+/// the program still ends, after the stop timeout, with one message (from the guard's
+/// `finish`, which says the writer stalled, or from the exit hook after `process::exit`).
+#[test]
+fn a_fifo_whose_reader_stalls_lets_the_program_finish() {
+    for role in ["stalled", "stalled_exit"] {
+        let fifo = temp_path(&format!("fifo-{role}"));
+        let reader = fifo_reader(&fifo);
+        let env = [("MEMTRACE_FILE", fifo.to_str().unwrap()), ("MEMTRACE_RATE", "1e-3")];
+        let (out, took) = run_within(role, &env, Duration::from_secs(30));
+        assert!(out.status.success(), "{role}");
+        // 1.5 s of work and the default 1 s stop timeout, with slack for a loaded machine.
+        assert!(took < Duration::from_secs(10), "{role}: took {took:?}");
+        let messages = memtrace_messages(&out);
+        assert_eq!(messages.len(), 1, "{role}: {messages:?}");
+        assert!(messages[0].contains("gave up waiting"), "{role}: {messages:?}");
+        assert!(messages[0].contains(fifo.to_str().unwrap()), "{role}: {messages:?}");
+        // Nothing read: the pipe is full.
+        let mut available: libc::c_int = 0;
+        // SAFETY: FIONREAD on a descriptor we own, into an int.
+        assert_eq!(unsafe { libc::ioctl(reader.as_raw_fd(), libc::FIONREAD, &mut available) }, 0);
+        assert!(available > 0);
+        drop(reader);
+        let _ = std::fs::remove_file(&fifo);
+    }
+}
+
+/// A thread with little stack left allocates under tracing (at rate 1, where every allocation
+/// is sampled) as it does untraced: the sample it has no stack for is dropped and reported, and
+/// so is the free of a sampled block there. Optimised, both work with a few hundred bytes left;
+/// unoptimised, the allocator's and the sampler's frames before the stack check take some
+/// 600 bytes more than the system allocator does, so the traced run gets 1 KiB more (a capture
+/// there would take 3 KiB with frame pointers, 6 KiB for a first DWARF walk, and overflow).
+#[test]
+fn a_thread_near_its_stack_limit_allocates_as_untraced() {
+    let (left, debug_frames) = if cfg!(debug_assertions) { (1280, 1024) } else { (384, 0) };
+    let untraced = left.to_string();
+    let (out, _) = run_within("small_stack", &[(STACK_LEFT_VAR, &untraced)], Duration::from_secs(30));
+    assert!(out.status.success(), "the untraced program itself fails with {left} bytes of stack left");
+    let traced = (left + debug_frames).to_string();
+    let path = temp_path("small-stack");
+    for unwinder in ["frame-pointers", "dwarf"] {
+        let env = [
+            (STACK_LEFT_VAR, traced.as_str()),
+            ("MEMTRACE_FILE", path.to_str().unwrap()),
+            ("MEMTRACE_RATE", "1"),
+            ("MEMTRACE_UNWINDER", unwinder),
+        ];
+        let (out, _) = run_within("small_stack", &env, Duration::from_secs(30));
+        assert!(out.status.success(), "{unwinder}: {}", String::from_utf8_lossy(&out.stderr));
+        let messages = memtrace_messages(&out);
+        assert_eq!(messages.len(), 2, "{unwinder}: {messages:?}");
+        assert!(messages[0].contains("1 with too little stack left to capture theirs"), "{unwinder}: {messages:?}");
+        assert!(messages[1].contains("1 with too little stack left to send them"), "{unwinder}: {messages:?}");
+        let trace = Trace::read(&path);
+        assert!(trace.warnings.is_empty(), "{:?}", trace.warnings);
+        assert!(!trace.allocs.is_empty());
+    }
+    let _ = std::fs::remove_file(&path);
+}
+
+/// A context too long for the trace's first packet: one message, and no file, neither a new
+/// one nor an existing one truncated.
+#[test]
+fn a_rejected_context_leaves_no_file() {
+    let path = temp_path("long-context");
+    let context = "x".repeat(100_000);
+    let env = [("MEMTRACE_FILE", path.to_str().unwrap()), ("MEMTRACE_CONTEXT", context.as_str())];
+    let (out, _) = run_within("untraced", &env, Duration::from_secs(30));
+    assert!(out.status.success());
+    let messages = memtrace_messages(&out);
+    assert_eq!(messages.len(), 1, "{messages:?}");
+    assert!(messages[0].contains("not tracing"), "{messages:?}");
+    assert!(!path.exists(), "a failed start left {} behind", path.display());
+    std::fs::write(&path, b"an older trace").unwrap();
+    let (out, _) = run_within("untraced", &env, Duration::from_secs(30));
+    assert!(out.status.success());
+    assert_eq!(std::fs::read(&path).unwrap(), b"an older trace");
+    let _ = std::fs::remove_file(&path);
+}
+
+/// The stack the tracer takes, measured per walker, is within what its stack checks require:
+/// `STACK_NEEDED` in `src/runtime/unwind/capture.rs` (8 KiB for frame pointers, 16 KiB for
+/// DWARF and libgcc) and `FREE_STACK_NEEDED` in `src/runtime/record.rs` (4 KiB); and a session
+/// starts (calibration included) in 16 KiB.
+#[test]
+fn stack_use_of_the_tracer() {
+    let path = temp_path("stack-use");
+    let second = temp_path("stack-use-start");
+    for (unwinder, needed) in [("frame-pointers", 8 << 10), ("dwarf", 16 << 10)] {
+        let env = [
+            ("MEMTRACE_FILE", path.to_str().unwrap()),
+            ("MEMTRACE_RATE", "1"),
+            ("MEMTRACE_UNWINDER", unwinder),
+            (super::SECOND_FILE_VAR, second.to_str().unwrap()),
+        ];
+        let out = child("stack_use", &env).stdout(Stdio::piped()).output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let line = stdout.lines().find(|l| l.starts_with("stack ")).unwrap();
+        eprintln!("{unwinder}: {line}");
+        let used = |what: &str| -> usize {
+            let field = line.split(' ').find_map(|f| f.strip_prefix(what)?.strip_prefix('='));
+            field.unwrap_or_else(|| panic!("no {what} in {line}")).parse().unwrap()
+        };
+        assert!(used("first-sample").max(used("sample")).max(used("libgcc-first")) <= needed, "{unwinder}: {line}");
+        assert!(used("free") <= 4 << 10, "{line}");
+        assert!(used("start") <= 16 << 10, "{line}");
+    }
+    let _ = std::fs::remove_file(&path);
+    let _ = std::fs::remove_file(&second);
+}
