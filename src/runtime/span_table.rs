@@ -40,6 +40,9 @@ pub const MAX_DESCRIPTION_BYTES: usize = 200;
 pub const MAX_VALUES_PER_SITE: usize = 64;
 /// Most span descriptions in all; beyond, new values share their call site's `name{…}`.
 pub const MAX_DESCRIPTIONS: usize = 1 << 16;
+/// Most threads whose full names are registered (kernel ids are reused, so a thread that
+/// replaces one takes its place).
+const MAX_THREAD_NAMES: usize = 1 << 16;
 /// Longest call-site file name kept, in bytes (the location record must stay within the
 /// format's 4 096 bytes).
 const MAX_FILE_BYTES: usize = 1024;
@@ -115,11 +118,16 @@ pub(crate) fn intern(site: usize, name: &str, text: &str, file: &str, line: u32)
     }
 }
 
-/// Register the name of the thread with kernel id `tid` (`None`: unnamed).
+/// Register the name of the thread with kernel id `tid` (`None`: unnamed), unless
+/// [`MAX_THREAD_NAMES`] other threads are registered (a program that keeps starting threads
+/// would grow the registry without end): that thread is then named by its kernel name.
 #[cfg_attr(not(feature = "tracing"), allow(dead_code))]
 pub(crate) fn register_thread(tid: u32, name: Option<&str>) {
-    THREAD_NAMES.lock().insert(tid, name.map(|n| bounded(n, MAX_DESCRIPTION_BYTES).into()));
-    THREAD_NAMES_VERSION.fetch_add(1, Ordering::Release);
+    let mut names = THREAD_NAMES.lock();
+    if names.len() < MAX_THREAD_NAMES || names.contains_key(&tid) {
+        names.insert(tid, name.map(|n| bounded(n, MAX_DESCRIPTION_BYTES).into()));
+        THREAD_NAMES_VERSION.fetch_add(1, Ordering::Release);
+    }
 }
 
 /// The writer's view of pseudo-frames: it numbers thread names (threads of one name share
