@@ -310,9 +310,12 @@ impl<'a> ReadCursor<'a> {
 
     /// Read an unsigned LEB128 integer (DWARF's variable-length encoding); `None` when the
     /// bytes end first or the value needs more than 64 bits.
-    // Always inlined (the compiler inlines the fixed-width reads by itself): as an out-of-line
-    // call it made the CFI interpreter's rule computation slower (see the README's benchmarks).
-    #[inline(always)]
+    // Always inlined in optimised builds (the compiler inlines the fixed-width reads by
+    // itself): as an out-of-line call it made the CFI interpreter's rule computation slower
+    // (see the README's benchmarks). Not in debug builds, where every inlined copy keeps stack
+    // slots of its own and the interpreter, which runs inside the allocator, grew its frame by
+    // about 6 KiB.
+    #[cfg_attr(not(debug_assertions), inline(always))]
     pub fn try_uleb128(&mut self) -> Option<u64> {
         let mut value = 0u64;
         for (i, &byte) in self.rest().iter().enumerate().take(10) {
@@ -331,7 +334,7 @@ impl<'a> ReadCursor<'a> {
 
     /// Read a signed LEB128 integer, sign-extended from its last byte's bit 6; `None` as for
     /// [`Self::try_uleb128`].
-    #[inline(always)]
+    #[cfg_attr(not(debug_assertions), inline(always))]
     pub fn try_sleb128(&mut self) -> Option<i64> {
         let mut value = 0i64;
         for (i, &byte) in self.rest().iter().enumerate().take(10) {
