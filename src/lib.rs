@@ -23,12 +23,16 @@
 
 mod format;
 mod frames;
+#[cfg(feature = "tracing")]
+mod layer;
 mod runtime;
 
 #[cfg(feature = "analysis")]
 pub mod analysis;
 
 pub use format::error::{Error, ErrorKind, Result};
+#[cfg(feature = "tracing")]
+pub use layer::MemtraceLayer;
 pub use runtime::allocator::MemtraceAllocator;
 pub use runtime::config::{StartError, TraceConfig};
 pub use runtime::session::{start_tracing, stop_tracing, trace_if_requested, TraceGuard, TraceStats};
@@ -43,6 +47,7 @@ pub mod trace {
         Alloc, AllocSource, Event, EventKind, Info, LocationTable, NewAlloc, ObjectId, Reader, Timestamp, Warning,
         Writer, FORMAT_VERSION,
     };
+    pub use crate::runtime::span_table::{SPAN_FILE_PREFIX, THREAD_FILE};
 }
 
 /// The format's internals and a test hook, for this crate's benchmarks, fuzz targets and

@@ -399,6 +399,28 @@ mod tests {
         }
     }
 
+    /// The runtime's pseudo-frames (spans and threads: codes with a tag in the top 16 bits and
+    /// a small number below) at the outer end of stacks, shared and varied.
+    #[test]
+    fn pseudo_frames_round_trip() {
+        let thread = |n: u64| 0xFFFD_0000_0000_0000 | n;
+        let span = |n: u64| 0xFFFF_0000_0000_0000 | n;
+        let code: Vec<u64> = (0..40).map(|i| 0x5555_0000_1000 + i * 0x40).collect();
+        let mut stacks = Vec::new();
+        for i in 0..300u64 {
+            // Innermost first: code frames, then spans innermost first, then the thread.
+            let mut s = code[..(i % 40) as usize].to_vec();
+            s.extend((0..i % 4).rev().map(|d| span(d * 1000 + i % 7)));
+            s.push(thread(i % 3));
+            stacks.push(s);
+        }
+        stacks.push(vec![thread(0)]);
+        stacks.push((0..16).rev().map(span).chain([thread(u32::MAX as u64)]).collect());
+        for (s, o) in stacks.iter().zip(round_trip(&stacks)) {
+            assert_eq!(o, file_order(s));
+        }
+    }
+
     #[test]
     fn budget_truncates_the_innermost_frames() {
         let misses: Vec<u64> = (0..1000).map(|i| 0x7000_0000 + i as u64 * 0x1357).collect();

@@ -42,6 +42,8 @@ pub struct TraceConfig {
     pub(crate) frame_cap: usize,
     /// How sampled stacks are captured.
     pub(crate) unwinder: Unwinder,
+    /// Whether each sample records its thread as the outermost frame.
+    pub(crate) thread_frames: bool,
     /// How long stopping waits for the writer thread to write what is queued.
     pub(crate) stop_timeout: Duration,
 }
@@ -56,6 +58,7 @@ impl TraceConfig {
             context: None,
             frame_cap: DEFAULT_FRAME_CAP,
             unwinder: Unwinder::default(),
+            thread_frames: true,
             stop_timeout: DEFAULT_STOP_TIMEOUT,
         }
     }
@@ -82,6 +85,14 @@ impl TraceConfig {
     /// How sampled stacks are captured.
     pub fn unwinder(mut self, unwinder: Unwinder) -> TraceConfig {
         self.unwinder = unwinder;
+        self
+    }
+
+    /// Whether each sample records its thread (on by default): as its outermost frame, a
+    /// location named after the thread (or `thread-<id>` when it has no name) with the file
+    /// name `<thread>`.
+    pub fn thread_frames(mut self, on: bool) -> TraceConfig {
+        self.thread_frames = on;
         self
     }
 

@@ -38,6 +38,9 @@ use crossbeam_channel::{Receiver, Sender, TrySendError};
 use crate::format::trace::Timestamp;
 use crate::runtime::state::MAX_FRAMES;
 
+/// A thread's kernel name: at most 15 bytes, padded with NULs.
+pub(crate) type KernelName = [u8; 16];
+
 /// The most messages a queue holds: 128 Ki × 56 bytes (a message and its slot's stamp), for
 /// the highest rates.
 pub(crate) const MAX_CAPACITY: usize = 1 << 17;
@@ -96,6 +99,8 @@ pub(crate) enum Msg {
     },
     /// The sampled block at `addr` was freed.
     Free { session: u32, addr: usize, time: Timestamp },
+    /// The thread with kernel id `tid`, whose samples follow, has the kernel name `name`.
+    ThreadName { session: u32, tid: u32, name: KernelName },
     /// Close the trace and exit.
     Stop { session: u32 },
 }
@@ -104,7 +109,10 @@ impl Msg {
     /// The session that sent the message.
     pub(crate) fn session(&self) -> u32 {
         match *self {
-            Msg::Alloc { session, .. } | Msg::Free { session, .. } | Msg::Stop { session } => session,
+            Msg::Alloc { session, .. }
+            | Msg::Free { session, .. }
+            | Msg::ThreadName { session, .. }
+            | Msg::Stop { session } => session,
         }
     }
 }

@@ -7,6 +7,9 @@
 //! - [`sampled_set`]: the lock-free table that tells a free whether its block was sampled;
 //! - [`handoff`]: the bounded queue from application threads to the writer, with its pool of
 //!   frame buffers;
+//! - [`spans`]: the spans each thread is inside, and the pseudo-frames that record them and
+//!   the thread;
+//! - [`span_table`]: span descriptions and thread names, and the locations of pseudo-frames;
 //! - [`symbolize`]: code addresses to source locations (the writer's, and calibration's);
 //! - [`unwind`]: capturing a sampled allocation's stack, and calibrating the walkers;
 //! - [`record`]: the sampled path of an allocation and of a free;
@@ -22,6 +25,8 @@ pub(crate) mod record;
 pub(crate) mod sampled_set;
 pub(crate) mod sampler;
 pub(crate) mod session;
+pub(crate) mod span_table;
+pub(crate) mod spans;
 pub(crate) mod state;
 pub(crate) mod symbolize;
 pub(crate) mod unwind;

@@ -2,18 +2,20 @@
 //! sampled block, on the application's thread.
 //!
 //! A sampled allocation takes a pooled frame buffer, notes the block in the sampled-block
-//! table, captures its stack and queues an alloc message for the writer; a free of a sampled
-//! block queues a free message. Nothing here blocks, takes a lock or (in the steady state)
-//! allocates. The queue bound, the table and a thread's stack are the only places a sample
-//! can be lost (a sample on a thread too close to the end of its stack for a capture is
-//! dropped, not allowed to overflow it); every loss is counted here and reported when the
-//! session ends.
+//! table, captures its stack, appends its spans and thread (`spans`) and queues an alloc
+//! message for the writer (after its thread's kernel name, the first time in a session); a
+//! free of a sampled block queues a free message. Nothing here blocks, takes a lock or (in the
+//! steady state) allocates. The queue bound, the table and a thread's stack are the only
+//! places a sample can be lost (a sample on a thread too close to the end of its stack for a
+//! capture is dropped, not allowed to overflow it); every loss is counted here and reported
+//! when the session ends.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::handoff::{self, Msg, NoFrames};
 use super::sampled_set;
 use super::sampler::{self, WORD_BYTES};
+use super::spans;
 use super::state::{now_us, Entry, CALIBRATING, ON, STATE};
 use super::unwind::{self, capture};
 
@@ -117,6 +119,11 @@ fn record_alloc(addr: usize, size: usize, nsamples: u64, entry: Entry, calibrati
         return;
     }
     let nframes = capture(entry, false, &mut frames);
+    let nframes = spans::append_pseudo_frames(&mut frames, nframes);
+    if let Some((tid, name)) = spans::kernel_name_to_send(session) {
+        // Lost with a full queue: the writer then names the thread `thread-<tid>`.
+        channel.try_send(Msg::ThreadName { session, tid, name });
+    }
     let length = (size as u64).div_ceil(WORD_BYTES);
     let nframes = nframes as u16;
     if !channel.try_send(Msg::Alloc { session, nframes, addr, time: now_us(), length, nsamples, frames }) {

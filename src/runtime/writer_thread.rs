@@ -1,6 +1,7 @@
 //! The writer thread: it owns the trace [`Writer`], takes the samples off the hand-off queue,
 //! assigns object ids and keeps the address → id map of live sampled blocks, symbolizes each
-//! new frame address once, and flushes at least once a second.
+//! new frame address once (and names each new pseudo-frame, see `span_table`), and flushes at
+//! least once a second.
 
 use std::fs::File;
 use std::path::Path;
@@ -9,6 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::handoff::{self, Channel, Msg};
+use super::span_table::PseudoFrames;
 use super::state::{MAX_FRAMES, OFF, STATE};
 use super::symbolize::{self, Symbolizer};
 use super::unwind::cfi;
@@ -53,6 +55,8 @@ struct TraceWriter {
     epoch: u64,
     /// The location codes of the sample being written.
     codes: Vec<u64>,
+    /// The names of span and thread pseudo-frames.
+    pseudo: PseudoFrames,
     /// Time of the last event: event times never decrease.
     last_time: Timestamp,
     /// Allocations and frees written.
@@ -94,6 +98,7 @@ pub(crate) fn write_trace(
         loader_changes: symbolize::loader_changes(),
         epoch: 0,
         codes: Vec::with_capacity(MAX_FRAMES),
+        pseudo: PseudoFrames::default(),
         last_time: start_time,
         allocs: 0,
         frees: 0,
@@ -142,13 +147,15 @@ impl TraceWriter {
                     continue;
                 }
                 match msg {
-                    Msg::Alloc { addr, time, length, nsamples, frames, nframes, .. } => {
-                        let result =
-                            self.alloc(addr, time, length, nsamples, &frames[..(nframes as usize).min(MAX_FRAMES)]);
+                    Msg::Alloc { addr, time, length, nsamples, mut frames, nframes, .. } => {
+                        let frames_used = &mut frames[..(nframes as usize).min(MAX_FRAMES)];
+                        self.pseudo.name_thread(frames_used);
+                        let result = self.alloc(addr, time, length, nsamples, frames_used);
                         channel.recycle(frames);
                         result?
                     }
                     Msg::Free { addr, time, .. } => self.free(addr, time)?,
+                    Msg::ThreadName { tid, name, .. } => self.pseudo.kernel_name(tid, name),
                     Msg::Stop { .. } => return Ok(()),
                 }
             }
@@ -185,9 +192,10 @@ impl TraceWriter {
         }
         let tag = (self.epoch % (1 << (64 - ADDRESS_BITS))) << ADDRESS_BITS;
         self.codes.clear();
-        self.codes.extend(frames.iter().map(|&frame| frame | tag));
+        // Pseudo-frames (span and thread names, tagged at the top) are codes of their own.
+        self.codes.extend(frames.iter().map(|&frame| if frame >> ADDRESS_BITS == 0 { frame | tag } else { frame }));
         if let [innermost, rest @ ..] = &self.codes[..] {
-            let locations = locations_of(&mut self.locations, &mut self.symbolizer, *innermost);
+            let locations = locations_of(&mut self.locations, &mut self.symbolizer, &mut self.pseudo, *innermost);
             // Outermost first: the frame's own function.
             if !rest.is_empty() && locations.first().is_some_and(|l| symbolize::is_allocator_shim(&l.defname_str())) {
                 self.codes.remove(0);
@@ -204,8 +212,9 @@ impl TraceWriter {
         let time = self.time(time);
         self.set_codes(frames);
         let alloc = NewAlloc { length, nsamples, source: AllocSource::External, callstack: &self.codes, drop: 0 };
-        let (locations, symbolizer) = (&mut self.locations, &mut self.symbolizer);
-        let id = self.writer.put_alloc(DOMAIN, time, &alloc, |code| locations_of(locations, symbolizer, code))?;
+        let (locations, symbolizer, pseudo) = (&mut self.locations, &mut self.symbolizer, &mut self.pseudo);
+        let id =
+            self.writer.put_alloc(DOMAIN, time, &alloc, |code| locations_of(locations, symbolizer, pseudo, code))?;
         if let Some(program) = symbolizer.take_program_without_debug_info() {
             eprintln!(
                 "memtrace: note: {} has no debug info: its frames are named without files, lines or inlined \
@@ -231,9 +240,17 @@ impl TraceWriter {
     }
 }
 
-/// The locations of location `code` (see [`TraceWriter::set_codes`]), symbolized the first
-/// time.
-fn locations_of(cache: &mut FastMap<u64, Arc<[Location]>>, symbolizer: &mut Symbolizer, code: u64) -> Arc<[Location]> {
+/// The locations of location `code` (see [`TraceWriter::set_codes`]), worked out the first
+/// time: a pseudo-frame's name, or the code address's source locations.
+fn locations_of(
+    cache: &mut FastMap<u64, Arc<[Location]>>,
+    symbolizer: &mut Symbolizer,
+    pseudo: &mut PseudoFrames,
+    code: u64,
+) -> Arc<[Location]> {
     let address = code & ((1 << ADDRESS_BITS) - 1);
-    cache.entry(code).or_insert_with(|| symbolize::symbolize(symbolizer, address)).clone()
+    cache
+        .entry(code)
+        .or_insert_with(|| pseudo.locations(code).unwrap_or_else(|| symbolize::symbolize(symbolizer, address)))
+        .clone()
 }

@@ -567,7 +567,14 @@ fn seg() -> impl Strategy<Value = Seg> {
         6 => vec(0..POOL as u8, 1..12).prop_map(Seg::Pool),
         2 => (vec(0..POOL as u8, 1..4), 1..400usize)
             .prop_map(|(pattern, repeats)| Seg::Recursion { pattern, repeats }),
+        2 => vec(pseudo_code(), 1..18).prop_map(Seg::Codes),
     ]
+}
+
+/// The runtime's pseudo-frames for spans (tag 0xFFFF) and thread names (tag 0xFFFD): small
+/// numbers under a tag in the top 16 bits.
+fn pseudo_code() -> impl Strategy<Value = u64> {
+    prop_oneof![(0..100u64).prop_map(|n| 0xFFFF_0000_0000_0000 | n), (0..6u64).prop_map(|n| 0xFFFD_0000_0000_0000 | n),]
 }
 
 fn stack_spec() -> impl Strategy<Value = StackSpec> {
@@ -915,4 +922,62 @@ fn location_lists_at_the_limits() {
     probe.ops.push(alloc_op(0, 10, 0, vec![Seg::Codes(codes.iter().rev().copied().collect())]));
     let stats = run_case(&probe);
     assert!(stats.unknown_lists >= 2);
+}
+
+/// A trace shaped like the runtime's: stacks whose outermost frames are span and thread
+/// pseudo-frames (small numbers under a tag in the top 16 bits) with locations in their
+/// convention, a span description at its 200-byte bound and a long call-site file, read back
+/// exactly: the same backtraces, and every code bound to the same location before its use.
+#[test]
+fn span_and_thread_frames_round_trip() {
+    use memtrace_rs::trace::{SPAN_FILE_PREFIX, THREAD_FILE};
+    let span = |n: u64| 0xFFFF_0000_0000_0000 | n;
+    let thread = |n: u64| 0xFFFD_0000_0000_0000 | n;
+    let location = |filename: String, line: u32, defname: String| Location {
+        filename: filename.into_bytes().into(),
+        line,
+        start_char: 0,
+        end_char: 0,
+        defname: defname.into_bytes().into(),
+    };
+    let locations_of = |code: u64| -> Arc<[Location]> {
+        let n = code as u32;
+        Arc::new([match code >> 48 {
+            0xFFFF if n == 0 => location(
+                format!("{SPAN_FILE_PREFIX}{}", "deep/".repeat(200)),
+                0xFFFFF,
+                format!("{}…", "request{route=/api/users}".repeat(8).split_at(197).0),
+            ),
+            0xFFFF => location(format!("{SPAN_FILE_PREFIX}src/server.rs"), 10 + n, format!("span{n}{{kind=k{n}}}")),
+            0xFFFD => location(THREAD_FILE.to_owned(), 0, format!("tokio-runtime-worker-{n}")),
+            _ => location("src/code.rs".to_owned(), n, format!("f{n}")),
+        }])
+    };
+    let mut stacks: Vec<Vec<u64>> = Vec::new();
+    for i in 0..2000u64 {
+        // Innermost first: code, then spans innermost first, then the thread.
+        let mut stack: Vec<u64> = (0..1 + i % 9).map(|d| 0x5555_0000_0000 + (i % 13 + d) * 0x40).collect();
+        stack.extend((0..i % 5).rev().map(|d| span((d * 17 + i) % 40)));
+        stack.push(thread(i % 4));
+        stacks.push(stack);
+    }
+    let mut writer = Writer::new(Vec::new(), &simple_info(1)).unwrap();
+    for (time, stack) in stacks.iter().enumerate() {
+        let alloc = NewAlloc { length: 4, nsamples: 1, source: AllocSource::External, callstack: stack, drop: 0 };
+        writer.put_alloc(0, time as Timestamp + 1, &alloc, locations_of).unwrap();
+    }
+    let bytes = writer.close().unwrap();
+    let mut reader = Reader::new(&bytes[..]).unwrap();
+    let mut read = 0;
+    while let Some(event) = reader.next_event().unwrap() {
+        let EventKind::Alloc(alloc) = event.kind else { panic!("not an allocation") };
+        let written: Vec<u64> = stacks[read].iter().rev().copied().collect();
+        assert_eq!(alloc.backtrace, &written[..], "allocation {read}");
+        for &code in alloc.backtrace {
+            assert_eq!(event.locations.get(code).unwrap(), &locations_of(code)[..], "{code:#x}");
+        }
+        read += 1;
+    }
+    assert_eq!(read, stacks.len());
+    assert!(reader.warnings().is_empty());
 }

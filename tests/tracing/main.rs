@@ -15,6 +15,8 @@ use memtrace_rs::trace::{Info, ObjectId, Reader};
 use memtrace_rs::{currently_tracing, start_tracing, stop_tracing, trace_if_requested, MemtraceAllocator};
 
 mod faults;
+#[cfg(feature = "tracing")]
+mod spans;
 
 #[global_allocator]
 static GLOBAL: MemtraceAllocator = MemtraceAllocator::system();
@@ -333,6 +335,8 @@ fn child_role() {
             }
         }
         symbols if symbols.starts_with("symbols:") => symbols::child(symbols),
+        #[cfg(feature = "tracing")]
+        spans if spans.starts_with("spans-") => spans::child_role(spans),
         other => assert!(faults::child_role(other), "unknown role {other}"),
     }
 }

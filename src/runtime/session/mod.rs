@@ -33,6 +33,7 @@ use super::handoff::{self, Channel};
 use super::record::{self, Losses};
 use super::sampled_set;
 use super::sampler;
+use super::spans;
 use super::state::{currently_tracing, getpid, now_us, MAX_FRAMES, OFF, ON, STATE};
 use super::unwind::{self, cfi, Walker};
 use super::writer_thread::{write_trace, WriterOutcome, DOMAIN};
@@ -230,6 +231,7 @@ pub fn start_tracing(config: TraceConfig) -> Result<TraceGuard, StartError> {
     record::take_losses();
     sampler::configure(config.rate);
     unwind::configure(walker, config.frame_cap);
+    spans::configure(config.thread_frames);
     handoff::publish(handoff::session_tag(session.id));
     STATE.store(ON, Ordering::Release);
     let id = session.id;

@@ -65,22 +65,25 @@ pub(crate) fn capture(entry: Entry, calibrating: bool, frames: &mut [u64; MAX_FR
             Leading { tracer: SKIP[w][e].load(Ordering::Relaxed), shim: SHIM[w][e].load(Ordering::Relaxed) }
         }
     };
+    // The walkers are called straight from here, never from a closure (`Option::and_then`):
+    // this function is inlined into the sampled path twice, for calibration captures and for
+    // samples, and an optimised build inlined the closure into one copy and called it out of
+    // line from the other, which gave samples one more leading frame than calibration counted.
     let walker = WALKER.load(Ordering::Relaxed);
-    if walker == Walker::FramePointers as u8 {
-        match frame_pointers::stack_bounds()
-            .and_then(|b| frame_pointers::capture(skip(Walker::FramePointers), cap, frames, b))
-        {
+    let bounds = if walker == Walker::Libgcc as u8 { None } else { frame_pointers::stack_bounds() };
+    if let Some(bounds) = bounds {
+        let walked = if walker == Walker::FramePointers as u8 {
+            frame_pointers::capture(skip(Walker::FramePointers), cap, frames, bounds)
+        } else {
+            cfi::capture(skip(Walker::Cfi), cap, frames, bounds)
+        };
+        match walked {
             Some(n) => return n,
             None if calibrating => return 0,
             None => {}
         }
-    }
-    if walker == Walker::Cfi as u8 {
-        match frame_pointers::stack_bounds().and_then(|b| cfi::capture(skip(Walker::Cfi), cap, frames, b)) {
-            Some(n) => return n,
-            None if calibrating => return 0,
-            None => {}
-        }
+    } else if calibrating && walker != Walker::Libgcc as u8 {
+        return 0;
     }
     libgcc::capture(skip(Walker::Libgcc), cap, frames)
 }
