@@ -23,7 +23,7 @@ use crate::Result;
 pub enum LiveAt {
     /// At this time.
     Time(u64),
-    /// At the peak of the total live estimate (see [`blocks`](super::blocks)).
+    /// At the peak of the total live estimate (see [`super::blocks`]).
     Peak,
     /// At the end of the trace: never freed.
     End,

@@ -132,8 +132,8 @@ fn saturate(n: u128) -> u64 {
 }
 
 /// The number of objects an allocation of `length` words with `samples` samples stands for
-/// at sampling rate `rate`. Its expectation is one only for sizes that are whole words: see
-/// the [module documentation](self).
+/// at sampling rate `rate`. Its expectation is one only for sizes that are whole words (the
+/// allocator records sizes rounded up to words but samples only their bytes).
 pub fn estimated_objects(samples: u64, length: u64, rate: f64) -> f64 {
     samples as f64 / (length.max(1) as f64 * rate)
 }

@@ -199,7 +199,7 @@ pub fn title(analysis: &Analysis, weight: &Weight) -> String {
     format!("{} (estimated): {}", weight.describe(), String::from_utf8_lossy(&analysis.info.executable_name))
 }
 
-/// What [`write`] drew, for the warnings it calls for.
+/// What [`write()`] drew, for the warnings it calls for.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Drawn {
     /// The unit of the counts as a power of two bytes (see [`Folded::unit_log2`]).

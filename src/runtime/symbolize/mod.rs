@@ -136,7 +136,7 @@ pub fn function_names(symbolizer: &mut Symbolizer, addr: u64) -> Vec<String> {
     frames.iter().flat_map(|f| f.iter().rev()).map(|f| f.function.as_deref().unwrap_or("??").to_owned()).collect()
 }
 
-/// [`function_names`] with a symbolizer of its own, for tests and benchmarks.
+/// `function_names` with a symbolizer of its own, for tests and benchmarks.
 pub fn function_names_once(addr: u64) -> Vec<String> {
     function_names(&mut Symbolizer::new(), addr)
 }

@@ -1,4 +1,4 @@
-//! The data a report page embeds: one trace's sampled blocks ([`blocks`](memtrace_rs::analysis::blocks)) as gzipped integer
+//! The data a report page embeds: one trace's sampled blocks ([`memtrace_rs::analysis::blocks`]) as gzipped integer
 //! columns, its stacks as a trie of frames, and its summary, in one JSON document.
 //!
 //! Schema (`report.js` decodes it):
