@@ -234,7 +234,7 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
             let mut analysis = analyse(&file, AnalysisOptions { stacks: true, live_at: None })?;
             let filter = options.filter.filter();
             if !filter.is_empty() {
-                if options.ranking.by != args::By::Allocated {
+                if options.ranking.by.figure != args::Figure::Allocated {
                     let why = "--by cannot be combined with filter flags: say --live-at peak or --live-at end";
                     Cli::command().error(clap::error::ErrorKind::ArgumentConflict, why).exit();
                 }
