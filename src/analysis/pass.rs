@@ -250,6 +250,13 @@ impl Frame {
         }
     }
 
+    /// Whether this is the frame of a span described as `span`: its whole description
+    /// (`http_request{route=/api/users}`) or its name (`http_request`).
+    pub fn is_span(&self, span: &str) -> bool {
+        self.kind() == FrameKind::Span
+            && (self.function == span || self.function.split_once('{').is_some_and(|(name, _)| name == span))
+    }
+
     /// What the frame stands for.
     pub fn kind(&self) -> FrameKind {
         if self.file == THREAD_FILE {

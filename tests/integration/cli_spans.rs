@@ -1,6 +1,7 @@
 //! Span and thread frames in the analysis and the command line: a built trace whose stacks
 //! end, outermost, in the pseudo-frames memtrace-rs's runtime writes (`<span>` and `<thread>`
-//! locations), ranked by span and thread, drawn rooted at either, and diffed.
+//! locations), ranked by span and thread, drawn rooted at either, reported inside a span and
+//! diffed.
 
 use std::sync::Arc;
 
@@ -92,7 +93,7 @@ fn spans_and_threads_are_ranked_as_such() {
 }
 
 #[test]
-fn the_command_line_ranks_draws_and_diffs_by_span() {
+fn the_command_line_ranks_draws_reports_and_diffs_by_span() {
     let dir = tempfile::tempdir().unwrap();
     let path = write_trace(dir.path(), "spans.ctf", &trace(false));
     let path = path.to_str().unwrap();
@@ -127,6 +128,23 @@ fn the_command_line_ranks_draws_and_diffs_by_span() {
     assert!(!by_span.contains("thread "), "{by_span}");
     let code = folded("code");
     assert!(code.lines().all(|l| l.starts_with("main (src/app.rs:10)")), "{code}");
+
+    // The report embeds only the blocks allocated inside the span (users: 1, encode inside
+    // thumbnail: 1, main: 1).
+    let report = |span: &[&str]| {
+        let out = dir.path().join("report.html");
+        memtrace_ok(dir.path(), &[&["report", path, "-o", out.to_str().unwrap()], span].concat());
+        let html = std::fs::read_to_string(out).unwrap();
+        let blocks = html.split("\"nblocks\":").nth(1).unwrap().split(',').next().unwrap().to_owned();
+        (html, blocks)
+    };
+    let (all_requests, blocks) = report(&["--span", "http_request"]);
+    assert!(all_requests.contains("<title>memtrace report: spans.ctf, inside span http_request"));
+    assert_eq!(blocks, "2");
+    assert_eq!(report(&["--span", "http_request{route=/api/users}"]).1, "1");
+    assert_eq!(report(&["--span", "encode"]).1, "1");
+    assert_eq!(report(&["--span", "nothing"]).1, "0");
+    assert_eq!(report(&[]).1, "3");
 
     let new = write_trace(dir.path(), "spans-new.ctf", &trace(true));
     let diff = memtrace_ok(dir.path(), &["diff", path, new.to_str().unwrap(), "--by", "span"]);

@@ -329,7 +329,14 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
             for &path in &inputs {
                 let name = path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into());
                 let trace = with_progress(path, |reader, progress| {
-                    report::TraceData::load(reader, &name, &mut frames, options.limit, progress)
+                    report::TraceData::load(
+                        reader,
+                        &name,
+                        &mut frames,
+                        options.limit,
+                        options.span.as_deref(),
+                        progress,
+                    )
                 })?;
                 for warning in &trace.warnings {
                     eprintln!("memtrace: warning: {}: {}", path.display(), describe(warning));
