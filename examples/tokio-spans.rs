@@ -3,7 +3,8 @@
 //!
 //! ```text
 //! MEMTRACE_FILE=spans.ctf cargo run --release --features tracing --example tokio-spans
-//! memtrace hotspots spans.ctf --stacks --frames 3     # span and thread frames outermost
+//! memtrace hotspots spans.ctf --by span               # bytes allocated per span
+//! memtrace hotspots spans.ctf --by span,live-end      # what each span left live
 //! memtrace report spans.ctf -o spans.html             # filter: inside a call to http_request
 //! ```
 //!

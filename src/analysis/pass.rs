@@ -45,6 +45,7 @@ use super::estimate::Estimate;
 use crate::format::hash::FastMap;
 use crate::format::location_codec::Location;
 use crate::format::trace::{AllocSource, EventKind, Info, LocationTable, ObjectId, Reader, Timestamp, Warning};
+use crate::trace::{SPAN_FILE_PREFIX, THREAD_FILE};
 use crate::{Error, ErrorKind, Result};
 
 /// Most frames the distinct stacks may hold in all (256 MiB of location codes): a trace
@@ -207,7 +208,22 @@ pub struct Stack {
     pub stats: StackStats,
 }
 
-/// One source frame: a function at a line of a file.
+/// What a frame stands for: the program's code, or one of the pseudo-frames of this crate's
+/// runtime (a `tracing` span the allocation was made in, or its thread), told apart by their
+/// file names ([`SPAN_FILE_PREFIX`], [`THREAD_FILE`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum FrameKind {
+    /// A function at a line of a file.
+    #[default]
+    Code,
+    /// A span: its description, and its call site's file and line.
+    Span,
+    /// A thread: its name.
+    Thread,
+}
+
+/// One source frame: a function at a line of a file (or a span or a thread, see
+/// [`FrameKind`]).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Frame {
     /// The function (or definition) name; for a code without locations, the code in hex.
@@ -219,13 +235,36 @@ pub struct Frame {
 }
 
 impl Frame {
-    /// `function (file:line)`, or just the function when the file is unknown. Machine-specific
+    /// `function (file:line)`, or just the function when the file is unknown; `span
+    /// description (file:line)` for a span and `thread name` for a thread. Machine-specific
     /// path prefixes are left out (see [`short_path`]), so labels match across machines.
     pub fn label(&self) -> String {
-        if self.file.is_empty() {
-            self.function.clone()
+        match self.kind() {
+            FrameKind::Thread => format!("thread {}", self.function),
+            FrameKind::Span => {
+                let file = &self.file[SPAN_FILE_PREFIX.len()..];
+                format!("span {} ({}:{})", self.function, short_path(file), self.line)
+            }
+            FrameKind::Code if self.file.is_empty() => self.function.clone(),
+            FrameKind::Code => format!("{} ({}:{})", self.function, short_path(&self.file), self.line),
+        }
+    }
+
+    /// Whether this is the frame of a span described as `span`: its whole description
+    /// (`http_request{route=/api/users}`) or its name (`http_request`).
+    pub fn is_span(&self, span: &str) -> bool {
+        self.kind() == FrameKind::Span
+            && (self.function == span || self.function.split_once('{').is_some_and(|(name, _)| name == span))
+    }
+
+    /// What the frame stands for.
+    pub fn kind(&self) -> FrameKind {
+        if self.file == THREAD_FILE {
+            FrameKind::Thread
+        } else if self.file.starts_with(SPAN_FILE_PREFIX) {
+            FrameKind::Span
         } else {
-            format!("{} ({}:{})", self.function, short_path(&self.file), self.line)
+            FrameKind::Code
         }
     }
 }

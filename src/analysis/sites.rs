@@ -3,20 +3,26 @@
 //! A site is the innermost frame outside the allocator machinery ([`is_allocator_frame`]:
 //! the standard library's allocation and collections, hashbrown, this crate's allocator
 //! and the unwinder); whole stacks also lose the runtime's start-up frames at their outer
-//! end ([`is_root_frame`]). Allocator frames are trimmed
+//! end ([`is_root_frame`]), below the span and thread frames of this crate's runtime, which
+//! stay outermost. Allocator frames are trimmed
 //! from the inner end only, so a program's closure called from `core` is still a site. With
 //! [`Grouping::stacks`] a site is the whole stack with those frames trimmed. OCaml traces
-//! never match these patterns, so their site is simply the innermost frame.
+//! never match these patterns, so their site is simply the innermost frame. Grouped by span
+//! or thread ([`Grouping::kind`]), a stack keeps only the frames of that kind instead of
+//! being trimmed: a site is its innermost span (all its spans with `stacks`) or its thread.
 
 use std::collections::HashMap;
 use std::ops::Range;
 
-use super::pass::{Analysis, FrameId, Measure, StackStats};
+use super::pass::{Analysis, FrameId, FrameKind, Measure, StackStats};
 use crate::frames::{is_allocator_frame, is_root_frame};
 
 /// How stacks are grouped into sites.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Grouping {
+    /// What a site is made of: code frames (the default), or the stack's spans or its thread
+    /// (only the frames of that kind are kept, and `trim` does not apply).
+    pub kind: FrameKind,
     /// A site is the whole stack (trimmed) rather than its innermost frame.
     pub stacks: bool,
     /// Which frames are trimmed from the ends of each stack.
@@ -57,19 +63,28 @@ impl Trim {
 #[derive(Debug, Clone)]
 pub struct Site {
     /// The site's frames, innermost first: one frame, or a whole trimmed stack; empty for
-    /// allocations without a backtrace.
+    /// allocations without a backtrace (or without a frame of the grouping's kind).
     pub frames: Vec<FrameId>,
+    /// The kind of frames the site was grouped by.
+    pub kind: FrameKind,
     /// The summed figures of the site's stacks.
     pub stats: StackStats,
 }
 
 impl Site {
-    /// The site's name: its innermost frame's label (`(no backtrace)` when it has none).
+    /// The site's name: its innermost frame's label (`(no backtrace)`, `(no span)` or
+    /// `(no thread)` when it has none).
     pub fn label(&self, analysis: &Analysis) -> String {
-        self.frames.first().map_or_else(|| "(no backtrace)".to_string(), |&f| analysis.frames[f].label())
+        let none = match self.kind {
+            FrameKind::Code => "(no backtrace)",
+            FrameKind::Span => "(no span)",
+            FrameKind::Thread => "(no thread)",
+        };
+        self.frames.first().map_or_else(|| none.to_string(), |&f| analysis.frames[f].label())
     }
 
-    /// The labels of the site's frames, innermost first (`(no backtrace)` when it has none).
+    /// The labels of the site's frames, innermost first (the site's [`label`](Site::label)
+    /// when it has none).
     pub fn labels(&self, analysis: &Analysis) -> Vec<String> {
         if self.frames.is_empty() {
             return vec![self.label(analysis)];
@@ -89,9 +104,20 @@ pub fn ranked(analysis: &Analysis, grouping: Grouping, measure: Measure) -> Vec<
     let mut by_frames: HashMap<Vec<FrameId>, StackStats> = HashMap::new();
     for stack in &analysis.stacks {
         let mut frames: Vec<FrameId> = analysis.stack_frames(stack).rev().collect();
-        let kept = grouping.trim.kept(analysis, &frames);
-        frames.truncate(kept.end);
-        frames.drain(..kept.start);
+        if grouping.kind == FrameKind::Code {
+            // The runtime's span and thread frames are the outermost: the code below them
+            // is trimmed, and they stay above it in whole stacks (a site is code only).
+            let code = frames.iter().rposition(|&f| analysis.frames[f].kind() == FrameKind::Code).map_or(0, |i| i + 1);
+            let pseudo = frames.split_off(code);
+            let kept = grouping.trim.kept(analysis, &frames);
+            frames.truncate(kept.end);
+            frames.drain(..kept.start);
+            if grouping.stacks {
+                frames.extend(pseudo);
+            }
+        } else {
+            frames.retain(|&f| analysis.frames[f].kind() == grouping.kind);
+        }
         if !grouping.stacks {
             frames.truncate(1);
         }
@@ -100,7 +126,7 @@ pub fn ranked(analysis: &Analysis, grouping: Grouping, measure: Measure) -> Vec<
     let labels: Vec<String> = analysis.frames.iter().map(|f| f.label()).collect();
     let mut sites: Vec<Site> = by_frames
         .into_iter()
-        .map(|(frames, stats)| Site { frames, stats })
+        .map(|(frames, stats)| Site { frames, kind: grouping.kind, stats })
         .filter(|s| s.stats.get(measure).samples > 0)
         .collect();
     sites.sort_by(|a, b| {

@@ -53,7 +53,11 @@ fn sites_skip_allocator_frames() {
 
 #[test]
 fn allocator_frames_can_be_kept() {
-    let g = Grouping { stacks: false, trim: Trim { keep_allocator_frames: true, keep_root_frames: false } };
+    let g = Grouping {
+        stacks: false,
+        trim: Trim { keep_allocator_frames: true, keep_root_frames: false },
+        ..Default::default()
+    };
     assert_eq!(
         ranked(&known_trace(), STACKS, g, Measure::Allocated),
         owned(&[
@@ -67,7 +71,7 @@ fn allocator_frames_can_be_kept() {
 #[test]
 fn whole_stacks_are_trimmed_and_merged() {
     let a = analyse(&known_trace(), STACKS);
-    let g = Grouping { stacks: true, trim: Trim::default() };
+    let g = Grouping { stacks: true, ..Default::default() };
     let keys: Vec<(String, u64)> =
         sites::ranked(&a, g, Measure::Allocated).iter().map(|s| (s.key(&a), s.stats.allocated.samples)).collect();
     assert_eq!(
@@ -249,7 +253,7 @@ fn root_frames_are_trimmed_from_the_outer_end_unless_kept() {
     });
     let a = analyse(&b.finish(), STACKS);
     let keys = |trim: Trim| -> Vec<String> {
-        let g = Grouping { stacks: true, trim };
+        let g = Grouping { stacks: true, trim, ..Default::default() };
         sites::ranked(&a, g, Measure::Allocated).iter().map(|s| s.key(&a)).collect()
     };
     assert_eq!(keys(Trim::default()), ["make_message (src/app.rs:1) <- {closure#0} (src/app.rs:1)"]);
@@ -261,7 +265,7 @@ fn root_frames_are_trimmed_from_the_outer_end_unless_kept() {
         location_at(["std::rt::lang_start_internal", "_start"][(code - 200) as usize], "")
     });
     let a = analyse(&b.finish(), STACKS);
-    let g = Grouping { stacks: true, trim: Trim::default() };
+    let g = Grouping { stacks: true, ..Default::default() };
     assert_eq!(sites::ranked(&a, g, Measure::Allocated)[0].frames.len(), 2);
 }
 
@@ -280,7 +284,11 @@ fn one_site_per_function_whatever_its_spelling() {
         b.alloc_with(10 + i, 1, &[code], |c| location_at(names[(c - 300) as usize].0, names[(c - 300) as usize].1));
     }
     let mut a = analyse(&b.finish(), STACKS);
-    let g = Grouping { stacks: false, trim: Trim { keep_allocator_frames: true, keep_root_frames: true } };
+    let g = Grouping {
+        stacks: false,
+        trim: Trim { keep_allocator_frames: true, keep_root_frames: true },
+        ..Default::default()
+    };
     assert_eq!(sites::ranked(&a, g, Measure::Allocated).len(), 4);
     a.shorten_names();
     let sites: Vec<(String, u64)> =

@@ -6,7 +6,7 @@ use std::io::Cursor;
 use std::path::Path;
 
 use crate::util::cli::*;
-use memtrace_rs::analysis::{self, Analysis, Grouping, Measure, Options, Trim};
+use memtrace_rs::analysis::{self, Analysis, Grouping, Measure, Options};
 use memtrace_rs::trace::{AllocSource, Info, NewAlloc, Reader, Writer};
 
 /// The most samples one allocation can have (the writer's limit).
@@ -282,7 +282,7 @@ fn folded_counts_of_absurd_estimates_fit_flame_graph_tools() {
         let total: u128 = counts.iter().map(|&c| u128::from(c)).sum();
         assert!(total <= 1 << 53 && total > 1 << 52, "{rate}: {counts:?}");
         let a = analyse(&trace, Options { stacks: true, live_at: None });
-        let grouping = Grouping { stacks: true, trim: Trim::default() };
+        let grouping = Grouping { stacks: true, ..Default::default() };
         let top = analysis::ranked(&a, grouping, Measure::Allocated)[0].stats.allocated;
         let unit = 2f64.powi(unit_log2 as i32);
         assert!((counts[0] as f64 * unit / a.bytes(top.samples) - 1.0).abs() < 1e-6, "{rate}: the unit");

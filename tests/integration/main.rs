@@ -26,6 +26,8 @@ mod cli_pprof;
 mod cli_robustness;
 #[cfg(feature = "cli")]
 mod cli_sample_app;
+#[cfg(feature = "cli")]
+mod cli_spans;
 mod corruption;
 #[cfg(feature = "analysis")]
 mod golden_copy;

@@ -1,7 +1,8 @@
-//! Flags shared by several subcommands: which sites to rank, by what figure, and whether
-//! allocator frames are trimmed.
+//! Flags shared by several subcommands: which sites to rank (code sites, spans or threads),
+//! by what figure, and whether allocator frames are trimmed.
 
-use memtrace_rs::analysis::{self, Measure};
+use clap::ValueEnum;
+use memtrace_rs::analysis::{self, FrameKind, Measure};
 
 /// Which sites to list and by what figure (flags shared by `hotspots` and `diff`).
 #[derive(Debug, Clone, Copy, clap::Args)]
@@ -9,12 +10,32 @@ pub struct Ranking {
     /// Number of sites to show.
     #[arg(long, default_value_t = 20)]
     pub top: usize,
-    /// The figure to rank (or compare) by.
-    #[arg(long, value_enum, default_value_t = By::Allocated)]
+    /// The figure to rank (or compare) by: allocated, live-end, live-peak or temporary; with
+    /// `span` or `thread` (alone or comma-separated with a figure: `span,live-end`), the
+    /// spans or threads of memtrace-rs traces are ranked instead of code sites.
+    #[arg(long, value_name = "FIGURE|span|thread", value_parser = parse_by, default_value = "allocated")]
     pub by: By,
     /// How stacks are grouped into sites.
     #[command(flatten)]
     pub grouping: Grouping,
+}
+
+impl Ranking {
+    /// The analysis's grouping.
+    pub fn sites(self) -> analysis::Grouping {
+        analysis::Grouping { kind: self.by.kind, ..self.grouping.sites() }
+    }
+
+    /// What the ranked things are called.
+    pub fn what(self) -> &'static str {
+        match (self.by.kind, self.grouping.stacks) {
+            (FrameKind::Code, false) => "sites",
+            (FrameKind::Code, true) => "stacks",
+            (FrameKind::Span, false) => "spans",
+            (FrameKind::Span, true) => "span stacks",
+            (FrameKind::Thread, _) => "threads",
+        }
+    }
 }
 
 /// How stacks are grouped into sites.
@@ -31,7 +52,7 @@ pub struct Grouping {
 impl Grouping {
     /// The analysis's grouping.
     pub fn sites(self) -> analysis::Grouping {
-        analysis::Grouping { stacks: self.stacks, trim: self.trim.frames() }
+        analysis::Grouping { stacks: self.stacks, trim: self.trim.frames(), ..Default::default() }
     }
 }
 
@@ -58,9 +79,57 @@ impl Trim {
     }
 }
 
+/// What `--by` ranks: which figure, of code sites, spans or threads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct By {
+    /// The figure (bytes allocated unless one is given).
+    pub figure: Figure,
+    /// What is ranked (code sites unless `span` or `thread` is given).
+    pub kind: FrameKind,
+}
+
+impl By {
+    /// The corresponding measure.
+    pub fn measure(self) -> Measure {
+        self.figure.measure()
+    }
+
+    /// How the figure is described in headings.
+    pub fn describe(self) -> &'static str {
+        self.figure.describe()
+    }
+}
+
+/// `--by`: a figure, `span` or `thread`, or a comma-separated pair of a figure and one of them.
+fn parse_by(s: &str) -> Result<By, String> {
+    let mut by = By::default();
+    let (mut figures, mut kinds) = (0, 0);
+    for part in s.split(',') {
+        match part.trim() {
+            "span" => (by.kind, kinds) = (FrameKind::Span, kinds + 1),
+            "thread" => (by.kind, kinds) = (FrameKind::Thread, kinds + 1),
+            figure => {
+                by.figure = Figure::from_str(figure, false).map_err(|_| {
+                    let names: Vec<String> = Figure::value_variants()
+                        .iter()
+                        .filter_map(|f| f.to_possible_value())
+                        .map(|v| v.get_name().to_owned())
+                        .collect();
+                    format!("`{figure}` is none of {}, span, thread", names.join(", "))
+                })?;
+                figures += 1;
+            }
+        }
+    }
+    if figures > 1 || kinds > 1 {
+        return Err("give at most one figure and one of span or thread".to_owned());
+    }
+    Ok(by)
+}
+
 /// The figure sites are ranked by (`--by`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
-pub enum By {
+pub enum Figure {
     /// Bytes allocated over the whole trace.
     #[default]
     Allocated,
@@ -73,24 +142,24 @@ pub enum By {
     Temporary,
 }
 
-impl By {
+impl Figure {
     /// The corresponding measure.
     pub fn measure(self) -> Measure {
         match self {
-            By::Allocated => Measure::Allocated,
-            By::LiveEnd => Measure::LiveEnd,
-            By::LivePeak => Measure::LivePeak,
-            By::Temporary => Measure::Temporary,
+            Figure::Allocated => Measure::Allocated,
+            Figure::LiveEnd => Measure::LiveEnd,
+            Figure::LivePeak => Measure::LivePeak,
+            Figure::Temporary => Measure::Temporary,
         }
     }
 
     /// How the figure is described in headings.
     pub fn describe(self) -> &'static str {
         match self {
-            By::Allocated => "bytes allocated",
-            By::LiveEnd => "bytes live at the end",
-            By::LivePeak => "bytes live at the peak",
-            By::Temporary => "bytes freed within 1 ms",
+            Figure::Allocated => "bytes allocated",
+            Figure::LiveEnd => "bytes live at the end",
+            Figure::LivePeak => "bytes live at the peak",
+            Figure::Temporary => "bytes freed within 1 ms",
         }
     }
 }

@@ -133,7 +133,7 @@ pub fn changes(base: &Analysis, new: &Analysis, options: &Options) -> Vec<Change
     let measure = options.ranking.by.measure();
     let mut by_site: HashMap<String, Change> = HashMap::new();
     for (analysis, is_new) in [(base, false), (new, true)] {
-        for site in ranked(analysis, options.ranking.grouping.sites(), measure) {
+        for site in ranked(analysis, options.ranking.sites(), measure) {
             let side = Side::new(analysis, site.stats.get(measure).samples, options.per_second);
             let change = by_site.entry(site.key(analysis)).or_insert_with(|| Change {
                 frames: site.labels(analysis),

@@ -2,11 +2,14 @@
 //!
 //! Each stack's width is its estimated bytes for the chosen figure. Allocator frames are
 //! trimmed from the leaves and the runtime's start-up frames from the roots unless asked
-//! otherwise, as for `hotspots --stacks`.
+//! otherwise, as for `hotspots --stacks`. The roots of a memtrace-rs trace's stacks are its
+//! thread and span pseudo-frames, which `--root` can leave out.
 
 use std::io::{self, Write};
 
-use memtrace_rs::analysis::{self, ranked, Analysis, Grouping, Measure, Options as AnalysisOptions};
+use memtrace_rs::analysis::{
+    self, ranked, Analysis, FrameId, FrameKind, Grouping, Measure, Options as AnalysisOptions,
+};
 
 use super::args::Trim;
 use super::format;
@@ -25,6 +28,34 @@ pub struct Options {
     /// Which frames are trimmed from the leaves and the roots.
     #[command(flatten)]
     pub trim: Trim,
+    /// What the roots are, in memtrace-rs traces: threads, then the spans inside them, then
+    /// code (`thread`, as recorded); spans, then code (`span`: thread frames left out); or
+    /// code alone (`code`: thread and span frames left out).
+    #[arg(long, value_enum, default_value_t = Root::Thread)]
+    pub root: Root,
+}
+
+/// What a flame graph's roots are (`--root`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum Root {
+    /// Threads, then spans, then code.
+    #[default]
+    Thread,
+    /// Spans, then code.
+    Span,
+    /// Code.
+    Code,
+}
+
+impl Root {
+    /// Whether frames of `kind` are drawn.
+    fn draws(self, kind: FrameKind) -> bool {
+        match kind {
+            FrameKind::Thread => self == Root::Thread,
+            FrameKind::Span => self != Root::Code,
+            FrameKind::Code => true,
+        }
+    }
 }
 
 /// The figure the flame graph shows (at most one flag; bytes allocated by default).
@@ -124,8 +155,9 @@ impl Folded {
 /// The folded stacks of `analysis` for `measure`: one `outer;...;inner count` line per
 /// stack whose count is not zero, largest first. The counts are bytes, or units of a power
 /// of two bytes chosen so that they add up to at most 2^53 (see [`Folded::unit_log2`]).
-pub fn folded(analysis: &Analysis, measure: Measure, trim: analysis::Trim) -> Folded {
-    let grouping = Grouping { stacks: true, trim };
+/// Only the frames `root` draws are drawn.
+pub fn folded(analysis: &Analysis, measure: Measure, trim: analysis::Trim, root: Root) -> Folded {
+    let grouping = Grouping { stacks: true, trim, ..Default::default() };
     let sites = ranked(analysis, grouping, measure);
     let bytes: Vec<f64> = sites.iter().map(|s| analysis.bytes(s.stats.get(measure).samples).min(f64::MAX)).collect();
     let total = bytes.iter().sum::<f64>().min(f64::MAX);
@@ -146,7 +178,9 @@ pub fn folded(analysis: &Analysis, measure: Measure, trim: analysis::Trim) -> Fo
             if count == 0 {
                 return None;
             }
-            let length: usize = site.frames.iter().map(|&f| analysis.frames[f].label().len() + 1).sum();
+            let drawn: Vec<FrameId> =
+                site.frames.iter().rev().copied().filter(|&f| root.draws(analysis.frames[f].kind())).collect();
+            let length: usize = drawn.iter().map(|&f| analysis.frames[f].label().len() + 1).sum();
             if size + length > MAX_FOLDED_BYTES {
                 left_out += 1;
                 return None;
@@ -156,8 +190,10 @@ pub fn folded(analysis: &Analysis, measure: Measure, trim: analysis::Trim) -> Fo
             let mut line = String::new();
             if site.frames.is_empty() {
                 line.push_str(&site.label(analysis));
+            } else if drawn.is_empty() {
+                line.push_str("(no code)");
             }
-            for (i, &frame) in site.frames.iter().rev().enumerate() {
+            for (i, &frame) in drawn.iter().enumerate() {
                 if i > 0 {
                     line.push(';');
                 }
@@ -212,7 +248,7 @@ pub struct Drawn {
 
 /// Write the flame graph (or the folded stacks) of `analysis` as `options` ask.
 pub fn write(analysis: &Analysis, options: &Options, out: &mut impl Write) -> io::Result<Drawn> {
-    let folded = folded(analysis, options.weight.measure(), options.trim.frames());
+    let folded = folded(analysis, options.weight.measure(), options.trim.frames(), options.root);
     if options.folded {
         for line in &folded.lines {
             writeln!(out, "{line}")?;

@@ -101,9 +101,9 @@ fn parse_live_at(s: &str) -> Result<LiveAt, String> {
 pub fn write(analysis: &Analysis, name: &str, options: &Options, out: &mut impl Write) -> io::Result<()> {
     let measure = options.ranking.by.measure();
     let filter = options.filter.filter();
-    let ranked = ranked(analysis, options.ranking.grouping.sites(), measure);
+    let ranked = ranked(analysis, options.ranking.sites(), measure);
     let total = analysis.estimate(analysis.totals().get(measure).samples);
-    let what = if options.ranking.grouping.stacks { "stacks" } else { "sites" };
+    let what = options.ranking.what();
     let by = if filter.is_empty() {
         options.ranking.by.describe().to_string()
     } else {

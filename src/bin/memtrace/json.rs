@@ -10,7 +10,7 @@ use std::io::{self, Write};
 use memtrace_rs::analysis::{ranked, Analysis, Estimate, Origin};
 use serde_json::{json, Value};
 
-use super::args::By;
+use super::args::Figure;
 use super::{diff, hotspots};
 
 /// `--format`: text for people (the default) or JSON for programs.
@@ -61,12 +61,12 @@ fn estimate(e: &Estimate) -> Value {
     })
 }
 
-fn by_name(by: By) -> &'static str {
-    match by {
-        By::Allocated => "allocated",
-        By::LiveEnd => "live-end",
-        By::LivePeak => "live-peak",
-        By::Temporary => "temporary",
+fn by_name(figure: Figure) -> &'static str {
+    match figure {
+        Figure::Allocated => "allocated",
+        Figure::LiveEnd => "live-end",
+        Figure::LivePeak => "live-peak",
+        Figure::Temporary => "temporary",
     }
 }
 
@@ -125,7 +125,7 @@ pub fn info(analysis: &Analysis, name: &str, out: &mut impl Write) -> io::Result
 /// `hotspots --format json`.
 pub fn hotspots(analysis: &Analysis, name: &str, options: &hotspots::Options, out: &mut impl Write) -> io::Result<()> {
     let measure = options.ranking.by.measure();
-    let ranked = ranked(analysis, options.ranking.grouping.sites(), measure);
+    let ranked = ranked(analysis, options.ranking.sites(), measure);
     let sites: Vec<Value> = ranked
         .iter()
         .take(options.ranking.top)
@@ -145,7 +145,7 @@ pub fn hotspots(analysis: &Analysis, name: &str, options: &hotspots::Options, ou
     let value = json!({
         "schema": "memtrace-hotspots/1",
         "file": name,
-        "by": by_name(options.ranking.by),
+        "by": by_name(options.ranking.by.figure),
         "stacks": options.ranking.grouping.stacks,
         "total": estimate(&analysis.estimate(analysis.totals().get(measure).samples)),
         "sites_total": ranked.len(),
@@ -188,7 +188,7 @@ pub fn diff(
         "schema": "memtrace-diff/1",
         "base": names.0,
         "new": names.1,
-        "by": by_name(options.ranking.by),
+        "by": by_name(options.ranking.by.figure),
         "stacks": options.ranking.grouping.stacks,
         "per_second": options.per_second,
         "total": change(&total),

@@ -234,7 +234,7 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
             let mut analysis = analyse(&file, AnalysisOptions { stacks: true, live_at: None })?;
             let filter = options.filter.filter();
             if !filter.is_empty() {
-                if options.ranking.by != args::By::Allocated {
+                if options.ranking.by.figure != args::Figure::Allocated {
                     let why = "--by cannot be combined with filter flags: say --live-at peak or --live-at end";
                     Cli::command().error(clap::error::ErrorKind::ArgumentConflict, why).exit();
                 }
@@ -329,7 +329,14 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
             for &path in &inputs {
                 let name = path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into());
                 let trace = with_progress(path, |reader, progress| {
-                    report::TraceData::load(reader, &name, &mut frames, options.limit, progress)
+                    report::TraceData::load(
+                        reader,
+                        &name,
+                        &mut frames,
+                        options.limit,
+                        options.span.as_deref(),
+                        progress,
+                    )
                 })?;
                 for warning in &trace.warnings {
                     eprintln!("memtrace: warning: {}: {}", path.display(), describe(warning));

@@ -42,6 +42,11 @@ pub struct Options {
     /// Which frames the page trims at first (it has a checkbox for each).
     #[command(flatten)]
     pub trim: Trim,
+    /// Only the allocations made inside this `tracing` span of a memtrace-rs trace: a span
+    /// name (`http_request`) or a whole description (`http_request{route=/api/users}`).
+    /// Every view follows them but the peak mark, which stays the whole trace's.
+    #[arg(long, value_name = "NAME|DESCRIPTION")]
+    pub span: Option<String>,
 }
 
 const HTML: &str = include_str!("report/report.html");
@@ -53,6 +58,10 @@ pub fn write(frames: &FrameTable, traces: &[TraceData], options: &Options, out: 
     let title = match traces {
         [base, new] => format!("memtrace diff: {} → {}", base.name, new.name),
         _ => format!("memtrace report: {}", traces.iter().map(|t| t.name.as_str()).collect::<Vec<_>>().join(", ")),
+    };
+    let title = match &options.span {
+        Some(span) => format!("{title}, inside span {span}"),
+        None => title,
     };
     let page = HTML.replace("{{TITLE}}", &format::escape_markup(&title));
     // The markers come from our template, not from the data, so splitting on them is safe.

@@ -101,9 +101,14 @@ pub fn locations(code: u64) -> Arc<[Location]> {
 
 /// A one-frame location list: `function` at line 1 of `file`.
 pub fn location_at(function: &str, file: &str) -> Arc<[Location]> {
+    location_on_line(function, file, 1)
+}
+
+/// A one-frame location list: `function` at `line` of `file`.
+pub fn location_on_line(function: &str, file: &str, line: u32) -> Arc<[Location]> {
     Arc::from(vec![Location {
         filename: file.as_bytes().into(),
-        line: 1,
+        line,
         start_char: 0,
         end_char: 0,
         defname: function.as_bytes().into(),

@@ -88,18 +88,35 @@ impl TraceData {
         Origin::of(&self.info, self.summary.ocaml_events, self.summary.external_allocs) == Origin::Rust
     }
 
-    /// Stream `reader` (the trace called `name`), interning frames into `frames`; thin
-    /// the samples when there are more than `limit` blocks. `progress` is called with the
+    /// Stream `reader` (the trace called `name`), interning frames into `frames`; keep
+    /// only the blocks allocated inside `span` if given ([`Frame::is_span`]); thin the
+    /// samples when there are more than `limit` blocks. `progress` is called with the
     /// bytes read now and then.
+    ///
+    /// [`Frame::is_span`]: memtrace_rs::analysis::Frame::is_span
     pub fn load<R: Read>(
         mut reader: Reader<R>,
         name: &str,
         frames: &mut FrameTable,
         limit: usize,
+        span: Option<&str>,
         progress: impl FnMut(u64),
     ) -> Result<TraceData> {
         let mut blocks = Vec::new();
         let summary = blocks::stream(&mut reader, |block, _| blocks.push(*block), progress)?;
+        if let Some(span) = span {
+            let inside: Vec<bool> = summary
+                .codes
+                .iter()
+                .map(|codes| {
+                    codes.iter().any(|&code| {
+                        let ids = frames.of_code(code, reader.locations()).to_vec();
+                        ids.iter().any(|&f| frames.frames[f].is_span(span))
+                    })
+                })
+                .collect();
+            blocks.retain(|b| inside[b.stack as usize]);
+        }
         // The trie of stacks: each stream stack becomes the node of its last frame.
         let (mut parent, mut frame) = (vec![u32::MAX], vec![u32::MAX]);
         let mut children: std::collections::HashMap<(u32, u32), u32> = std::collections::HashMap::new();

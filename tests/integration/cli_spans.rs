@@ -1,0 +1,154 @@
+//! Span and thread frames in the analysis and the command line: a built trace whose stacks
+//! end, outermost, in the pseudo-frames memtrace-rs's runtime writes (`<span>` and `<thread>`
+//! locations), ranked by span and thread, drawn rooted at either, reported inside a span and
+//! diffed.
+
+use std::sync::Arc;
+
+use crate::util::cli::{self, analyse, info, memtrace_ok, write_trace, SAMPLE_BYTES, START};
+use memtrace_rs::analysis::{ranked, FrameKind, Grouping, Measure, Options};
+use memtrace_rs::trace::{AllocSource, Location, NewAlloc, Writer, SPAN_FILE_PREFIX, THREAD_FILE};
+
+const USERS: u64 = 0xFFFF_0000_0000_0001;
+const THUMBNAIL: u64 = 0xFFFF_0000_0000_0002;
+const ENCODE: u64 = 0xFFFF_0000_0000_0003;
+const WORKER: u64 = 0xFFFD_0000_0000_0000;
+const MAIN: u64 = 0xFFFD_0000_0000_0001;
+/// A start-up frame of the runtime, trimmed from the outer end of the code below the spans.
+const LANG_START: u64 = 0x1_0000;
+
+fn locations(code: u64) -> Arc<[Location]> {
+    let pseudo = |file: String, line, name| cli::location_on_line(name, &file, line);
+    let span = |line, name| pseudo(format!("{SPAN_FILE_PREFIX}src/server.rs"), line, name);
+    match code {
+        USERS => span(10, "http_request{route=/api/users}"),
+        THUMBNAIL => span(12, "http_request{route=/api/thumbnail}"),
+        ENCODE => span(20, "encode"),
+        WORKER => pseudo(THREAD_FILE.into(), 0, "worker-0"),
+        MAIN => pseudo(THREAD_FILE.into(), 0, "main"),
+        LANG_START => cli::location_at("std::rt::lang_start_internal", "library/std/src/rt.rs"),
+        code => cli::locations(code),
+    }
+}
+
+/// Stacks innermost first: `app::parse` called from `main`, inside spans, on a thread.
+/// `users` (5 samples, freed) on the worker; `encode` inside `thumbnail` (3, kept) on the
+/// worker; no span (2, kept) on main. `users_more` adds 4 samples to users. The users
+/// stacks start in a start-up frame of std's runtime, below their span.
+fn trace(users_more: bool) -> Vec<u8> {
+    let mut writer = Writer::new(Vec::new(), &info()).unwrap();
+    let mut alloc = |at: u64, nsamples: u64, stack: &[u64]| {
+        let alloc = NewAlloc { length: nsamples, nsamples, source: AllocSource::External, callstack: stack, drop: 0 };
+        writer.put_alloc(0, START + at, &alloc, locations).unwrap()
+    };
+    let users = alloc(10, 5, &[4, 2, 1, LANG_START, USERS, WORKER]);
+    alloc(20, 3, &[4, 2, 1, ENCODE, THUMBNAIL, WORKER]);
+    alloc(30, 2, &[4, 2, 1, MAIN]);
+    if users_more {
+        alloc(35, 4, &[4, 2, 1, LANG_START, USERS, WORKER]);
+    }
+    writer.put_collect(0, START + 40, users).unwrap();
+    writer.close().unwrap()
+}
+
+fn labels(trace: &[u8], grouping: Grouping, measure: Measure) -> Vec<(String, f64)> {
+    let a = analyse(trace, Options { stacks: true, ..Default::default() });
+    ranked(&a, grouping, measure).iter().map(|s| (s.label(&a), a.bytes(s.stats.get(measure).samples))).collect()
+}
+
+#[test]
+fn spans_and_threads_are_ranked_as_such() {
+    let trace = trace(false);
+    let by = |kind, stacks| Grouping { kind, stacks, ..Default::default() };
+    let users = "span http_request{route=/api/users} (src/server.rs:10)";
+    let encode = "span encode (src/server.rs:20)";
+    assert_eq!(
+        labels(&trace, by(FrameKind::Span, false), Measure::Allocated),
+        [
+            (users.to_owned(), 5.0 * SAMPLE_BYTES),
+            (encode.to_owned(), 3.0 * SAMPLE_BYTES),
+            ("(no span)".to_owned(), 2.0 * SAMPLE_BYTES)
+        ]
+    );
+    assert_eq!(
+        labels(&trace, by(FrameKind::Span, false), Measure::LiveEnd),
+        [(encode.to_owned(), 3.0 * SAMPLE_BYTES), ("(no span)".to_owned(), 2.0 * SAMPLE_BYTES)]
+    );
+    assert_eq!(
+        labels(&trace, by(FrameKind::Thread, true), Measure::Allocated),
+        [("thread worker-0".to_owned(), 8.0 * SAMPLE_BYTES), ("thread main".to_owned(), 2.0 * SAMPLE_BYTES)]
+    );
+    // Code sites are the code, never a span or a thread.
+    assert_eq!(
+        labels(&trace, Grouping::default(), Measure::Allocated),
+        [("app::parse (src/app.rs:40)".to_owned(), 10.0 * SAMPLE_BYTES)]
+    );
+    // Whole stacks keep their spans and thread outermost, and lose the start-up frames
+    // below them.
+    let a = analyse(&trace, Options { stacks: true, ..Default::default() });
+    let keys: Vec<String> =
+        ranked(&a, by(FrameKind::Code, true), Measure::Allocated).iter().map(|s| s.key(&a)).collect();
+    let code = "app::parse (src/app.rs:40) <- app::run (src/app.rs:20) <- main (src/app.rs:10)";
+    assert_eq!(keys[0], format!("{code} <- {users} <- thread worker-0"), "{keys:?}");
+}
+
+#[test]
+fn the_command_line_ranks_draws_reports_and_diffs_by_span() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_trace(dir.path(), "spans.ctf", &trace(false));
+    let path = path.to_str().unwrap();
+    let hotspots = memtrace_ok(dir.path(), &["hotspots", path, "--by", "span,live-end"]);
+    assert!(hotspots.contains("Top 2 of 2 spans of"), "{hotspots}");
+    assert!(hotspots.contains("by bytes live at the end"), "{hotspots}");
+    let rows: Vec<&str> = hotspots.lines().skip(2).take(2).map(|l| l.split("  ").last().unwrap()).collect();
+    assert_eq!(rows, ["span encode (src/server.rs:20)", "(no span)"], "{hotspots}");
+    let stacks = memtrace_ok(dir.path(), &["hotspots", path, "--by", "span", "--stacks"]);
+    assert!(
+        stacks.contains("span encode (src/server.rs:20)\n")
+            && stacks.contains("   span http_request{route=/api/thumbnail}"),
+        "{stacks}"
+    );
+    let threads = memtrace_ok(dir.path(), &["hotspots", path, "--by", "thread"]);
+    assert!(threads.contains("Top 2 of 2 threads") && threads.contains("thread worker-0"), "{threads}");
+
+    let folded = |root: &str| {
+        let out = dir.path().join(format!("{root}.folded"));
+        memtrace_ok(dir.path(), &["flamegraph", path, "--folded", "--root", root, "-o", out.to_str().unwrap()]);
+        std::fs::read_to_string(out).unwrap()
+    };
+    let by_thread = folded("thread");
+    assert!(by_thread.lines().all(|l| l.starts_with("thread ")), "{by_thread}");
+    assert!(by_thread.contains("thread worker-0;span http_request{route=/api/thumbnail} (src/server.rs:12);span encode (src/server.rs:20);main"), "{by_thread}");
+    let by_span = folded("span");
+    assert!(
+        by_span.contains("\nspan http_request{route=/api/users} (src/server.rs:10);main")
+            || by_span.starts_with("span http_request{route=/api/users} (src/server.rs:10);main"),
+        "{by_span}"
+    );
+    assert!(!by_span.contains("thread "), "{by_span}");
+    let code = folded("code");
+    assert!(code.lines().all(|l| l.starts_with("main (src/app.rs:10)")), "{code}");
+
+    // The report embeds only the blocks allocated inside the span (users: 1, encode inside
+    // thumbnail: 1, main: 1).
+    let report = |span: &[&str]| {
+        let out = dir.path().join("report.html");
+        memtrace_ok(dir.path(), &[&["report", path, "-o", out.to_str().unwrap()], span].concat());
+        let html = std::fs::read_to_string(out).unwrap();
+        let blocks = html.split("\"nblocks\":").nth(1).unwrap().split(',').next().unwrap().to_owned();
+        (html, blocks)
+    };
+    let (all_requests, blocks) = report(&["--span", "http_request"]);
+    assert!(all_requests.contains("<title>memtrace report: spans.ctf, inside span http_request"));
+    assert_eq!(blocks, "2");
+    assert_eq!(report(&["--span", "http_request{route=/api/users}"]).1, "1");
+    assert_eq!(report(&["--span", "encode"]).1, "1");
+    assert_eq!(report(&["--span", "nothing"]).1, "0");
+    assert_eq!(report(&[]).1, "3");
+
+    let new = write_trace(dir.path(), "spans-new.ctf", &trace(true));
+    let diff = memtrace_ok(dir.path(), &["diff", path, new.to_str().unwrap(), "--by", "span"]);
+    let users_line =
+        diff.lines().find(|l| l.contains("span http_request{route=/api/users}")).unwrap_or_else(|| panic!("{diff}"));
+    assert!(users_line.contains("+3.1 KiB") || users_line.contains("3200"), "{diff}");
+}
