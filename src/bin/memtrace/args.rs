@@ -18,6 +18,9 @@ pub struct Ranking {
     /// How stacks are grouped into sites.
     #[command(flatten)]
     pub grouping: Grouping,
+    /// With --stacks, the most frames shown per stack.
+    #[arg(long, default_value_t = 16)]
+    pub frames: usize,
 }
 
 impl Ranking {

@@ -25,9 +25,6 @@ pub struct Options {
     /// Which sites, by what figure.
     #[command(flatten)]
     pub ranking: Ranking,
-    /// With --stacks, the most frames shown per stack.
-    #[arg(long, default_value_t = 16)]
-    pub frames: usize,
     /// Compare bytes per second of each trace's duration instead of bytes, for traces of
     /// runs of different lengths.
     #[arg(long)]
@@ -204,7 +201,7 @@ pub fn write(
     )?;
     writeln!(out, "{:>12} {:>12} {:>12} {:>12}  site", "base", "new", "change", "±95%")?;
     for c in changes.iter().take(options.ranking.top) {
-        let shown = options.frames.max(1).min(c.frames.len());
+        let shown = options.ranking.frames.max(1).min(c.frames.len());
         let mut site = c.frames[..shown].join(" <- ");
         if shown < c.frames.len() {
             site += &format!(" <- ... {} more frames", c.frames.len() - shown);

@@ -14,9 +14,6 @@ pub struct Options {
     /// Which sites, by what figure.
     #[command(flatten)]
     pub ranking: Ranking,
-    /// With --stacks, the most frames shown per stack.
-    #[arg(long, default_value_t = 16)]
-    pub frames: usize,
     /// Text or JSON.
     #[command(flatten)]
     pub format: super::json::FormatArgs,
@@ -143,10 +140,10 @@ pub fn write(analysis: &Analysis, name: &str, options: &Options, out: &mut impl 
         )?;
         if options.ranking.grouping.stacks {
             let callers = site.frames.iter().skip(1);
-            for &frame in callers.clone().take(options.frames.saturating_sub(1)) {
+            for &frame in callers.clone().take(options.ranking.frames.saturating_sub(1)) {
                 writeln!(out, "{:54}{}", "", analysis.frames[frame].label())?;
             }
-            let hidden = callers.len().saturating_sub(options.frames.saturating_sub(1));
+            let hidden = callers.len().saturating_sub(options.ranking.frames.saturating_sub(1));
             if hidden > 0 {
                 writeln!(out, "{:54}... {hidden} more frames", "")?;
             }
