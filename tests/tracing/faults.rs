@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use memtrace_rs::{currently_tracing, trace_if_requested};
 
-use super::{child, fifo_reader, memtrace_messages, site_freed, temp_path, Trace};
+use super::{assert_one_message, child, fifo_reader, memtrace_messages, site_freed, temp_path, Trace};
 
 /// Environment variable: the stack a `small_stack` child leaves when it allocates, in bytes.
 const STACK_LEFT_VAR: &str = "MEMTRACE_TEST_STACK_LEFT";
@@ -226,9 +226,7 @@ fn a_fifo_nobody_reads_is_reported_and_ignored() {
     assert_eq!(unsafe { libc::mkfifo(c_fifo.as_ptr(), 0o600) }, 0);
     let (out, _) = run_within("untraced", &[("MEMTRACE_FILE", fifo.to_str().unwrap())], Duration::from_secs(30));
     assert!(out.status.success());
-    let messages = memtrace_messages(&out);
-    assert_eq!(messages.len(), 1, "{messages:?}");
-    assert!(messages[0].contains("is a FIFO that no process is reading"), "{messages:?}");
+    assert_one_message(&out, "is a FIFO that no process is reading");
     let _ = std::fs::remove_file(&fifo);
 }
 
@@ -302,9 +300,7 @@ fn a_rejected_context_leaves_no_file() {
     let env = [("MEMTRACE_FILE", path.to_str().unwrap()), ("MEMTRACE_CONTEXT", context.as_str())];
     let (out, _) = run_within("untraced", &env, Duration::from_secs(30));
     assert!(out.status.success());
-    let messages = memtrace_messages(&out);
-    assert_eq!(messages.len(), 1, "{messages:?}");
-    assert!(messages[0].contains("not tracing"), "{messages:?}");
+    assert_one_message(&out, "not tracing");
     assert!(!path.exists(), "a failed start left {} behind", path.display());
     std::fs::write(&path, b"an older trace").unwrap();
     let (out, _) = run_within("untraced", &env, Duration::from_secs(30));

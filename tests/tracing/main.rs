@@ -458,6 +458,13 @@ fn memtrace_messages(out: &Output) -> Vec<String> {
     String::from_utf8_lossy(&out.stderr).lines().filter(|l| l.starts_with("memtrace: ")).map(str::to_owned).collect()
 }
 
+/// Assert that the child said exactly one `memtrace: ` line, and that it mentions `mentions`.
+fn assert_one_message(out: &Output, mentions: &str) {
+    let messages = memtrace_messages(out);
+    assert_eq!(messages.len(), 1, "{messages:?}");
+    assert!(messages[0].contains(mentions), "{messages:?} should mention {mentions}");
+}
+
 struct Allocation {
     nsamples: u64,
     /// Location codes, outermost frame first.
@@ -1106,9 +1113,7 @@ fn no_variable_means_no_file_and_no_thread() {
 fn assert_runs_untraced_with_one_message(env: &[(&str, &str)], mentions: &str) {
     let out = run("untraced", env);
     assert!(out.status.success());
-    let messages = memtrace_messages(&out);
-    assert_eq!(messages.len(), 1, "{messages:?}");
-    assert!(messages[0].contains(mentions), "{messages:?} should mention {mentions}");
+    assert_one_message(&out, mentions);
 }
 
 #[test]
@@ -1152,9 +1157,7 @@ fn write_error_mid_trace_stops_tracing_with_one_message() {
     let path = temp_path("fsize");
     let out = run("write_error", &[("MEMTRACE_FILE", path.to_str().unwrap()), ("MEMTRACE_RATE", "0.01")]);
     assert!(out.status.success());
-    let messages = memtrace_messages(&out);
-    assert_eq!(messages.len(), 1, "{messages:?}");
-    assert!(messages[0].contains("error writing"), "{messages:?}");
+    assert_one_message(&out, "error writing");
     let _ = std::fs::remove_file(&path);
 }
 
