@@ -16,8 +16,9 @@
 /// more than about ±60 % of the estimate.
 pub const FEW_SAMPLES: u64 = 10;
 
-/// The standard normal quantile of 97.5 %: a two-sided 95 % interval.
-const Z: f64 = 1.959_963_984_540_054;
+/// The standard normal quantile of 97.5 %: a two-sided 95 % interval is ±`Z` standard
+/// deviations.
+pub const Z: f64 = 1.959_963_984_540_054;
 
 /// A byte estimate from a sample count, with its 95 % interval.
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -22,7 +22,7 @@ mod sites;
 pub use crate::frames::{is_allocator_frame, is_root_frame};
 pub use copy::{copy, Copied};
 pub use dump::dump;
-pub use estimate::{poisson_interval, Estimate, FEW_SAMPLES};
+pub use estimate::{poisson_interval, Estimate, FEW_SAMPLES, Z};
 pub use names::short_name;
 pub use pass::{
     estimated_objects, short_path, Analysis, Bucket, Counts, Frame, FrameId, FrameKind, FrameTable, Measure, Options,

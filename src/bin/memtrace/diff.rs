@@ -10,14 +10,10 @@
 use std::collections::HashMap;
 use std::io::{self, Write};
 
-use memtrace_rs::analysis::{ranked, Analysis};
+use memtrace_rs::analysis::{ranked, Analysis, Z};
 
 use super::args::Ranking;
 use super::format;
-
-/// The standard normal quantile of 97.5 %: changes beyond `Z` standard deviations are
-/// beyond the noise at 95 %.
-const Z: f64 = 1.959_963_984_540_054;
 
 /// Options of `memtrace diff`.
 #[derive(Debug, Clone, clap::Args)]
