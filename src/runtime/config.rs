@@ -96,10 +96,12 @@ impl TraceConfig {
         self
     }
 
-    /// How long stopping (the guard's drop, [`stop_tracing`], the exit hook) waits at most for
-    /// the writer thread to write what is queued and close the trace (default 1 s). A writer
-    /// still busy then (blocked writing to a pipe nobody reads, say) is left behind, with one
-    /// message on stderr, and the program goes on: the trace ends at the writer's last write.
+    /// How long stopping (the guard's drop, [`stop_tracing`], the exit hook) waits for a writer
+    /// thread that makes no progress (default 1 s). Stopping waits while the writer writes what
+    /// is queued, names frames and closes the trace; a writer that has taken no message and
+    /// named no frame for this long (blocked writing to a pipe nobody reads, say) is left
+    /// behind, with one message on stderr, and the program goes on: the trace ends at the
+    /// writer's last write.
     ///
     /// [`stop_tracing`]: crate::stop_tracing
     pub fn stop_timeout(mut self, timeout: Duration) -> TraceConfig {

@@ -31,7 +31,7 @@
 //! forked child that starts tracing makes a new queue: a thread of the parent may have been
 //! half-way through a send when the process forked.
 
-use std::sync::atomic::{AtomicPtr, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, Ordering};
 
 use crossbeam_channel::{Receiver, Sender, TrySendError};
 
@@ -131,7 +131,14 @@ pub(crate) struct Channel {
     /// Recycled frame buffers (a bounded, lock-free array queue).
     pool_tx: Sender<Frames>,
     pool_rx: Receiver<Frames>,
+    /// Bumped by the writer for each message it takes and each frame it names: how stopping
+    /// tells a busy writer from a stalled one. On a cache line of its own, away from the
+    /// fields the sampled path reads.
+    progress: Progress,
 }
+
+#[repr(align(64))]
+struct Progress(AtomicU64);
 
 /// The process's channel (leaked, never freed); null before the first session.
 static PROCESS: AtomicPtr<Channel> = AtomicPtr::new(std::ptr::null_mut());
@@ -150,7 +157,16 @@ impl Channel {
         for frames in (0..INITIAL_POOL).map_while(|_| new_frames()) {
             let _ = pool_tx.try_send(frames);
         }
-        Ok(Channel { pid, capacity, alloc_limit: capacity / 2, tx, rx, pool_tx, pool_rx })
+        Ok(Channel {
+            pid,
+            capacity,
+            alloc_limit: capacity / 2,
+            tx,
+            rx,
+            pool_tx,
+            pool_rx,
+            progress: Progress(AtomicU64::new(0)),
+        })
     }
 
     /// Queue `msg` without waiting; false when the queue is full. A full queue gives the
@@ -167,7 +183,19 @@ impl Channel {
 
     /// The next message, if any (writer side).
     pub(crate) fn try_recv(&self) -> Option<Msg> {
-        self.rx.try_recv().ok()
+        let msg = self.rx.try_recv().ok()?;
+        self.note_progress();
+        Some(msg)
+    }
+
+    /// Say that the writer is getting on with its work (writer side).
+    pub(crate) fn note_progress(&self) {
+        self.progress.0.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A count that moves while the writer works.
+    pub(crate) fn progress(&self) -> u64 {
+        self.progress.0.load(Ordering::Relaxed)
     }
 
     /// How many messages wait for the writer.
@@ -177,7 +205,7 @@ impl Channel {
 
     /// Queue `Stop` for `session`, waiting for room while `alive` says the writer is still
     /// draining the queue. Only called by the thread stopping a session.
-    pub(crate) fn send_stop(&self, session: u32, alive: impl Fn() -> bool) {
+    pub(crate) fn send_stop(&self, session: u32, mut alive: impl FnMut() -> bool) {
         let mut msg = Msg::Stop { session };
         loop {
             match self.tx.try_send(msg) {

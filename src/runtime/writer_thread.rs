@@ -41,6 +41,8 @@ pub(crate) const DOMAIN: u16 = 0;
 /// The writer thread's state.
 struct TraceWriter {
     writer: Writer<File>,
+    /// Told of the writer's progress as it names frames (see [`Channel::note_progress`]).
+    channel: &'static Channel,
     /// The id of this writer's session: messages of other sessions are ignored.
     session: u32,
     /// Object id of each live sampled block, by address.
@@ -91,6 +93,7 @@ pub(crate) fn write_trace(
 ) -> WriterOutcome {
     let mut state = TraceWriter {
         writer,
+        channel,
         session,
         ids: FastMap::default(),
         symbolizer: symbolize::take_spare(symbolize::options_from_env()),
@@ -168,7 +171,9 @@ impl TraceWriter {
             }
             cfi::invalidate_if_unloaded();
             if received < POLL_BATCH {
-                std::thread::sleep(if received > BUSY_FILL { BUSY_POLL_INTERVAL } else { POLL_INTERVAL });
+                // Parked rather than asleep: stopping unparks the writer, so that a short
+                // program does not wait out the interval at exit.
+                std::thread::park_timeout(if received > BUSY_FILL { BUSY_POLL_INTERVAL } else { POLL_INTERVAL });
             }
         }
     }
@@ -195,7 +200,8 @@ impl TraceWriter {
         // Pseudo-frames (span and thread names, tagged at the top) are codes of their own.
         self.codes.extend(frames.iter().map(|&frame| if frame >> ADDRESS_BITS == 0 { frame | tag } else { frame }));
         if let [innermost, rest @ ..] = &self.codes[..] {
-            let locations = locations_of(&mut self.locations, &mut self.symbolizer, &mut self.pseudo, *innermost);
+            let locations =
+                locations_of(self.channel, &mut self.locations, &mut self.symbolizer, &mut self.pseudo, *innermost);
             // Outermost first: the frame's own function.
             if !rest.is_empty() && locations.first().is_some_and(|l| symbolize::is_allocator_shim(&l.defname_str())) {
                 self.codes.remove(0);
@@ -212,9 +218,11 @@ impl TraceWriter {
         let time = self.time(time);
         self.set_codes(frames);
         let alloc = NewAlloc { length, nsamples, source: AllocSource::External, callstack: &self.codes, drop: 0 };
-        let (locations, symbolizer, pseudo) = (&mut self.locations, &mut self.symbolizer, &mut self.pseudo);
-        let id =
-            self.writer.put_alloc(DOMAIN, time, &alloc, |code| locations_of(locations, symbolizer, pseudo, code))?;
+        let (channel, locations, symbolizer, pseudo) =
+            (self.channel, &mut self.locations, &mut self.symbolizer, &mut self.pseudo);
+        let id = self
+            .writer
+            .put_alloc(DOMAIN, time, &alloc, |code| locations_of(channel, locations, symbolizer, pseudo, code))?;
         if let Some(program) = symbolizer.take_program_without_debug_info() {
             eprintln!(
                 "memtrace: note: {} has no debug info: its frames are named without files, lines or inlined \
@@ -243,6 +251,7 @@ impl TraceWriter {
 /// The locations of location `code` (see [`TraceWriter::set_codes`]), worked out the first
 /// time: a pseudo-frame's name, or the code address's source locations.
 fn locations_of(
+    channel: &Channel,
     cache: &mut FastMap<u64, Arc<[Location]>>,
     symbolizer: &mut Symbolizer,
     pseudo: &mut PseudoFrames,
@@ -251,6 +260,9 @@ fn locations_of(
     let address = code & ((1 << ADDRESS_BITS) - 1);
     cache
         .entry(code)
-        .or_insert_with(|| pseudo.locations(code).unwrap_or_else(|| symbolize::symbolize(symbolizer, address)))
+        .or_insert_with(|| {
+            channel.note_progress();
+            pseudo.locations(code).unwrap_or_else(|| symbolize::symbolize(symbolizer, address))
+        })
         .clone()
 }

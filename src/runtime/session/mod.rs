@@ -308,21 +308,19 @@ fn finish(session: Session) -> Option<Result<TraceStats, Error>> {
     }
     STATE.store(OFF, Ordering::SeqCst);
     handoff::unpublish();
-    // None: a timeout too long to count, waited for without limit.
-    let deadline = Instant::now().checked_add(session.stop_timeout);
+    let mut stall = Stall::watch(session.channel, session.stop_timeout);
     // A writer that stopped on a write error no longer drains the queue: then Stop may not
     // fit, and is not needed.
-    let draining = || !session.writer.is_finished() && deadline.is_none_or(|deadline| Instant::now() < deadline);
-    session.channel.send_stop(handoff::session_tag(session.id), draining);
-    let outcome = match deadline {
-        Some(deadline) => session.outcome.recv_deadline(deadline),
-        None => session.outcome.recv().map_err(|_| RecvTimeoutError::Disconnected),
-    };
-    let written = match outcome {
-        Ok(written) => written,
-        // Panicked past the code that catches panics.
-        Err(RecvTimeoutError::Disconnected) => WriterOutcome::panicked(),
-        Err(RecvTimeoutError::Timeout) => give_up(&session),
+    session.channel.send_stop(handoff::session_tag(session.id), || !session.writer.is_finished() && !stall.stalled());
+    session.writer.thread().unpark();
+    let written = loop {
+        match session.outcome.recv_timeout(STALL_CHECK_INTERVAL) {
+            Ok(written) => break written,
+            // Panicked past the code that catches panics.
+            Err(RecvTimeoutError::Disconnected) => break WriterOutcome::panicked(),
+            Err(RecvTimeoutError::Timeout) if stall.stalled() => break give_up(&session),
+            Err(RecvTimeoutError::Timeout) => {}
+        }
     };
     let losses = record::take_losses();
     report_losses(&losses);
@@ -342,6 +340,32 @@ fn finish(session: Session) -> Option<Result<TraceStats, Error>> {
     })
 }
 
+/// How often stopping looks at the writer's progress.
+const STALL_CHECK_INTERVAL: Duration = Duration::from_millis(20);
+
+/// Whether a writer is stalled: it has made no progress (taken no message, named no frame) for
+/// the stop timeout. A writer busy naming the frames of a large program is waited for,
+/// however long it takes; one blocked writing to a pipe nobody reads is not.
+struct Stall {
+    channel: &'static Channel,
+    timeout: Duration,
+    last_progress: (u64, Instant),
+}
+
+impl Stall {
+    fn watch(channel: &'static Channel, timeout: Duration) -> Stall {
+        Stall { channel, timeout, last_progress: (channel.progress(), Instant::now()) }
+    }
+
+    fn stalled(&mut self) -> bool {
+        let (progress, now) = (self.channel.progress(), Instant::now());
+        if progress != self.last_progress.0 {
+            self.last_progress = (progress, now);
+        }
+        now.duration_since(self.last_progress.1) >= self.timeout
+    }
+}
+
 /// Leave behind the writer of `session`, still busy at its stop timeout (blocked writing to a
 /// pipe nobody reads, say): it cannot be cancelled, so it keeps its thread and its channel,
 /// and reports nothing more; the next session makes a new channel. One line on stderr.
@@ -349,7 +373,7 @@ fn give_up(session: &Session) -> WriterOutcome {
     session.abandoned.store(true, Ordering::Release);
     handoff::abandon();
     eprintln!(
-        "memtrace: the trace writer is still writing {} after {:?} (a pipe or FIFO nobody reads?); gave up \
+        "memtrace: the trace writer has made no progress writing {} for {:?} (a pipe or FIFO nobody reads?); gave up \
          waiting: {} queued samples and frees, and what it had not flushed, are not in the trace",
         session.path.display(),
         session.stop_timeout,

@@ -3,6 +3,17 @@
 //! symbols (`.symtab`, else `.dynsym`, so that a stripped program still names its exported
 //! functions), demangled with `rustc-demangle`.
 //!
+//! DWARF is parsed a few compilation units at a time: `.debug_aranges` says which unit holds
+//! an address, and addr2line is given that unit and the units it refers to (`DW_FORM_ref_addr`,
+//! which ThinLTO and LTO emit for functions inlined across units), not the whole `.debug_info`,
+//! so that naming a frame of a large program does not parse the header and line program of its
+//! every unit (tens of milliseconds and megabytes on a 25 MB binary). Offsets must stay those of
+//! the whole section, so the span of units is read from a private mapping of the file whose
+//! first bytes are overwritten with the header of one empty unit reaching up to the span (see
+//! [`Span`]). An address the ranges do not cover, and DWARF that cannot be read this way
+//! (compressed, or in a supplementary file), are looked up in addr2line's context of the whole
+//! object instead, made the first time one is needed.
+//!
 //! A separate debug file (build-id under the debug directory, or `.gnu_debuglink`) is used only
 //! with [`Options::separate_debug_files`]: distribution debug files are compressed, and
 //! inflating libc's costs tens of milliseconds and megabytes.
@@ -10,7 +21,11 @@
 use std::collections::HashSet;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+
+use std::collections::HashMap;
+
+use gimli::Section as _;
 
 use object::{Object as _, ObjectSection as _, ObjectSymbol as _, ObjectSymbolTable as _};
 
@@ -31,14 +46,16 @@ struct Symbol {
     name: &'static [u8],
 }
 
-/// Parsed state of one object. The `'static` slices in `context`, `dwarf_file` and `symbols`
+/// Parsed state of one object. The `'static` slices in `dwarf`, `dwarf_file` and `symbols`
 /// borrow from `inflated` and `_maps`, which are declared after them and so dropped after
 /// them; they are never handed out.
 pub(super) struct Loaded {
     /// Made from `dwarf_file` when an address is first looked up.
-    context: Option<addr2line::Context<Reader>>,
-    /// The object file, or its separate debug file, when it has DWARF not yet parsed.
+    dwarf: Option<Dwarf>,
+    /// The object file, or its separate debug file, when it has DWARF not yet looked at.
     dwarf_file: Option<object::File<'static>>,
+    /// The path of `dwarf_file` when it is the object's own file.
+    dwarf_path: Option<PathBuf>,
     has_dwarf: bool,
     symbols: Vec<Symbol>,
     pub(super) units_seen: HashSet<usize>,
@@ -90,11 +107,13 @@ impl Loaded {
         if symbols.is_empty() {
             symbols = function_symbols(file.dynamic_symbol_table());
         }
+        let own_dwarf = debug_file.is_none();
         let dwarf_file = debug_file.or(Some(file)).filter(has_dwarf);
         maps.push(map);
         let base_estimate = symbols.capacity() * std::mem::size_of::<Symbol>();
         Some(Loaded {
-            context: None,
+            dwarf: None,
+            dwarf_path: own_dwarf.then(|| path.to_path_buf()),
             has_dwarf: dwarf_file.is_some(),
             dwarf_file,
             symbols,
@@ -106,13 +125,42 @@ impl Loaded {
         })
     }
 
-    /// Parse the DWARF's unit headers (addr2line's base state), once.
+    /// Locate the DWARF sections and read the unit index, once.
     fn load_dwarf(&mut self) {
         let Some(file) = self.dwarf_file.take() else { return };
-        if let Some((context, units)) = load_dwarf(&file, &mut self.inflated) {
-            self.base_estimate += self.inflated.iter().map(|b| b.len()).sum::<usize>() + units * BYTES_PER_UNIT;
-            self.context = Some(context);
+        self.dwarf = Dwarf::locate(&file, self.dwarf_path.as_deref(), &mut self.inflated);
+        if let Some(dwarf) = &self.dwarf {
+            self.base_estimate += self.inflated.iter().map(|b| b.len()).sum::<usize>() + dwarf.index_bytes();
         }
+    }
+
+    /// The addr2line context that covers `probe`, parsed the first time (a span of units, or
+    /// the whole object's).
+    fn context_for(&mut self, probe: u64) -> Option<&addr2line::Context<Reader>> {
+        self.load_dwarf();
+        let dwarf = self.dwarf.as_mut()?;
+        match dwarf.span_for(probe) {
+            Ok(Some((span, parsed))) => {
+                self.parsed_estimate += parsed * PARSED_BYTES_PER_UNIT_BYTE;
+                self.units_seen.insert(dwarf.spans[span].start);
+                return Some(&dwarf.spans[span].context);
+            }
+            Ok(None) => return None,
+            Err(NeedsWhole) => {}
+        }
+        if dwarf.whole.is_none() {
+            let (context, units) = dwarf.whole_context()?;
+            self.base_estimate += units * BYTES_PER_UNIT;
+            dwarf.whole = Some(context);
+        }
+        let whole = dwarf.whole.as_ref()?;
+        if let Some(unit) = whole.find_dwarf_and_unit(probe).skip_all_loads() {
+            let offset = unit.header.offset().0;
+            if self.units_seen.insert(offset) {
+                self.parsed_estimate += unit.header.length_including_self() * PARSED_BYTES_PER_UNIT_BYTE;
+            }
+        }
+        Some(whole)
     }
 
     /// Whether names come from a symbol table alone (no DWARF): functions without files, lines
@@ -125,6 +173,12 @@ impl Loaded {
         self.base_estimate + self.parsed_estimate + self.units_seen.capacity() * 16
     }
 
+    /// The demangled name of the function symbol at `probe`, from the symbol table alone:
+    /// no DWARF is parsed.
+    pub(super) fn symbol_name(&self, probe: u64) -> Option<String> {
+        self.symbol(probe).map(|s| demangle(s.name))
+    }
+
     fn symbol(&self, probe: u64) -> Option<&Symbol> {
         let i = self.symbols.partition_point(|s| s.address <= probe).checked_sub(1)?;
         let s = &self.symbols[i];
@@ -134,15 +188,8 @@ impl Loaded {
     /// The functions at `probe` (an address in the object's own terms), outermost first: from
     /// the DWARF (parsed the first time), the symbol table's name for the outermost one.
     pub(super) fn lookup(&mut self, probe: u64) -> Vec<RawFrame> {
-        self.load_dwarf();
         let mut frames = Vec::new();
-        if let Some(context) = &self.context {
-            if let Some(unit) = context.find_dwarf_and_unit(probe).skip_all_loads() {
-                let offset = unit.header.offset().0;
-                if self.units_seen.insert(offset) {
-                    self.parsed_estimate += unit.header.length_including_self() * PARSED_BYTES_PER_UNIT_BYTE;
-                }
-            }
+        if let Some(context) = self.context_for(probe) {
             if let Ok(mut iter) = context.find_frames(probe).skip_all_loads() {
                 while let Ok(Some(frame)) = iter.next() {
                     let function =
@@ -179,24 +226,234 @@ impl Loaded {
     }
 }
 
-/// The context, and the number of units (what addr2line's base state grows with).
-fn load_dwarf(
-    file: &object::File<'static>,
-    inflated: &mut Vec<Box<[u8]>>,
-) -> Option<(addr2line::Context<Reader>, usize)> {
-    let endian = if file.is_little_endian() { gimli::RunTimeEndian::Little } else { gimli::RunTimeEndian::Big };
-    let dwarf = gimli::Dwarf::load(|id| -> Result<Reader, ()> {
-        let data = section_data(file, id.name(), inflated).unwrap_or(&[]);
-        Ok(gimli::EndianSlice::new(data, endian))
-    })
-    .ok()?;
-    // Unit headers only: cheap.
-    let mut headers = dwarf.units();
-    let mut units = 0;
-    while let Ok(Some(_)) = headers.next() {
-        units += 1;
+/// An object's DWARF: its sections, which unit holds which addresses, and the spans of units
+/// parsed so far.
+struct Dwarf {
+    sections: gimli::DwarfSections<&'static [u8]>,
+    /// `.debug_info`.
+    info: &'static [u8],
+    /// Where `.debug_info` lies in the object's file, when it is stored there uncompressed (the
+    /// condition for reading spans of it, see [`Span`]).
+    info_in_file: Option<(PathBuf, u64)>,
+    endian: gimli::RunTimeEndian,
+    /// (start, end, `.debug_info` offset of the unit) from `.debug_aranges`, sorted by start.
+    index: Vec<(u64, u64, usize)>,
+    /// The units of `index`, by offset.
+    unit_starts: Vec<usize>,
+    /// Per unit offset: the span of units its lookups need, `None` when the whole context is.
+    needs: HashMap<usize, Option<(usize, usize)>>,
+    /// Disjoint spans of units, each with its context.
+    spans: Vec<Span>,
+    /// addr2line's context of every unit, for what `spans` cannot answer.
+    whole: Option<addr2line::Context<Reader>>,
+}
+
+/// Spans are given up for the whole context once they would hold more than this fraction
+/// (1/n) of `.debug_info`.
+const SPANS_SHARE_BEFORE_WHOLE: usize = 8;
+
+/// Only addr2line's context of the whole object can answer (see [`Dwarf::span_for`]).
+struct NeedsWhole;
+
+/// The units of `.debug_info` in `start..end`, parsed by addr2line alone, with the offsets of
+/// the whole section: addr2line reads a unit at offset 0 and each unit's length leads to the
+/// next, so the section it is given is a private (copy-on-write) mapping of the file's
+/// `.debug_info` up to `end`, whose first 12 bytes are overwritten with the header of a unit
+/// `start` bytes long with no entries (addr2line skips it), and of which only the span is read.
+struct Span {
+    start: usize,
+    end: usize,
+    /// Borrows from `_map`, declared after it.
+    context: addr2line::Context<Reader>,
+    _map: Option<Mmap>,
+}
+
+/// The bytes of the empty unit that stands for `.debug_info` before a [`Span`]: a DWARF 4
+/// header (32-bit length, version, abbreviation offset 0, address size 8), then a null entry.
+const EMPTY_UNIT_BYTES: usize = 12;
+
+impl Dwarf {
+    fn locate(file: &object::File<'static>, path: Option<&Path>, inflated: &mut Vec<Box<[u8]>>) -> Option<Dwarf> {
+        let endian = if file.is_little_endian() { gimli::RunTimeEndian::Little } else { gimli::RunTimeEndian::Big };
+        let sections = gimli::DwarfSections::load(|id| -> Result<&'static [u8], ()> {
+            Ok(section_data(file, id.name(), inflated).unwrap_or(&[]))
+        })
+        .ok()?;
+        let info_in_file = path.zip(file.section_by_name(".debug_info")).and_then(|(path, section)| {
+            let compressed = section.compressed_file_range().ok()?;
+            (compressed.format == object::CompressionFormat::None).then(|| (path.to_path_buf(), compressed.offset))
+        });
+        let borrowed = sections.borrow(|data| gimli::EndianSlice::new(data, endian));
+        let info = borrowed.debug_info.reader().slice();
+        let mut index = Vec::new();
+        let mut headers = borrowed.debug_aranges.headers();
+        while let Ok(Some(header)) = headers.next() {
+            let unit = header.debug_info_offset().0;
+            let mut entries = header.entries();
+            while let Ok(Some(entry)) = entries.next() {
+                let range = entry.range();
+                if range.begin < range.end {
+                    index.push((range.begin, range.end, unit));
+                }
+            }
+        }
+        index.sort_unstable();
+        index.shrink_to_fit();
+        let mut unit_starts: Vec<usize> = index.iter().map(|&(_, _, unit)| unit).collect();
+        unit_starts.sort_unstable();
+        unit_starts.dedup();
+        unit_starts.shrink_to_fit();
+        Some(Dwarf {
+            sections,
+            info,
+            info_in_file,
+            endian,
+            index,
+            unit_starts,
+            needs: HashMap::new(),
+            spans: Vec::new(),
+            whole: None,
+        })
     }
-    Some((addr2line::Context::from_dwarf(dwarf).ok()?, units))
+
+    fn reader(&self, data: &'static [u8]) -> Reader {
+        gimli::EndianSlice::new(data, self.endian)
+    }
+
+    /// The heap bytes of the index.
+    fn index_bytes(&self) -> usize {
+        self.index.capacity() * std::mem::size_of::<(u64, u64, usize)>()
+            + self.unit_starts.capacity() * std::mem::size_of::<usize>()
+    }
+
+    /// The index in `spans` of a span that covers `probe`'s unit and the units it refers to,
+    /// parsed the first time, and the bytes of `.debug_info` newly parsed for it; `Ok(None)`
+    /// when `.debug_aranges` covers no unit at `probe` (code without DWARF, such as the C
+    /// library's start files: a symbol names it); `Err(NeedsWhole)` when only the whole
+    /// context can answer.
+    fn span_for(&mut self, probe: u64) -> Result<Option<(usize, usize)>, NeedsWhole> {
+        if self.info_in_file.is_none() || self.index.is_empty() || self.whole.is_some() {
+            return Err(NeedsWhole);
+        }
+        let Some(i) = self.index.partition_point(|r| r.0 <= probe).checked_sub(1) else { return Ok(None) };
+        let (_, end, unit) = self.index[i];
+        if probe >= end {
+            return Ok(None);
+        }
+        let needed = match self.needs.get(&unit) {
+            Some(needed) => *needed,
+            None => {
+                let needed = self.units_needed(unit);
+                self.needs.insert(unit, needed);
+                needed
+            }
+        }
+        .ok_or(NeedsWhole)?;
+        if let Some(at) = self.spans.iter().position(|s| s.start <= needed.0 && needed.1 <= s.end) {
+            return Ok(Some((at, 0)));
+        }
+        // A new span, merged with those it overlaps (which it replaces).
+        let (mut start, mut end) = needed;
+        for span in self.spans.iter().filter(|s| s.start < needed.1 && needed.0 < s.end) {
+            start = start.min(span.start);
+            end = end.max(span.end);
+        }
+        // A program that needs much of its DWARF is better read whole, once, than in spans
+        // parsed again as they merge.
+        let spans_bytes: usize = self.spans.iter().map(|s| s.end - s.start).sum();
+        if spans_bytes + (end - start) > self.info.len() / SPANS_SHARE_BEFORE_WHOLE {
+            self.spans.clear();
+            return Err(NeedsWhole);
+        }
+        let span = self.parse_span(start, end).ok_or(NeedsWhole)?;
+        let parsed: usize =
+            self.spans.iter().filter(|s| start <= s.start && s.end <= end).map(|s| s.end - s.start).sum();
+        self.spans.retain(|s| !(start <= s.start && s.end <= end));
+        self.spans.push(span);
+        Ok(Some((self.spans.len() - 1, (end - start).saturating_sub(parsed))))
+    }
+
+    /// The span of units that unit `unit` and the units it refers to make up, `None` when a
+    /// reference leads outside the units the index knows, or to a supplementary file.
+    fn units_needed(&self, unit: usize) -> Option<(usize, usize)> {
+        let dwarf = self.sections.borrow(|data| self.reader(data));
+        let (mut start, mut end) = self.unit_span(&dwarf, unit)?;
+        let header = dwarf.debug_info.header_from_offset(gimli::DebugInfoOffset(unit)).ok()?;
+        let abbreviations = dwarf.debug_abbrev.abbreviations(header.debug_abbrev_offset()).ok()?;
+        let mut entries = header.entries_raw(&abbreviations, None).ok()?;
+        while !entries.is_empty() {
+            let Some(abbreviation) = entries.read_abbreviation().ok()? else { continue };
+            for spec in abbreviation.attributes() {
+                match entries.read_attribute(*spec).ok()?.value() {
+                    gimli::AttributeValue::DebugInfoRef(target) => {
+                        let (s, e) = self.unit_containing(&dwarf, target.0)?;
+                        (start, end) = (start.min(s), end.max(e));
+                    }
+                    gimli::AttributeValue::DebugInfoRefSup(_) => return None,
+                    _ => {}
+                }
+            }
+        }
+        Some((start, end))
+    }
+
+    /// The span of the unit that holds `.debug_info` offset `target`: found from the nearest
+    /// unit before it that the index knows, walking unit headers from there (units without
+    /// code, which `.debug_aranges` leaves out, are mostly right after one with code).
+    fn unit_containing(&self, dwarf: &gimli::Dwarf<Reader>, target: usize) -> Option<(usize, usize)> {
+        let i = self.unit_starts.partition_point(|&u| u <= target).checked_sub(1)?;
+        let mut unit = self.unit_span(dwarf, self.unit_starts[i])?;
+        while unit.1 <= target {
+            unit = self.unit_span(dwarf, unit.1)?;
+        }
+        Some(unit)
+    }
+
+    fn unit_span(&self, dwarf: &gimli::Dwarf<Reader>, unit: usize) -> Option<(usize, usize)> {
+        let header = dwarf.debug_info.header_from_offset(gimli::DebugInfoOffset(unit)).ok()?;
+        Some((unit, unit.checked_add(header.length_including_self())?))
+    }
+
+    /// A [`Span`] of the units in `start..end`.
+    fn parse_span(&self, start: usize, end: usize) -> Option<Span> {
+        let (info, map) = if start == 0 {
+            (self.info.get(..end)?, None)
+        } else {
+            let (path, offset) = self.info_in_file.as_ref()?;
+            let length = u32::try_from(start - 4).ok().filter(|_| start >= EMPTY_UNIT_BYTES)?;
+            let map = Mmap::open_private(path, *offset, end)?;
+            // SAFETY: the mapping is kept in the `Span` with the context that borrows it, and
+            // dropped after it; nothing else has it.
+            let bytes = unsafe { map.bytes_mut() };
+            let mut header = [0u8; EMPTY_UNIT_BYTES];
+            let (length, version, address_size) = (length.to_le_bytes(), 4u16.to_le_bytes(), 8);
+            header[..4].copy_from_slice(&length);
+            header[4..6].copy_from_slice(&version);
+            header[10] = address_size;
+            if self.endian == gimli::RunTimeEndian::Big {
+                header[..4].reverse();
+                header[4..6].reverse();
+            }
+            bytes.get_mut(..EMPTY_UNIT_BYTES)?.copy_from_slice(&header);
+            (&*bytes, Some(map))
+        };
+        let mut dwarf = self.sections.borrow(|data| self.reader(data));
+        dwarf.debug_info = gimli::DebugInfo::from(self.reader(info));
+        let context = addr2line::Context::from_dwarf(dwarf).ok()?;
+        Some(Span { start, end, context, _map: map })
+    }
+
+    /// addr2line's context of the whole object, and its number of units (what its base state
+    /// grows with).
+    fn whole_context(&self) -> Option<(addr2line::Context<Reader>, usize)> {
+        let dwarf = self.sections.borrow(|data| self.reader(data));
+        let mut headers = dwarf.units();
+        let mut units = 0;
+        while let Ok(Some(_)) = headers.next() {
+            units += 1;
+        }
+        Some((addr2line::Context::from_dwarf(dwarf).ok()?, units))
+    }
 }
 
 /// A section's bytes: borrowed from the mapping, or inflated into `inflated` when compressed.
@@ -303,6 +560,8 @@ fn find_debug_file(
 struct Mmap {
     ptr: *const u8,
     len: usize,
+    /// Where the bytes asked for begin in the mapping (which begins on a page).
+    start: usize,
 }
 
 // SAFETY: the mapping is read-only and owned by one `Loaded`; nothing else unmaps it.
@@ -323,7 +582,34 @@ impl Mmap {
         if ptr == libc::MAP_FAILED {
             return None;
         }
-        Some(Mmap { ptr: ptr as *const u8, len })
+        Some(Mmap { ptr: ptr as *const u8, len, start: 0 })
+    }
+
+    /// A private, writable (copy-on-write) mapping of `len` bytes of the file at `path` from
+    /// byte `offset`: what is written to it stays in this process's memory, the file untouched.
+    fn open_private(path: &Path, offset: u64, len: usize) -> Option<Mmap> {
+        use std::os::fd::AsRawFd;
+        let file = std::fs::File::open(path).ok()?;
+        // SAFETY: `sysconf` only reads a configuration value.
+        let page = u64::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).ok().filter(|&p| p > 0)?;
+        let skip = offset % page;
+        let mapped = len.checked_add(usize::try_from(skip).ok()?)?;
+        // SAFETY: a fresh private mapping of an open file at a page-aligned offset; the
+        // descriptor may be closed afterwards.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                mapped,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE,
+                file.as_raw_fd(),
+                libc::off_t::try_from(offset - skip).ok()?,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return None;
+        }
+        Some(Mmap { ptr: ptr as *const u8, len: mapped, start: mapped - len })
     }
 
     /// The mapped bytes, borrowed for as long as the caller says.
@@ -333,7 +619,19 @@ impl Mmap {
     unsafe fn bytes(&self) -> &'static [u8] {
         // SAFETY: `len` bytes are mapped readable at `ptr` while `self` lives (the caller's
         // promise covers the rest).
-        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+        unsafe { std::slice::from_raw_parts(self.ptr.add(self.start), self.len - self.start) }
+    }
+
+    /// The mapped bytes of a writable mapping, borrowed for as long as the caller says.
+    ///
+    /// # Safety
+    /// The mapping must be [`Mmap::open_private`]'s, outlive every use of the slice, and be
+    /// borrowed by nothing else while this slice is written to.
+    #[allow(clippy::mut_from_ref)] // The mapping is the caller's to lend, as the contract says.
+    unsafe fn bytes_mut(&self) -> &'static mut [u8] {
+        // SAFETY: `len` bytes are mapped readable and writable at `ptr` while `self` lives
+        // (the caller's promise covers the rest).
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.add(self.start) as *mut u8, self.len - self.start) }
     }
 }
 
@@ -341,5 +639,50 @@ impl Drop for Mmap {
     fn drop(&mut self) {
         // SAFETY: the mapping was made by `open` and is unmapped once, here.
         unsafe { libc::munmap(self.ptr as *mut libc::c_void, self.len) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The frames at `probe` as strings, for comparing two ways of reading them.
+    fn described(frames: &[RawFrame]) -> Vec<String> {
+        frames.iter().map(|f| format!("{:?} {:?}:{}:{}", f.function, f.file, f.line, f.column)).collect()
+    }
+
+    /// Reading spans of units names every address as addr2line's context of the whole object
+    /// does, frame for frame (inlined functions across units included), while parsing a part
+    /// of the units. `MEMTRACE_TEST_OBJECT` names another object to check (say, a large
+    /// release build with ThinLTO's cross-unit references).
+    #[test]
+    fn spans_of_units_name_addresses_as_the_whole_context_does() {
+        let path = std::env::var_os("MEMTRACE_TEST_OBJECT")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| std::env::current_exe().unwrap());
+        let options = Options::default();
+        let mut whole = Loaded::open(&path, None, &options).expect("readable");
+        whole.load_dwarf();
+        whole.dwarf.as_mut().unwrap().info_in_file = None;
+        // Probes spread over the program's functions: a few bytes into every 11th symbol, in
+        // groups small enough to stay in spans (a fresh object for each group).
+        let probes: Vec<u64> = whole.symbols.iter().step_by(11).map(|s| s.address + s.size.min(9) / 2).collect();
+        let (mut by_span, mut span_bytes) = (0, 0);
+        for group in probes.chunks(8) {
+            let mut spans = Loaded::open(&path, None, &options).expect("readable");
+            for &probe in group {
+                let (a, b) = (spans.lookup(probe), whole.lookup(probe));
+                assert_eq!(described(&a), described(&b), "at {probe:#x} of {}", path.display());
+                by_span += matches!(spans.dwarf.as_mut().unwrap().span_for(probe), Ok(Some(_))) as usize;
+            }
+            span_bytes += spans.dwarf.as_ref().unwrap().spans.iter().map(|s| s.end - s.start).sum::<usize>();
+        }
+        println!(
+            "{} probes, {by_span} read from spans, {} bytes of spans per group of 8 of {}",
+            probes.len(),
+            span_bytes * 8 / probes.len(),
+            whole.dwarf.as_ref().unwrap().info.len()
+        );
+        assert!(by_span * 2 > probes.len(), "most probes read from spans");
     }
 }

@@ -191,6 +191,20 @@ impl Symbolizer {
         frames
     }
 
+    /// The name of the function symbol containing the code at return address
+    /// `return_address`, from the object's symbol table alone (no DWARF is parsed, no inlined
+    /// function is seen, nothing is cached): cheap enough for start-up.
+    pub fn symbol_name(&mut self, return_address: u64) -> Option<String> {
+        let pc = return_address.checked_sub(1)?;
+        self.refresh_if_changed();
+        let index = self.find_object(pc)?;
+        self.clock += 1;
+        self.load(index);
+        let object = &self.objects[index];
+        let State::Loaded(loaded) = &object.state else { return None };
+        loaded.symbol_name(pc.wrapping_sub(object.base))
+    }
+
     fn estimated_bytes(&self) -> usize {
         let strings: usize = self.strings.iter().map(|s| s.len() + 48).sum();
         self.objects.iter().map(|o| o.state.bytes()).sum::<usize>() + self.cache_bytes + strings
@@ -259,24 +273,29 @@ impl Symbolizer {
         self.ranges.sort_unstable();
     }
 
-    fn lookup_in(&mut self, index: usize, pc: u64) -> Answer {
-        let options = self.options.clone();
+    /// Object `index`'s state, its file opened (symbols read, DWARF not yet parsed) if it was
+    /// not.
+    fn load(&mut self, index: usize) {
         let object = &mut self.objects[index];
         object.last_use = self.clock;
         if matches!(object.state, State::NotLoaded) {
             self.stats.loads += 1;
-            object.state = match Loaded::open(&object.path, object.build_id.as_deref(), &options) {
+            object.state = match Loaded::open(&object.path, object.build_id.as_deref(), &self.options) {
                 Some(loaded) => State::Loaded(Box::new(loaded)),
                 None => State::Failed,
             };
         }
+    }
+
+    fn lookup_in(&mut self, index: usize, pc: u64) -> Answer {
+        self.load(index);
+        let object = &mut self.objects[index];
         let State::Loaded(loaded) = &mut object.state else { return None };
         // The loader lists the program first.
         if index == 0 && loaded.symbols_only() && self.program_without_debug_info.is_none() {
             self.program_without_debug_info = Some(Some(object.path.clone()));
         }
-        let probe = pc.wrapping_sub(object.base);
-        let raw = loaded.lookup(probe);
+        let raw = loaded.lookup(pc.wrapping_sub(object.base));
         if raw.is_empty() {
             return None;
         }

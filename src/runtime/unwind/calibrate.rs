@@ -2,10 +2,10 @@
 //! whether frame pointers or the cached DWARF walk can be trusted in this process, and which
 //! walker a session should use.
 //!
-//! The captures must be taken on the thread that starts tracing, but little else is: they go
-//! straight into a static table, not onto that thread's stack, and resolving their frames'
-//! names (the symbolizer parses debug info, with a large appetite for stack in unoptimised
-//! builds) runs on a thread of its own, so that a thread with a small stack can start tracing.
+//! The captures are taken on the thread that starts tracing and go straight into a static
+//! table, not onto that thread's stack; their frames are named from symbol tables alone, which
+//! takes little stack and no DWARF parsing, so that starting is cheap even on a thread with a
+//! small stack.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -180,11 +180,9 @@ fn calibrate_walker(walker: Walker, again: bool) -> Result<bool, NotGlobalAlloca
     if walker == Walker::Libgcc && captures.iter().any(|&(n, _)| n == 0) {
         return Err(NotGlobalAllocator);
     }
-    let leadings = on_a_thread_of_its_own(|| {
-        markers.map(|(entry, _, name)| {
-            let (n, frames) = &captures[entry as usize];
-            tracer_frames(&frames[..*n], name)
-        })
+    let leadings = markers.map(|(entry, _, name)| {
+        let (n, frames) = &captures[entry as usize];
+        tracer_frames(&frames[..*n], name)
     });
     let mut found = true;
     for ((entry, _, _), leading) in markers.into_iter().zip(leadings) {
@@ -216,36 +214,26 @@ fn calibrate_walker(walker: Walker, again: bool) -> Result<bool, NotGlobalAlloca
     Ok(usable)
 }
 
-/// `f()` on a new thread with the default stack size (or on this one when no thread can be
-/// started): the symbolizer's appetite for stack is not the caller's to feed.
-fn on_a_thread_of_its_own<R: Send>(f: impl Fn() -> R + Sync) -> R {
-    std::thread::scope(|scope| {
-        match std::thread::Builder::new().name("memtrace-calibrate".into()).spawn_scoped(scope, &f) {
-            Ok(thread) => thread.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
-            Err(_) => f(),
-        }
-    })
-}
-
 /// The leading `frames` (innermost first) that are tracer or allocator machinery, given that
 /// the frame of the function named `marker` called into the global allocator. The last of them
 /// is the allocator shim's own frame, unless the shim was inlined into the marker (as LTO may
 /// do): then it is a tracer frame, dropped by count like the others. `None` when the marker
 /// cannot be found (no symbols, or a broken frame chain).
 fn tracer_frames(frames: &[u64], marker: &str) -> Option<Leading> {
-    // Only the objects of these few addresses are read, and the writer starts with what was
-    // parsed. (Symbol tables alone would name these frames, at a fraction of the cost of
-    // parsing the program's DWARF unit headers; but then the writer parses them when the first
-    // sample comes, with sampling on, and at high rates the queue overflows meanwhile.)
+    // Symbol tables name these frames: the functions the walks return into are never inlined
+    // (the markers, the allocator shim, our allocator's methods), and parsing the program's
+    // DWARF would cost more than everything else start-up does. The writer parses what it
+    // needs when the first sample comes.
     let mut symbolizer = symbolize::take_spare(symbolize::Options::default());
-    let names: Vec<Vec<String>> = frames.iter().map(|&ip| symbolize::function_names(&mut symbolizer, ip)).collect();
+    let names: Vec<Option<String>> = frames.iter().map(|&ip| symbolizer.symbol_name(ip)).collect();
     symbolize::put_spare(symbolizer);
-    let marker_at = names.iter().position(|n| n.iter().any(|n| n.ends_with(marker)))?;
-    let Some(last) = names[..marker_at].iter().rposition(|n| n.iter().any(|n| crate::frames::is_tracer_frame(n)))
+    let marker_at = names.iter().position(|n| n.as_ref().is_some_and(|n| n.ends_with(marker)))?;
+    let Some(last) =
+        names[..marker_at].iter().rposition(|n| n.as_ref().is_some_and(|n| crate::frames::is_tracer_frame(n)))
     else {
         return Some(Leading::NONE);
     };
-    Some(if names[last].iter().any(|n| symbolize::is_allocator_shim(n)) {
+    Some(if names[last].as_ref().is_some_and(|n| symbolize::is_allocator_shim(n)) {
         Leading { tracer: last, shim: frames[last] }
     } else {
         Leading { tracer: last + 1, shim: 0 }
