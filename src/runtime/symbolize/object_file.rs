@@ -8,25 +8,22 @@
 //! which ThinLTO and LTO emit for functions inlined across units), not the whole `.debug_info`,
 //! so that naming a frame of a large program does not parse the header and line program of its
 //! every unit (tens of milliseconds and megabytes on a 25 MB binary). Offsets must stay those of
-//! the whole section, so the span of units is read from a private mapping of the file whose
-//! first bytes are overwritten with the header of one empty unit reaching up to the span (see
-//! [`Span`]). An address the ranges do not cover, and DWARF that cannot be read this way
-//! (compressed, or in a supplementary file), are looked up in addr2line's context of the whole
-//! object instead, made the first time one is needed.
+//! the whole section, so the units are read from a private mapping of the file in which every
+//! other unit is overwritten with the header of an empty unit as long (see [`UnitSet`]). An
+//! address the ranges do not cover gets its symbol's name. DWARF that cannot be read this way
+//! (no ranges, compressed, in a separate file), and a program that needs much of its DWARF,
+//! are read by addr2line's context of the whole object, made the first time one is needed.
 //!
 //! A separate debug file (build-id under the debug directory, or `.gnu_debuglink`) is used only
 //! with [`Options::separate_debug_files`]: distribution debug files are compressed, and
 //! inflating libc's costs tens of milliseconds and megabytes.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
-use std::collections::HashMap;
-
-use gimli::Section as _;
-
+use gimli::{Reader as _, Section as _};
 use object::{Object as _, ObjectSection as _, ObjectSymbol as _, ObjectSymbolTable as _};
 
 use super::symbolizer::Options;
@@ -134,16 +131,16 @@ impl Loaded {
         }
     }
 
-    /// The addr2line context that covers `probe`, parsed the first time (a span of units, or
+    /// The addr2line context that covers `probe`, parsed the first time (a set of units, or
     /// the whole object's).
     fn context_for(&mut self, probe: u64) -> Option<&addr2line::Context<Reader>> {
         self.load_dwarf();
         let dwarf = self.dwarf.as_mut()?;
-        match dwarf.span_for(probe) {
-            Ok(Some((span, parsed))) => {
-                self.parsed_estimate += parsed * PARSED_BYTES_PER_UNIT_BYTE;
-                self.units_seen.insert(dwarf.spans[span].start);
-                return Some(&dwarf.spans[span].context);
+        match dwarf.set_for(probe) {
+            Ok(Some((set, parsed))) => {
+                self.parsed_estimate += parsed;
+                self.units_seen.insert(dwarf.sets[set].units[0].0);
+                return Some(&dwarf.sets[set].context);
             }
             Ok(None) => return None,
             Err(NeedsWhole) => {}
@@ -226,51 +223,56 @@ impl Loaded {
     }
 }
 
-/// An object's DWARF: its sections, which unit holds which addresses, and the spans of units
+/// An object's DWARF: its sections, which unit holds which addresses, and the sets of units
 /// parsed so far.
 struct Dwarf {
     sections: gimli::DwarfSections<&'static [u8]>,
-    /// `.debug_info`.
-    info: &'static [u8],
     /// Where `.debug_info` lies in the object's file, when it is stored there uncompressed (the
-    /// condition for reading spans of it, see [`Span`]).
+    /// condition for reading sets of units, see [`UnitSet`]).
     info_in_file: Option<(PathBuf, u64)>,
     endian: gimli::RunTimeEndian,
     /// (start, end, `.debug_info` offset of the unit) from `.debug_aranges`, sorted by start.
     index: Vec<(u64, u64, usize)>,
     /// The units of `index`, by offset.
     unit_starts: Vec<usize>,
-    /// Per unit offset: the span of units its lookups need, `None` when the whole context is.
-    needs: HashMap<usize, Option<(usize, usize)>>,
-    /// Disjoint spans of units, each with its context.
-    spans: Vec<Span>,
-    /// addr2line's context of every unit, for what `spans` cannot answer.
+    /// Per unit offset: the units (start, end) its lookups need, `None` when the whole context
+    /// is needed.
+    needs: HashMap<usize, Option<Vec<(usize, usize)>>>,
+    /// Sets of units, each with its context (a unit may be in several).
+    sets: Vec<UnitSet>,
+    /// Units parsed in `sets`, counted once per set, and their bytes of `.debug_info`.
+    units_in_sets: usize,
+    bytes_in_sets: usize,
+    /// The length of `.debug_info`.
+    info_len: usize,
+    /// addr2line's context of every unit, for what `sets` cannot answer.
     whole: Option<addr2line::Context<Reader>>,
 }
 
-/// Spans are given up for the whole context once they would hold more than this fraction
-/// (1/n) of `.debug_info`.
-const SPANS_SHARE_BEFORE_WHOLE: usize = 8;
-
-/// Only addr2line's context of the whole object can answer (see [`Dwarf::span_for`]).
+/// Only addr2line's context of the whole object can answer (see [`Dwarf::set_for`]).
 struct NeedsWhole;
 
-/// The units of `.debug_info` in `start..end`, parsed by addr2line alone, with the offsets of
-/// the whole section: addr2line reads a unit at offset 0 and each unit's length leads to the
-/// next, so the section it is given is a private (copy-on-write) mapping of the file's
-/// `.debug_info` up to `end`, whose first 12 bytes are overwritten with the header of a unit
-/// `start` bytes long with no entries (addr2line skips it), and of which only the span is read.
-struct Span {
-    start: usize,
-    end: usize,
+/// Some units of `.debug_info`, parsed by addr2line alone with the offsets of the whole
+/// section. addr2line reads a unit at offset 0 and finds each next unit from the length of the
+/// one before, so the section it is given is a private (copy-on-write) mapping of the file's
+/// `.debug_info` up to the last unit of the set, in which each run of other units is
+/// overwritten with the header of one unit as long with no entries, which addr2line skips
+/// (one page of the mapping copied per run).
+struct UnitSet {
+    /// (start, end) of each unit, sorted.
+    units: Vec<(usize, usize)>,
     /// Borrows from `_map`, declared after it.
     context: addr2line::Context<Reader>,
-    _map: Option<Mmap>,
+    _map: Mmap,
 }
 
-/// The bytes of the empty unit that stands for `.debug_info` before a [`Span`]: a DWARF 4
-/// header (32-bit length, version, abbreviation offset 0, address size 8), then a null entry.
+/// The bytes of an empty unit that stands for others in a [`UnitSet`]: a DWARF 4 header
+/// (32-bit length, version, abbreviation offset 0, address size 8), then a null entry.
 const EMPTY_UNIT_BYTES: usize = 12;
+
+/// Sets of units are given up for the whole context once they would parse more than this
+/// fraction (1/n) of `.debug_info`: by then, reading it all once costs less.
+const SETS_SHARE_BEFORE_WHOLE: usize = 2;
 
 impl Dwarf {
     fn locate(file: &object::File<'static>, path: Option<&Path>, inflated: &mut Vec<Box<[u8]>>) -> Option<Dwarf> {
@@ -284,7 +286,7 @@ impl Dwarf {
             (compressed.format == object::CompressionFormat::None).then(|| (path.to_path_buf(), compressed.offset))
         });
         let borrowed = sections.borrow(|data| gimli::EndianSlice::new(data, endian));
-        let info = borrowed.debug_info.reader().slice();
+        let info_len = borrowed.debug_info.reader().len();
         let mut index = Vec::new();
         let mut headers = borrowed.debug_aranges.headers();
         while let Ok(Some(header)) = headers.next() {
@@ -305,13 +307,15 @@ impl Dwarf {
         unit_starts.shrink_to_fit();
         Some(Dwarf {
             sections,
-            info,
             info_in_file,
             endian,
             index,
             unit_starts,
             needs: HashMap::new(),
-            spans: Vec::new(),
+            sets: Vec::new(),
+            units_in_sets: 0,
+            bytes_in_sets: 0,
+            info_len,
             whole: None,
         })
     }
@@ -326,12 +330,12 @@ impl Dwarf {
             + self.unit_starts.capacity() * std::mem::size_of::<usize>()
     }
 
-    /// The index in `spans` of a span that covers `probe`'s unit and the units it refers to,
-    /// parsed the first time, and the bytes of `.debug_info` newly parsed for it; `Ok(None)`
+    /// The index in `sets` of a set that holds `probe`'s unit and the units it refers to,
+    /// parsed the first time, and the estimated heap bytes newly parsed for it; `Ok(None)`
     /// when `.debug_aranges` covers no unit at `probe` (code without DWARF, such as the C
     /// library's start files: a symbol names it); `Err(NeedsWhole)` when only the whole
     /// context can answer.
-    fn span_for(&mut self, probe: u64) -> Result<Option<(usize, usize)>, NeedsWhole> {
+    fn set_for(&mut self, probe: u64) -> Result<Option<(usize, usize)>, NeedsWhole> {
         if self.info_in_file.is_none() || self.index.is_empty() || self.whole.is_some() {
             return Err(NeedsWhole);
         }
@@ -340,61 +344,78 @@ impl Dwarf {
         if probe >= end {
             return Ok(None);
         }
-        let needed = match self.needs.get(&unit) {
-            Some(needed) => *needed,
-            None => {
-                let needed = self.units_needed(unit);
-                self.needs.insert(unit, needed);
-                needed
-            }
+        if !self.needs.contains_key(&unit) {
+            let needed = self.units_needed(unit);
+            self.needs.insert(unit, needed);
         }
-        .ok_or(NeedsWhole)?;
-        if let Some(at) = self.spans.iter().position(|s| s.start <= needed.0 && needed.1 <= s.end) {
+        let needed = self.needs[&unit].as_deref().ok_or(NeedsWhole)?;
+        let holds = |set: &UnitSet| needed.iter().all(|unit| set.units.binary_search(unit).is_ok());
+        if let Some(at) = self.sets.iter().position(holds) {
             return Ok(Some((at, 0)));
         }
-        // A new span, merged with those it overlaps (which it replaces).
-        let (mut start, mut end) = needed;
-        for span in self.spans.iter().filter(|s| s.start < needed.1 && needed.0 < s.end) {
-            start = start.min(span.start);
-            end = end.max(span.end);
-        }
-        // A program that needs much of its DWARF is better read whole, once, than in spans
-        // parsed again as they merge.
-        let spans_bytes: usize = self.spans.iter().map(|s| s.end - s.start).sum();
-        if spans_bytes + (end - start) > self.info.len() / SPANS_SHARE_BEFORE_WHOLE {
-            self.spans.clear();
+        let bytes: usize = needed.iter().map(|(start, end)| end - start).sum();
+        if self.bytes_in_sets + bytes > self.info_len / SETS_SHARE_BEFORE_WHOLE {
+            self.sets.clear();
             return Err(NeedsWhole);
         }
-        let span = self.parse_span(start, end).ok_or(NeedsWhole)?;
-        let parsed: usize =
-            self.spans.iter().filter(|s| start <= s.start && s.end <= end).map(|s| s.end - s.start).sum();
-        self.spans.retain(|s| !(start <= s.start && s.end <= end));
-        self.spans.push(span);
-        Ok(Some((self.spans.len() - 1, (end - start).saturating_sub(parsed))))
+        let set = self.parse_set(needed.to_vec()).ok_or(NeedsWhole)?;
+        let parsed = needed.len() * BYTES_PER_UNIT + (needed[0].1 - needed[0].0) * PARSED_BYTES_PER_UNIT_BYTE;
+        self.units_in_sets += needed.len();
+        self.bytes_in_sets += bytes;
+        self.sets.push(set);
+        Ok(Some((self.sets.len() - 1, parsed)))
     }
 
-    /// The span of units that unit `unit` and the units it refers to make up, `None` when a
-    /// reference leads outside the units the index knows, or to a supplementary file.
-    fn units_needed(&self, unit: usize) -> Option<(usize, usize)> {
+    /// Unit `unit` and the units it refers to, as (start, end), sorted (`unit` first when it
+    /// is the lowest); `None` when a reference leads outside the units that can be found, or
+    /// to a supplementary file.
+    fn units_needed(&self, unit: usize) -> Option<Vec<(usize, usize)>> {
         let dwarf = self.sections.borrow(|data| self.reader(data));
-        let (mut start, mut end) = self.unit_span(&dwarf, unit)?;
+        let mut units = vec![self.unit_span(&dwarf, unit)?];
         let header = dwarf.debug_info.header_from_offset(gimli::DebugInfoOffset(unit)).ok()?;
         let abbreviations = dwarf.debug_abbrev.abbreviations(header.debug_abbrev_offset()).ok()?;
+        let refers = |spec: &gimli::AttributeSpecification| {
+            matches!(spec.form(), gimli::DW_FORM_ref_addr | gimli::DW_FORM_GNU_ref_alt)
+                || matches!(spec.form(), gimli::DW_FORM_ref_sup4 | gimli::DW_FORM_ref_sup8)
+        };
+        // Compilers number abbreviations 1, 2, 3...: a unit none of whose abbreviations has a
+        // reference form refers to no other unit, and its entries need not be read. (A table
+        // numbered otherwise would hide codes from this check, and a reference it hid would
+        // cost the name of the frame that needs it.)
+        if (1..).map_while(|code| abbreviations.get(code)).all(|a| !a.attributes().iter().any(refers)) {
+            return Some(units);
+        }
         let mut entries = header.entries_raw(&abbreviations, None).ok()?;
         while !entries.is_empty() {
             let Some(abbreviation) = entries.read_abbreviation().ok()? else { continue };
+            if !abbreviation.attributes().iter().any(refers) {
+                // Most entries: skipped by their forms' sizes, nothing decoded.
+                entries.skip_attributes(abbreviation.attributes()).ok()?;
+                continue;
+            }
             for spec in abbreviation.attributes() {
+                if !refers(spec) {
+                    entries.skip_attributes(std::slice::from_ref(spec)).ok()?;
+                    continue;
+                }
                 match entries.read_attribute(*spec).ok()?.value() {
                     gimli::AttributeValue::DebugInfoRef(target) => {
-                        let (s, e) = self.unit_containing(&dwarf, target.0)?;
-                        (start, end) = (start.min(s), end.max(e));
+                        if !units.iter().any(|&(s, e)| s <= target.0 && target.0 < e) {
+                            units.push(self.unit_containing(&dwarf, target.0)?);
+                        }
                     }
-                    gimli::AttributeValue::DebugInfoRefSup(_) => return None,
-                    _ => {}
+                    _ => return None,
                 }
             }
         }
-        Some((start, end))
+        let own = units[0];
+        units.sort_unstable();
+        units.dedup();
+        // The looked-up unit first, for the parsed-size estimate.
+        let at = units.binary_search(&own).ok()?;
+        units[..=at].rotate_right(1);
+        units[1..].sort_unstable();
+        Some(units)
     }
 
     /// The span of the unit that holds `.debug_info` offset `target`: found from the nearest
@@ -414,33 +435,41 @@ impl Dwarf {
         Some((unit, unit.checked_add(header.length_including_self())?))
     }
 
-    /// A [`Span`] of the units in `start..end`.
-    fn parse_span(&self, start: usize, end: usize) -> Option<Span> {
-        let (info, map) = if start == 0 {
-            (self.info.get(..end)?, None)
-        } else {
-            let (path, offset) = self.info_in_file.as_ref()?;
-            let length = u32::try_from(start - 4).ok().filter(|_| start >= EMPTY_UNIT_BYTES)?;
-            let map = Mmap::open_private(path, *offset, end)?;
-            // SAFETY: the mapping is kept in the `Span` with the context that borrows it, and
-            // dropped after it; nothing else has it.
-            let bytes = unsafe { map.bytes_mut() };
-            let mut header = [0u8; EMPTY_UNIT_BYTES];
-            let (length, version, address_size) = (length.to_le_bytes(), 4u16.to_le_bytes(), 8);
-            header[..4].copy_from_slice(&length);
-            header[4..6].copy_from_slice(&version);
-            header[10] = address_size;
-            if self.endian == gimli::RunTimeEndian::Big {
-                header[..4].reverse();
-                header[4..6].reverse();
+    /// A [`UnitSet`] of `units` (the looked-up unit first, then the others sorted).
+    fn parse_set(&self, mut units: Vec<(usize, usize)>) -> Option<UnitSet> {
+        units.sort_unstable();
+        let (path, offset) = self.info_in_file.as_ref()?;
+        let end = units.last()?.1;
+        let map = Mmap::open_private(path, *offset, end)?;
+        // SAFETY: the mapping is kept in the `UnitSet` with the context that borrows it, and
+        // dropped after it; nothing else has it.
+        let bytes = unsafe { map.bytes_mut() };
+        let mut next = 0;
+        for &(start, end) in &units {
+            if start > next {
+                self.write_empty_unit(bytes.get_mut(next..start)?)?;
             }
-            bytes.get_mut(..EMPTY_UNIT_BYTES)?.copy_from_slice(&header);
-            (&*bytes, Some(map))
-        };
+            next = end;
+        }
         let mut dwarf = self.sections.borrow(|data| self.reader(data));
-        dwarf.debug_info = gimli::DebugInfo::from(self.reader(info));
+        dwarf.debug_info = gimli::DebugInfo::from(self.reader(&*bytes));
         let context = addr2line::Context::from_dwarf(dwarf).ok()?;
-        Some(Span { start, end, context, _map: map })
+        Some(UnitSet { units, context, _map: map })
+    }
+
+    /// Overwrite the start of `run` (whole units) with the header of one empty unit as long.
+    fn write_empty_unit(&self, run: &mut [u8]) -> Option<()> {
+        let length = u32::try_from(run.len().checked_sub(4)?).ok().filter(|&l| l < 0xffff_fff0)?;
+        let header = run.get_mut(..EMPTY_UNIT_BYTES)?;
+        let (length, version) = match self.endian {
+            gimli::RunTimeEndian::Little => (length.to_le_bytes(), 4u16.to_le_bytes()),
+            gimli::RunTimeEndian::Big => (length.to_be_bytes(), 4u16.to_be_bytes()),
+        };
+        header.fill(0);
+        header[..4].copy_from_slice(&length);
+        header[4..6].copy_from_slice(&version);
+        header[10] = 8;
+        Some(())
     }
 
     /// addr2line's context of the whole object, and its number of units (what its base state
@@ -651,12 +680,12 @@ mod tests {
         frames.iter().map(|f| format!("{:?} {:?}:{}:{}", f.function, f.file, f.line, f.column)).collect()
     }
 
-    /// Reading spans of units names every address as addr2line's context of the whole object
+    /// Reading sets of units names every address as addr2line's context of the whole object
     /// does, frame for frame (inlined functions across units included), while parsing a part
     /// of the units. `MEMTRACE_TEST_OBJECT` names another object to check (say, a large
     /// release build with ThinLTO's cross-unit references).
     #[test]
-    fn spans_of_units_name_addresses_as_the_whole_context_does() {
+    fn sets_of_units_name_addresses_as_the_whole_context_does() {
         let path = std::env::var_os("MEMTRACE_TEST_OBJECT")
             .map(PathBuf::from)
             .unwrap_or_else(|| std::env::current_exe().unwrap());
@@ -665,24 +694,24 @@ mod tests {
         whole.load_dwarf();
         whole.dwarf.as_mut().unwrap().info_in_file = None;
         // Probes spread over the program's functions: a few bytes into every 11th symbol, in
-        // groups small enough to stay in spans (a fresh object for each group).
+        // groups small enough to stay in sets (a fresh object for each group).
         let probes: Vec<u64> = whole.symbols.iter().step_by(11).map(|s| s.address + s.size.min(9) / 2).collect();
-        let (mut by_span, mut span_bytes) = (0, 0);
+        let (mut by_set, mut units) = (0, 0);
         for group in probes.chunks(8) {
-            let mut spans = Loaded::open(&path, None, &options).expect("readable");
+            let mut sets = Loaded::open(&path, None, &options).expect("readable");
             for &probe in group {
-                let (a, b) = (spans.lookup(probe), whole.lookup(probe));
+                let (a, b) = (sets.lookup(probe), whole.lookup(probe));
                 assert_eq!(described(&a), described(&b), "at {probe:#x} of {}", path.display());
-                by_span += matches!(spans.dwarf.as_mut().unwrap().span_for(probe), Ok(Some(_))) as usize;
+                by_set += matches!(sets.dwarf.as_mut().unwrap().set_for(probe), Ok(Some(_))) as usize;
             }
-            span_bytes += spans.dwarf.as_ref().unwrap().spans.iter().map(|s| s.end - s.start).sum::<usize>();
+            units += sets.dwarf.as_ref().unwrap().units_in_sets;
         }
         println!(
-            "{} probes, {by_span} read from spans, {} bytes of spans per group of 8 of {}",
+            "{} probes, {by_set} read from sets of units; {} units parsed per group of 8, of {} with code",
             probes.len(),
-            span_bytes * 8 / probes.len(),
-            whole.dwarf.as_ref().unwrap().info.len()
+            units * 8 / probes.len(),
+            whole.dwarf.as_ref().unwrap().unit_starts.len()
         );
-        assert!(by_span * 2 > probes.len(), "most probes read from spans");
+        assert!(by_set * 2 > probes.len(), "most probes read from sets of units");
     }
 }
