@@ -1,37 +1,39 @@
 // Browser test of the report page (run by tests/integration/report_browser.rs, which
-// builds the known-answer trace and its pages): drag on the chart, 'live at peak', a
-// lifetime bound, the figures in every view, the same figures from `memtrace hotspots`
-// with the flags the page shows, no console error, screenshots at 760 and 1400 px.
-// Env: MEMTRACE_BIN, REPORT_TRACE, REPORT_HTML, DIFF_HTML, ARTIFACTS (screenshots),
-// CHROMIUM (default /usr/bin/chromium); BIG_REPORT (optional: a report to time opening and
-// filtering).
-import { test } from 'node:test';
+// builds the known-answer trace and its pages), in Chromium and in Firefox: drag on the
+// chart, 'live at peak', a lifetime bound, the figures in every view, the same figures from
+// `memtrace hotspots` with the flags the page shows, no console error, screenshots at 760
+// and 1400 px. puppeteer-core drives both Debian browsers: Chromium over the DevTools
+// protocol, Firefox over WebDriver BiDi (no geckodriver, no browser download).
+// Env: MEMTRACE_BIN, REPORT_TRACE, REPORT_HTML, DIFF_HTML, THIN_HTML, ARTIFACTS
+// (screenshots), BROWSERS (default 'chromium,firefox'), CHROMIUM (default /usr/bin/chromium),
+// FIREFOX (default /usr/bin/firefox-esr); BIG_REPORT (optional: a report to time opening
+// and filtering).
+import { describe, test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
-import { mkdtempSync, mkdirSync, rmSync } from 'node:fs';
+import { mkdtempSync, mkdirSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
-import { chromium } from 'playwright-core';
+import puppeteer from 'puppeteer-core';
 
 const env = (k) => { const v = process.env[k]; if (!v) throw new Error(`${k} is not set: run this through cargo test (tests/integration/report_browser.rs)`); return v; };
 const artifacts = process.env.ARTIFACTS || mkdtempSync(path.join(tmpdir(), 'report-artifacts-'));
 mkdirSync(artifacts, { recursive: true });
 const KiB = 1024;
+const LAUNCH = {
+  chromium: () => ({ browser: 'chrome', executablePath: process.env.CHROMIUM || '/usr/bin/chromium',
+    args: ['--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run', '--disable-background-networking', '--disable-component-update', '--disable-sync'] }),
+  firefox: () => ({ browser: 'firefox', executablePath: process.env.FIREFOX || '/usr/bin/firefox-esr' }),
+};
+const BROWSERS = (process.env.BROWSERS || 'chromium,firefox').split(',').filter(Boolean);
 
-async function launch() {
-  const userDataDir = mkdtempSync(path.join(tmpdir(), 'report-chromium-'));
-  const ctx = await chromium.launchPersistentContext(userDataDir, {
-    executablePath: process.env.CHROMIUM || '/usr/bin/chromium',
-    args: ['--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run', '--disable-background-networking', '--disable-component-update', '--disable-sync'],
-    viewport: { width: 1400, height: 1000 },
-  });
-  return { ctx, done: async () => { await ctx.close(); rmSync(userDataDir, { recursive: true, force: true }); } };
-}
+// Each page's console errors and warnings, uncaught exceptions and requests for anything
+// but the file itself.
 function watch(page) {
   const errors = [];
-  page.on('console', (m) => { if (m.type() === 'error' || m.type() === 'warning') errors.push(`console.${m.type()}: ${m.text()}`); });
+  page.on('console', (m) => { if (['error', 'warn', 'warning'].includes(m.type())) errors.push(`console.${m.type()}: ${m.text()}`); });
   page.on('pageerror', (e) => errors.push(`pageerror: ${e.message}`));
-  page.on('request', (r) => { if (!r.url().startsWith('file:') && !r.url().startsWith('data:') && !r.url().startsWith('blob:')) errors.push(`network request: ${r.url()}`); });
+  page.on('request', (r) => { if (!/^(file|data|blob):/.test(r.url())) errors.push(`network request: ${r.url()}`); });
   return errors;
 }
 // `memtrace hotspots TRACE` with the flags the page shows for its filter: its lines.
@@ -40,177 +42,210 @@ async function hotspots(page, trace) {
   assert.deepEqual(words.slice(0, 3), ['memtrace', 'hotspots', 'TRACE']);
   return execFileSync(env('MEMTRACE_BIN'), ['hotspots', trace, ...words.slice(3)]).toString().split('\n');
 }
-const text = (page, sel) => page.locator(sel).first().evaluate((e) => (e instanceof HTMLElement ? e.innerText : e.textContent));
-async function settled(page, before) { await page.waitForFunction((n) => +document.body.dataset.updates > n, before); }
+// Scroll to an element and let it render, as a reader would before reading it (Firefox
+// gives no innerText for a section that content-visibility: auto has not rendered yet).
+const reveal = (page, sel) => page.$eval(sel, async (e) => {
+  e.scrollIntoView({ block: 'nearest' });
+  await new Promise((r) => requestAnimationFrame(() => requestAnimationFrame(r)));
+});
+const text = async (page, sel) => { await reveal(page, sel); return page.$eval(sel, (e) => (e instanceof HTMLElement ? e.innerText : e.textContent)); };
+const cells = async (page, sel) => { await reveal(page, sel); return page.$$eval(sel, (rs) => rs.map((r) => [...r.cells].map((c) => c.innerText))); };
+const attr = (page, sel, name) => page.$eval(sel, (e, name) => e.getAttribute(name), name);
+const value = (page, sel) => page.$eval(sel, (e) => e.value);
+const count = async (page, sel) => (await page.$$(sel)).length;
+// Replace a field's text as one edit (one 'input' event, as pasting does): typing it key by
+// key could apply a prefix ('5' of '500ms') before the rest arrives.
+async function fill(page, sel, v) {
+  await page.focus(sel);
+  await page.$eval(sel, (e, v) => { e.select(); document.execCommand(v ? 'insertText' : 'delete', false, v); }, v);
+}
+async function settled(page, before) { await page.waitForFunction((n) => +document.body.dataset.updates > n, {}, before); }
 const updates = (page) => page.evaluate(() => +document.body.dataset.updates);
+async function open(browser, file) {
+  const page = await browser.newPage(); const errors = watch(page);
+  await page.setViewport({ width: 1400, height: 1000 });
+  await page.goto('file://' + file);
+  await page.waitForSelector('body[data-ready="1"]', { timeout: 60000 });
+  return { page, errors };
+}
 
-test('known-answer report', async () => {
-  const trace = env('REPORT_TRACE'), html = env('REPORT_HTML');
-  const { ctx, done } = await launch();
-  try {
-    const page = await ctx.newPage(); const errors = watch(page);
-    await page.goto('file://' + html);
-    await page.waitForSelector('body[data-ready="1"]');
-    for (const id of ['timeline', 'filters', 'flamegraph', 'sites', 'site-timeline', 'callees', 'callers', 'lifetimes', 'poi']) assert.ok(await page.locator('#' + id).count(), id);
-    // Unfiltered: 1060 KiB allocated, peak 660 KiB at 319 ms.
-    assert.match(await text(page, '#peak-label'), /peak 660 KiB at 319ms/);
-    assert.equal(+(await page.getAttribute('#flamegraph-svg', 'data-total')), 1060 * KiB);
-    assert.match(await text(page, '#filter-totals'), /170 of 170 blocks, 1\.04 MiB \(1060 samples\)/);
+for (const name of BROWSERS) describe(name, () => {
+  let browser;
+  before(async () => { browser = await puppeteer.launch({ headless: true, ...LAUNCH[name]() }); });
+  after(async () => { await browser?.close(); });
+  // A screenshot of the whole page, taken in a viewport as tall as the page: Firefox's
+  // full-page capture leaves out the sections content-visibility: auto has not rendered.
+  async function shot(page, file, fullPage = true) {
+    const vp = page.viewport(), out = path.join(artifacts, `${file}-${name}.png`);
+    if (!fullPage) return page.screenshot({ path: out });
+    await page.setViewport({ ...vp, height: await page.evaluate(() => document.documentElement.scrollHeight) });
+    await page.evaluate(() => new Promise((r) => requestAnimationFrame(() => requestAnimationFrame(r))));
+    await page.screenshot({ path: out });
+    await page.setViewport(vp);
+  }
 
-    // Drag on the chart from 150 ms to 450 ms: 'allocated between'.
-    const box = await page.locator('#timeline-svg').boundingBox();
-    const d = await page.evaluate(() => ({ ...document.getElementById('timeline-svg').dataset, vw: document.getElementById('timeline-svg').viewBox.baseVal.width }));
-    const px = (t) => box.x + ((+d.x0 + (t / +d.t1) * (+d.x1 - +d.x0)) / d.vw) * box.width;
-    const y = box.y + box.height / 2;
-    let n = await updates(page);
-    await page.mouse.move(px(150e3), y); await page.mouse.down(); await page.mouse.move(px(300e3), y, { steps: 5 }); await page.mouse.move(px(450e3), y, { steps: 5 }); await page.mouse.up();
-    await settled(page, n);
-    const lo = await page.inputValue('#f-alloc-lo'), hi = await page.inputValue('#f-alloc-hi');
-    assert.match(lo, /^1[45]\d(\.\d+)?ms$/); assert.match(hi, /^4[45]\d(\.\d+)?ms$/);
-    assert.equal(await page.locator('#timeline rect.selection').count(), 1);
-    assert.match(await text(page, '#filter-totals'), /70 of 170 blocks, 660 KiB \(660 samples\)/);
+  test('known-answer report', async () => {
+    const trace = env('REPORT_TRACE'), html = env('REPORT_HTML');
+    const { page, errors } = await open(browser, html);
+    try {
+      for (const id of ['timeline', 'filters', 'flamegraph', 'sites', 'site-timeline', 'callees', 'callers', 'lifetimes', 'poi']) assert.ok(await count(page, '#' + id), id);
+      // Unfiltered: 1060 KiB allocated, peak 660 KiB at 319 ms.
+      assert.match(await text(page, '#peak-label'), /peak 660 KiB at 319ms/);
+      assert.equal(+(await attr(page, '#flamegraph-svg', 'data-total')), 1060 * KiB);
+      assert.match(await text(page, '#filter-totals'), /170 of 170 blocks, 1\.04 MiB \(1060 samples\)/);
 
-    // 'live at peak'.
-    n = await updates(page); await page.selectOption('#f-live', 'peak'); await settled(page, n);
-    assert.match(await text(page, '#filter-totals'), /70 of 170 blocks, 660 KiB/);
-    assert.equal(await page.locator('#timeline line.live-at').count(), 1);
-    // A lifetime bound: under 500 ms leaves build_index (freed after 351–400 ms) and drops
-    // the never-freed cache.
-    n = await updates(page); await page.fill('#f-life-max', '500ms'); await settled(page, n);
-    assert.match(await text(page, '#filter-totals'), /50 of 170 blocks, 500 KiB \(500 samples\)/);
-    assert.match(await text(page, '#cli-equivalent'), /--live-at peak --lifetime-under 500ms/);
+      // Drag on the chart from 150 ms to 450 ms: 'allocated between'.
+      const box = await (await page.$('#timeline-svg')).boundingBox();
+      const d = await page.evaluate(() => ({ ...document.getElementById('timeline-svg').dataset, vw: document.getElementById('timeline-svg').viewBox.baseVal.width }));
+      const px = (t) => box.x + ((+d.x0 + (t / +d.t1) * (+d.x1 - +d.x0)) / d.vw) * box.width;
+      const y = box.y + box.height / 2;
+      let n = await updates(page);
+      await page.mouse.move(px(150e3), y); await page.mouse.down(); await page.mouse.move(px(300e3), y, { steps: 5 }); await page.mouse.move(px(450e3), y, { steps: 5 }); await page.mouse.up();
+      await settled(page, n);
+      const lo = await value(page, '#f-alloc-lo'), hi = await value(page, '#f-alloc-hi');
+      assert.match(lo, /^1[45]\d(\.\d+)?ms$/); assert.match(hi, /^4[45]\d(\.\d+)?ms$/);
+      assert.equal(await count(page, '#timeline rect.selection'), 1);
+      assert.match(await text(page, '#filter-totals'), /70 of 170 blocks, 660 KiB \(660 samples\)/);
 
-    // Flame graph: the root and the chain main → app::run → app::build_index, 500 KiB each.
-    assert.equal(+(await page.getAttribute('#flamegraph-svg', 'data-total')), 500 * KiB);
-    const titles = await page.$$eval('#flamegraph-svg g title', (ts) => ts.map((t) => t.textContent));
-    for (const f of ['all — 500 KiB', 'main (src/main.rs:10) — 500 KiB', 'app::run (src/app.rs:40) — 500 KiB', 'app::build_index (src/index.rs:50) — 500 KiB'])
-      assert.ok(titles.some((t) => t.startsWith(f)), `${f} in ${titles}`);
-    assert.ok(!titles.some((t) => t.includes('__rust_alloc')), 'allocator frames trimmed');
-    // Sites table: one site with its 95% interval (500 samples: 457–546 KiB).
-    const rows = await page.$$eval('#sites tbody tr', (rs) => rs.map((r) => [...r.cells].map((c) => c.innerText)));
-    assert.equal(rows.length, 1);
-    assert.deepEqual(rows[0].slice(0, 6), ['app::build_index (src/index.rs:50)', '500 KiB', '457 KiB – 546 KiB', '100.0', '500', '50']);
-    // Top-down and bottom-up tables.
-    const callees = await page.$$eval('#callees tbody tr', (rs) => rs.map((r) => [...r.cells].map((c) => c.innerText)));
-    assert.deepEqual(callees.find((r) => r[0].startsWith('main')), ['main (src/main.rs:10)', '500 KiB', '0 B']);
-    const callers = await page.$$eval('#callers tbody tr', (rs) => rs.map((r) => [...r.cells].map((c) => c.innerText)));
-    assert.deepEqual(callers[0], ['app::build_index (src/index.rs:50)', '500 KiB', '500 KiB']);
-    await page.click('#callers tbody tr:first-child');
-    assert.match(await text(page, '#callers .sub'), /Callers of app::build_index[\s\S]*app::run \(src\/app\.rs:40\)\s+500 KiB/);
-    // Chart: the filtered series peaks at 500 KiB. Lifetimes: all in 100ms–1s.
-    assert.equal(+(await page.getAttribute('#timeline-svg', 'data-filtered-max')), 500 * KiB);
-    assert.match(await text(page, '#timeline-legend'), /filtered: max 500 KiB/);
-    assert.equal(+(await page.getAttribute('#lifetimes g[data-bin="100ms–1s"]', 'data-value')), 500 * KiB);
-    // Points of interest.
-    assert.match(await text(page, '#poi-functions'), /app::build_index \(src\/index\.rs:50\) — 500 KiB \(100\.0%\)/);
+      // 'live at peak'.
+      n = await updates(page); await page.select('#f-live', 'peak'); await settled(page, n);
+      assert.match(await text(page, '#filter-totals'), /70 of 170 blocks, 660 KiB/);
+      assert.equal(await count(page, '#timeline line.live-at'), 1);
+      // A lifetime bound: under 500 ms leaves build_index (freed after 351–400 ms) and drops
+      // the never-freed cache.
+      n = await updates(page); await fill(page, '#f-life-max', '500ms'); await settled(page, n);
+      assert.match(await text(page, '#filter-totals'), /50 of 170 blocks, 500 KiB \(500 samples\)/);
+      assert.match(await text(page, '#cli-equivalent'), /--live-at peak --lifetime-under 500ms/);
 
-    // Same numbers on the command line, with the flags the page shows for its filter.
-    let cli = await hotspots(page, trace);
-    assert.match(cli[0], /total 500\.0 KiB\b.* in 500 samples, 50 sampled allocations$/, cli[0]);
-    const sites = cli.filter((l) => l.endsWith(')'));
-    assert.equal(sites.length, 1, cli.join('\n'));
-    assert.match(sites[0], /^ *500\.0 KiB .* 500 .*app::build_index \(src\/index\.rs:50\)$/, sites[0]);
+      // Flame graph: the root and the chain main → app::run → app::build_index, 500 KiB each.
+      assert.equal(+(await attr(page, '#flamegraph-svg', 'data-total')), 500 * KiB);
+      const titles = await page.$$eval('#flamegraph-svg g title', (ts) => ts.map((t) => t.textContent));
+      for (const f of ['all — 500 KiB', 'main (src/main.rs:10) — 500 KiB', 'app::run (src/app.rs:40) — 500 KiB', 'app::build_index (src/index.rs:50) — 500 KiB'])
+        assert.ok(titles.some((t) => t.startsWith(f)), `${f} in ${titles}`);
+      assert.ok(!titles.some((t) => t.includes('__rust_alloc')), 'allocator frames trimmed');
+      // Sites table: one site with its 95% interval (500 samples: 457–546 KiB).
+      const rows = await cells(page, '#sites tbody tr');
+      assert.equal(rows.length, 1);
+      assert.deepEqual(rows[0].slice(0, 6), ['app::build_index (src/index.rs:50)', '500 KiB', '457 KiB – 546 KiB', '100.0', '500', '50']);
+      // Top-down and bottom-up tables.
+      const callees = await cells(page, '#callees tbody tr');
+      assert.deepEqual(callees.find((r) => r[0].startsWith('main')), ['main (src/main.rs:10)', '500 KiB', '0 B']);
+      const callers = await cells(page, '#callers tbody tr');
+      assert.deepEqual(callers[0], ['app::build_index (src/index.rs:50)', '500 KiB', '500 KiB']);
+      await page.click('#callers tbody tr:first-child');
+      assert.match(await text(page, '#callers .sub'), /Callers of app::build_index[\s\S]*app::run \(src\/app\.rs:40\)\s+500 KiB/);
+      // Chart: the filtered series peaks at 500 KiB. Lifetimes: all in 100ms–1s.
+      assert.equal(+(await attr(page, '#timeline-svg', 'data-filtered-max')), 500 * KiB);
+      assert.match(await text(page, '#timeline-legend'), /filtered: max 500 KiB/);
+      assert.equal(+(await attr(page, '#lifetimes g[data-bin="100ms–1s"]', 'data-value')), 500 * KiB);
+      // Points of interest.
+      assert.match(await text(page, '#poi-functions'), /app::build_index \(src\/index\.rs:50\) — 500 KiB \(100\.0%\)/);
 
-    // Figures from fewer than 10 samples are marked: the first two configuration blocks,
-    // 4 samples each, 95% interval 3.44–15.8 samples (Byar's approximation).
-    n = await updates(page);
-    await page.fill('#f-life-max', ''); await page.fill('#f-alloc-lo', '0ms'); await page.fill('#f-alloc-hi', '2ms'); await page.selectOption('#f-live', '');
-    await settled(page, n);
-    assert.match(await text(page, '#filter-totals'), /2 of 170 blocks, 8\.00 KiB \(8 samples\)/);
-    const low = await page.$$eval('#sites tbody tr', (rs) => rs.map((r) => [r.cells[0].innerText, r.cells[1].classList.contains('low'), r.cells[2].innerText]));
-    assert.deepEqual(low, [['app::load_config (src/config.rs:30)', true, '3.44 KiB – 15.8 KiB']]);
-    assert.match(await text(page, '#sites'), /fewer than 10 samples/);
-    n = await updates(page); await page.click('#f-reset'); await settled(page, n);
+      // Same numbers on the command line, with the flags the page shows for its filter.
+      let cli = await hotspots(page, trace);
+      assert.match(cli[0], /total 500\.0 KiB\b.* in 500 samples, 50 sampled allocations$/, cli[0]);
+      const sites = cli.filter((l) => l.endsWith(')'));
+      assert.equal(sites.length, 1, cli.join('\n'));
+      assert.match(sites[0], /^ *500\.0 KiB .* 500 .*app::build_index \(src\/index\.rs:50\)$/, sites[0]);
 
-    // Function clauses, several substrings each: inside run and cache is the cache; not
-    // inside cache or init is the index. The command line agrees.
-    n = await updates(page); await page.fill('#f-inside', 'app::run; cache'); await settled(page, n);
-    assert.match(await text(page, '#filter-totals'), /20 of 170 blocks, 160 KiB/);
-    cli = await hotspots(page, trace);
-    assert.match(cli[0], /--inside 'app::run' --inside 'cache' \(estimated\): total 160\.0 KiB\b.* in 160 samples, 20 sampled allocations$/, cli[0]);
-    n = await updates(page); await page.fill('#f-inside', ''); await page.fill('#f-not-inside', 'cache;init'); await settled(page, n);
-    assert.match(await text(page, '#filter-totals'), /50 of 170 blocks, 500 KiB/);
-    assert.match((await hotspots(page, trace))[0], /total 500\.0 KiB\b.* in 500 samples, 50 sampled allocations$/);
-    n = await updates(page); await page.click('#f-reset'); await settled(page, n);
+      // Figures from fewer than 10 samples are marked: the first two configuration blocks,
+      // 4 samples each, 95% interval 3.44–15.8 samples (Byar's approximation).
+      n = await updates(page);
+      await fill(page, '#f-life-max', ''); await fill(page, '#f-alloc-lo', '0ms'); await fill(page, '#f-alloc-hi', '2ms'); await page.select('#f-live', '');
+      await settled(page, n);
+      assert.match(await text(page, '#filter-totals'), /2 of 170 blocks, 8\.00 KiB \(8 samples\)/);
+      const low = await page.$$eval('#sites tbody tr', (rs) => rs.map((r) => [r.cells[0].innerText, r.cells[1].classList.contains('low'), r.cells[2].innerText]));
+      assert.deepEqual(low, [['app::load_config (src/config.rs:30)', true, '3.44 KiB – 15.8 KiB']]);
+      assert.match(await text(page, '#sites'), /fewer than 10 samples/);
+      n = await updates(page); await page.click('#f-reset'); await settled(page, n);
 
-    // Never freed, one click away: the cache, 160 KiB.
-    n = await updates(page); await page.click('#lt-never'); await settled(page, n);
-    assert.match(await text(page, '#filter-totals'), /20 of 170 blocks, 160 KiB/);
-    n = await updates(page); await page.click('#lt-never'); // idempotent, no error
-    await page.click('#lt-clear'); await settled(page, n);
+      // Function clauses, several substrings each: inside run and cache is the cache; not
+      // inside cache or init is the index. The command line agrees.
+      n = await updates(page); await fill(page, '#f-inside', 'app::run; cache'); await settled(page, n);
+      assert.match(await text(page, '#filter-totals'), /20 of 170 blocks, 160 KiB/);
+      cli = await hotspots(page, trace);
+      assert.match(cli[0], /--inside 'app::run' --inside 'cache' \(estimated\): total 160\.0 KiB\b.* in 160 samples, 20 sampled allocations$/, cli[0]);
+      n = await updates(page); await fill(page, '#f-inside', ''); await fill(page, '#f-not-inside', 'cache;init'); await settled(page, n);
+      assert.match(await text(page, '#filter-totals'), /50 of 170 blocks, 500 KiB/);
+      assert.match((await hotspots(page, trace))[0], /total 500\.0 KiB\b.* in 500 samples, 50 sampled allocations$/);
+      n = await updates(page); await page.click('#f-reset'); await settled(page, n);
 
-    // Keyboard: the flame graph zooms with Enter, Ctrl-F is left to the browser.
-    await page.focus('#flamegraph'); await page.keyboard.press('ArrowUp'); await page.keyboard.press('Enter');
-    assert.notEqual(await page.getAttribute('#flamegraph-svg', 'data-root'), '0');
-    await page.keyboard.press('Escape');
-    const prevented = await page.evaluate(() => { const e = new KeyboardEvent('keydown', { key: 'f', ctrlKey: true, bubbles: true, cancelable: true }); document.body.dispatchEvent(e); return e.defaultPrevented; });
-    assert.equal(prevented, false);
-    // Flame graph height bounded.
-    assert.ok((await page.locator('#flamegraph').boundingBox()).height <= 450);
+      // Never freed, one click away: the cache, 160 KiB.
+      n = await updates(page); await page.click('#lt-never'); await settled(page, n);
+      assert.match(await text(page, '#filter-totals'), /20 of 170 blocks, 160 KiB/);
+      n = await updates(page); await page.click('#lt-never'); // idempotent, no error
+      await page.click('#lt-clear'); await settled(page, n);
 
-    // Screenshots at 1400 and 760 px; readable and no horizontal scrolling at 760.
-    await page.selectOption('#f-live', 'peak');
-    await page.screenshot({ path: path.join(artifacts, 'report-1400.png'), fullPage: true });
-    await page.setViewportSize({ width: 760, height: 1000 }); await page.waitForTimeout(400);
-    await page.screenshot({ path: path.join(artifacts, 'report-760.png'), fullPage: true });
-    const layout = await page.evaluate(() => ({ sw: document.documentElement.scrollWidth, minFont: Math.min(...[...document.querySelectorAll('td, th, label, p, button, legend')].filter((e) => e.offsetParent).map((e) => parseFloat(getComputedStyle(e).fontSize))) }));
-    assert.ok(layout.sw <= 760, `page is ${layout.sw}px wide at 760`);
-    assert.ok(layout.minFont >= 11, `smallest text ${layout.minFont}px`);
-    assert.deepEqual(errors, []);
-  } finally { await done(); }
-});
+      // Keyboard: the flame graph zooms with Enter, Ctrl-F is left to the browser.
+      await page.focus('#flamegraph'); await page.keyboard.press('ArrowUp'); await page.keyboard.press('Enter');
+      assert.notEqual(await attr(page, '#flamegraph-svg', 'data-root'), '0');
+      await page.keyboard.press('Escape');
+      const prevented = await page.evaluate(() => { const e = new KeyboardEvent('keydown', { key: 'f', ctrlKey: true, bubbles: true, cancelable: true }); document.body.dispatchEvent(e); return e.defaultPrevented; });
+      assert.equal(prevented, false);
+      // The chart's keys: End sets 'live at' the end of the trace, where the cache (never
+      // freed) is live and the index (freed at 600 ms) is not.
+      n = await updates(page); await page.focus('#timeline'); await page.keyboard.press('End'); await settled(page, n);
+      assert.equal(await value(page, '#f-live'), 'time'); assert.equal(await value(page, '#f-live-at'), '600ms');
+      assert.match(await text(page, '#filter-totals'), /20 of 170 blocks, 160 KiB/);
+      // Flame graph height bounded.
+      assert.ok((await (await page.$('#flamegraph')).boundingBox()).height <= 450);
 
-// Beyond --limit the samples are thinned, and the page says so.
-test('thinned report', async () => {
-  const { ctx, done } = await launch();
-  try {
-    const page = await ctx.newPage(); const errors = watch(page);
-    await page.goto('file://' + env('THIN_HTML')); await page.waitForSelector('body[data-ready="1"]');
-    assert.ok(await page.isVisible('#thinned'));
-    assert.match(await text(page, '#thinned'), /its 170 sampled blocks exceed the limit of 50 \(memtrace report --limit\), so each of their 1,060 samples was kept with probability 0\.0\d+/);
-    const blocks = +(await text(page, '#filter-totals')).match(/^(\d+) of \1 blocks/)[1];
-    assert.ok(blocks <= 50 && blocks > 20, `${blocks} blocks kept`);
-    // The peak is that of every sample.
-    assert.match(await text(page, '#peak-label'), /peak 660 KiB at 319ms/);
-    assert.deepEqual(errors, []);
-  } finally { await done(); }
-});
+      // Screenshots at 1400 and 760 px; readable and no horizontal scrolling at 760.
+      await page.select('#f-live', 'peak');
+      await shot(page, 'report-1400');
+      await page.setViewport({ width: 760, height: 1000 }); await new Promise((r) => setTimeout(r, 400));
+      await shot(page, 'report-760');
+      const layout = await page.evaluate(() => ({ sw: document.documentElement.scrollWidth, minFont: Math.min(...[...document.querySelectorAll('td, th, label, p, button, legend')].filter((e) => e.offsetParent).map((e) => parseFloat(getComputedStyle(e).fontSize))) }));
+      assert.ok(layout.sw <= 760, `page is ${layout.sw}px wide at 760`);
+      assert.ok(layout.minFont >= 11, `smallest text ${layout.minFont}px`);
+      assert.deepEqual(errors, []);
+    } finally { await page.close(); }
+  });
 
-// B has 20 more cache blocks than A: +160 KiB.
-test('diff report', async () => {
-  const html = env('DIFF_HTML');
-  const { ctx, done } = await launch();
-  try {
-    const page = await ctx.newPage(); const errors = watch(page);
-    await page.goto('file://' + html); await page.waitForSelector('body[data-ready="1"]');
-    assert.equal(+(await page.getAttribute('#flamegraph-svg', 'data-total')), 160 * KiB);
-    const rows = await page.$$eval('#sites tbody tr', (rs) => rs.map((r) => [...r.cells].map((c) => c.innerText)));
-    assert.deepEqual(rows[0].slice(0, 4), ['app::cache::insert (src/cache.rs:60)', '160 KiB', '320 KiB', '160 KiB']);
-    let n = await updates(page); await page.selectOption('#f-live', 'end'); await settled(page, n);
-    assert.equal(+(await page.getAttribute('#flamegraph-svg', 'data-total')), 160 * KiB);
-    await page.screenshot({ path: path.join(artifacts, 'diff-1400.png'), fullPage: true });
-    assert.deepEqual(errors, []);
-  } finally { await done(); }
-});
+  // Beyond --limit the samples are thinned, and the page says so.
+  test('thinned report', async () => {
+    const { page, errors } = await open(browser, env('THIN_HTML'));
+    try {
+      assert.ok(await page.$eval('#thinned', (e) => e.checkVisibility()));
+      assert.match(await text(page, '#thinned'), /its 170 sampled blocks exceed the limit of 50 \(memtrace report --limit\), so each of their 1,060 samples was kept with probability 0\.0\d+/);
+      const blocks = +(await text(page, '#filter-totals')).match(/^(\d+) of \1 blocks/)[1];
+      assert.ok(blocks <= 50 && blocks > 20, `${blocks} blocks kept`);
+      // The peak is that of every sample.
+      assert.match(await text(page, '#peak-label'), /peak 660 KiB at 319ms/);
+      assert.deepEqual(errors, []);
+    } finally { await page.close(); }
+  });
 
-test('big report timing', { skip: !process.env.BIG_REPORT }, async () => {
-  const { ctx, done } = await launch();
-  try {
-    const page = await ctx.newPage(); const errors = watch(page);
+  // B has 20 more cache blocks than A: +160 KiB.
+  test('diff report', async () => {
+    const { page, errors } = await open(browser, env('DIFF_HTML'));
+    try {
+      assert.equal(+(await attr(page, '#flamegraph-svg', 'data-total')), 160 * KiB);
+      const rows = await cells(page, '#sites tbody tr');
+      assert.deepEqual(rows[0].slice(0, 4), ['app::cache::insert (src/cache.rs:60)', '160 KiB', '320 KiB', '160 KiB']);
+      let n = await updates(page); await page.select('#f-live', 'end'); await settled(page, n);
+      assert.equal(+(await attr(page, '#flamegraph-svg', 'data-total')), 160 * KiB);
+      await shot(page, 'diff-1400');
+      assert.deepEqual(errors, []);
+    } finally { await page.close(); }
+  });
+
+  test('big report timing', { skip: !process.env.BIG_REPORT }, async () => {
     const t0 = Date.now();
-    await page.goto('file://' + process.env.BIG_REPORT);
-    await page.waitForSelector('body[data-ready="1"]', { timeout: 60000 });
-    const wall = Date.now() - t0;
-    const ready = await page.evaluate(() => window.__memtraceReady);
-    const timings = [];
-    for (const [sel, v] of [['#f-live', 'peak'], ['#f-live', 'end'], ['#f-live', '']]) {
-      const n = await updates(page); await page.selectOption(sel, v); await settled(page, n);
-      await page.waitForFunction(() => window.__memtraceTiming.painted_ms > 0); timings.push(await page.evaluate(() => window.__memtraceTiming));
-    }
-    let n = await updates(page); await page.fill('#f-life-max', '500us'); await settled(page, n); await page.waitForFunction(() => window.__memtraceTiming.painted_ms > 0); timings.push(await page.evaluate(() => window.__memtraceTiming));
-    n = await updates(page); await page.fill('#f-inside', 'stack3'); await settled(page, n); await page.waitForFunction(() => window.__memtraceTiming.painted_ms > 0); timings.push(await page.evaluate(() => window.__memtraceTiming));
-    console.log(JSON.stringify({ wall_open_ms: wall, ready, timings }, null, 1));
-    await page.screenshot({ path: path.join(artifacts, 'big-1400.png'), fullPage: false });
-    assert.deepEqual(errors, []);
-  } finally { await done(); }
+    const { page, errors } = await open(browser, process.env.BIG_REPORT);
+    try {
+      const wall = Date.now() - t0;
+      const ready = await page.evaluate(() => window.__memtraceReady);
+      const timings = [];
+      for (const [sel, v] of [['#f-live', 'peak'], ['#f-live', 'end'], ['#f-live', '']]) {
+        const n = await updates(page); await page.select(sel, v); await settled(page, n);
+        await page.waitForFunction(() => window.__memtraceTiming.painted_ms > 0); timings.push(await page.evaluate(() => window.__memtraceTiming));
+      }
+      let n = await updates(page); await fill(page, '#f-life-max', '500us'); await settled(page, n); await page.waitForFunction(() => window.__memtraceTiming.painted_ms > 0); timings.push(await page.evaluate(() => window.__memtraceTiming));
+      n = await updates(page); await fill(page, '#f-inside', 'stack3'); await settled(page, n); await page.waitForFunction(() => window.__memtraceTiming.painted_ms > 0); timings.push(await page.evaluate(() => window.__memtraceTiming));
+      console.log(JSON.stringify({ wall_open_ms: wall, ready, timings }, null, 1));
+      await shot(page, 'big-1400', false);
+      assert.deepEqual(errors, []);
+    } finally { await page.close(); }
+  });
 });

@@ -1,16 +1,17 @@
 //! The report page in a browser, and the same filter on the command line.
 //!
 //! A trace with known answers is built here; `memtrace report` writes its page (and a diff
-//! page), and `tests/browser/report.test.mjs` (node's test runner with playwright-core,
-//! driving Debian's chromium) drags on the chart, applies "live at peak" and a lifetime
-//! bound, checks the figures of the flame graph, the tables and the chart, checks that the
-//! console stays clean and saves screenshots at 760 and 1400 px in
-//! `target/test-artifacts/` (or `$CARGO_TARGET_DIR/test-artifacts/`); it also opens the
-//! diff page and a page thinned by `--limit`. `hotspots_gives_the_figures_the_page_shows` checks that
+//! page), and `tests/browser/report.test.mjs` (node's test runner with puppeteer-core,
+//! driving Debian's chromium and firefox-esr in turn) drags on the chart, applies "live at
+//! peak" and a lifetime bound, checks the figures of the flame graph, the tables and the
+//! chart, checks that the console stays clean and saves screenshots at 760 and 1400 px in
+//! `target/test-artifacts/` (or `$CARGO_TARGET_DIR/test-artifacts/`), one per browser; it
+//! also opens the diff page and a page thinned by `--limit`. `hotspots_gives_the_figures_the_page_shows` checks that
 //! `memtrace hotspots` with the same filter flags gives the same figures.
 //!
-//! Without /usr/bin/chromium or `tests/browser/node_modules` (`npm ci` there) the browser
-//! test says why and passes, unless `CI` is set: then it fails.
+//! Without `tests/browser/node_modules` (`npm ci` there) the browser test says why and
+//! passes, and without one of the browsers it runs in the other, unless `CI` is set: then
+//! either fails.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -142,19 +143,31 @@ fn assert_totals(out: &[String], samples: u64, allocations: u64) {
     assert!(out[0].ends_with(&end), "{out:?} does not end with {end:?}");
 }
 
+/// The browsers the page is tested in: name (as `report.test.mjs` knows it), executable
+/// and the Debian package that installs it.
+const BROWSERS: [(&str, &str, &str); 2] =
+    [("chromium", "/usr/bin/chromium", "chromium"), ("firefox", "/usr/bin/firefox-esr", "firefox-esr")];
+
 #[test]
 fn the_page_shows_the_known_figures_in_a_browser() {
-    let chromium = Path::new("/usr/bin/chromium");
     let browser_dir = repo("tests/browser");
-    let missing = [
-        (chromium.to_path_buf(), "apt-get install chromium"),
-        (browser_dir.join("node_modules/playwright-core"), "npm ci in tests/browser"),
-    ]
-    .into_iter()
-    .find(|(path, _)| !path.exists());
-    if let Some((path, fix)) = missing {
-        assert!(std::env::var_os("CI").is_none(), "{} is missing ({fix}): .ci/run installs it", path.display());
-        println!("skipped: {} is missing ({fix})", path.display());
+    let ci = std::env::var_os("CI").is_some();
+    let driver = browser_dir.join("node_modules/puppeteer-core");
+    if !driver.exists() {
+        assert!(!ci, "{} is missing (npm ci in tests/browser): .ci/run installs it", driver.display());
+        println!("skipped: {} is missing (npm ci in tests/browser)", driver.display());
+        return;
+    }
+    let mut browsers = Vec::new();
+    for (name, exe, package) in BROWSERS {
+        if Path::new(exe).exists() {
+            browsers.push(name);
+        } else {
+            assert!(!ci, "{exe} is missing (apt-get install {package}): .ci/run installs it");
+            println!("skipped in {name}: {exe} is missing (apt-get install {package})");
+        }
+    }
+    if browsers.is_empty() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -179,11 +192,15 @@ fn the_page_shows_the_known_figures_in_a_browser() {
         .env("DIFF_HTML", &diff)
         .env("THIN_HTML", &thin)
         .env("ARTIFACTS", &artifacts)
+        .env("BROWSERS", browsers.join(","))
         .status()
         .expect("node runs");
     assert!(status.success(), "the browser test failed: {status}");
-    for shot in ["report-760.png", "report-1400.png", "diff-1400.png"] {
-        assert!(artifacts.join(shot).exists(), "{shot}");
+    for browser in browsers {
+        for shot in ["report-760", "report-1400", "diff-1400"] {
+            let file = artifacts.join(format!("{shot}-{browser}.png"));
+            assert!(file.exists(), "{}", file.display());
+        }
     }
 }
 
