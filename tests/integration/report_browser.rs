@@ -135,6 +135,19 @@ fn hotspots_gives_the_figures_the_page_shows() {
     assert_totals(&lines(&["--never-collected"]), 160, 20);
     assert_totals(&lines(&["--lifetime-under", "1ms", "--inside", "app::init", "--not-inside", "run"]), 400, 100);
     assert_totals(&lines(&["--size-at-least", "8KiB", "--size-under", "10KiB", "--collected-between", "0:1s"]), 0, 0);
+    // Hidden functions choose no block: the index's bytes count for app::run (past Vec::push,
+    // allocator machinery), and every other figure stays.
+    let out = lines(&["--hide", "build_index", "--hide", "app::init"]);
+    let heading = "by bytes allocated, --hide 'build_index' --hide 'app::init' (estimated)";
+    assert!(out[0].contains(heading) && out[0].ends_with(" in 1060 samples"), "{out:?}");
+    let sites: Vec<(&str, &str)> =
+        out.iter().filter(|l| l.ends_with(')')).map(|l| (&l[..12], l.rsplit("  ").next().unwrap())).collect();
+    let expected = [
+        ("   500.0 KiB", "app::run (src/app.rs:40)"),
+        ("   400.0 KiB", "app::load_config (src/config.rs:30)"),
+        ("   160.0 KiB", "app::cache::insert (src/cache.rs:60)"),
+    ];
+    assert_eq!(sites, expected, "{out:?}");
 }
 
 /// The heading of `hotspots` output `out` ends with these totals.

@@ -115,7 +115,8 @@ function el(tag, attrs, parent) { const e = document.createElementNS(SVGNS, tag)
 const F = { allocLo: null, allocHi: null, live: '', liveAt: null, collected: '', collLo: null, collHi: null,
   sizeMin: null, sizeMax: null, lifeMin: null, lifeMax: null, inside: [], notInside: [], hide: [], measure: 'bytes', trim: true, trimRoot: true };
 // Per stack node: whether the path to it passes the function clauses, null if there are
-// none (filter.rs, Filter::matches_stack: every `inside` substring and no `not inside` one).
+// none (filter.rs, Filter::matches_stack: every `inside` substring and no `not inside` one;
+// hidden frames count here, as they do for restrict, which runs before Filter::hide_frames).
 function stackMask(t) {
   if (!F.inside.length && !F.notInside.length) return null;
   const m = new Uint8Array(t.nNodes).fill(1);
@@ -164,6 +165,7 @@ function cliEquivalent() {
   if (F.sizeMin != null) p.push(`--size-at-least ${F.sizeMin}B`); if (F.sizeMax != null) p.push(`--size-under ${F.sizeMax}B`);
   if (F.lifeMin != null) p.push(`--lifetime-at-least ${cliTime(F.lifeMin)}`); if (F.lifeMax != null) p.push(`--lifetime-under ${cliTime(F.lifeMax)}`);
   for (const x of F.inside) p.push(`--inside '${x}'`); for (const x of F.notInside) p.push(`--not-inside '${x}'`);
+  for (const x of F.hide) p.push(`--hide '${x}'`);
   return p.join(' ');
 }
 
