@@ -36,11 +36,11 @@ function watch(page) {
   page.on('request', (r) => { if (!/^(file|data|blob):/.test(r.url())) errors.push(`network request: ${r.url()}`); });
   return errors;
 }
-// `memtrace hotspots TRACE` with the flags the page shows for its filter: its lines.
-async function hotspots(page, trace) {
+// `memtrace hotspots TRACE` with the flags the page shows for its filter (and `more`): its lines.
+async function hotspots(page, trace, ...more) {
   const words = [...(await text(page, '#cli-equivalent')).matchAll(/'([^']*)'|(\S+)/g)].map((m) => m[1] ?? m[2]);
   assert.deepEqual(words.slice(0, 3), ['memtrace', 'hotspots', 'TRACE']);
-  return execFileSync(env('MEMTRACE_BIN'), ['hotspots', trace, ...words.slice(3)]).toString().split('\n');
+  return execFileSync(env('MEMTRACE_BIN'), ['hotspots', trace, ...words.slice(3), ...more]).toString().split('\n');
 }
 // Scroll to an element and let it render, as a reader would before reading it (Firefox
 // gives no innerText for a section that content-visibility: auto has not rendered yet).
@@ -48,6 +48,12 @@ const reveal = (page, sel) => page.$eval(sel, async (e) => {
   e.scrollIntoView({ block: 'nearest' });
   await new Promise((r) => requestAnimationFrame(() => requestAnimationFrame(r)));
 });
+// Whether the page's figure `shown` ('3.45 KiB') is `bytes` to the digits it shows.
+function showsBytes(shown, bytes) {
+  const [, num, unit] = /^([\d.]+) (B|KiB|MiB|GiB)$/.exec(shown);
+  const digits = (num.split('.')[1] || '').length;
+  return Math.abs(bytes / 1024 ** ['B', 'KiB', 'MiB', 'GiB'].indexOf(unit) - +num) <= 0.5 * 10 ** -digits;
+}
 const text = async (page, sel) => { await reveal(page, sel); return page.$eval(sel, (e) => (e instanceof HTMLElement ? e.innerText : e.textContent)); };
 const cells = async (page, sel) => { await reveal(page, sel); return page.$$eval(sel, (rs) => rs.map((r) => [...r.cells].map((c) => c.innerText))); };
 const attr = (page, sel, name) => page.$eval(sel, (e, name) => e.getAttribute(name), name);
@@ -152,14 +158,18 @@ for (const name of BROWSERS) describe(name, () => {
       assert.match(sites[0], /^ *500\.0 KiB .* 500 .*app::build_index \(src\/index\.rs:50\)$/, sites[0]);
 
       // Figures from fewer than 10 samples are marked: the first two configuration blocks,
-      // 4 samples each, 95% interval 3.44–15.8 samples (Byar's approximation).
-      n = await updates(page);
+      // 4 samples each. Their 95% interval is the exact Poisson one, 3.45–15.8 samples
+      // (Byar's approximation would say 3.44), and the command line's bounds are the same.
       await fill(page, '#f-life-max', ''); await fill(page, '#f-alloc-lo', '0ms'); await fill(page, '#f-alloc-hi', '2ms'); await page.select('#f-live', '');
-      await settled(page, n);
+      await until(page, '--allocated-between 0us:2ms');
       assert.match(await text(page, '#filter-totals'), /2 of 170 blocks, 8\.00 KiB \(8 samples\)/);
       const low = await page.$$eval('#sites tbody tr', (rs) => rs.map((r) => [r.cells[0].innerText, r.cells[1].classList.contains('low'), r.cells[2].innerText]));
-      assert.deepEqual(low, [['app::load_config (src/config.rs:30)', true, '3.44 KiB – 15.8 KiB']]);
+      assert.deepEqual(low, [['app::load_config (src/config.rs:30)', true, '3.45 KiB – 15.8 KiB']]);
       assert.match(await text(page, '#sites'), /fewer than 10 samples/);
+      const [site] = JSON.parse((await hotspots(page, trace, '--json')).join('\n')).sites;
+      assert.equal(site.estimate.samples, 8);
+      const [lo8, hi8] = low[0][2].split(' – ');
+      assert.ok(showsBytes(lo8, site.estimate.low) && showsBytes(hi8, site.estimate.high), `${low[0][2]} vs ${JSON.stringify(site.estimate)}`);
       n = await updates(page); await page.click('#f-reset'); await settled(page, n);
 
       // Function clauses, several substrings each: inside run and cache is the cache; not

@@ -80,12 +80,19 @@ function parseSize(s) {
 // A time as filter.rs prints it: the largest unit that keeps it whole.
 function cliTime(us) { return us && us % 1e6 === 0 ? `${us / 1e6}s` : us && us % 1e3 === 0 ? `${us / 1e3}ms` : `${us}us`; }
 const esc = (s) => String(s).replace(/[&<>"]/g, (c) => ({ '&': '&amp;', '<': '&lt;', '>': '&gt;', '"': '&quot;' }[c]));
-// 95% interval of a Poisson count n (Byar's approximation of the exact Garwood bounds).
+// The 95% interval of the mean of a Poisson count n: analysis::estimate's rule, line for
+// line (solved for from the distribution function below EXACT_BELOW samples, Byar's
+// approximation above), so that the page and the command line print the same bounds.
+const Z = 1.959963984540054, EXACT_BELOW = 100;
+function poissonCdf(k, mean) { let term = Math.exp(-mean), sum = term; for (let i = 1; i <= k; i++) { term *= mean / i; sum += term; } return Math.min(sum, 1); }
+function solve(f, target, max) { let lo = 0, hi = max; for (let i = 0; i < 100; i++) { const mid = (lo + hi) / 2; if (f(mid) < target) lo = mid; else hi = mid; } return (lo + hi) / 2; }
+const exact95 = []; // by count: solving costs some 20 000 steps, and sites share counts
 function poisson95(n) {
-  if (n <= 0) return [0, 3.689];
-  const lo = n * Math.pow(1 - 1 / (9 * n) - 1.96 / (3 * Math.sqrt(n)), 3);
-  const m = n + 1, hi = m * Math.pow(1 - 1 / (9 * m) + 1.96 / (3 * Math.sqrt(m)), 3);
-  return [Math.max(0, lo), hi];
+  if (n < EXACT_BELOW) {
+    return (exact95[n] ||= [n === 0 ? 0 : solve((m) => 1 - poissonCdf(n - 1, m), 0.025, n), solve((m) => 1 - poissonCdf(n, m), 0.975, 2 * n + 8)]);
+  }
+  const byar = (k, sign) => k * Math.pow(1 - 1 / (9 * k) + (sign * Z) / (3 * Math.sqrt(k)), 3);
+  return [byar(n, -1), byar(n + 1, 1)];
 }
 const LOW = 10; // figures from fewer samples are marked
 function niceStep(raw) { const p = Math.pow(10, Math.floor(Math.log10(raw))); const r = raw / p; return (r <= 1 ? 1 : r <= 2 ? 2 : r <= 5 ? 5 : 10) * p; }
@@ -558,7 +565,7 @@ function siteRows() {
     const v = DIFF ? r.b - r.a : r.a, n = DIFF ? r.nb : r.na;
     const bps = F.measure === 'count' ? v / Math.max(n, 1e-9) : B.bps;
     let lo, hi;
-    if (DIFF) { const half = 1.96 * Math.sqrt(r.na + r.nb) * (F.measure === 'count' ? Math.abs(v) / Math.max(r.na + r.nb, 1e-9) : B.bps); lo = v - half; hi = v + half; }
+    if (DIFF) { const half = Z * Math.sqrt(r.na + r.nb) * (F.measure === 'count' ? Math.abs(v) / Math.max(r.na + r.nb, 1e-9) : B.bps); lo = v - half; hi = v + half; }
     else [lo, hi] = interval(r.na, F.measure === 'count' ? r.a / Math.max(r.na, 1e-9) : A.bps);
     return Object.assign(r, { v, n, lo, hi, pct: (100 * v) / total, samples: DIFF ? r.na + r.nb : r.na });
   });
