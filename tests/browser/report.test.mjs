@@ -178,7 +178,7 @@ for (const name of BROWSERS) describe(name, () => {
       assert.match(await text(page, '#filter-totals'), /20 of 170 blocks, 160 KiB/);
       cli = await hotspots(page, trace);
       assert.match(cli[0], /--inside 'app::run' --inside 'cache' \(estimated\): total 160\.0 KiB\b.* in 160 samples, 20 sampled allocations$/, cli[0]);
-      n = await updates(page); await fill(page, '#f-inside', ''); await fill(page, '#f-not-inside', 'cache;init'); await settled(page, n);
+      await fill(page, '#f-inside', ''); await fill(page, '#f-not-inside', 'cache;init'); await until(page, "--not-inside 'cache' --not-inside 'init'");
       assert.match(await text(page, '#filter-totals'), /50 of 170 blocks, 500 KiB/);
       assert.match((await hotspots(page, trace))[0], /total 500\.0 KiB\b.* in 500 samples, 50 sampled allocations$/);
       n = await updates(page); await page.click('#f-reset'); await settled(page, n);
@@ -251,9 +251,22 @@ for (const name of BROWSERS) describe(name, () => {
       assert.equal(+(await attr(page, '#flamegraph-svg', 'data-total')), 160 * KiB);
       const rows = await cells(page, '#sites tbody tr');
       assert.deepEqual(rows[0].slice(0, 4), ['app::cache::insert (src/cache.rs:60)', '160 KiB', '320 KiB', '160 KiB']);
+      // Per-site live heap: each site's A (dashed) and B (solid) curve, not stacked, the site
+      // that changed first: the cache, 160 KiB live in A, 320 KiB in B; the index, the same
+      // 500 KiB in both. Its legend button leaves only its two curves.
+      const curves = () => page.$$eval('#site-timeline path[data-site]', (ps) => ps.map((p) => [p.dataset.site, p.dataset.trace, +p.dataset.max, p.getAttribute('stroke-dasharray')]));
+      const cache = 'app::cache::insert (src/cache.rs:60)', index = 'app::build_index (src/index.rs:50)';
+      let drawn = await curves();
+      assert.deepEqual(drawn.slice(0, 2), [[cache, 'A', 160 * KiB, '5 3'], [cache, 'B', 320 * KiB, '']]);
+      assert.deepEqual(drawn.filter((c) => c[0] === index).map((c) => c.slice(1, 3)), [['A', 500 * KiB], ['B', 500 * KiB]]);
+      assert.match(await text(page, '#site-legend button:first-child'), /app::cache::insert \(src\/cache\.rs:60\)\s*A 160 KiB, B 320 KiB/);
+      await page.click('#site-legend button:first-child');
+      assert.deepEqual((await curves()).map((c) => c.slice(0, 3)), [[cache, 'A', 160 * KiB], [cache, 'B', 320 * KiB]]);
+      await page.click('#site-legend button:first-child');
+      await shot(page, 'diff-1400');
       let n = await updates(page); await page.select('#f-live', 'end'); await settled(page, n);
       assert.equal(+(await attr(page, '#flamegraph-svg', 'data-total')), 160 * KiB);
-      await shot(page, 'diff-1400');
+      assert.deepEqual((await curves()).map((c) => c.slice(0, 3)), [[cache, 'A', 160 * KiB], [cache, 'B', 320 * KiB]]);
       assert.deepEqual(errors, []);
     } finally { await page.close(); }
   });

@@ -342,11 +342,13 @@ function xAxes(c, wall) {
   el('text', { x: c.m.l + c.pw, y: c.height - 2, 'text-anchor': 'end', fill: '#5b5b66' }, g).textContent = 'elapsed';
   if (wall) el('text', { x: c.m.l - 6, y: c.m.t - 8, 'text-anchor': 'end', fill: '#5b5b66' }, g).textContent = 'UTC';
 }
-function pathOf(c, ys, y) {
-  let d = `M${c.x(0)},${y(0)}`;
-  for (let k = 0; k <= NB; k++) d += `L${c.x((k * DUR) / NB).toFixed(1)},${y(ys[k]).toFixed(1)}`;
-  return d + `L${c.x(DUR)},${y(0)}Z`;
+// The curve of the series ys (NB + 1 values over the trace), and the area under it.
+function linePath(c, ys, y) {
+  let d = '';
+  for (let k = 0; k <= NB; k++) d += `${k ? 'L' : 'M'}${c.x((k * DUR) / NB).toFixed(1)},${y(ys[k]).toFixed(1)}`;
+  return d;
 }
+const pathOf = (c, ys, y) => `M${c.x(0)},${y(0)}${linePath(c, ys, y).replace(/^M/, 'L')}L${c.x(DUR)},${y(0)}Z`;
 function drawTimeline() {
   const box = $('timeline'); const c = chartFrame(box, 240);
   const filt = R.map((r, ti) => liveSeries(traces[ti], r));
@@ -415,38 +417,61 @@ function siteOfStack(t) { // per stack node: display site frame (innermost visib
   for (let i = 1; i < t.nNodes; i++) if (nonAlloc[i] < 0) nonAlloc[i] = vis[i];
   return nonAlloc;
 }
+// The top sites' live heap over time. One trace: the 8 largest sites of the filtered
+// allocations, stacked. A diff: the 8 sites whose bytes changed most, each drawn as two
+// curves, A dashed and B solid in the site's colour, not stacked: the gap between them is
+// B − A at each moment, and the reader sees which run a change comes from and when.
+// (A stacked B − A chart would mix signs in one stack, and a per-moment difference reads a
+// shift in time between the runs as growth and shrinkage.)
 function drawSiteTimeline() {
-  const t = B, ti = traces.length - 1, r = R[ti]; const site = siteOfStack(t);
-  const perNode = new Float64Array(t.nNodes); for (let j = 0; j < r.length; j++) { const i = r[j]; perNode[t.s[i]] += t.ns[i]; }
-  const per = new Map(); for (let i = 0; i < t.nNodes; i++) if (perNode[i]) per.set(site[i], (per.get(site[i]) || 0) + perNode[i]);
-  const top = [...per.entries()].sort((a, b) => b[1] - a[1]).slice(0, 8).map((x) => x[0]);
+  const sites = traces.map(siteOfStack), per = new Map(); // site frame → filtered bytes per trace
+  traces.forEach((t, ti) => {
+    const r = R[ti], perNode = new Float64Array(t.nNodes);
+    for (let j = 0; j < r.length; j++) perNode[t.s[r[j]]] += t.ns[r[j]] * t.bps;
+    for (let i = 0; i < t.nNodes; i++) if (perNode[i]) { let v = per.get(sites[ti][i]); if (!v) per.set(sites[ti][i], (v = [0, 0])); v[ti] += perNode[i]; }
+  });
+  const weight = ([a, b]) => (DIFF ? Math.abs(b - a) : a);
+  const top = [...per.entries()].sort((x, y) => weight(y[1]) - weight(x[1])).slice(0, 8).map((x) => x[0]);
   const slot = new Map(top.map((s, k) => [s, k]));
-  const K = top.length + 1, dt = DUR / NB, d = Array.from({ length: K }, () => new Float64Array(NB + 2));
-  const nodeSlot = new Int32Array(t.nNodes); for (let i = 0; i < t.nNodes; i++) nodeSlot[i] = slot.has(site[i]) ? slot.get(site[i]) : K - 1;
-  for (let j = 0; j < r.length; j++) {
-    const i = r[j]; const k = nodeSlot[t.s[i]]; const x = t.ns[i] * t.bps;
-    d[k][Math.min(NB + 1, Math.ceil(t.a[i] / dt))] += x; if (t.f[i] >= 0) d[k][Math.min(NB + 1, Math.ceil(t.f[i] / dt))] -= x;
-  }
-  const series = d.map((dd) => { const o = new Float64Array(NB + 1); let acc = 0; for (let k = 0; k <= NB; k++) { acc += dd[k]; o[k] = Math.max(0, acc); } return o; });
+  const K = top.length + 1, dt = DUR / NB;
+  const series = traces.map((t, ti) => { // per slot (the last: other sites), live bytes at k*dt
+    const r = R[ti], d = Array.from({ length: K }, () => new Float64Array(NB + 2));
+    const nodeSlot = new Int32Array(t.nNodes); for (let i = 0; i < t.nNodes; i++) nodeSlot[i] = slot.has(sites[ti][i]) ? slot.get(sites[ti][i]) : K - 1;
+    for (let j = 0; j < r.length; j++) {
+      const i = r[j]; const k = nodeSlot[t.s[i]]; const x = t.ns[i] * t.bps;
+      d[k][Math.min(NB + 1, Math.ceil(t.a[i] / dt))] += x; if (t.f[i] >= 0) d[k][Math.min(NB + 1, Math.ceil(t.f[i] / dt))] -= x;
+    }
+    return d.map((dd) => { const o = new Float64Array(NB + 1); let acc = 0; for (let k = 0; k <= NB; k++) { acc += dd[k]; o[k] = Math.max(0, acc); } return o; });
+  });
   const box = $('site-timeline'); const c = chartFrame(box, 200);
   const only = view.site >= 0 && slot.has(view.site) ? slot.get(view.site) : -1;
-  const stack = new Float64Array(NB + 1); let max = 0;
-  for (let k = 0; k <= NB; k++) { let s = 0; for (let q = 0; q < K; q++) if (only < 0 || q === only) s += series[q][k]; max = Math.max(max, s); }
+  const shown = (q) => only < 0 || q === only;
+  const label = (q) => (q < top.length ? (top[q] < 0 ? '(no backtrace)' : frameLabel(top[q])) : 'other sites');
+  const maxOf = (ys) => ys.reduce((m, v) => Math.max(m, v), 0);
+  let max = 0;
+  if (DIFF) { for (const sr of series) for (let q = 0; q < K; q++) if (shown(q)) max = Math.max(max, maxOf(sr[q])); }
+  else for (let k = 0; k <= NB; k++) { let sum = 0; for (let q = 0; q < K; q++) if (shown(q)) sum += series[0][q][k]; max = Math.max(max, sum); }
   const y = yAxis(c, max, fmtBytes); xAxes(c, false);
+  const stack = new Float64Array(NB + 1);
   for (let q = 0; q < K; q++) {
-    if (only >= 0 && q !== only) continue;
-    let up = `M${c.x(0)},${y(stack[0])}`, pts = [];
-    const next = Float64Array.from(stack); for (let k = 0; k <= NB; k++) next[k] += series[q][k];
-    for (let k = 0; k <= NB; k++) up += `L${c.x((k * DUR) / NB).toFixed(1)},${y(next[k]).toFixed(1)}`;
+    if (!shown(q) || !series.some((sr) => maxOf(sr[q]) > 0)) continue;
+    const color = PALETTE[q % PALETTE.length];
+    if (DIFF) {
+      series.forEach((ys, ti) => el('path', { d: linePath(c, ys[q], y), fill: 'none', stroke: color, 'stroke-width': ti ? 2 : 1.5, 'stroke-dasharray': ti ? '' : '5 3', 'data-site': label(q), 'data-trace': ti ? 'B' : 'A', 'data-max': maxOf(ys[q]) }, c.svg));
+      continue;
+    }
+    const next = Float64Array.from(stack); for (let k = 0; k <= NB; k++) next[k] += series[0][q][k];
+    let up = linePath(c, next, y);
     for (let k = NB; k >= 0; k--) up += `L${c.x((k * DUR) / NB).toFixed(1)},${y(stack[k]).toFixed(1)}`;
-    el('path', { d: up + 'Z', fill: PALETTE[q % PALETTE.length], 'fill-opacity': 0.75, stroke: 'none', 'data-site': q < top.length ? frameLabel(top[q]) : 'other' }, c.svg);
+    el('path', { d: up + 'Z', fill: color, 'fill-opacity': 0.75, stroke: 'none', 'data-site': label(q), 'data-max': maxOf(series[0][q]) }, c.svg);
     stack.set(next);
   }
   const leg = $('site-legend'); leg.textContent = '';
   top.concat([-2]).forEach((s, q) => {
-    if (q === K - 1 && !series[q].some((v) => v > 0)) return;
+    if (q === K - 1 && !series.some((sr) => sr[q].some((v) => v > 0))) return;
     const b = document.createElement('button'); b.type = 'button';
-    b.innerHTML = `<span class="swatch" style="background:${PALETTE[q % PALETTE.length]}"></span>${esc(s === -2 ? 'other sites' : s < 0 ? '(no backtrace)' : frameLabel(s))}`;
+    const figures = DIFF && q < top.length ? ` <span class="hint">A ${fmtBytes(per.get(s)[0])}, B ${fmtBytes(per.get(s)[1])}</span>` : '';
+    b.innerHTML = `<span class="swatch" style="background:${PALETTE[q % PALETTE.length]}"></span>${esc(label(q))}${figures}`;
     if (s === view.site) b.classList.add('on'); b.setAttribute('aria-pressed', s === view.site);
     b.onclick = () => { view.site = view.site === s ? -1 : s; drawSiteTimeline(); };
     leg.appendChild(b);
