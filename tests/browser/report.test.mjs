@@ -196,6 +196,11 @@ for (const name of BROWSERS) describe(name, () => {
       assert.match(cli[0], /total 660\.0 KiB\b.* in 660 samples, 70 sampled allocations$/, cli[0]);
       const cliSites = cli.filter((l) => l.endsWith(')')).map((l) => { const [, bytes, site] = /^\s*(\S+ \S+) .*  (\S.*)$/.exec(l); return [site, bytes]; });
       assert.deepEqual(cliSites, [['app::run (src/app.rs:40)', '500.0 KiB'], ['app::cache::insert (src/cache.rs:60)', '160.0 KiB']]);
+      // A stack whose every frame is hidden has no site; one left with allocator frames only
+      // keeps them (as on the command line: tests/integration/report_browser.rs).
+      await fill(page, '#f-inside', ''); await fill(page, '#f-hide', 'app::; main');
+      await until(page, "--hide 'app::' --hide 'main'");
+      assert.deepEqual((await cells(page, '#sites tbody tr')).map((r) => r.slice(0, 2)), [['(no backtrace)', '560 KiB'], ['__rust_alloc', '500 KiB']]);
       n = await updates(page); await page.click('#f-reset'); await settled(page, n);
 
       // Never freed, one click away: the cache, 160 KiB.

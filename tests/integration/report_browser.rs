@@ -120,11 +120,7 @@ fn hotspots_gives_the_figures_the_page_shows() {
     let heading = "--allocated-between 150ms:450ms --live-at peak --lifetime-under 500ms (estimated): total 500.0 KiB";
     assert!(out[0].contains(heading), "{out:?}");
     assert_totals(&out, 500, 50);
-    let sites: Vec<&String> = out.iter().filter(|l| l.ends_with(')')).collect();
-    assert_eq!(sites.len(), 1, "{out:?}");
-    assert!(
-        sites[0].trim_start().starts_with("500.0 KiB ") && sites[0].ends_with(" app::build_index (src/index.rs:50)")
-    );
+    assert_eq!(sites(&out), [("   500.0 KiB", "app::build_index (src/index.rs:50)")], "{out:?}");
     // The drag and "live at peak" before the lifetime bound: 70 blocks, 660 KiB, the peak.
     let out = lines(&FILTER[..4]);
     assert!(out[0].contains("total 660.0 KiB"), "{out:?}");
@@ -140,14 +136,21 @@ fn hotspots_gives_the_figures_the_page_shows() {
     let out = lines(&["--hide", "build_index", "--hide", "app::init"]);
     let heading = "by bytes allocated, --hide 'build_index' --hide 'app::init' (estimated)";
     assert!(out[0].contains(heading) && out[0].ends_with(" in 1060 samples"), "{out:?}");
-    let sites: Vec<(&str, &str)> =
-        out.iter().filter(|l| l.ends_with(')')).map(|l| (&l[..12], l.rsplit("  ").next().unwrap())).collect();
     let expected = [
         ("   500.0 KiB", "app::run (src/app.rs:40)"),
         ("   400.0 KiB", "app::load_config (src/config.rs:30)"),
         ("   160.0 KiB", "app::cache::insert (src/cache.rs:60)"),
     ];
-    assert_eq!(sites, expected, "{out:?}");
+    assert_eq!(sites(&out), expected, "{out:?}");
+    // A stack whose every frame is hidden has no site, and one left with allocator frames
+    // only keeps them: the page shows the same.
+    let out = lines(&["--hide", "app::", "--hide", "main"]);
+    assert_eq!(sites(&out), [("   560.0 KiB", "(no backtrace)"), ("   500.0 KiB", "__rust_alloc")], "{out:?}");
+}
+
+/// The sites of `hotspots` output `out`: each one's bytes column and label.
+fn sites(out: &[String]) -> Vec<(&str, &str)> {
+    out.iter().skip(2).map(|l| (&l[..12], l.rsplit("  ").next().unwrap())).collect()
 }
 
 /// The heading of `hotspots` output `out` ends with these totals.

@@ -12,6 +12,9 @@ const fnOf = (f) => STR[FR.fn[f]], fileOf = (f) => STR[FR.file[f]];
 // Labels (analysis::Frame::label) and flame colours are worked out once per frame.
 const LABELS = Array.from({ length: nFrames }, (_, f) => { const file = fileOf(f); return file ? `${fnOf(f)} (${shortPath(file)}:${FR.line[f]})` : fnOf(f); });
 const frameLabel = (f) => LABELS[f];
+// The site of allocations with no frame to show (no backtrace, or every frame hidden): a
+// frame id past the last, as `hotspots` names it.
+const NO_SITE = nFrames, siteLabel = (f) => (f === NO_SITE ? '(no backtrace)' : frameLabel(f));
 const COLORS = Array.from({ length: nFrames }, (_, f) => {
   const h = [...fnOf(f)].reduce((x, ch) => (x * 31 + ch.charCodeAt(0)) >>> 0, 7);
   return FR.alloc[f] ? '#c9ced6' : `hsl(${15 + (h % 40)},${70 + (h % 20)}%,${58 + (h % 12)}%)`;
@@ -121,6 +124,8 @@ function el(tag, attrs, parent) { const e = document.createElementNS(SVGNS, tag)
 // ------------------------------------------------------------------ filter (filter.rs)
 const F = { allocLo: null, allocHi: null, live: '', liveAt: null, collected: '', collLo: null, collHi: null,
   sizeMin: null, sizeMax: null, lifeMin: null, lifeMax: null, inside: [], notInside: [], hide: [], measure: 'bytes', trim: true, trimRoot: true };
+// Per frame: whether the `hide` clause leaves it out of the stacks.
+function hiddenFrames() { const h = new Uint8Array(nFrames); for (let fr = 0; fr < nFrames; fr++) h[fr] = F.hide.some((x) => fnOf(fr).includes(x)) ? 1 : 0; return h; }
 // Per stack node: whether the path to it passes the function clauses, null if there are
 // none (filter.rs, Filter::matches_stack: every `inside` substring and no `not inside` one;
 // hidden frames count here, as they do for restrict, which runs before Filter::hide_frames).
@@ -225,8 +230,7 @@ const totalSeries = traces.map((t, i) => liveSeries(t, allIdx[i]));
 // The display tree: stacks with hidden frames left out, allocator frames trimmed from the
 // inner end, optionally re-rooted at a focused frame. Shared by both traces in diff mode.
 function buildTree(results) {
-  const hideFrame = new Uint8Array(nFrames);
-  for (let fr = 0; fr < nFrames; fr++) hideFrame[fr] = F.hide.some((h) => fnOf(fr).includes(h)) ? 1 : 0;
+  const hideFrame = hiddenFrames();
   const tree = { parent: [-1], frame: [-1], depth: [0], kids: [new Map()], w: [new Float64Array(0), new Float64Array(0)] };
   const selfW = [[0], [0]], selfN = [[0], [0]], selfB = [[0], [0]];
   function child(p, fr) {
@@ -237,23 +241,28 @@ function buildTree(results) {
   }
   results.forEach((r, ti) => {
     const t = traces[ti]; if (!r) return;
-    // trim: nearest ancestor-or-self that is not allocator machinery
+    // Trimming and hiding as the command line does (Filter::hide_frames, then
+    // analysis::Trim::kept): hidden frames are left out first; then allocator machinery is
+    // trimmed from the inner end (trimTo: the nearest ancestor-or-self that is neither),
+    // and start-up frames (analysis::is_root_frame) from the outer end: a node whose path
+    // from the outermost frame is all start-up (or hidden) frames is left out. A stack made
+    // only of allocator frames keeps them, and one made only of start-up frames too.
     const trimTo = new Int32Array(t.nNodes);
-    for (let i = 1; i < t.nNodes; i++) trimTo[i] = FR.alloc[t.frame[i]] ? trimTo[t.parent[i]] : i;
-    // Start-up frames (analysis::is_root_frame) are trimmed from the outer end: a node
-    // whose path from the outermost frame is all start-up frames is left out. (A stack
-    // made only of them is shown at the root.)
+    for (let i = 1; i < t.nNodes; i++) trimTo[i] = FR.alloc[t.frame[i]] || hideFrame[t.frame[i]] ? trimTo[t.parent[i]] : i;
     const startup = new Uint8Array(t.nNodes);
-    if (F.trimRoot) for (let i = 1; i < t.nNodes; i++) startup[i] = FR.root[t.frame[i]] && (t.parent[i] === 0 || startup[t.parent[i]]) ? 1 : 0;
-    const disp = new Int32Array(t.nNodes).fill(-2); disp[0] = 0;
+    if (F.trimRoot) for (let i = 1; i < t.nNodes; i++) startup[i] = (FR.root[t.frame[i]] || hideFrame[t.frame[i]]) && (t.parent[i] === 0 || startup[t.parent[i]]) ? 1 : 0;
+    // Display nodes, memoised per node, and whether the path passes through the focused
+    // frame: [0] with start-up frames trimmed, [1] kept.
     const focus = flame.focus;
-    const inFocus = new Uint8Array(t.nNodes); if (focus < 0) inFocus.fill(1);
-    const dispOf = (node) => {
+    const disps = [0, 1].map(() => { const d = new Int32Array(t.nNodes).fill(-2); d[0] = 0; return d; });
+    const inFocuses = [0, 1].map(() => new Uint8Array(t.nNodes).fill(focus < 0 ? 1 : 0));
+    const dispOf = (node, keepStartup) => {
+      const disp = disps[keepStartup], inFocus = inFocuses[keepStartup];
       if (disp[node] !== -2) return disp[node];
       const stack = []; let x = node; while (disp[x] === -2) { stack.push(x); x = t.parent[x]; }
       for (let k = stack.length - 1; k >= 0; k--) {
         const y = stack[k], fr = t.frame[y], p = t.parent[y];
-        if (hideFrame[fr] || startup[y]) { disp[y] = disp[p]; inFocus[y] = inFocus[p]; continue; }
+        if (hideFrame[fr] || (startup[y] && !keepStartup)) { disp[y] = disp[p]; inFocus[y] = inFocus[p]; continue; }
         if (!inFocus[p]) { if (fr === focus) { disp[y] = child(0, fr); inFocus[y] = 1; } else disp[y] = 0; continue; }
         disp[y] = child(disp[p], fr); inFocus[y] = 1;
       }
@@ -265,8 +274,8 @@ function buildTree(results) {
     for (let i = 0; i < t.nNodes; i++) {
       if (!nodeB[i]) continue;
       let leaf = F.trim ? trimTo[i] : i; if (leaf === 0) leaf = i;
-      const d = dispOf(leaf);
-      if (!inFocus[leaf]) continue; // the stack does not pass through the focused frame
+      const keep = startup[leaf], d = dispOf(leaf, keep);
+      if (!inFocuses[keep][leaf]) continue; // the stack does not pass through the focused frame
       selfW[ti][d] += nodeW[i]; selfN[ti][d] += nodeN[i]; selfB[ti][d] += nodeB[i];
     }
   });
@@ -406,15 +415,15 @@ $('timeline').addEventListener('keydown', (e) => {
 
 // ------------------------------------------------------------------ per-site live heap
 const PALETTE = ['#1f5fbf', '#d9480f', '#2b8a3e', '#ae3ec9', '#e8590c', '#1098ad', '#c2255c', '#5c940d', '#862e9c', '#495057'];
-function siteOfStack(t) { // per stack node: display site frame (innermost visible non-allocator frame), -1 none
-  const hideFrame = new Uint8Array(nFrames); for (let fr = 0; fr < nFrames; fr++) hideFrame[fr] = F.hide.some((h) => fnOf(fr).includes(h)) ? 1 : 0;
-  const vis = new Int32Array(t.nNodes).fill(-1), nonAlloc = new Int32Array(t.nNodes).fill(-1);
+function siteOfStack(t) { // per stack node: display site frame (innermost visible non-allocator frame), NO_SITE none
+  const hideFrame = hiddenFrames();
+  const vis = new Int32Array(t.nNodes).fill(NO_SITE), nonAlloc = new Int32Array(t.nNodes).fill(NO_SITE);
   for (let i = 1; i < t.nNodes; i++) {
     const fr = t.frame[i], p = t.parent[i];
     vis[i] = hideFrame[fr] ? vis[p] : fr;
     nonAlloc[i] = hideFrame[fr] || (F.trim && FR.alloc[fr]) ? nonAlloc[p] : fr;
   }
-  for (let i = 1; i < t.nNodes; i++) if (nonAlloc[i] < 0) nonAlloc[i] = vis[i];
+  for (let i = 1; i < t.nNodes; i++) if (nonAlloc[i] === NO_SITE) nonAlloc[i] = vis[i];
   return nonAlloc;
 }
 // The top sites' live heap over time. One trace: the 8 largest sites of the filtered
@@ -446,7 +455,7 @@ function drawSiteTimeline() {
   const box = $('site-timeline'); const c = chartFrame(box, 200);
   const only = view.site >= 0 && slot.has(view.site) ? slot.get(view.site) : -1;
   const shown = (q) => only < 0 || q === only;
-  const label = (q) => (q < top.length ? (top[q] < 0 ? '(no backtrace)' : frameLabel(top[q])) : 'other sites');
+  const label = (q) => (q < top.length ? siteLabel(top[q]) : 'other sites');
   const maxOf = (ys) => ys.reduce((m, v) => Math.max(m, v), 0);
   let max = 0;
   if (DIFF) { for (const sr of series) for (let q = 0; q < K; q++) if (shown(q)) max = Math.max(max, maxOf(sr[q])); }
@@ -579,10 +588,10 @@ const interval = (n, bps) => { const [lo, hi] = poisson95(n); return [lo * bps, 
 const sitesState = { sort: 'v', desc: true, q: '', sel: -1 };
 function siteRows() {
   const tr = TREE; const by = new Map();
-  for (let i = 1; i < tr.m; i++) {
+  for (let i = 0; i < tr.m; i++) { // the root holds what has no frame to show
     if (!(tr.selfB[0][i] || tr.selfB[1][i])) continue;
-    const fr = tr.frame[i]; let r = by.get(fr);
-    if (!r) { r = { id: fr, label: frameLabel(fr), a: 0, b: 0, na: 0, nb: 0, blocks: 0 }; by.set(fr, r); }
+    const fr = i ? tr.frame[i] : NO_SITE; let r = by.get(fr);
+    if (!r) { r = { id: fr, label: siteLabel(fr), a: 0, b: 0, na: 0, nb: 0, blocks: 0 }; by.set(fr, r); }
     r.a += tr.selfW[0][i]; r.b += tr.selfW[1][i]; r.na += tr.selfN[0][i]; r.nb += tr.selfN[1][i]; r.blocks += tr.selfB[0][i] + tr.selfB[1][i];
   }
   const total = Math.abs(val(tr, 0)) || 1;
