@@ -54,6 +54,9 @@ function showsBytes(shown, bytes) {
   const digits = (num.split('.')[1] || '').length;
   return Math.abs(bytes / 1024 ** ['B', 'KiB', 'MiB', 'GiB'].indexOf(unit) - +num) <= 0.5 * 10 ** -digits;
 }
+// Click an element once it is in view and rendered: a click aimed while the sections that
+// content-visibility: auto skipped are laid out may land beside it.
+const click = async (page, sel) => { await reveal(page, sel); await page.click(sel); };
 const text = async (page, sel) => { await reveal(page, sel); return page.$eval(sel, (e) => (e instanceof HTMLElement ? e.innerText : e.textContent)); };
 const cells = async (page, sel) => { await reveal(page, sel); return page.$$eval(sel, (rs) => rs.map((r) => [...r.cells].map((c) => c.innerText))); };
 const attr = (page, sel, name) => page.$eval(sel, (e, name) => e.getAttribute(name), name);
@@ -141,7 +144,7 @@ for (const name of BROWSERS) describe(name, () => {
       assert.deepEqual(callees.find((r) => r[0].startsWith('main')), ['main (src/main.rs:10)', '500 KiB', '0 B']);
       const callers = await cells(page, '#callers tbody tr');
       assert.deepEqual(callers[0], ['app::build_index (src/index.rs:50)', '500 KiB', '500 KiB']);
-      await page.click('#callers tbody tr:first-child');
+      await click(page, '#callers tbody tr:first-child');
       assert.match(await text(page, '#callers .sub'), /Callers of app::build_index[\s\S]*app::run \(src\/app\.rs:40\)\s+500 KiB/);
       // Chart: the filtered series peaks at 500 KiB. Lifetimes: all in 100ms–1s.
       assert.equal(+(await attr(page, '#timeline-svg', 'data-filtered-max')), 500 * KiB);
@@ -204,10 +207,10 @@ for (const name of BROWSERS) describe(name, () => {
       n = await updates(page); await page.click('#f-reset'); await settled(page, n);
 
       // Never freed, one click away: the cache, 160 KiB.
-      n = await updates(page); await page.click('#lt-never'); await settled(page, n);
+      n = await updates(page); await click(page, '#lt-never'); await settled(page, n);
       assert.match(await text(page, '#filter-totals'), /20 of 170 blocks, 160 KiB/);
-      n = await updates(page); await page.click('#lt-never'); // idempotent, no error
-      await page.click('#lt-clear'); await settled(page, n);
+      n = await updates(page); await click(page, '#lt-never'); // idempotent, no error
+      await click(page, '#lt-clear'); await settled(page, n);
 
       // Keyboard: the flame graph zooms with Enter, Ctrl-F is left to the browser.
       await page.focus('#flamegraph'); await page.keyboard.press('ArrowUp'); await page.keyboard.press('Enter');
@@ -249,6 +252,21 @@ for (const name of BROWSERS) describe(name, () => {
     } finally { await page.close(); }
   });
 
+  // Start-up frames are trimmed from the outer end, but a stack made only of them keeps
+  // them, on the page as on the command line.
+  test('start-up frames', async () => {
+    const { page, errors } = await open(browser, env('STARTUP_HTML'));
+    try {
+      const rows = (await cells(page, '#sites tbody tr')).map((r) => [r[0], r[4]]);
+      assert.deepEqual(rows, [['app::run (src/app.rs:20)', '5'], ['std::rt::lang_start_internal (library/std/src/rt.rs:1)', '3']]);
+      const cli = execFileSync(env('MEMTRACE_BIN'), ['hotspots', env('STARTUP_TRACE')]).toString().split('\n').slice(2).filter((l) => /^ +\d/.test(l));
+      assert.deepEqual(cli.map((l) => { const [, samples, site] = /^ *\S+ \S+ +\S+ +\S+ +(\d+) +\S+ +(.*)$/.exec(l); return [site, samples]; }), rows);
+      const titles = await page.$$eval('#flamegraph-svg g title', (ts) => ts.map((t) => t.textContent.split(' — ')[0]));
+      assert.deepEqual(titles.sort(), ['all', 'app::run (src/app.rs:20)', 'std::rt::lang_start_internal (library/std/src/rt.rs:1)', '_start', 'main'].sort());
+      assert.deepEqual(errors, []);
+    } finally { await page.close(); }
+  });
+
   // B has 20 more cache blocks than A: +160 KiB.
   test('diff report', async () => {
     const { page, errors } = await open(browser, env('DIFF_HTML'));
@@ -265,9 +283,9 @@ for (const name of BROWSERS) describe(name, () => {
       assert.deepEqual(drawn.slice(0, 2), [[cache, 'A', 160 * KiB, '5 3'], [cache, 'B', 320 * KiB, '']]);
       assert.deepEqual(drawn.filter((c) => c[0] === index).map((c) => c.slice(1, 3)), [['A', 500 * KiB], ['B', 500 * KiB]]);
       assert.match(await text(page, '#site-legend button:first-child'), /app::cache::insert \(src\/cache\.rs:60\)\s*A 160 KiB, B 320 KiB/);
-      await page.click('#site-legend button:first-child');
+      await click(page, '#site-legend button:first-child');
       assert.deepEqual((await curves()).map((c) => c.slice(0, 3)), [[cache, 'A', 160 * KiB], [cache, 'B', 320 * KiB]]);
-      await page.click('#site-legend button:first-child');
+      await click(page, '#site-legend button:first-child');
       await shot(page, 'diff-1400');
       let n = await updates(page); await page.select('#f-live', 'end'); await settled(page, n);
       assert.equal(+(await attr(page, '#flamegraph-svg', 'data-total')), 160 * KiB);

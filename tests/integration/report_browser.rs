@@ -6,7 +6,8 @@
 //! peak" and a lifetime bound, checks the figures of the flame graph, the tables and the
 //! chart, checks that the console stays clean and saves screenshots at 760 and 1400 px in
 //! `target/test-artifacts/` (or `$CARGO_TARGET_DIR/test-artifacts/`), one per browser; it
-//! also opens the diff page and a page thinned by `--limit`. `hotspots_gives_the_figures_the_page_shows` checks that
+//! also opens the diff page, a page thinned by `--limit` and the page of a trace with
+//! start-up frames ([`startup_trace`]), whose sites it compares with `hotspots`'. `hotspots_gives_the_figures_the_page_shows` checks that
 //! `memtrace hotspots` with the same filter flags gives the same figures.
 //!
 //! Without `tests/browser/node_modules` (`npm ci` there) the browser test says why and
@@ -196,6 +197,9 @@ fn the_page_shows_the_known_figures_in_a_browser() {
     memtrace(&["report", "--diff", &path(&base), &path(&new), "-o", &path(&diff)]);
     let thin = dir.path().join("thin.html");
     memtrace(&["report", &path(&base), "--limit", "50", "-o", &path(&thin)]);
+    let (startup, startup_html) = (dir.path().join("startup.ctf"), dir.path().join("startup.html"));
+    std::fs::write(&startup, startup_trace()).unwrap();
+    memtrace(&["report", &path(&startup), "-o", &path(&startup_html)]);
     let target = std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| repo("target"), PathBuf::from);
     let artifacts = target.join("test-artifacts");
     std::fs::create_dir_all(&artifacts).unwrap();
@@ -207,6 +211,8 @@ fn the_page_shows_the_known_figures_in_a_browser() {
         .env("REPORT_HTML", &report)
         .env("DIFF_HTML", &diff)
         .env("THIN_HTML", &thin)
+        .env("STARTUP_TRACE", &startup)
+        .env("STARTUP_HTML", &startup_html)
         .env("ARTIFACTS", &artifacts)
         .env("BROWSERS", browsers.join(","))
         .status()
@@ -218,6 +224,26 @@ fn the_page_shows_the_known_figures_in_a_browser() {
             assert!(file.exists(), "{}", file.display());
         }
     }
+}
+
+/// A trace with start-up frames: one stack made only of them (and the allocator), whose
+/// site is then its innermost start-up frame, and one through `app::run`, whose site is
+/// `app::run`.
+fn startup_trace() -> Vec<u8> {
+    use crate::util::cli::{location_at, locations, TraceBuilder};
+    let startup = |code| match code {
+        20 => location_at(
+            "std::rt::lang_start_internal",
+            "/rustc/0123456789abcdef0123456789abcdef01234567/library/std/src/rt.rs",
+        ),
+        21 => location_at("_start", ""),
+        22 => location_at("main", ""),
+        code => locations(code),
+    };
+    let mut t = TraceBuilder::new();
+    t.alloc_with(10, 3, &[6, 20, 22, 21], startup);
+    t.alloc_with(20, 5, &[6, 2, 22, 21], startup);
+    t.finish()
 }
 
 /// Events at one timestamp count together, for the peak `info` reports and for the blocks
