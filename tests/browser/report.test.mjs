@@ -44,10 +44,10 @@ async function hotspots(page, trace, ...more) {
 }
 // Scroll to an element and let it render, as a reader would before reading it (Firefox
 // gives no innerText for a section that content-visibility: auto has not rendered yet).
-const reveal = (page, sel) => page.$eval(sel, async (e) => {
-  e.scrollIntoView({ block: 'nearest' });
+const reveal = (page, sel) => page.evaluate(async (sel) => {
+  document.querySelector(sel).scrollIntoView({ block: 'nearest' });
   await new Promise((r) => requestAnimationFrame(() => requestAnimationFrame(r)));
-});
+}, sel);
 // Whether the page's figure `shown` ('3.45 KiB') is `bytes` to the digits it shows.
 function showsBytes(shown, bytes) {
   const [, num, unit] = /^([\d.]+) (B|KiB|MiB|GiB)$/.exec(shown);
@@ -57,16 +57,18 @@ function showsBytes(shown, bytes) {
 // Click an element once it is in view and rendered: a click aimed while the sections that
 // content-visibility: auto skipped are laid out may land beside it.
 const click = async (page, sel) => { await reveal(page, sel); await page.click(sel); };
-const text = async (page, sel) => { await reveal(page, sel); return page.$eval(sel, (e) => (e instanceof HTMLElement ? e.innerText : e.textContent)); };
-const cells = async (page, sel) => { await reveal(page, sel); return page.$$eval(sel, (rs) => rs.map((r) => [...r.cells].map((c) => c.innerText))); };
-const attr = (page, sel, name) => page.$eval(sel, (e, name) => e.getAttribute(name), name);
-const value = (page, sel) => page.$eval(sel, (e) => e.value);
-const count = async (page, sel) => (await page.$$(sel)).length;
+// The page is read with page.evaluate and querySelector: puppeteer's element handles cost
+// a round trip each, some 100 ms per $$eval in Firefox.
+const all = (page, sel, map) => page.evaluate((sel, map) => [...document.querySelectorAll(sel)].map(new Function('e', `return ${map}`)), sel, map);
+const text = async (page, sel) => { await reveal(page, sel); return page.evaluate((sel) => { const e = document.querySelector(sel); return e instanceof HTMLElement ? e.innerText : e.textContent; }, sel); };
+const cells = async (page, sel) => { await reveal(page, sel); return all(page, sel, '[...e.cells].map((c) => c.innerText)'); };
+const attr = (page, sel, name) => page.evaluate((sel, name) => document.querySelector(sel).getAttribute(name), sel, name);
+const value = (page, sel) => page.evaluate((sel) => document.querySelector(sel).value, sel);
+const count = (page, sel) => page.evaluate((sel) => document.querySelectorAll(sel).length, sel);
 // Replace a field's text as one edit (one 'input' event, as pasting does): typing it key by
 // key could apply a prefix ('5' of '500ms') before the rest arrives.
 async function fill(page, sel, v) {
-  await page.focus(sel);
-  await page.$eval(sel, (e, v) => { e.select(); document.execCommand(v ? 'insertText' : 'delete', false, v); }, v);
+  await page.evaluate((sel, v) => { const e = document.querySelector(sel); e.focus(); e.select(); document.execCommand(v ? 'insertText' : 'delete', false, v); }, sel, v);
 }
 // Wait until the page shows the filter as these `memtrace hotspots` flags (the filter is
 // applied as a whole: every view is drawn in the task that prints them).
@@ -131,7 +133,7 @@ for (const name of BROWSERS) describe(name, () => {
 
       // Flame graph: the root and the chain main → app::run → app::build_index, 500 KiB each.
       assert.equal(+(await attr(page, '#flamegraph-svg', 'data-total')), 500 * KiB);
-      const titles = await page.$$eval('#flamegraph-svg g title', (ts) => ts.map((t) => t.textContent));
+      const titles = await all(page, '#flamegraph-svg g title', 'e.textContent');
       for (const f of ['all — 500 KiB', 'main (src/main.rs:10) — 500 KiB', 'app::run (src/app.rs:40) — 500 KiB', 'app::build_index (src/index.rs:50) — 500 KiB'])
         assert.ok(titles.some((t) => t.startsWith(f)), `${f} in ${titles}`);
       assert.ok(!titles.some((t) => t.includes('__rust_alloc')), 'allocator frames trimmed');
@@ -166,7 +168,7 @@ for (const name of BROWSERS) describe(name, () => {
       await fill(page, '#f-life-max', ''); await fill(page, '#f-alloc-lo', '0ms'); await fill(page, '#f-alloc-hi', '2ms'); await page.select('#f-live', '');
       await until(page, '--allocated-between 0us:2ms');
       assert.match(await text(page, '#filter-totals'), /2 of 170 blocks, 8\.00 KiB \(8 samples\)/);
-      const low = await page.$$eval('#sites tbody tr', (rs) => rs.map((r) => [r.cells[0].innerText, r.cells[1].classList.contains('low'), r.cells[2].innerText]));
+      const low = await all(page, '#sites tbody tr', "[e.cells[0].innerText, e.cells[1].classList.contains('low'), e.cells[2].innerText]");
       assert.deepEqual(low, [['app::load_config (src/config.rs:30)', true, '3.45 KiB – 15.8 KiB']]);
       assert.match(await text(page, '#sites'), /fewer than 10 samples/);
       const [site] = JSON.parse((await hotspots(page, trace, '--json')).join('\n')).sites;
@@ -194,7 +196,7 @@ for (const name of BROWSERS) describe(name, () => {
       assert.match(await text(page, '#filter-totals'), /70 of 170 blocks, 660 KiB/);
       const hidden = (await cells(page, '#sites tbody tr')).map((r) => r.slice(0, 2));
       assert.deepEqual(hidden, [['app::run (src/app.rs:40)', '500 KiB'], ['app::cache::insert (src/cache.rs:60)', '160 KiB']]);
-      assert.ok(!(await page.$$eval('#flamegraph-svg g title', (ts) => ts.some((t) => t.textContent.includes('build_index')))));
+      assert.ok(!(await all(page, '#flamegraph-svg g title', 'e.textContent')).some((t) => t.includes('build_index')));
       cli = await hotspots(page, trace);
       assert.match(cli[0], /total 660\.0 KiB\b.* in 660 samples, 70 sampled allocations$/, cli[0]);
       const cliSites = cli.filter((l) => l.endsWith(')')).map((l) => { const [, bytes, site] = /^\s*(\S+ \S+) .*  (\S.*)$/.exec(l); return [site, bytes]; });
@@ -212,7 +214,11 @@ for (const name of BROWSERS) describe(name, () => {
       n = await updates(page); await click(page, '#lt-never'); // idempotent, no error
       await click(page, '#lt-clear'); await settled(page, n);
 
-      // Keyboard: the flame graph zooms with Enter, Ctrl-F is left to the browser.
+      // Keyboard: Tab leads from the filter bar to the chart, and from the flame graph's
+      // toolbar into it; the flame graph zooms with Enter, Ctrl-F is left to the browser.
+      const focused = () => page.evaluate(() => document.activeElement.id);
+      await page.focus('#f-reset'); await page.keyboard.press('Tab'); assert.equal(await focused(), 'timeline');
+      await page.focus('#fg-reset'); await page.keyboard.press('Tab'); assert.equal(await focused(), 'flamegraph');
       await page.focus('#flamegraph'); await page.keyboard.press('ArrowUp'); await page.keyboard.press('Enter');
       assert.notEqual(await attr(page, '#flamegraph-svg', 'data-root'), '0');
       await page.keyboard.press('Escape');
@@ -242,7 +248,7 @@ for (const name of BROWSERS) describe(name, () => {
   test('thinned report', async () => {
     const { page, errors } = await open(browser, env('THIN_HTML'));
     try {
-      assert.ok(await page.$eval('#thinned', (e) => e.checkVisibility()));
+      assert.ok(await page.evaluate(() => document.getElementById('thinned').checkVisibility()));
       assert.match(await text(page, '#thinned'), /its 170 sampled blocks exceed the limit of 50 \(memtrace report --limit\), so each of their 1,060 samples was kept with probability 0\.0\d+/);
       const blocks = +(await text(page, '#filter-totals')).match(/^(\d+) of \1 blocks/)[1];
       assert.ok(blocks <= 50 && blocks > 20, `${blocks} blocks kept`);
@@ -261,7 +267,7 @@ for (const name of BROWSERS) describe(name, () => {
       assert.deepEqual(rows, [['app::run (src/app.rs:20)', '5'], ['std::rt::lang_start_internal (library/std/src/rt.rs:1)', '3']]);
       const cli = execFileSync(env('MEMTRACE_BIN'), ['hotspots', env('STARTUP_TRACE')]).toString().split('\n').slice(2).filter((l) => /^ +\d/.test(l));
       assert.deepEqual(cli.map((l) => { const [, samples, site] = /^ *\S+ \S+ +\S+ +\S+ +(\d+) +\S+ +(.*)$/.exec(l); return [site, samples]; }), rows);
-      const titles = await page.$$eval('#flamegraph-svg g title', (ts) => ts.map((t) => t.textContent.split(' — ')[0]));
+      const titles = (await all(page, '#flamegraph-svg g title', 'e.textContent')).map((t) => t.split(' — ')[0]);
       assert.deepEqual(titles.sort(), ['all', 'app::run (src/app.rs:20)', 'std::rt::lang_start_internal (library/std/src/rt.rs:1)', '_start', 'main'].sort());
       assert.deepEqual(errors, []);
     } finally { await page.close(); }
@@ -277,7 +283,7 @@ for (const name of BROWSERS) describe(name, () => {
       // Per-site live heap: each site's A (dashed) and B (solid) curve, not stacked, the site
       // that changed first: the cache, 160 KiB live in A, 320 KiB in B; the index, the same
       // 500 KiB in both. Its legend button leaves only its two curves.
-      const curves = () => page.$$eval('#site-timeline path[data-site]', (ps) => ps.map((p) => [p.dataset.site, p.dataset.trace, +p.dataset.max, p.getAttribute('stroke-dasharray')]));
+      const curves = () => all(page, '#site-timeline path[data-site]', "[e.dataset.site, e.dataset.trace, +e.dataset.max, e.getAttribute('stroke-dasharray')]");
       const cache = 'app::cache::insert (src/cache.rs:60)', index = 'app::build_index (src/index.rs:50)';
       let drawn = await curves();
       assert.deepEqual(drawn.slice(0, 2), [[cache, 'A', 160 * KiB, '5 3'], [cache, 'B', 320 * KiB, '']]);
