@@ -97,6 +97,15 @@ for (const name of BROWSERS) describe(name, () => {
     await page.screenshot({ path: out });
     await page.setViewport(vp);
   }
+  // At 760 px (after the page has redrawn for it): a screenshot, no horizontal scrolling and
+  // no text under 11 px.
+  async function narrow(page, file) {
+    await page.setViewport({ width: 760, height: 1000 }); await new Promise((r) => setTimeout(r, 400));
+    await shot(page, file);
+    const layout = await page.evaluate(() => ({ sw: document.documentElement.scrollWidth, minFont: Math.min(...[...document.querySelectorAll('td, th, label, p, button, legend')].filter((e) => e.offsetParent).map((e) => parseFloat(getComputedStyle(e).fontSize))) }));
+    assert.ok(layout.sw <= 760, `page is ${layout.sw}px wide at 760`);
+    assert.ok(layout.minFont >= 11, `smallest text ${layout.minFont}px`);
+  }
 
   test('known-answer report', async () => {
     const trace = env('REPORT_TRACE'), html = env('REPORT_HTML');
@@ -235,11 +244,7 @@ for (const name of BROWSERS) describe(name, () => {
       // Screenshots at 1400 and 760 px; readable and no horizontal scrolling at 760.
       await page.select('#f-live', 'peak');
       await shot(page, 'report-1400');
-      await page.setViewport({ width: 760, height: 1000 }); await new Promise((r) => setTimeout(r, 400));
-      await shot(page, 'report-760');
-      const layout = await page.evaluate(() => ({ sw: document.documentElement.scrollWidth, minFont: Math.min(...[...document.querySelectorAll('td, th, label, p, button, legend')].filter((e) => e.offsetParent).map((e) => parseFloat(getComputedStyle(e).fontSize))) }));
-      assert.ok(layout.sw <= 760, `page is ${layout.sw}px wide at 760`);
-      assert.ok(layout.minFont >= 11, `smallest text ${layout.minFont}px`);
+      await narrow(page, 'report-760');
       assert.deepEqual(errors, []);
     } finally { await page.close(); }
   });
@@ -293,6 +298,7 @@ for (const name of BROWSERS) describe(name, () => {
       assert.deepEqual((await curves()).map((c) => c.slice(0, 3)), [[cache, 'A', 160 * KiB], [cache, 'B', 320 * KiB]]);
       await click(page, '#site-legend button:first-child');
       await shot(page, 'diff-1400');
+      await narrow(page, 'diff-760'); await page.setViewport({ width: 1400, height: 1000 });
       let n = await updates(page); await page.select('#f-live', 'end'); await settled(page, n);
       assert.equal(+(await attr(page, '#flamegraph-svg', 'data-total')), 160 * KiB);
       assert.deepEqual((await curves()).map((c) => c.slice(0, 3)), [[cache, 'A', 160 * KiB], [cache, 'B', 320 * KiB]]);

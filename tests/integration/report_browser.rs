@@ -219,7 +219,7 @@ fn the_page_shows_the_known_figures_in_a_browser() {
         .expect("node runs");
     assert!(status.success(), "the browser test failed: {status}");
     for browser in browsers {
-        for shot in ["report-760", "report-1400", "diff-1400"] {
+        for shot in ["report-760", "report-1400", "diff-760", "diff-1400"] {
             let file = artifacts.join(format!("{shot}-{browser}.png"));
             assert!(file.exists(), "{}", file.display());
         }
