@@ -5,9 +5,9 @@
 // and 1400 px. puppeteer-core drives both Debian browsers: Chromium over the DevTools
 // protocol, Firefox over WebDriver BiDi (no geckodriver, no browser download).
 // Env: MEMTRACE_BIN, REPORT_TRACE, REPORT_HTML, DIFF_HTML, THIN_HTML, STARTUP_TRACE,
-// STARTUP_HTML, ARTIFACTS (screenshots), BROWSERS (default 'chromium,firefox'), CHROMIUM (default /usr/bin/chromium),
-// FIREFOX (default /usr/bin/firefox-esr); BIG_REPORT (optional: a report to time opening
-// and filtering).
+// STARTUP_HTML, ARTIFACTS (screenshots), BROWSERS (default 'chromium,firefox'), CHROMIUM
+// (default /usr/bin/chromium), FIREFOX (default /usr/bin/firefox-esr); BIG_REPORT
+// (optional: a report to time opening and filtering).
 import { describe, test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
