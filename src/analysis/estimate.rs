@@ -7,7 +7,9 @@
 //! interval: solved for from the Poisson distribution function below [`EXACT_BELOW`]
 //! samples, and from Byar's closed-form approximation above (within 0.1 % of the exact
 //! bounds there; no statistics crate needed for two bounds). Bytes are the bounds times the
-//! bytes one sample stands for.
+//! bytes one sample stands for. The report page's script (`src/bin/memtrace/report/report.js`,
+//! `poisson95`) computes the same interval by the same steps, and its browser test checks
+//! that both print the same bounds.
 //!
 //! The interval is that of one figure taken on its own: the live figure at the peak is the
 //! highest of many noisy figures, so it is biased upward beyond what its interval says.

@@ -1,7 +1,9 @@
 //! The one filter model of the command line and the report page: which sampled blocks
 //! count. memtrace_viewer's clauses — allocated between two times; live at a time, at the
 //! peak or at the end; collected in a range or never; size and lifetime bounds; inside or
-//! not inside a call to a function. `hotspots` applies it with [`restrict`]; the report
+//! not inside a call to a function; and hidden functions, which choose no block but are
+//! left out of every stack ([`Filter::hide_frames`]). `hotspots` applies it with
+//! [`restrict`] and [`Filter::hide_frames`]; the report
 //! page's script (`src/bin/memtrace/report/report.js`, `applyFilter`) implements the same clauses line for
 //! line, and the report's browser test checks that both give the same figures.
 //!
@@ -59,12 +61,35 @@ pub struct Filter {
     pub inside: Vec<String>,
     /// No frame's function contains any of these substrings.
     pub not_inside: Vec<String>,
+    /// Frames whose function contains any of these substrings are left out of the stacks
+    /// (what they allocated counts for their nearest caller not left out).
+    pub hide: Vec<String>,
 }
 
 impl Filter {
     /// True when no clause is set.
     pub fn is_empty(&self) -> bool {
         *self == Filter::default()
+    }
+
+    /// True when a clause that chooses blocks is set: all but `hide`.
+    pub fn selects(&self) -> bool {
+        *self != Filter { hide: self.hide.clone(), ..Filter::default() }
+    }
+
+    /// Leave the frames of the functions that `hide` names out of every stack of
+    /// `analysis` (after [`restrict`], whose function clauses see every frame, as the
+    /// page's do). The page's rule: a stack's site is then its innermost frame that is
+    /// neither hidden nor allocator machinery.
+    pub fn hide_frames(&self, analysis: &mut Analysis) {
+        if self.hide.is_empty() {
+            return;
+        }
+        let hidden: Vec<bool> =
+            analysis.frames.iter().map(|f| self.hide.iter().any(|h| f.function.contains(h.as_str()))).collect();
+        for frames in analysis.code_frames.values_mut() {
+            frames.retain(|&f| !hidden[f]);
+        }
     }
 
     /// Whether `block` passes the clauses on times and sizes, in a trace whose peak is at
@@ -129,6 +154,7 @@ impl fmt::Display for Filter {
         flags.extend(bounds.into_iter().filter_map(|(flag, v)| v.map(|v| format!("{flag} {v}"))));
         flags.extend(self.inside.iter().map(|s| format!("--inside '{s}'")));
         flags.extend(self.not_inside.iter().map(|s| format!("--not-inside '{s}'")));
+        flags.extend(self.hide.iter().map(|s| format!("--hide '{s}'")));
         f.write_str(&flags.join(" "))
     }
 }
@@ -287,5 +313,8 @@ mod tests {
             f.to_string(),
             "--allocated-between 150ms:450ms --live-at peak --size-at-least 4096B --lifetime-under 500ms"
         );
+        let hide = Filter { hide: vec!["build_index".into()], ..Filter::default() };
+        assert_eq!(hide.to_string(), "--hide 'build_index'");
+        assert!(!hide.is_empty() && !hide.selects() && f.selects());
     }
 }

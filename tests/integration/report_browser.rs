@@ -1,16 +1,18 @@
 //! The report page in a browser, and the same filter on the command line.
 //!
 //! A trace with known answers is built here; `memtrace report` writes its page (and a diff
-//! page), and `tests/browser/report.test.mjs` (node's test runner with playwright-core,
-//! driving Debian's chromium) drags on the chart, applies "live at peak" and a lifetime
-//! bound, checks the figures of the flame graph, the tables and the chart, checks that the
-//! console stays clean and saves screenshots at 760 and 1400 px in
-//! `target/test-artifacts/` (or `$CARGO_TARGET_DIR/test-artifacts/`); it also opens the
-//! diff page and a page thinned by `--limit`. `hotspots_gives_the_figures_the_page_shows` checks that
+//! page), and `tests/browser/report.test.mjs` (node's test runner with puppeteer-core,
+//! driving Debian's chromium and firefox-esr in turn) drags on the chart, applies "live at
+//! peak" and a lifetime bound, checks the figures of the flame graph, the tables and the
+//! chart, checks that the console stays clean and saves screenshots at 760 and 1400 px in
+//! `target/test-artifacts/` (or `$CARGO_TARGET_DIR/test-artifacts/`), one per browser; it
+//! also opens the diff page, a page thinned by `--limit` and the page of a trace with
+//! start-up frames ([`startup_trace`]), whose sites it compares with `hotspots`'. `hotspots_gives_the_figures_the_page_shows` checks that
 //! `memtrace hotspots` with the same filter flags gives the same figures.
 //!
-//! Without /usr/bin/chromium or `tests/browser/node_modules` (`npm ci` there) the browser
-//! test says why and passes, unless `CI` is set: then it fails.
+//! Without `tests/browser/node_modules` (`npm ci` there) the browser test says why and
+//! passes, and without one of the browsers it runs in the other, unless `CI` is set: then
+//! either fails.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -119,11 +121,7 @@ fn hotspots_gives_the_figures_the_page_shows() {
     let heading = "--allocated-between 150ms:450ms --live-at peak --lifetime-under 500ms (estimated): total 500.0 KiB";
     assert!(out[0].contains(heading), "{out:?}");
     assert_totals(&out, 500, 50);
-    let sites: Vec<&String> = out.iter().filter(|l| l.ends_with(')')).collect();
-    assert_eq!(sites.len(), 1, "{out:?}");
-    assert!(
-        sites[0].trim_start().starts_with("500.0 KiB ") && sites[0].ends_with(" app::build_index (src/index.rs:50)")
-    );
+    assert_eq!(sites(&out), [("   500.0 KiB", "app::build_index (src/index.rs:50)")], "{out:?}");
     // The drag and "live at peak" before the lifetime bound: 70 blocks, 660 KiB, the peak.
     let out = lines(&FILTER[..4]);
     assert!(out[0].contains("total 660.0 KiB"), "{out:?}");
@@ -134,6 +132,26 @@ fn hotspots_gives_the_figures_the_page_shows() {
     assert_totals(&lines(&["--never-collected"]), 160, 20);
     assert_totals(&lines(&["--lifetime-under", "1ms", "--inside", "app::init", "--not-inside", "run"]), 400, 100);
     assert_totals(&lines(&["--size-at-least", "8KiB", "--size-under", "10KiB", "--collected-between", "0:1s"]), 0, 0);
+    // Hidden functions choose no block: the index's bytes count for app::run (past Vec::push,
+    // allocator machinery), and every other figure stays.
+    let out = lines(&["--hide", "build_index", "--hide", "app::init"]);
+    let heading = "by bytes allocated, --hide 'build_index' --hide 'app::init' (estimated)";
+    assert!(out[0].contains(heading) && out[0].ends_with(" in 1060 samples"), "{out:?}");
+    let expected = [
+        ("   500.0 KiB", "app::run (src/app.rs:40)"),
+        ("   400.0 KiB", "app::load_config (src/config.rs:30)"),
+        ("   160.0 KiB", "app::cache::insert (src/cache.rs:60)"),
+    ];
+    assert_eq!(sites(&out), expected, "{out:?}");
+    // A stack whose every frame is hidden has no site, and one left with allocator frames
+    // only keeps them: the page shows the same.
+    let out = lines(&["--hide", "app::", "--hide", "main"]);
+    assert_eq!(sites(&out), [("   560.0 KiB", "(no backtrace)"), ("   500.0 KiB", "__rust_alloc")], "{out:?}");
+}
+
+/// The sites of `hotspots` output `out`: each one's bytes column and label.
+fn sites(out: &[String]) -> Vec<(&str, &str)> {
+    out.iter().skip(2).map(|l| (&l[..12], l.rsplit("  ").next().unwrap())).collect()
 }
 
 /// The heading of `hotspots` output `out` ends with these totals.
@@ -142,19 +160,31 @@ fn assert_totals(out: &[String], samples: u64, allocations: u64) {
     assert!(out[0].ends_with(&end), "{out:?} does not end with {end:?}");
 }
 
+/// The browsers the page is tested in: name (as `report.test.mjs` knows it), executable
+/// and the Debian package that installs it.
+const BROWSERS: [(&str, &str, &str); 2] =
+    [("chromium", "/usr/bin/chromium", "chromium"), ("firefox", "/usr/bin/firefox-esr", "firefox-esr")];
+
 #[test]
 fn the_page_shows_the_known_figures_in_a_browser() {
-    let chromium = Path::new("/usr/bin/chromium");
     let browser_dir = repo("tests/browser");
-    let missing = [
-        (chromium.to_path_buf(), "apt-get install chromium"),
-        (browser_dir.join("node_modules/playwright-core"), "npm ci in tests/browser"),
-    ]
-    .into_iter()
-    .find(|(path, _)| !path.exists());
-    if let Some((path, fix)) = missing {
-        assert!(std::env::var_os("CI").is_none(), "{} is missing ({fix}): .ci/run installs it", path.display());
-        println!("skipped: {} is missing ({fix})", path.display());
+    let ci = std::env::var_os("CI").is_some();
+    let driver = browser_dir.join("node_modules/puppeteer-core");
+    if !driver.exists() {
+        assert!(!ci, "{} is missing (npm ci in tests/browser): .ci/run installs it", driver.display());
+        println!("skipped: {} is missing (npm ci in tests/browser)", driver.display());
+        return;
+    }
+    let mut browsers = Vec::new();
+    for (name, exe, package) in BROWSERS {
+        if Path::new(exe).exists() {
+            browsers.push(name);
+        } else {
+            assert!(!ci, "{exe} is missing (apt-get install {package}): .ci/run installs it");
+            println!("skipped in {name}: {exe} is missing (apt-get install {package})");
+        }
+    }
+    if browsers.is_empty() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -167,6 +197,9 @@ fn the_page_shows_the_known_figures_in_a_browser() {
     memtrace(&["report", "--diff", &path(&base), &path(&new), "-o", &path(&diff)]);
     let thin = dir.path().join("thin.html");
     memtrace(&["report", &path(&base), "--limit", "50", "-o", &path(&thin)]);
+    let (startup, startup_html) = (dir.path().join("startup.ctf"), dir.path().join("startup.html"));
+    std::fs::write(&startup, startup_trace()).unwrap();
+    memtrace(&["report", &path(&startup), "-o", &path(&startup_html)]);
     let target = std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| repo("target"), PathBuf::from);
     let artifacts = target.join("test-artifacts");
     std::fs::create_dir_all(&artifacts).unwrap();
@@ -178,13 +211,39 @@ fn the_page_shows_the_known_figures_in_a_browser() {
         .env("REPORT_HTML", &report)
         .env("DIFF_HTML", &diff)
         .env("THIN_HTML", &thin)
+        .env("STARTUP_TRACE", &startup)
+        .env("STARTUP_HTML", &startup_html)
         .env("ARTIFACTS", &artifacts)
+        .env("BROWSERS", browsers.join(","))
         .status()
         .expect("node runs");
     assert!(status.success(), "the browser test failed: {status}");
-    for shot in ["report-760.png", "report-1400.png", "diff-1400.png"] {
-        assert!(artifacts.join(shot).exists(), "{shot}");
+    for browser in browsers {
+        for shot in ["report-760", "report-1400", "diff-760", "diff-1400"] {
+            let file = artifacts.join(format!("{shot}-{browser}.png"));
+            assert!(file.exists(), "{}", file.display());
+        }
     }
+}
+
+/// A trace with start-up frames: one stack made only of them (and the allocator), whose
+/// site is then its innermost start-up frame, and one through `app::run`, whose site is
+/// `app::run`.
+fn startup_trace() -> Vec<u8> {
+    use crate::util::cli::{location_at, locations, TraceBuilder};
+    let startup = |code| match code {
+        20 => location_at(
+            "std::rt::lang_start_internal",
+            "/rustc/0123456789abcdef0123456789abcdef01234567/library/std/src/rt.rs",
+        ),
+        21 => location_at("_start", ""),
+        22 => location_at("main", ""),
+        code => locations(code),
+    };
+    let mut t = TraceBuilder::new();
+    t.alloc_with(10, 3, &[6, 20, 22, 21], startup);
+    t.alloc_with(20, 5, &[6, 2, 22, 21], startup);
+    t.finish()
 }
 
 /// Events at one timestamp count together, for the peak `info` reports and for the blocks

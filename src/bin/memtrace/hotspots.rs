@@ -58,6 +58,10 @@ pub struct FilterArgs {
     /// Only allocations not inside a call to a function whose name contains this (repeatable).
     #[arg(long, value_name = "SUBSTRING")]
     pub not_inside: Vec<String>,
+    /// Leave the frames of functions whose name contains this out of the stacks: their
+    /// allocations count for the nearest caller not hidden (repeatable).
+    #[arg(long, value_name = "SUBSTRING")]
+    pub hide: Vec<String>,
 }
 
 impl FilterArgs {
@@ -78,6 +82,7 @@ impl FilterArgs {
             lifetime_under: self.lifetime_under,
             inside: self.inside.clone(),
             not_inside: self.not_inside.clone(),
+            hide: self.hide.clone(),
         }
     }
 }
@@ -93,18 +98,19 @@ fn parse_live_at(s: &str) -> Result<LiveAt, String> {
 /// Print the `options.ranking.top` sites of `analysis` (the trace called `name`): for each
 /// its estimated bytes with their 95 % uncertainty (marked `*` when they rest on fewer than
 /// 10 samples), share, samples and estimated count of allocations (or of live blocks).
-/// With a filter, `analysis` must be [`filter::restrict`]ed to it (and `--by` is
-/// `allocated`: the filter's `--live-at` says which live figure).
+/// With a filter that [selects](Filter::selects) blocks, `analysis` must be
+/// [`filter::restrict`]ed to it (and `--by` is `allocated`: the filter's `--live-at` says
+/// which live figure); with `--hide`, its frames [hidden](Filter::hide_frames).
 pub fn write(analysis: &Analysis, name: &str, options: &Options, out: &mut impl Write) -> io::Result<()> {
     let measure = options.ranking.by.measure();
     let filter = options.filter.filter();
     let ranked = ranked(analysis, options.ranking.sites(), measure);
     let total = analysis.estimate(analysis.totals().get(measure).samples);
     let what = options.ranking.what();
-    let by = if filter.is_empty() {
-        options.ranking.by.describe().to_string()
-    } else {
-        format!("bytes allocated, {filter}")
+    let by = match (filter.selects(), filter.is_empty()) {
+        (true, _) => format!("bytes allocated, {filter}"),
+        (false, true) => options.ranking.by.describe().to_string(),
+        (false, false) => format!("{}, {filter}", options.ranking.by.describe()),
     };
     write!(
         out,
@@ -114,10 +120,10 @@ pub fn write(analysis: &Analysis, name: &str, options: &Options, out: &mut impl 
         format::estimate(&total),
         total.samples
     )?;
-    if filter.is_empty() {
-        writeln!(out)?;
-    } else {
+    if filter.selects() {
         writeln!(out, ", {} sampled allocations", analysis.totals().allocs)?;
+    } else {
+        writeln!(out)?;
     }
     writeln!(out, "{:>12} {:>7} {:>8} {:>9} {:>10}  site", "bytes", "±95%", "%", "samples", "count")?;
     if ranked.is_empty() {

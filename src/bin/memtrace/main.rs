@@ -233,7 +233,7 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
         Command::Hotspots { file, options } => {
             let mut analysis = analyse(&file, AnalysisOptions { stacks: true, live_at: None })?;
             let filter = options.filter.filter();
-            if !filter.is_empty() {
+            if filter.selects() {
                 if options.ranking.by.figure != args::Figure::Allocated {
                     let why = "--by cannot be combined with filter flags: say --live-at peak or --live-at end";
                     Cli::command().error(clap::error::ErrorKind::ArgumentConflict, why).exit();
@@ -241,6 +241,7 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
                 analysis =
                     with_progress(&file, |reader, progress| filter::restrict(&analysis, reader, &filter, progress))?;
             }
+            filter.hide_frames(&mut analysis);
             let name = file.display().to_string();
             to_stdout(|out| {
                 if options.format.is_json() {

@@ -12,6 +12,9 @@ const fnOf = (f) => STR[FR.fn[f]], fileOf = (f) => STR[FR.file[f]];
 // Labels (analysis::Frame::label) and flame colours are worked out once per frame.
 const LABELS = Array.from({ length: nFrames }, (_, f) => { const file = fileOf(f); return file ? `${fnOf(f)} (${shortPath(file)}:${FR.line[f]})` : fnOf(f); });
 const frameLabel = (f) => LABELS[f];
+// The site of allocations with no frame to show (no backtrace, or every frame hidden): a
+// frame id past the last, as `hotspots` names it.
+const NO_SITE = nFrames, siteLabel = (f) => (f === NO_SITE ? '(no backtrace)' : frameLabel(f));
 const COLORS = Array.from({ length: nFrames }, (_, f) => {
   const h = [...fnOf(f)].reduce((x, ch) => (x * 31 + ch.charCodeAt(0)) >>> 0, 7);
   return FR.alloc[f] ? '#c9ced6' : `hsl(${15 + (h % 40)},${70 + (h % 20)}%,${58 + (h % 12)}%)`;
@@ -80,12 +83,19 @@ function parseSize(s) {
 // A time as filter.rs prints it: the largest unit that keeps it whole.
 function cliTime(us) { return us && us % 1e6 === 0 ? `${us / 1e6}s` : us && us % 1e3 === 0 ? `${us / 1e3}ms` : `${us}us`; }
 const esc = (s) => String(s).replace(/[&<>"]/g, (c) => ({ '&': '&amp;', '<': '&lt;', '>': '&gt;', '"': '&quot;' }[c]));
-// 95% interval of a Poisson count n (Byar's approximation of the exact Garwood bounds).
+// The 95% interval of the mean of a Poisson count n: analysis::estimate's rule, line for
+// line (solved for from the distribution function below EXACT_BELOW samples, Byar's
+// approximation above), so that the page and the command line print the same bounds.
+const Z = 1.959963984540054, EXACT_BELOW = 100;
+function poissonCdf(k, mean) { let term = Math.exp(-mean), sum = term; for (let i = 1; i <= k; i++) { term *= mean / i; sum += term; } return Math.min(sum, 1); }
+function solve(f, target, max) { let lo = 0, hi = max; for (let i = 0; i < 100; i++) { const mid = (lo + hi) / 2; if (f(mid) < target) lo = mid; else hi = mid; } return (lo + hi) / 2; }
+const exact95 = []; // by count: solving costs some 20 000 steps, and sites share counts
 function poisson95(n) {
-  if (n <= 0) return [0, 3.689];
-  const lo = n * Math.pow(1 - 1 / (9 * n) - 1.96 / (3 * Math.sqrt(n)), 3);
-  const m = n + 1, hi = m * Math.pow(1 - 1 / (9 * m) + 1.96 / (3 * Math.sqrt(m)), 3);
-  return [Math.max(0, lo), hi];
+  if (n < EXACT_BELOW) {
+    return (exact95[n] ||= [n === 0 ? 0 : solve((m) => 1 - poissonCdf(n - 1, m), 0.025, n), solve((m) => 1 - poissonCdf(n, m), 0.975, 2 * n + 8)]);
+  }
+  const byar = (k, sign) => k * Math.pow(1 - 1 / (9 * k) + (sign * Z) / (3 * Math.sqrt(k)), 3);
+  return [byar(n, -1), byar(n + 1, 1)];
 }
 const LOW = 10; // figures from fewer samples are marked
 function niceStep(raw) { const p = Math.pow(10, Math.floor(Math.log10(raw))); const r = raw / p; return (r <= 1 ? 1 : r <= 2 ? 2 : r <= 5 ? 5 : 10) * p; }
@@ -114,8 +124,11 @@ function el(tag, attrs, parent) { const e = document.createElementNS(SVGNS, tag)
 // ------------------------------------------------------------------ filter (filter.rs)
 const F = { allocLo: null, allocHi: null, live: '', liveAt: null, collected: '', collLo: null, collHi: null,
   sizeMin: null, sizeMax: null, lifeMin: null, lifeMax: null, inside: [], notInside: [], hide: [], measure: 'bytes', trim: true, trimRoot: true };
+// Per frame: whether the `hide` clause leaves it out of the stacks.
+function hiddenFrames() { const h = new Uint8Array(nFrames); for (let fr = 0; fr < nFrames; fr++) h[fr] = F.hide.some((x) => fnOf(fr).includes(x)) ? 1 : 0; return h; }
 // Per stack node: whether the path to it passes the function clauses, null if there are
-// none (filter.rs, Filter::matches_stack: every `inside` substring and no `not inside` one).
+// none (filter.rs, Filter::matches_stack: every `inside` substring and no `not inside` one;
+// hidden frames count here, as they do for restrict, which runs before Filter::hide_frames).
 function stackMask(t) {
   if (!F.inside.length && !F.notInside.length) return null;
   const m = new Uint8Array(t.nNodes).fill(1);
@@ -164,6 +177,7 @@ function cliEquivalent() {
   if (F.sizeMin != null) p.push(`--size-at-least ${F.sizeMin}B`); if (F.sizeMax != null) p.push(`--size-under ${F.sizeMax}B`);
   if (F.lifeMin != null) p.push(`--lifetime-at-least ${cliTime(F.lifeMin)}`); if (F.lifeMax != null) p.push(`--lifetime-under ${cliTime(F.lifeMax)}`);
   for (const x of F.inside) p.push(`--inside '${x}'`); for (const x of F.notInside) p.push(`--not-inside '${x}'`);
+  for (const x of F.hide) p.push(`--hide '${x}'`);
   return p.join(' ');
 }
 
@@ -216,8 +230,7 @@ const totalSeries = traces.map((t, i) => liveSeries(t, allIdx[i]));
 // The display tree: stacks with hidden frames left out, allocator frames trimmed from the
 // inner end, optionally re-rooted at a focused frame. Shared by both traces in diff mode.
 function buildTree(results) {
-  const hideFrame = new Uint8Array(nFrames);
-  for (let fr = 0; fr < nFrames; fr++) hideFrame[fr] = F.hide.some((h) => fnOf(fr).includes(h)) ? 1 : 0;
+  const hideFrame = hiddenFrames();
   const tree = { parent: [-1], frame: [-1], depth: [0], kids: [new Map()], w: [new Float64Array(0), new Float64Array(0)] };
   const selfW = [[0], [0]], selfN = [[0], [0]], selfB = [[0], [0]];
   function child(p, fr) {
@@ -228,23 +241,28 @@ function buildTree(results) {
   }
   results.forEach((r, ti) => {
     const t = traces[ti]; if (!r) return;
-    // trim: nearest ancestor-or-self that is not allocator machinery
+    // Trimming and hiding as the command line does (Filter::hide_frames, then
+    // analysis::Trim::kept): hidden frames are left out first; then allocator machinery is
+    // trimmed from the inner end (trimTo: the nearest ancestor-or-self that is neither),
+    // and start-up frames (analysis::is_root_frame) from the outer end: a node whose path
+    // from the outermost frame is all start-up (or hidden) frames is left out. A stack made
+    // only of allocator frames keeps them, and one made only of start-up frames too.
     const trimTo = new Int32Array(t.nNodes);
-    for (let i = 1; i < t.nNodes; i++) trimTo[i] = FR.alloc[t.frame[i]] ? trimTo[t.parent[i]] : i;
-    // Start-up frames (analysis::is_root_frame) are trimmed from the outer end: a node
-    // whose path from the outermost frame is all start-up frames is left out. (A stack
-    // made only of them is shown at the root.)
+    for (let i = 1; i < t.nNodes; i++) trimTo[i] = FR.alloc[t.frame[i]] || hideFrame[t.frame[i]] ? trimTo[t.parent[i]] : i;
     const startup = new Uint8Array(t.nNodes);
-    if (F.trimRoot) for (let i = 1; i < t.nNodes; i++) startup[i] = FR.root[t.frame[i]] && (t.parent[i] === 0 || startup[t.parent[i]]) ? 1 : 0;
-    const disp = new Int32Array(t.nNodes).fill(-2); disp[0] = 0;
+    if (F.trimRoot) for (let i = 1; i < t.nNodes; i++) startup[i] = (FR.root[t.frame[i]] || hideFrame[t.frame[i]]) && (t.parent[i] === 0 || startup[t.parent[i]]) ? 1 : 0;
+    // Display nodes, memoised per node, and whether the path passes through the focused
+    // frame: [0] with start-up frames trimmed, [1] kept.
     const focus = flame.focus;
-    const inFocus = new Uint8Array(t.nNodes); if (focus < 0) inFocus.fill(1);
-    const dispOf = (node) => {
+    const disps = [0, 1].map(() => { const d = new Int32Array(t.nNodes).fill(-2); d[0] = 0; return d; });
+    const inFocuses = [0, 1].map(() => new Uint8Array(t.nNodes).fill(focus < 0 ? 1 : 0));
+    const dispOf = (node, keepStartup) => {
+      const disp = disps[keepStartup], inFocus = inFocuses[keepStartup];
       if (disp[node] !== -2) return disp[node];
       const stack = []; let x = node; while (disp[x] === -2) { stack.push(x); x = t.parent[x]; }
       for (let k = stack.length - 1; k >= 0; k--) {
         const y = stack[k], fr = t.frame[y], p = t.parent[y];
-        if (hideFrame[fr] || startup[y]) { disp[y] = disp[p]; inFocus[y] = inFocus[p]; continue; }
+        if (hideFrame[fr] || (startup[y] && !keepStartup)) { disp[y] = disp[p]; inFocus[y] = inFocus[p]; continue; }
         if (!inFocus[p]) { if (fr === focus) { disp[y] = child(0, fr); inFocus[y] = 1; } else disp[y] = 0; continue; }
         disp[y] = child(disp[p], fr); inFocus[y] = 1;
       }
@@ -256,8 +274,8 @@ function buildTree(results) {
     for (let i = 0; i < t.nNodes; i++) {
       if (!nodeB[i]) continue;
       let leaf = F.trim ? trimTo[i] : i; if (leaf === 0) leaf = i;
-      const d = dispOf(leaf);
-      if (!inFocus[leaf]) continue; // the stack does not pass through the focused frame
+      const keep = startup[leaf], d = dispOf(leaf, keep);
+      if (!inFocuses[keep][leaf]) continue; // the stack does not pass through the focused frame
       selfW[ti][d] += nodeW[i]; selfN[ti][d] += nodeN[i]; selfB[ti][d] += nodeB[i];
     }
   });
@@ -333,11 +351,13 @@ function xAxes(c, wall) {
   el('text', { x: c.m.l + c.pw, y: c.height - 2, 'text-anchor': 'end', fill: '#5b5b66' }, g).textContent = 'elapsed';
   if (wall) el('text', { x: c.m.l - 6, y: c.m.t - 8, 'text-anchor': 'end', fill: '#5b5b66' }, g).textContent = 'UTC';
 }
-function pathOf(c, ys, y) {
-  let d = `M${c.x(0)},${y(0)}`;
-  for (let k = 0; k <= NB; k++) d += `L${c.x((k * DUR) / NB).toFixed(1)},${y(ys[k]).toFixed(1)}`;
-  return d + `L${c.x(DUR)},${y(0)}Z`;
+// The curve of the series ys (NB + 1 values over the trace), and the area under it.
+function linePath(c, ys, y) {
+  let d = '';
+  for (let k = 0; k <= NB; k++) d += `${k ? 'L' : 'M'}${c.x((k * DUR) / NB).toFixed(1)},${y(ys[k]).toFixed(1)}`;
+  return d;
 }
+const pathOf = (c, ys, y) => `M${c.x(0)},${y(0)}${linePath(c, ys, y).replace(/^M/, 'L')}L${c.x(DUR)},${y(0)}Z`;
 function drawTimeline() {
   const box = $('timeline'); const c = chartFrame(box, 240);
   const filt = R.map((r, ti) => liveSeries(traces[ti], r));
@@ -395,49 +415,72 @@ $('timeline').addEventListener('keydown', (e) => {
 
 // ------------------------------------------------------------------ per-site live heap
 const PALETTE = ['#1f5fbf', '#d9480f', '#2b8a3e', '#ae3ec9', '#e8590c', '#1098ad', '#c2255c', '#5c940d', '#862e9c', '#495057'];
-function siteOfStack(t) { // per stack node: display site frame (innermost visible non-allocator frame), -1 none
-  const hideFrame = new Uint8Array(nFrames); for (let fr = 0; fr < nFrames; fr++) hideFrame[fr] = F.hide.some((h) => fnOf(fr).includes(h)) ? 1 : 0;
-  const vis = new Int32Array(t.nNodes).fill(-1), nonAlloc = new Int32Array(t.nNodes).fill(-1);
+function siteOfStack(t) { // per stack node: display site frame (innermost visible non-allocator frame), NO_SITE none
+  const hideFrame = hiddenFrames();
+  const vis = new Int32Array(t.nNodes).fill(NO_SITE), nonAlloc = new Int32Array(t.nNodes).fill(NO_SITE);
   for (let i = 1; i < t.nNodes; i++) {
     const fr = t.frame[i], p = t.parent[i];
     vis[i] = hideFrame[fr] ? vis[p] : fr;
     nonAlloc[i] = hideFrame[fr] || (F.trim && FR.alloc[fr]) ? nonAlloc[p] : fr;
   }
-  for (let i = 1; i < t.nNodes; i++) if (nonAlloc[i] < 0) nonAlloc[i] = vis[i];
+  for (let i = 1; i < t.nNodes; i++) if (nonAlloc[i] === NO_SITE) nonAlloc[i] = vis[i];
   return nonAlloc;
 }
+// The top sites' live heap over time. One trace: the 8 largest sites of the filtered
+// allocations, stacked. A diff: the 8 sites whose bytes changed most, each drawn as two
+// curves, A dashed and B solid in the site's colour, not stacked: the gap between them is
+// B − A at each moment, and the reader sees which run a change comes from and when.
+// (A stacked B − A chart would mix signs in one stack, and a per-moment difference reads a
+// shift in time between the runs as growth and shrinkage.)
 function drawSiteTimeline() {
-  const t = B, ti = traces.length - 1, r = R[ti]; const site = siteOfStack(t);
-  const perNode = new Float64Array(t.nNodes); for (let j = 0; j < r.length; j++) { const i = r[j]; perNode[t.s[i]] += t.ns[i]; }
-  const per = new Map(); for (let i = 0; i < t.nNodes; i++) if (perNode[i]) per.set(site[i], (per.get(site[i]) || 0) + perNode[i]);
-  const top = [...per.entries()].sort((a, b) => b[1] - a[1]).slice(0, 8).map((x) => x[0]);
+  const sites = traces.map(siteOfStack), per = new Map(); // site frame → filtered bytes per trace
+  traces.forEach((t, ti) => {
+    const r = R[ti], perNode = new Float64Array(t.nNodes);
+    for (let j = 0; j < r.length; j++) perNode[t.s[r[j]]] += t.ns[r[j]] * t.bps;
+    for (let i = 0; i < t.nNodes; i++) if (perNode[i]) { let v = per.get(sites[ti][i]); if (!v) per.set(sites[ti][i], (v = [0, 0])); v[ti] += perNode[i]; }
+  });
+  const weight = ([a, b]) => (DIFF ? Math.abs(b - a) : a);
+  const top = [...per.entries()].sort((x, y) => weight(y[1]) - weight(x[1])).slice(0, 8).map((x) => x[0]);
   const slot = new Map(top.map((s, k) => [s, k]));
-  const K = top.length + 1, dt = DUR / NB, d = Array.from({ length: K }, () => new Float64Array(NB + 2));
-  const nodeSlot = new Int32Array(t.nNodes); for (let i = 0; i < t.nNodes; i++) nodeSlot[i] = slot.has(site[i]) ? slot.get(site[i]) : K - 1;
-  for (let j = 0; j < r.length; j++) {
-    const i = r[j]; const k = nodeSlot[t.s[i]]; const x = t.ns[i] * t.bps;
-    d[k][Math.min(NB + 1, Math.ceil(t.a[i] / dt))] += x; if (t.f[i] >= 0) d[k][Math.min(NB + 1, Math.ceil(t.f[i] / dt))] -= x;
-  }
-  const series = d.map((dd) => { const o = new Float64Array(NB + 1); let acc = 0; for (let k = 0; k <= NB; k++) { acc += dd[k]; o[k] = Math.max(0, acc); } return o; });
+  const K = top.length + 1, dt = DUR / NB;
+  const series = traces.map((t, ti) => { // per slot (the last: other sites), live bytes at k*dt
+    const r = R[ti], d = Array.from({ length: K }, () => new Float64Array(NB + 2));
+    const nodeSlot = new Int32Array(t.nNodes); for (let i = 0; i < t.nNodes; i++) nodeSlot[i] = slot.has(sites[ti][i]) ? slot.get(sites[ti][i]) : K - 1;
+    for (let j = 0; j < r.length; j++) {
+      const i = r[j]; const k = nodeSlot[t.s[i]]; const x = t.ns[i] * t.bps;
+      d[k][Math.min(NB + 1, Math.ceil(t.a[i] / dt))] += x; if (t.f[i] >= 0) d[k][Math.min(NB + 1, Math.ceil(t.f[i] / dt))] -= x;
+    }
+    return d.map((dd) => { const o = new Float64Array(NB + 1); let acc = 0; for (let k = 0; k <= NB; k++) { acc += dd[k]; o[k] = Math.max(0, acc); } return o; });
+  });
   const box = $('site-timeline'); const c = chartFrame(box, 200);
   const only = view.site >= 0 && slot.has(view.site) ? slot.get(view.site) : -1;
-  const stack = new Float64Array(NB + 1); let max = 0;
-  for (let k = 0; k <= NB; k++) { let s = 0; for (let q = 0; q < K; q++) if (only < 0 || q === only) s += series[q][k]; max = Math.max(max, s); }
+  const shown = (q) => only < 0 || q === only;
+  const label = (q) => (q < top.length ? siteLabel(top[q]) : 'other sites');
+  const maxOf = (ys) => ys.reduce((m, v) => Math.max(m, v), 0);
+  let max = 0;
+  if (DIFF) { for (const sr of series) for (let q = 0; q < K; q++) if (shown(q)) max = Math.max(max, maxOf(sr[q])); }
+  else for (let k = 0; k <= NB; k++) { let sum = 0; for (let q = 0; q < K; q++) if (shown(q)) sum += series[0][q][k]; max = Math.max(max, sum); }
   const y = yAxis(c, max, fmtBytes); xAxes(c, false);
+  const stack = new Float64Array(NB + 1);
   for (let q = 0; q < K; q++) {
-    if (only >= 0 && q !== only) continue;
-    let up = `M${c.x(0)},${y(stack[0])}`, pts = [];
-    const next = Float64Array.from(stack); for (let k = 0; k <= NB; k++) next[k] += series[q][k];
-    for (let k = 0; k <= NB; k++) up += `L${c.x((k * DUR) / NB).toFixed(1)},${y(next[k]).toFixed(1)}`;
+    if (!shown(q) || !series.some((sr) => maxOf(sr[q]) > 0)) continue;
+    const color = PALETTE[q % PALETTE.length];
+    if (DIFF) {
+      series.forEach((ys, ti) => el('path', { d: linePath(c, ys[q], y), fill: 'none', stroke: color, 'stroke-width': ti ? 2 : 1.5, 'stroke-dasharray': ti ? '' : '5 3', 'data-site': label(q), 'data-trace': ti ? 'B' : 'A', 'data-max': maxOf(ys[q]) }, c.svg));
+      continue;
+    }
+    const next = Float64Array.from(stack); for (let k = 0; k <= NB; k++) next[k] += series[0][q][k];
+    let up = linePath(c, next, y);
     for (let k = NB; k >= 0; k--) up += `L${c.x((k * DUR) / NB).toFixed(1)},${y(stack[k]).toFixed(1)}`;
-    el('path', { d: up + 'Z', fill: PALETTE[q % PALETTE.length], 'fill-opacity': 0.75, stroke: 'none', 'data-site': q < top.length ? frameLabel(top[q]) : 'other' }, c.svg);
+    el('path', { d: up + 'Z', fill: color, 'fill-opacity': 0.75, stroke: 'none', 'data-site': label(q), 'data-max': maxOf(series[0][q]) }, c.svg);
     stack.set(next);
   }
   const leg = $('site-legend'); leg.textContent = '';
   top.concat([-2]).forEach((s, q) => {
-    if (q === K - 1 && !series[q].some((v) => v > 0)) return;
+    if (q === K - 1 && !series.some((sr) => sr[q].some((v) => v > 0))) return;
     const b = document.createElement('button'); b.type = 'button';
-    b.innerHTML = `<span class="swatch" style="background:${PALETTE[q % PALETTE.length]}"></span>${esc(s === -2 ? 'other sites' : s < 0 ? '(no backtrace)' : frameLabel(s))}`;
+    const figures = DIFF && q < top.length ? ` <span class="hint">A ${fmtBytes(per.get(s)[0])}, B ${fmtBytes(per.get(s)[1])}</span>` : '';
+    b.innerHTML = `<span class="swatch" style="background:${PALETTE[q % PALETTE.length]}"></span>${esc(label(q))}${figures}`;
     if (s === view.site) b.classList.add('on'); b.setAttribute('aria-pressed', s === view.site);
     b.onclick = () => { view.site = view.site === s ? -1 : s; drawSiteTimeline(); };
     leg.appendChild(b);
@@ -545,10 +588,10 @@ const interval = (n, bps) => { const [lo, hi] = poisson95(n); return [lo * bps, 
 const sitesState = { sort: 'v', desc: true, q: '', sel: -1 };
 function siteRows() {
   const tr = TREE; const by = new Map();
-  for (let i = 1; i < tr.m; i++) {
+  for (let i = 0; i < tr.m; i++) { // the root holds what has no frame to show
     if (!(tr.selfB[0][i] || tr.selfB[1][i])) continue;
-    const fr = tr.frame[i]; let r = by.get(fr);
-    if (!r) { r = { id: fr, label: frameLabel(fr), a: 0, b: 0, na: 0, nb: 0, blocks: 0 }; by.set(fr, r); }
+    const fr = i ? tr.frame[i] : NO_SITE; let r = by.get(fr);
+    if (!r) { r = { id: fr, label: siteLabel(fr), a: 0, b: 0, na: 0, nb: 0, blocks: 0 }; by.set(fr, r); }
     r.a += tr.selfW[0][i]; r.b += tr.selfW[1][i]; r.na += tr.selfN[0][i]; r.nb += tr.selfN[1][i]; r.blocks += tr.selfB[0][i] + tr.selfB[1][i];
   }
   const total = Math.abs(val(tr, 0)) || 1;
@@ -556,7 +599,7 @@ function siteRows() {
     const v = DIFF ? r.b - r.a : r.a, n = DIFF ? r.nb : r.na;
     const bps = F.measure === 'count' ? v / Math.max(n, 1e-9) : B.bps;
     let lo, hi;
-    if (DIFF) { const half = 1.96 * Math.sqrt(r.na + r.nb) * (F.measure === 'count' ? Math.abs(v) / Math.max(r.na + r.nb, 1e-9) : B.bps); lo = v - half; hi = v + half; }
+    if (DIFF) { const half = Z * Math.sqrt(r.na + r.nb) * (F.measure === 'count' ? Math.abs(v) / Math.max(r.na + r.nb, 1e-9) : B.bps); lo = v - half; hi = v + half; }
     else [lo, hi] = interval(r.na, F.measure === 'count' ? r.a / Math.max(r.na, 1e-9) : A.bps);
     return Object.assign(r, { v, n, lo, hi, pct: (100 * v) / total, samples: DIFF ? r.na + r.nb : r.na });
   });
