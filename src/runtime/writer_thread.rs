@@ -3,6 +3,7 @@
 //! new frame address once (and names each new pseudo-frame, see `span_table`), and flushes at
 //! least once a second.
 
+use std::collections::VecDeque;
 use std::fs::File;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -12,7 +13,7 @@ use std::time::{Duration, Instant};
 use super::handoff::{self, Channel, Msg};
 use super::span_table::PseudoFrames;
 use super::state::{MAX_FRAMES, OFF, STATE};
-use super::symbolize::{self, Symbolizer};
+use super::symbolize::{self, Worker};
 use super::unwind::cfi;
 use crate::format::error::{Error, ErrorKind};
 use crate::format::hash::FastMap;
@@ -41,24 +42,18 @@ pub(crate) const DOMAIN: u16 = 0;
 /// The writer thread's state.
 struct TraceWriter {
     writer: Writer<File>,
-    /// Told of the writer's progress as it names frames (see [`Channel::note_progress`]).
-    channel: &'static Channel,
+    /// What names location codes (apart from `writer`, which asks it while it writes).
+    names: Names,
     /// The id of this writer's session: messages of other sessions are ignored.
     session: u32,
     /// Object id of each live sampled block, by address.
     ids: FastMap<usize, ObjectId>,
-    /// Names frame addresses, lazily and within its memory budget.
-    symbolizer: Symbolizer,
-    /// The locations of each location code written.
-    locations: FastMap<u64, Arc<[Location]>>,
     /// The loader's count of loads and unloads when last looked at, and how many times it
     /// changed in this session: the tag of location codes (see [`TraceWriter::set_codes`]).
     loader_changes: u64,
     epoch: u64,
     /// The location codes of the sample being written.
     codes: Vec<u64>,
-    /// The names of span and thread pseudo-frames.
-    pseudo: PseudoFrames,
     /// Time of the last event: event times never decrease.
     last_time: Timestamp,
     /// Allocations and frees written.
@@ -93,15 +88,18 @@ pub(crate) fn write_trace(
 ) -> WriterOutcome {
     let mut state = TraceWriter {
         writer,
-        channel,
+        names: Names {
+            channel,
+            backlog: VecDeque::new(),
+            worker: Worker::new(symbolize::take_spare(symbolize::options_from_env())),
+            cache: FastMap::default(),
+            pseudo: PseudoFrames::default(),
+        },
         session,
         ids: FastMap::default(),
-        symbolizer: symbolize::take_spare(symbolize::options_from_env()),
-        locations: FastMap::default(),
         loader_changes: symbolize::loader_changes(),
         epoch: 0,
         codes: Vec::with_capacity(MAX_FRAMES),
-        pseudo: PseudoFrames::default(),
         last_time: start_time,
         allocs: 0,
         frees: 0,
@@ -114,7 +112,7 @@ pub(crate) fn write_trace(
         let result = state.run(channel);
         (allocs, frees) = (state.allocs, state.frees);
         // Not after a panic, which may have left it half-updated.
-        spare = Some(std::mem::take(&mut state.symbolizer));
+        spare = state.names.worker.take_symbolizer();
         result.and_then(|()| state.writer.close().map(drop))
     }));
     if let Some(symbolizer) = spare {
@@ -142,7 +140,7 @@ impl TraceWriter {
         loop {
             let mut received = 0;
             while received < POLL_BATCH {
-                let Some(msg) = channel.try_recv() else { break };
+                let Some(msg) = self.names.backlog.pop_front().or_else(|| channel.try_recv()) else { break };
                 received += 1;
                 if msg.session() != self.session {
                     // Sent by a thread still finishing a sample of an earlier session.
@@ -152,13 +150,13 @@ impl TraceWriter {
                 match msg {
                     Msg::Alloc { addr, time, length, nsamples, mut frames, nframes, .. } => {
                         let frames_used = &mut frames[..(nframes as usize).min(MAX_FRAMES)];
-                        self.pseudo.name_thread(frames_used);
+                        self.names.pseudo.name_thread(frames_used);
                         let result = self.alloc(addr, time, length, nsamples, frames_used);
                         channel.recycle(frames);
                         result?
                     }
                     Msg::Free { addr, time, .. } => self.free(addr, time)?,
-                    Msg::ThreadName { tid, name, .. } => self.pseudo.kernel_name(tid, name),
+                    Msg::ThreadName { tid, name, .. } => self.names.pseudo.kernel_name(tid, name),
                     Msg::Stop { .. } => return Ok(()),
                 }
             }
@@ -193,15 +191,14 @@ impl TraceWriter {
         if changes != self.loader_changes {
             self.loader_changes = changes;
             self.epoch += 1;
-            self.locations.clear();
+            self.names.cache.clear();
         }
         let tag = (self.epoch % (1 << (64 - ADDRESS_BITS))) << ADDRESS_BITS;
         self.codes.clear();
         // Pseudo-frames (span and thread names, tagged at the top) are codes of their own.
         self.codes.extend(frames.iter().map(|&frame| if frame >> ADDRESS_BITS == 0 { frame | tag } else { frame }));
         if let [innermost, rest @ ..] = &self.codes[..] {
-            let locations =
-                locations_of(self.channel, &mut self.locations, &mut self.symbolizer, &mut self.pseudo, *innermost);
+            let locations = self.names.locations_of(*innermost);
             // Outermost first: the frame's own function.
             if !rest.is_empty() && locations.first().is_some_and(|l| symbolize::is_allocator_shim(&l.defname_str())) {
                 self.codes.remove(0);
@@ -218,18 +215,8 @@ impl TraceWriter {
         let time = self.time(time);
         self.set_codes(frames);
         let alloc = NewAlloc { length, nsamples, source: AllocSource::External, callstack: &self.codes, drop: 0 };
-        let (channel, locations, symbolizer, pseudo) =
-            (self.channel, &mut self.locations, &mut self.symbolizer, &mut self.pseudo);
-        let id = self
-            .writer
-            .put_alloc(DOMAIN, time, &alloc, |code| locations_of(channel, locations, symbolizer, pseudo, code))?;
-        if let Some(program) = symbolizer.take_program_without_debug_info() {
-            eprintln!(
-                "memtrace: note: {} has no debug info: its frames are named without files, lines or inlined \
-                 functions (build with debug = \"line-tables-only\" in its Cargo profile)",
-                program.display()
-            );
-        }
+        let names = &mut self.names;
+        let id = self.writer.put_alloc(DOMAIN, time, &alloc, |code| names.locations_of(code))?;
         self.ids.insert(addr, id);
         self.allocs += 1;
         Ok(())
@@ -248,21 +235,62 @@ impl TraceWriter {
     }
 }
 
-/// The locations of location `code` (see [`TraceWriter::set_codes`]), worked out the first
-/// time: a pseudo-frame's name, or the code address's source locations.
-fn locations_of(
-    channel: &Channel,
-    cache: &mut FastMap<u64, Arc<[Location]>>,
-    symbolizer: &mut Symbolizer,
-    pseudo: &mut PseudoFrames,
-    code: u64,
-) -> Arc<[Location]> {
-    let address = code & ((1 << ADDRESS_BITS) - 1);
-    cache
-        .entry(code)
-        .or_insert_with(|| {
-            channel.note_progress();
-            pseudo.locations(code).unwrap_or_else(|| symbolize::symbolize(symbolizer, address))
-        })
-        .clone()
+/// Messages the writer may take off the queue ahead of their turn, beyond those it holds.
+const BACKLOG_LIMIT: usize = 1 << 15;
+
+/// Take what the queue holds into `backlog` (up to [`BACKLOG_LIMIT`]): done while the writer
+/// waits for a frame's name, which may take milliseconds of parsing debug info (hundreds for
+/// a large unit of an unoptimised build), so that the queue does not fill up and samples get
+/// dropped meanwhile; a burst of new frames, at the start of a run above all, is absorbed by
+/// the writer's memory instead.
+fn take_ahead(channel: &Channel, backlog: &mut VecDeque<Msg>) {
+    while backlog.len() < BACKLOG_LIMIT {
+        let Some(msg) = channel.try_recv() else { break };
+        backlog.push_back(msg);
+    }
+}
+
+/// What names location codes.
+struct Names {
+    /// Told of the writer's progress as it names frames (see [`Channel::note_progress`]).
+    channel: &'static Channel,
+    /// Messages taken off the queue ahead of their turn (see [`take_ahead`]), handled before
+    /// the queue's.
+    backlog: VecDeque<Msg>,
+    /// Names frame addresses, lazily and within its memory budget, on its own thread.
+    worker: Worker,
+    /// The locations of each location code written.
+    cache: FastMap<u64, Arc<[Location]>>,
+    /// The names of span and thread pseudo-frames.
+    pseudo: PseudoFrames,
+}
+
+impl Names {
+    /// The locations of location `code` (see [`TraceWriter::set_codes`]), worked out the
+    /// first time: a pseudo-frame's name, or the code address's source locations.
+    fn locations_of(&mut self, code: u64) -> Arc<[Location]> {
+        if let Some(locations) = self.cache.get(&code) {
+            return locations.clone();
+        }
+        let locations = self.pseudo.locations(code).unwrap_or_else(|| {
+            self.channel.note_progress();
+            let (channel, backlog) = (self.channel, &mut self.backlog);
+            let (locations, program_without_debug_info) =
+                self.worker.locations(code & ((1 << ADDRESS_BITS) - 1), || {
+                    // Waiting for our own symbolizer, which is working: progress.
+                    channel.note_progress();
+                    take_ahead(channel, backlog);
+                });
+            if let Some(program) = program_without_debug_info {
+                eprintln!(
+                    "memtrace: note: {} has no debug info: its frames are named without files, lines or inlined \
+                     functions (build with debug = \"line-tables-only\" in its Cargo profile)",
+                    program.display()
+                );
+            }
+            locations
+        });
+        self.cache.insert(code, locations.clone());
+        locations
+    }
 }

@@ -201,6 +201,11 @@ pub fn start_tracing(config: TraceConfig) -> Result<TraceGuard, StartError> {
     cfi::invalidate_if_unloaded();
     let walker =
         unwind::calibrate(config.unwinder).map_err(|unwind::NotGlobalAllocator| StartError::NotGlobalAllocator)?;
+    if handoff::capacity_for(config.rate) >= handoff::MAX_CAPACITY {
+        // At the highest rates the queue fills in less time than the writer takes to parse
+        // the debug info of the first frames: name the start-up frames now.
+        unwind::name_start_up_frames();
+    }
     let start_time = now_us();
     let info = Info {
         sample_rate: config.rate,

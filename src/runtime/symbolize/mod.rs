@@ -16,12 +16,14 @@
 mod loaded_objects;
 mod object_file;
 mod symbolizer;
+mod worker;
 
 use std::sync::Arc;
 
 use parking_lot::Mutex;
 
 pub use self::symbolizer::{Options, Stats, Symbolizer};
+pub(crate) use self::worker::Worker;
 use crate::format::location_codec::{self, Location};
 pub(crate) use crate::frames::is_allocator_shim;
 

@@ -23,7 +23,6 @@ use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
-use gimli::{Reader as _, Section as _};
 use object::{Object as _, ObjectSection as _, ObjectSymbol as _, ObjectSymbolTable as _};
 
 use super::symbolizer::Options;
@@ -238,13 +237,8 @@ struct Dwarf {
     /// Per unit offset: the units (start, end) its lookups need, `None` when the whole context
     /// is needed.
     needs: HashMap<usize, Option<Vec<(usize, usize)>>>,
-    /// Sets of units, each with its context (a unit may be in several).
+    /// Disjoint sets of units, each with its context.
     sets: Vec<UnitSet>,
-    /// Units parsed in `sets`, counted once per set, and their bytes of `.debug_info`.
-    units_in_sets: usize,
-    bytes_in_sets: usize,
-    /// The length of `.debug_info`.
-    info_len: usize,
     /// addr2line's context of every unit, for what `sets` cannot answer.
     whole: Option<addr2line::Context<Reader>>,
 }
@@ -270,10 +264,6 @@ struct UnitSet {
 /// (32-bit length, version, abbreviation offset 0, address size 8), then a null entry.
 const EMPTY_UNIT_BYTES: usize = 12;
 
-/// Sets of units are given up for the whole context once they would parse more than this
-/// fraction (1/n) of `.debug_info`: by then, reading it all once costs less.
-const SETS_SHARE_BEFORE_WHOLE: usize = 2;
-
 impl Dwarf {
     fn locate(file: &object::File<'static>, path: Option<&Path>, inflated: &mut Vec<Box<[u8]>>) -> Option<Dwarf> {
         let endian = if file.is_little_endian() { gimli::RunTimeEndian::Little } else { gimli::RunTimeEndian::Big };
@@ -286,7 +276,6 @@ impl Dwarf {
             (compressed.format == object::CompressionFormat::None).then(|| (path.to_path_buf(), compressed.offset))
         });
         let borrowed = sections.borrow(|data| gimli::EndianSlice::new(data, endian));
-        let info_len = borrowed.debug_info.reader().len();
         let mut index = Vec::new();
         let mut headers = borrowed.debug_aranges.headers();
         while let Ok(Some(header)) = headers.next() {
@@ -313,9 +302,6 @@ impl Dwarf {
             unit_starts,
             needs: HashMap::new(),
             sets: Vec::new(),
-            units_in_sets: 0,
-            bytes_in_sets: 0,
-            info_len,
             whole: None,
         })
     }
@@ -353,15 +339,17 @@ impl Dwarf {
         if let Some(at) = self.sets.iter().position(holds) {
             return Ok(Some((at, 0)));
         }
-        let bytes: usize = needed.iter().map(|(start, end)| end - start).sum();
-        if self.bytes_in_sets + bytes > self.info_len / SETS_SHARE_BEFORE_WHOLE {
-            self.sets.clear();
-            return Err(NeedsWhole);
-        }
-        let set = self.parse_set(needed.to_vec()).ok_or(NeedsWhole)?;
-        let parsed = needed.len() * BYTES_PER_UNIT + (needed[0].1 - needed[0].0) * PARSED_BYTES_PER_UNIT_BYTE;
-        self.units_in_sets += needed.len();
-        self.bytes_in_sets += bytes;
+        // A new set, with the sets that share a unit with it (which it replaces): so a unit
+        // is parsed in one set only, and the sets grow to the units that refer to each other
+        // (the code units of one crate, under ThinLTO), never to the whole object.
+        let shares = |set: &UnitSet| needed.iter().any(|unit| set.units.binary_search(unit).is_ok());
+        let mut units = needed.to_vec();
+        units.extend(self.sets.iter().filter(|set| shares(set)).flat_map(|set| set.units.iter().copied()));
+        let own = needed[0];
+        let set = self.parse_set(units).ok_or(NeedsWhole)?;
+        let replaced: usize = self.sets.iter().filter(|set| shares(set)).map(|set| set.units.len()).sum();
+        self.sets.retain(|set| !shares(set));
+        let parsed = (set.units.len() - replaced) * BYTES_PER_UNIT + (own.1 - own.0) * PARSED_BYTES_PER_UNIT_BYTE;
         self.sets.push(set);
         Ok(Some((self.sets.len() - 1, parsed)))
     }
@@ -435,9 +423,10 @@ impl Dwarf {
         Some((unit, unit.checked_add(header.length_including_self())?))
     }
 
-    /// A [`UnitSet`] of `units` (the looked-up unit first, then the others sorted).
+    /// A [`UnitSet`] of `units` (in any order, repeats allowed).
     fn parse_set(&self, mut units: Vec<(usize, usize)>) -> Option<UnitSet> {
         units.sort_unstable();
+        units.dedup();
         let (path, offset) = self.info_in_file.as_ref()?;
         let end = units.last()?.1;
         let map = Mmap::open_private(path, *offset, end)?;
@@ -704,7 +693,7 @@ mod tests {
                 assert_eq!(described(&a), described(&b), "at {probe:#x} of {}", path.display());
                 by_set += matches!(sets.dwarf.as_mut().unwrap().set_for(probe), Ok(Some(_))) as usize;
             }
-            units += sets.dwarf.as_ref().unwrap().units_in_sets;
+            units += sets.dwarf.as_ref().unwrap().sets.iter().map(|set| set.units.len()).sum::<usize>();
         }
         println!(
             "{} probes, {by_set} read from sets of units; {} units parsed per group of 8, of {} with code",

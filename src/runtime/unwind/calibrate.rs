@@ -2,10 +2,11 @@
 //! whether frame pointers or the cached DWARF walk can be trusted in this process, and which
 //! walker a session should use.
 //!
-//! The captures are taken on the thread that starts tracing and go straight into a static
-//! table, not onto that thread's stack; their frames are named from symbol tables alone, which
-//! takes little stack and no DWARF parsing, so that starting is cheap even on a thread with a
-//! small stack.
+//! The captures must be taken on the thread that starts tracing, but little else is: they go
+//! straight into a static table, not onto that thread's stack, and naming their frames (from
+//! symbol tables alone, no DWARF: cheap, but reading an object file takes tens of KiB of
+//! stack in unoptimised builds) runs on a thread of its own, so that a thread with a small
+//! stack can start tracing.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -180,9 +181,11 @@ fn calibrate_walker(walker: Walker, again: bool) -> Result<bool, NotGlobalAlloca
     if walker == Walker::Libgcc && captures.iter().any(|&(n, _)| n == 0) {
         return Err(NotGlobalAllocator);
     }
-    let leadings = markers.map(|(entry, _, name)| {
-        let (n, frames) = &captures[entry as usize];
-        tracer_frames(&frames[..*n], name)
+    let leadings = on_a_thread_of_its_own(|| {
+        markers.map(|(entry, _, name)| {
+            let (n, frames) = &captures[entry as usize];
+            tracer_frames(&frames[..*n], name)
+        })
     });
     let mut found = true;
     for ((entry, _, _), leading) in markers.into_iter().zip(leadings) {
@@ -212,6 +215,35 @@ fn calibrate_walker(walker: Walker, again: bool) -> Result<bool, NotGlobalAlloca
     USABLE[w].store(usable, Ordering::Relaxed);
     CALIBRATED[w].store(walker != Walker::Cfi || usable, Ordering::Relaxed);
     Ok(usable)
+}
+
+/// Name the frames of the calibration stacks, with the spare symbolizer that the writer takes
+/// (on a thread of its own): the program's start-up frames and the units they are in, which
+/// most samples share, parsed before sampling starts. For the highest rates only, where the
+/// queue cannot absorb the writer's first pause for them (see `session`): it costs start-up
+/// milliseconds, tens for a large program.
+pub(crate) fn name_start_up_frames() {
+    let captures = CALIBRATION.lock();
+    on_a_thread_of_its_own(|| {
+        let mut symbolizer = symbolize::take_spare(symbolize::options_from_env());
+        for (n, frames) in &captures[Walker::Libgcc as usize] {
+            for &ip in &frames[..*n] {
+                symbolize::symbolize(&mut symbolizer, ip);
+            }
+        }
+        symbolize::put_spare(symbolizer);
+    });
+}
+
+/// `f()` on a new thread with the default stack size (or on this one when no thread can be
+/// started): reading object files is not the caller's stack to feed.
+fn on_a_thread_of_its_own<R: Send>(f: impl Fn() -> R + Sync) -> R {
+    std::thread::scope(|scope| {
+        match std::thread::Builder::new().name("memtrace-calibrate".into()).spawn_scoped(scope, &f) {
+            Ok(thread) => thread.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
+            Err(_) => f(),
+        }
+    })
 }
 
 /// The leading `frames` (innermost first) that are tracer or allocator machinery, given that

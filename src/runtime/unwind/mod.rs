@@ -17,7 +17,7 @@ pub(crate) mod frame_pointers;
 pub(crate) mod leading;
 pub(crate) mod libgcc;
 
-pub(crate) use calibrate::{calibrate, calibration_slot, NotGlobalAllocator};
+pub(crate) use calibrate::{calibrate, calibration_slot, name_start_up_frames, NotGlobalAllocator};
 pub(crate) use capture::{capture, configure, stack_left, stack_left_for_capture};
 pub use choice::Unwinder;
 pub(crate) use choice::Walker;
