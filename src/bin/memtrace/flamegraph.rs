@@ -170,6 +170,8 @@ pub fn folded(analysis: &Analysis, measure: Measure, trim: analysis::Trim, root:
     // the limit: never let it get near 2^64.
     let mut room = 1u64 << 62;
     let (mut size, mut left_out) = (0usize, 0);
+    let labels: Vec<String> = analysis.frames.iter().map(|f| f.label()).collect();
+    let draws: Vec<bool> = analysis.frames.iter().map(|f| root.draws(f.kind())).collect();
     let lines = sites
         .iter()
         .zip(bytes)
@@ -178,17 +180,19 @@ pub fn folded(analysis: &Analysis, measure: Measure, trim: analysis::Trim, root:
             if count == 0 {
                 return None;
             }
-            let drawn: Vec<FrameId> =
-                site.frames.iter().rev().copied().filter(|&f| root.draws(analysis.frames[f].kind())).collect();
-            let length: usize = drawn.iter().map(|&f| analysis.frames[f].label().len() + 1).sum();
+            // Measured before the frames are collected, so that a stack past the limit
+            // costs no memory.
+            let length: usize = site.frames().filter(|&f| draws[f]).map(|f| labels[f].len() + 1).sum();
             if size + length > MAX_FOLDED_BYTES {
                 left_out += 1;
                 return None;
             }
             size += length;
+            let mut drawn: Vec<FrameId> = site.frames().filter(|&f| draws[f]).collect();
+            drawn.reverse();
             room -= count;
             let mut line = String::new();
-            if site.frames.is_empty() {
+            if site.is_empty() {
                 line.push_str(&site.label(analysis));
             } else if drawn.is_empty() {
                 line.push_str("(no code)");
@@ -198,7 +202,7 @@ pub fn folded(analysis: &Analysis, measure: Measure, trim: analysis::Trim, root:
                     line.push(';');
                 }
                 // `;` separates frames and a newline ends the line: neither may appear inside.
-                line.extend(analysis.frames[frame].label().chars().map(|c| match c {
+                line.extend(labels[frame].chars().map(|c| match c {
                     ';' => ',',
                     c if c.is_control() => ' ',
                     c => c,

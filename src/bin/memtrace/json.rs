@@ -132,9 +132,8 @@ pub fn hotspots(analysis: &Analysis, name: &str, options: &hotspots::Options, ou
         .map(|site| {
             let tally = site.stats.get(measure);
             let frames: Vec<Value> = site
-                .frames
-                .iter()
-                .map(|&f| {
+                .frames()
+                .map(|f| {
                     let frame = &analysis.frames[f];
                     json!({ "function": frame.function, "file": frame.file, "line": frame.line })
                 })
@@ -179,7 +178,7 @@ pub fn diff(
         .take(options.ranking.top)
         .map(|c| {
             let mut v = change(c);
-            v["frames"] = json!(c.frames);
+            v["frames"] = json!(c.frames.iter().collect::<Vec<_>>());
             v
         })
         .collect();
