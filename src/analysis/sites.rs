@@ -251,15 +251,8 @@ pub fn ranked(analysis: &Analysis, grouping: Grouping, measure: Measure) -> Vec<
         by_node.entry(node).or_default().add(&stack.stats);
     }
     drop(walks);
-    // Ties are ordered by the labels of the sites' frames, innermost first: by the rank of
-    // each frame's label among all labels.
     let labels: Vec<String> = analysis.frames.iter().map(|f| f.label()).collect();
-    let mut order: Vec<FrameId> = (0..labels.len()).collect();
-    order.sort_by(|&a, &b| labels[a].cmp(&labels[b]));
-    let mut rank = vec![0u32; labels.len()];
-    for pair in order.windows(2) {
-        rank[pair[1]] = rank[pair[0]] + u32::from(labels[pair[0]] != labels[pair[1]]);
-    }
+    let order = trie.order_by(&labels);
     let trie = Arc::new(trie);
     let mut sites: Vec<Site> = by_node
         .into_iter()
@@ -267,8 +260,8 @@ pub fn ranked(analysis: &Analysis, grouping: Grouping, measure: Measure) -> Vec<
         .map(|(node, stats)| Site { kind: grouping.kind, stats, node, trie: Arc::clone(&trie) })
         .collect();
     sites.sort_by(|a, b| {
-        let (names_a, names_b) = (a.frames().map(|f| rank[f]), b.frames().map(|f| rank[f]));
-        b.stats.get(measure).samples.cmp(&a.stats.get(measure).samples).then_with(|| names_a.cmp(names_b))
+        let samples = |s: &Site| s.stats.get(measure).samples;
+        samples(b).cmp(&samples(a)).then_with(|| order[a.node as usize].cmp(&order[b.node as usize]))
     });
     sites
 }

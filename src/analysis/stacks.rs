@@ -144,6 +144,43 @@ impl StackInterner {
 pub type FrameTrie = Trie<FrameId>;
 
 impl FrameTrie {
+    /// The rank of each node when nodes are ordered by the `labels` of their frames,
+    /// innermost first (a stack before the longer ones it starts), equal labels sharing a
+    /// rank. Ranked by prefix doubling: after round `k` nodes are ordered by their first
+    /// `2^k` labels, from the ranks of each node and of its ancestor `2^(k-1)` frames out;
+    /// so deep stacks cost `log(depth)` sorts, not a comparison of whole stacks per pair.
+    pub fn order_by(&self, labels: &[String]) -> Vec<u32> {
+        let mut by_label: Vec<FrameId> = (0..labels.len()).collect();
+        by_label.sort_by(|&a, &b| labels[a].cmp(&labels[b]));
+        let mut label_rank = vec![0u32; labels.len()];
+        for pair in by_label.windows(2) {
+            label_rank[pair[1]] = label_rank[pair[0]] + u32::from(labels[pair[0]] != labels[pair[1]]);
+        }
+        let nodes = self.len();
+        // Rank 0 is the root's: the end of a stack, before any label.
+        let mut rank: Vec<u32> =
+            (0..nodes as NodeId).map(|n| if n == ROOT { 0 } else { label_rank[self.item(n)] + 1 }).collect();
+        let mut ancestor: Vec<NodeId> = (0..nodes as NodeId).map(|n| self.parent(n)).collect();
+        let mut order: Vec<NodeId> = (0..nodes as NodeId).collect();
+        loop {
+            let key = |n: NodeId| (rank[n as usize], rank[ancestor[n as usize] as usize]);
+            order.sort_unstable_by_key(|&n| key(n));
+            let mut next = vec![0u32; nodes];
+            let mut distinct = 1;
+            for pair in order.windows(2) {
+                let changed = key(pair[0]) != key(pair[1]);
+                distinct += usize::from(changed);
+                next[pair[1] as usize] = next[pair[0] as usize] + u32::from(changed);
+            }
+            let settled = ancestor.iter().all(|&a| a == ROOT);
+            rank = next;
+            if settled || distinct == nodes {
+                return rank;
+            }
+            ancestor = ancestor.iter().map(|&a| ancestor[a as usize]).collect();
+        }
+    }
+
     /// The node of `parent`'s stack with `frames` (outermost first) added at its inner end:
     /// how a [`StackTrie`] node's code expands into its (inlined) frames.
     pub fn extend(&mut self, parent: NodeId, frames: &[FrameId]) -> NodeId {
@@ -194,5 +231,26 @@ mod tests {
         assert_eq!(frames.up(node_of[a as usize]).collect::<Vec<_>>(), [2, 1, 0]);
         assert_eq!(frames.up(node_of[b as usize]).collect::<Vec<_>>(), [1, 0]);
         assert_eq!(frames.len(), 4);
+    }
+
+    #[test]
+    fn order_by_labels_is_the_order_of_whole_stacks() {
+        // Labels with repeats, so that stacks of different frames tie.
+        let labels: Vec<String> = ["b", "a", "c", "a", "b"].iter().map(|s| s.to_string()).collect();
+        let mut trie = FrameTrie::default();
+        let mut state = 7u64;
+        let mut nodes = vec![ROOT];
+        for _ in 0..400 {
+            state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            let parent = nodes[(state >> 33) as usize % nodes.len()];
+            nodes.push(trie.child(parent, (state >> 20) as usize % labels.len()));
+        }
+        let order = trie.order_by(&labels);
+        let names = |n: NodeId| trie.up(n).map(|f| labels[f].as_str()).collect::<Vec<_>>();
+        for a in 0..trie.len() as NodeId {
+            for b in 0..trie.len() as NodeId {
+                assert_eq!(order[a as usize].cmp(&order[b as usize]), names(a).cmp(&names(b)), "{a} {b}");
+            }
+        }
     }
 }

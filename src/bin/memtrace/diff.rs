@@ -114,10 +114,21 @@ impl Names {
         })
     }
 
-    /// The nodes of the sites of one ranking of `analysis`: `site_nodes[n]` for node `n`
-    /// of the sites' trie, filled in as needed. The empty site has its label
-    /// (`(no backtrace)`) as its one frame.
-    fn node(&mut self, analysis: &Analysis, site: &Site, site_nodes: &mut Vec<Option<NodeId>>) -> NodeId {
+    /// The label id of each frame of `analysis`.
+    fn of_frames(&mut self, analysis: &Analysis) -> Vec<usize> {
+        analysis.frames.iter().map(|f| self.id(f.label())).collect()
+    }
+
+    /// The node of `site`, of one ranking of `analysis` whose frames have the label ids
+    /// `labels`: `site_nodes[n]` for node `n` of the sites' trie, filled in as needed. The
+    /// empty site has its label (`(no backtrace)`) as its one frame.
+    fn node(
+        &mut self,
+        analysis: &Analysis,
+        labels: &[usize],
+        site: &Site,
+        site_nodes: &mut Vec<Option<NodeId>>,
+    ) -> NodeId {
         if site.is_empty() {
             let id = self.id(site.label(analysis));
             return self.trie.child(ROOT, id);
@@ -134,8 +145,7 @@ impl Names {
         }
         let mut matched = site_nodes[node as usize].unwrap_or(ROOT);
         for &n in chain.iter().rev() {
-            let id = self.id(analysis.frames[sites.item(n)].label());
-            matched = self.trie.child(matched, id);
+            matched = self.trie.child(matched, labels[sites.item(n)]);
             site_nodes[n as usize] = Some(matched);
         }
         matched
@@ -202,10 +212,10 @@ pub fn changes(base: &Analysis, new: &Analysis, options: &Options) -> Vec<Change
     let mut names = Names::default();
     let mut by_site: HashMap<NodeId, (Side, Side)> = HashMap::new();
     for (analysis, is_new) in [(base, false), (new, true)] {
-        let mut site_nodes = Vec::new();
+        let (mut site_nodes, labels) = (Vec::new(), names.of_frames(analysis));
         for site in ranked(analysis, options.ranking.sites(), measure) {
             let side = Side::new(analysis, site.stats.get(measure).samples, options.per_second);
-            let sides = by_site.entry(names.node(analysis, &site, &mut site_nodes)).or_default();
+            let sides = by_site.entry(names.node(analysis, &labels, &site, &mut site_nodes)).or_default();
             if is_new {
                 sides.1.add(side);
             } else {
@@ -213,6 +223,7 @@ pub fn changes(base: &Analysis, new: &Analysis, options: &Options) -> Vec<Change
             }
         }
     }
+    let order = names.trie.order_by(&names.labels);
     let names = Arc::new(names);
     let mut changes: Vec<Change> = by_site
         .into_iter()
@@ -223,7 +234,7 @@ pub fn changes(base: &Analysis, new: &Analysis, options: &Options) -> Vec<Change
         b.beyond_noise()
             .cmp(&a.beyond_noise())
             .then_with(|| b.delta().abs().total_cmp(&a.delta().abs()))
-            .then_with(|| a.frames.iter().cmp(b.frames.iter()))
+            .then_with(|| order[a.frames.node as usize].cmp(&order[b.frames.node as usize]))
     });
     changes
 }

@@ -89,7 +89,9 @@ pub fn profile(analysis: &Analysis, trim: Trim) -> (Profile, usize) {
     let mut function_ids: HashMap<(String, String), u64> = HashMap::new();
     let mut samples = Vec::with_capacity(analysis.stacks.len());
     let mut frames: Vec<FrameId> = Vec::new();
-    let mut code_of: Vec<(u64, usize)> = Vec::new();
+    // Each frame's code, index in the code's frames and which occurrence of a code in the
+    // stack it belongs to (a recursion repeats a code: each call is its own location).
+    let mut code_of: Vec<(u64, usize, usize)> = Vec::new();
     let (mut room, mut left_out) = (MAX_LOCATION_IDS, 0);
     for stack in &analysis.stacks {
         if room == 0 {
@@ -100,11 +102,11 @@ pub fn profile(analysis: &Analysis, trim: Trim) -> (Profile, usize) {
         // frames (outermost first).
         frames.clear();
         code_of.clear();
-        for code in analysis.trie.up(stack.node) {
+        for (occurrence, code) in analysis.trie.up(stack.node).enumerate() {
             let inlined = analysis.frames_of(code);
             for (i, &f) in inlined.iter().enumerate().rev() {
                 frames.push(f);
-                code_of.push((code, i));
+                code_of.push((code, i, occurrence));
             }
         }
         let kept = trim.kept(analysis, &frames);
@@ -117,8 +119,8 @@ pub fn profile(analysis: &Analysis, trim: Trim) -> (Profile, usize) {
         let mut location_id = Vec::new();
         let mut at = kept.start;
         while at < kept.end {
-            let code = code_of[at].0;
-            let run = code_of[at..kept.end].iter().take_while(|(c, _)| *c == code).count();
+            let (code, _, occurrence) = code_of[at];
+            let run = code_of[at..kept.end].iter().take_while(|(.., o)| *o == occurrence).count();
             // Indexes within the code, outermost first: `inner` is the innermost kept.
             let (inner, outer) = (code_of[at].1, code_of[at + run - 1].1);
             let id = *location_ids.entry((code, outer, inner)).or_insert_with(|| {

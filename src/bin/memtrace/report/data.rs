@@ -120,8 +120,7 @@ impl TraceData {
             blocks.retain(|b| inside[b.stack as usize]);
         }
         let parent = (0..trie.len() as NodeId).map(|n| if n == ROOT { u32::MAX } else { trie.parent(n) }).collect();
-        let frame =
-            (0..trie.len() as NodeId).map(|n| if n == ROOT { u32::MAX } else { trie.item(n) as u32 }).collect();
+        let frame = (0..trie.len() as NodeId).map(|n| if n == ROOT { u32::MAX } else { trie.item(n) as u32 }).collect();
         for b in &mut blocks {
             b.stack = node_of[b.stack as usize];
         }
