@@ -252,16 +252,11 @@ pub fn ranked(analysis: &Analysis, grouping: Grouping, measure: Measure) -> Vec<
     }
     drop(walks);
     let labels: Vec<String> = analysis.frames.iter().map(|f| f.label()).collect();
-    let order = trie.order_by(&labels);
+    let mut sites: Vec<(NodeId, StackStats)> =
+        by_node.into_iter().filter(|(_, stats)| stats.get(measure).samples > 0).collect();
+    let order = trie.label_order(&labels, sites.len());
+    sites.sort_by(|(a, x), (b, y)| y.get(measure).samples.cmp(&x.get(measure).samples).then_with(|| order.cmp(*a, *b)));
+    drop(order);
     let trie = Arc::new(trie);
-    let mut sites: Vec<Site> = by_node
-        .into_iter()
-        .filter(|(_, stats)| stats.get(measure).samples > 0)
-        .map(|(node, stats)| Site { kind: grouping.kind, stats, node, trie: Arc::clone(&trie) })
-        .collect();
-    sites.sort_by(|a, b| {
-        let samples = |s: &Site| s.stats.get(measure).samples;
-        samples(b).cmp(&samples(a)).then_with(|| order[a.node as usize].cmp(&order[b.node as usize]))
-    });
-    sites
+    sites.into_iter().map(|(node, stats)| Site { kind: grouping.kind, stats, node, trie: Arc::clone(&trie) }).collect()
 }

@@ -143,34 +143,77 @@ impl StackInterner {
 /// Stacks of frames as a trie.
 pub type FrameTrie = Trie<FrameId>;
 
+/// The order of the nodes of a [`FrameTrie`] by their frames' labels
+/// ([`FrameTrie::label_order`]).
+#[derive(Debug)]
+pub struct LabelOrder<'a> {
+    trie: &'a FrameTrie,
+    /// Each frame's label's rank among the labels.
+    label_rank: Vec<u32>,
+    /// Each node's rank, when comparing frame by frame would cost too much.
+    ranks: Option<Vec<u32>>,
+}
+
+impl LabelOrder<'_> {
+    /// The order of nodes `a` and `b`.
+    pub fn cmp(&self, a: NodeId, b: NodeId) -> std::cmp::Ordering {
+        match &self.ranks {
+            Some(rank) => rank[a as usize].cmp(&rank[b as usize]),
+            None => {
+                let labels = |n| self.trie.up(n).map(|f| self.label_rank[f]);
+                labels(a).cmp(labels(b))
+            }
+        }
+    }
+}
+
 impl FrameTrie {
-    /// The rank of each node when nodes are ordered by the `labels` of their frames,
-    /// innermost first (a stack before the longer ones it starts), equal labels sharing a
-    /// rank. Ranked by prefix doubling: after round `k` nodes are ordered by their first
-    /// `2^k` labels, from the ranks of each node and of its ancestor `2^(k-1)` frames out;
-    /// so deep stacks cost `log(depth)` sorts, not a comparison of whole stacks per pair.
-    pub fn order_by(&self, labels: &[String]) -> Vec<u32> {
+    /// The order of nodes by the `labels` of their frames, innermost first (a stack before
+    /// the longer ones it starts; equal labels are equal), for sorting `count` nodes. Where
+    /// comparing frame by frame could cost more than a few passes over the trie (deep
+    /// stacks), nodes are ranked first ([`LabelOrder`]).
+    pub fn label_order(&self, labels: &[String], count: usize) -> LabelOrder<'_> {
         let mut by_label: Vec<FrameId> = (0..labels.len()).collect();
         by_label.sort_by(|&a, &b| labels[a].cmp(&labels[b]));
         let mut label_rank = vec![0u32; labels.len()];
         for pair in by_label.windows(2) {
             label_rank[pair[1]] = label_rank[pair[0]] + u32::from(labels[pair[0]] != labels[pair[1]]);
         }
+        let mut depth = vec![0u32; self.len()];
+        for n in 1..self.len() {
+            depth[n] = depth[self.parent(n as NodeId) as usize] + 1;
+        }
+        let deepest = depth.iter().max().copied().unwrap_or(0) as usize;
+        let comparisons = count.saturating_mul(count.max(2).ilog2() as usize + 1);
+        let walks = comparisons.saturating_mul(deepest) <= (1 << 24).max(16 * self.len());
+        let ranks = (!walks).then(|| self.ranks(&label_rank));
+        LabelOrder { trie: self, label_rank, ranks }
+    }
+
+    /// Each node's rank in the order of [`FrameTrie::label_order`], by prefix doubling:
+    /// after round `k` nodes are ordered by their first `2^k` labels, from the ranks of each
+    /// node and of its ancestor `2^(k-1)` frames out; so deep stacks cost `log(depth)`
+    /// sorts, not a comparison of whole stacks per pair.
+    fn ranks(&self, label_rank: &[u32]) -> Vec<u32> {
         let nodes = self.len();
         // Rank 0 is the root's: the end of a stack, before any label.
         let mut rank: Vec<u32> =
             (0..nodes as NodeId).map(|n| if n == ROOT { 0 } else { label_rank[self.item(n)] + 1 }).collect();
         let mut ancestor: Vec<NodeId> = (0..nodes as NodeId).map(|n| self.parent(n)).collect();
-        let mut order: Vec<NodeId> = (0..nodes as NodeId).collect();
+        let mut keyed: Vec<(u64, NodeId)> = Vec::with_capacity(nodes);
         loop {
-            let key = |n: NodeId| (rank[n as usize], rank[ancestor[n as usize] as usize]);
-            order.sort_unstable_by_key(|&n| key(n));
+            keyed.clear();
+            keyed.extend((0..nodes).map(|n| {
+                let key = (u64::from(rank[n]) << 32) | u64::from(rank[ancestor[n] as usize]);
+                (key, n as NodeId)
+            }));
+            keyed.sort_unstable();
             let mut next = vec![0u32; nodes];
             let mut distinct = 1;
-            for pair in order.windows(2) {
-                let changed = key(pair[0]) != key(pair[1]);
+            for pair in keyed.windows(2) {
+                let changed = pair[0].0 != pair[1].0;
                 distinct += usize::from(changed);
-                next[pair[1] as usize] = next[pair[0] as usize] + u32::from(changed);
+                next[pair[1].1 as usize] = next[pair[0].1 as usize] + u32::from(changed);
             }
             let settled = ancestor.iter().all(|&a| a == ROOT);
             rank = next;
@@ -245,11 +288,15 @@ mod tests {
             let parent = nodes[(state >> 33) as usize % nodes.len()];
             nodes.push(trie.child(parent, (state >> 20) as usize % labels.len()));
         }
-        let order = trie.order_by(&labels);
-        let names = |n: NodeId| trie.up(n).map(|f| labels[f].as_str()).collect::<Vec<_>>();
-        for a in 0..trie.len() as NodeId {
-            for b in 0..trie.len() as NodeId {
-                assert_eq!(order[a as usize].cmp(&order[b as usize]), names(a).cmp(&names(b)), "{a} {b}");
+        // Few nodes to sort are compared frame by frame, many are ranked first.
+        for count in [10, 1 << 24] {
+            let order = trie.label_order(&labels, count);
+            assert_eq!(order.ranks.is_some(), count > 10);
+            let names = |n: NodeId| trie.up(n).map(|f| labels[f].as_str()).collect::<Vec<_>>();
+            for a in 0..trie.len() as NodeId {
+                for b in 0..trie.len() as NodeId {
+                    assert_eq!(order.cmp(a, b), names(a).cmp(&names(b)), "{a} {b}");
+                }
             }
         }
     }

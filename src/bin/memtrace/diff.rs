@@ -223,19 +223,20 @@ pub fn changes(base: &Analysis, new: &Analysis, options: &Options) -> Vec<Change
             }
         }
     }
-    let order = names.trie.order_by(&names.labels);
     let names = Arc::new(names);
     let mut changes: Vec<Change> = by_site
         .into_iter()
         .map(|(node, (base, new))| Change { frames: Frames { node, names: Arc::clone(&names) }, base, new })
         .filter(|c| c.delta() != 0.0)
         .collect();
+    let order = names.trie.label_order(&names.labels, changes.len());
     changes.sort_by(|a, b| {
         b.beyond_noise()
             .cmp(&a.beyond_noise())
             .then_with(|| b.delta().abs().total_cmp(&a.delta().abs()))
-            .then_with(|| order[a.frames.node as usize].cmp(&order[b.frames.node as usize]))
+            .then_with(|| order.cmp(a.frames.node, b.frames.node))
     });
+    drop(order);
     changes
 }
 
