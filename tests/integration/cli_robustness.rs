@@ -364,7 +364,7 @@ fn crafted_deep_traces_run_every_subcommand_in_2_gib() {
             &["hotspots", t, "--stacks", "--format", "json", "--keep-allocator-frames", "--keep-root-frames"],
             &["hotspots", t, "--inside", "recurse", "--live-at", "end"],
             &["flamegraph", t, "-o", "f.svg"],
-            &["flamegraph", t, "-o", "f.txt", "--folded", "--live-end"],
+            &["flamegraph", t, "-o", "f.txt", "--folded", "--live-end", "--keep-root-frames"],
             &["pprof", t, "-o", "p.pb.gz"],
             &["timeline", t, "-o", "t.svg"],
             &["timeline", t, "-o", "t.csv"],
@@ -395,4 +395,34 @@ fn crafted_deep_traces_run_every_subcommand_in_2_gib() {
     let (code, out, stderr) = memtrace_in_2_gib(dir, &["hotspots", "deeper.ctf", "--stacks", "--top", "1"], true);
     assert_eq!(code, Some(0), "{stderr}");
     assert!(out.starts_with(&format!("Top 1 of {EVER_DEEPER} stacks of deeper.ctf")), "{out}");
+}
+
+/// Counts the bytes written to it, and keeps none.
+struct Counted(u64);
+
+impl std::io::Write for Counted {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0 += buf.len() as u64;
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[test]
+fn dump_streams_a_deep_stack_of_a_long_name() {
+    use crate::util::counting_alloc::{live_bytes, peak_since, reset_peak};
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_trace(dir.path(), "deep.ctf", &deep_trace_with_a_long_name());
+    let base = live_bytes();
+    reset_peak();
+    let mut out = Counted(0);
+    analysis::dump(&path, &mut out, &mut std::io::sink()).unwrap();
+    let peak = peak_since(base);
+    // One line: the long name's text 59 999 times, 12 GB, from a few MiB of memory (the
+    // reader's packets and its copy of the backtrace, each code's text once).
+    assert!(out.0 > 59_999 * 200_000, "{} bytes", out.0);
+    assert!(peak < 16 << 20, "dump took {} MiB", peak >> 20);
 }
