@@ -10,7 +10,7 @@ use memtrace_rs::analysis::{self, Analysis, Grouping, Measure, Options};
 use memtrace_rs::trace::{AllocSource, EventKind, NewAlloc, Reader, Writer};
 
 use crate::util::counting_alloc::{live_bytes, peak_since, reset_peak};
-use crate::util::handmade::Handmade;
+use crate::util::handmade::ever_deeper;
 use crate::util::traces::{locations_for, test_info, Rng};
 
 /// A trace of random stacks on three domains: each domain's stack loses some inner frames
@@ -81,17 +81,7 @@ const DEEPER: u64 = 40_000;
 fn the_analysis_of_ever_deeper_stacks_takes_linear_memory() {
     // 40 000 stacks of 1 to 40 000 frames: 800 million frames, 6.4 GB of location codes if
     // each stack were kept whole; each allocation adds one frame to the one before.
-    let mut t = Handmade::new(0.01);
-    let codes: Vec<u64> = (0..DEEPER).map(|i| 0x10_0000 + i).collect();
-    for chunk in codes.chunks(10_000) {
-        let names: Vec<(u64, String)> = chunk.iter().map(|&c| (c, format!("Deep.f{c}"))).collect();
-        let locations: Vec<(u64, &str, &str)> = names.iter().map(|(c, n)| (*c, n.as_str(), "deep.ml")).collect();
-        t.locations(0, &locations);
-    }
-    for (i, &code) in codes.iter().enumerate() {
-        t.alloc(1, 1, i as u64, &[(code, 1)]);
-    }
-    let trace = t.finish();
+    let trace = ever_deeper(DEEPER);
     let base = live_bytes();
     reset_peak();
     let reader = Reader::new(Cursor::new(&trace)).unwrap();
@@ -100,6 +90,7 @@ fn the_analysis_of_ever_deeper_stacks_takes_linear_memory() {
     let peak = peak_since(base);
     assert_eq!(a.stacks.len(), DEEPER as usize);
     assert_eq!(sites.len(), DEEPER as usize);
+    let codes: Vec<u64> = (0..DEEPER).map(|i| 0x10_0000 + i).collect();
     assert_eq!(a.trie.codes(a.stacks[DEEPER as usize - 1].node), codes);
     // About 60 bytes per node in the analysis and 50 per site: tens of MiB, not gigabytes.
     assert!(peak < 64 << 20, "analysing {DEEPER} ever deeper stacks took {} MiB", peak >> 20);

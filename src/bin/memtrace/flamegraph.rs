@@ -128,9 +128,9 @@ fn parse_seconds(s: &str) -> Result<f64, String> {
 const MAX_TOTAL: f64 = (1u64 << 53) as f64;
 
 /// Most bytes of folded stacks kept in memory (and drawn): deep stacks of long names would
-/// otherwise make a line per stack of depth × name length. Stacks past the limit (the
-/// smallest, since they come largest first) are left out, and [`Folded::left_out`] says how
-/// many.
+/// otherwise make a line per stack of depth × name length. The stacks from the first that
+/// does not fit on (the smallest, since they come largest first) are left out, unread, and
+/// [`Folded::left_out`] says how many.
 const MAX_FOLDED_BYTES: usize = 256 << 20;
 
 /// Folded stacks and the unit of their counts.
@@ -178,6 +178,10 @@ pub fn folded(analysis: &Analysis, measure: Measure, trim: analysis::Trim, root:
         .filter_map(|(site, bytes)| {
             let count = ((bytes / unit).round() as u64).min(room);
             if count == 0 {
+                return None;
+            }
+            if left_out > 0 {
+                left_out += 1;
                 return None;
             }
             // Measured before the frames are collected, so that a stack past the limit

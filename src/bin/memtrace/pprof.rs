@@ -38,8 +38,9 @@ use super::profile_proto::{Function, Line, Location, Mapping, Profile, Sample, V
 pub const SAMPLE_TYPES: [(&str, &str); 4] =
     [("alloc_objects", "count"), ("alloc_space", "bytes"), ("inuse_objects", "count"), ("inuse_space", "bytes")];
 
-/// Most location ids in the samples of a profile (256 MiB of them in memory).
-pub const MAX_LOCATION_IDS: usize = 32 << 20;
+/// Most location ids in the samples of a profile (128 MiB of them in memory, a profile of
+/// tens of MiB).
+pub const MAX_LOCATION_IDS: usize = 16 << 20;
 
 /// The string table being built.
 #[derive(Default)]

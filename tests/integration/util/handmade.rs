@@ -149,3 +149,21 @@ impl Handmade {
         self.bytes
     }
 }
+
+/// A trace whose every stack is one frame longer than the last (a recursion allocating on
+/// the way down) in `n` allocations: each stack shares all but one frame with the one
+/// before, so the file takes about 120 bytes a stack, but the stacks hold `n²/2` frames.
+/// Two names take turns, so that many stacks tie.
+pub fn ever_deeper(n: u64) -> Vec<u8> {
+    let mut t = Handmade::new(0.01);
+    let codes: Vec<u64> = (0..n).map(|i| 0x10_0000 + i).collect();
+    for chunk in codes.chunks(10_000) {
+        let name = |c: u64| if c % 7 == 0 { "Deep.a" } else { "Deep.b" };
+        let locations: Vec<(u64, &str, &str)> = chunk.iter().map(|&c| (c, name(c), "deep.ml")).collect();
+        t.locations(0, &locations);
+    }
+    for (i, &code) in codes.iter().enumerate() {
+        t.alloc(1, 1, i as u64, &[(code, 1)]);
+    }
+    t.finish()
+}
