@@ -158,7 +158,7 @@ pub fn ever_deeper(n: u64) -> Vec<u8> {
     let mut t = Handmade::new(0.01);
     let codes: Vec<u64> = (0..n).map(|i| 0x10_0000 + i).collect();
     for chunk in codes.chunks(10_000) {
-        let name = |c: u64| if c % 7 == 0 { "Deep.a" } else { "Deep.b" };
+        let name = |c: u64| if c.is_multiple_of(7) { "Deep.a" } else { "Deep.b" };
         let locations: Vec<(u64, &str, &str)> = chunk.iter().map(|&c| (c, name(c), "deep.ml")).collect();
         t.locations(0, &locations);
     }
