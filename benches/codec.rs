@@ -179,6 +179,29 @@ fn bench_read(c: &mut Criterion) {
 
     #[cfg(feature = "analysis")]
     bench_dump(c, &trace);
+    #[cfg(feature = "analysis")]
+    bench_analysis(c, &trace);
+}
+
+/// The analysis pass over the generated trace with its stacks (the trie of
+/// `memtrace_rs::analysis::stacks`), and the ranking of its sites by whole stack: what
+/// `memtrace hotspots --stacks` does before printing.
+#[cfg(feature = "analysis")]
+fn bench_analysis(c: &mut Criterion, trace: &common::Generated) {
+    use memtrace_rs::analysis::{ranked, Analysis, Grouping, Measure, Options};
+    let options = Options { stacks: true, live_at: None };
+    let analyse = || {
+        let reader = Reader::new(std::io::Cursor::new(&trace.bytes)).unwrap();
+        Analysis::from_reader(reader, &options, |_| {}).unwrap()
+    };
+    let mut group = c.benchmark_group("analysis");
+    group.sample_size(10);
+    group.throughput(Throughput::Elements(trace.events));
+    group.bench_function("pass", |b| b.iter(|| black_box(analyse())));
+    let analysis = analyse();
+    let whole = Grouping { stacks: true, ..Default::default() };
+    group.bench_function("ranked_stacks", |b| b.iter(|| black_box(ranked(&analysis, whole, Measure::Allocated))));
+    group.finish();
 }
 
 /// `memtrace dump` of the generated trace (from a temporary file) into a sink; one line

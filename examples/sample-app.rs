@@ -185,9 +185,9 @@ fn summarize(path: &std::path::Path) -> memtrace_rs::Result<()> {
     println!("top allocation sites by estimated bytes:");
     for site in sites.iter().take(8) {
         let bytes = analysis.bytes(site.stats.allocated.samples);
-        let name = site.frames.first().map_or_else(
+        let name = site.frames().next().map_or_else(
             || "<unknown>".to_owned(),
-            |&f| {
+            |f| {
                 let frame = &analysis.frames[f];
                 let file = frame.file.rsplit_once("/examples/").map_or(&*frame.file, |(_, f)| f);
                 format!("{}  ({file}:{})", frame.function, frame.line)

@@ -5,7 +5,7 @@
 //! Times are µs since the trace start. A block is complete, and handed on, when it is
 //! collected (or its id is reused by a new allocation, which frees it at that time) and,
 //! for the blocks still live, at the end of the trace; so memory grows with the live
-//! blocks and the distinct stacks, not with the trace's length.
+//! blocks and the distinct stacks (a [`StackTrie`]), not with the trace's length.
 //!
 //! # The peak
 //!
@@ -16,6 +16,7 @@
 
 use std::io::Read;
 
+use super::stacks::{StackInterner, StackTrie};
 use crate::format::hash::FastMap;
 use crate::format::trace::{AllocSource, EventKind, ObjectId, Reader, Timestamp};
 use crate::Result;
@@ -34,7 +35,8 @@ pub struct Block {
     pub words: u64,
     /// Samples (the byte estimate is [`crate::trace::Info::bytes_for_samples`]).
     pub nsamples: u64,
-    /// The block's stack: an index into [`Stacks::codes`].
+    /// The block's stack: a node of [`Stacks::trie`] (the same node as in an analysis of
+    /// the same trace, [`Analysis::trie`](super::Analysis::trie)).
     pub stack: u32,
 }
 
@@ -95,8 +97,8 @@ impl PeakFinder {
 /// The distinct stacks of the streamed blocks and what the stream saw.
 #[derive(Debug, Clone, Default)]
 pub struct Stacks {
-    /// The location codes of each stack (outermost caller first, as in the trace).
-    pub codes: Vec<Box<[u64]>>,
+    /// The location codes of the stacks.
+    pub trie: StackTrie,
     /// Time of the last event, µs since the start.
     pub end_us: u64,
     /// Events read.
@@ -112,20 +114,17 @@ pub struct Stacks {
     pub external_allocs: bool,
 }
 
-/// Read every event of `reader` and hand each complete block to `each` with its stack's
-/// location codes, calling `progress` now and then with the number of bytes read (as
+/// Read every event of `reader` and hand each complete block to `each`, calling `progress` now and then with the number of bytes read (as
 /// [`Analysis::from_reader`](super::Analysis::from_reader) does). The reader's locations
 /// and warnings are left for the caller.
 pub fn stream<R: Read>(
     reader: &mut Reader<R>,
-    mut each: impl FnMut(&Block, &[u64]),
+    mut each: impl FnMut(&Block),
     mut progress: impl FnMut(u64),
 ) -> Result<Stacks> {
     reader.set_decode_backtraces(true);
     let start = reader.info().start_time;
-    let mut index: FastMap<Box<[u64]>, u32> = FastMap::default();
-    // The empty stack has its own slot, as in the analysis pass (`Pass::stack_id`).
-    let mut empty_stack = None;
+    let mut interner = StackInterner::default();
     let mut stacks = Stacks::default();
     let mut live: FastMap<ObjectId, Block> = FastMap::default();
     let mut live_total: u128 = 0;
@@ -145,29 +144,19 @@ pub fn stream<R: Read>(
                     AllocSource::External => stacks.external_allocs = true,
                     AllocSource::Minor | AllocSource::Major => stacks.ocaml_events = true,
                 }
-                let known = if a.backtrace.is_empty() { empty_stack } else { index.get(a.backtrace).copied() };
-                let stack = known.unwrap_or_else(|| {
-                    let id = stacks.codes.len() as u32;
-                    stacks.codes.push(a.backtrace.into());
-                    if a.backtrace.is_empty() {
-                        empty_stack = Some(id);
-                    } else {
-                        index.insert(a.backtrace.into(), id);
-                    }
-                    id
-                });
+                let stack = interner.intern(event.domain, &a);
                 let block = Block { alloc_us: t, free_us: None, words: a.length, nsamples: a.nsamples, stack };
                 live_total = live_total.saturating_add(u128::from(a.nsamples));
                 if let Some(mut old) = live.insert(a.id, block) {
                     // A reused id: the old object is gone.
                     free(&mut old, t, &mut live_total);
-                    each(&old, &stacks.codes[old.stack as usize]);
+                    each(&old);
                 }
             }
             EventKind::Collect { id } => {
                 if let Some(mut block) = live.remove(&id) {
                     free(&mut block, t, &mut live_total);
-                    each(&block, &stacks.codes[block.stack as usize]);
+                    each(&block);
                 }
             }
             EventKind::Promote { .. } => stacks.ocaml_events = true,
@@ -182,9 +171,8 @@ pub fn stream<R: Read>(
     stacks.peak_samples = u64::try_from(samples).unwrap_or(u64::MAX);
     let mut remaining: Vec<Block> = live.into_values().collect();
     remaining.sort_unstable_by_key(|b| b.alloc_us);
-    for block in &remaining {
-        each(block, &stacks.codes[block.stack as usize]);
-    }
+    remaining.iter().for_each(each);
+    stacks.trie = interner.finish();
     Ok(stacks)
 }
 

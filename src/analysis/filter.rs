@@ -16,7 +16,6 @@ use std::io::Read;
 
 use super::blocks::{self, Block};
 use super::pass::{estimated_objects, Analysis, StackStats, Tally};
-use crate::format::hash::FastMap;
 use crate::format::trace::Reader;
 use crate::Result;
 
@@ -180,7 +179,11 @@ pub fn restrict<R: Read>(
     filter: &Filter,
     progress: impl FnMut(u64),
 ) -> Result<Analysis> {
-    let by_codes: FastMap<&[u64], usize> = analysis.stacks.iter().enumerate().map(|(i, s)| (&*s.codes, i)).collect();
+    // The stream's trie nodes are the analysis's: both intern the same allocations.
+    let mut stack_of_node = vec![usize::MAX; analysis.trie.len()];
+    for (i, s) in analysis.stacks.iter().enumerate() {
+        stack_of_node[s.node as usize] = i;
+    }
     let peak_us = analysis.peak.time.saturating_sub(analysis.info.start_time);
     let word_bytes = u64::from(analysis.info.word_size) / 8;
     let rate = analysis.info.sample_rate;
@@ -189,18 +192,15 @@ pub fn restrict<R: Read>(
     let mut stack_of: Vec<Option<(usize, bool)>> = Vec::new();
     blocks::stream(
         &mut reader,
-        |block, codes| {
+        |block| {
             let slot = block.stack as usize;
             if slot >= stack_of.len() {
                 stack_of.resize(slot + 1, None);
             }
             let (stack, passes) = *stack_of[slot].get_or_insert_with(|| {
-                let stack = by_codes[codes];
-                let frames: Vec<&str> = analysis
-                    .stack_frames(&analysis.stacks[stack])
-                    .map(|f| analysis.frames[f].function.as_str())
-                    .collect();
-                (stack, filter.matches_stack(frames.into_iter()))
+                // Walked only if there are clauses on functions.
+                let functions = analysis.trie.up(block.stack).flat_map(|code| analysis.frames_of(code));
+                (stack_of_node[slot], filter.matches_stack(functions.map(|&f| analysis.frames[f].function.as_str())))
             });
             if passes && filter.matches_block(block, peak_us, word_bytes) {
                 let objects = estimated_objects(block.nsamples, block.words, rate);

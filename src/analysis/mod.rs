@@ -4,7 +4,8 @@
 //! ([`Analysis::shorten_names`]), and the two event-by-event passes of the `memtrace`
 //! command line that need no analysis: [`dump`] and [`copy`]. The sampled [`blocks`] of a
 //! trace (each allocation with its alloc and free times) and the [`filter`] that selects
-//! among them are shared by `memtrace hotspots` and the report page.
+//! among them are shared by `memtrace hotspots` and the report page. Stacks are kept as
+//! [`stacks`] tries, so memory grows with distinct frames, not with stack depth × stacks.
 //!
 //! Byte figures are estimates: each sample of an allocation stands for
 //! `word_size / 8 / sample_rate` bytes ([`Analysis::bytes`]), with a 95 % interval from
@@ -18,6 +19,7 @@ pub mod filter;
 mod names;
 mod pass;
 mod sites;
+pub mod stacks;
 
 pub use crate::frames::{is_allocator_frame, is_root_frame};
 pub use copy::{copy, Copied};
@@ -26,6 +28,6 @@ pub use estimate::{poisson_interval, Estimate, FEW_SAMPLES, Z};
 pub use names::short_name;
 pub use pass::{
     estimated_objects, short_path, Analysis, Bucket, Counts, Frame, FrameId, FrameKind, FrameTable, Measure, Options,
-    Origin, Peak, Stack, StackStats, Tally, Timeline, MAX_STACK_FRAMES, TEMPORARY_US,
+    Origin, Peak, Stack, StackStats, Tally, Timeline, TEMPORARY_US,
 };
 pub use sites::{ranked, Grouping, Site, Trim};

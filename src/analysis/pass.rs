@@ -2,18 +2,19 @@
 //!
 //! [`Analysis::run`] reads a trace event by event and keeps only what grows with the
 //! program's structure, never with the trace's length:
-//! - distinct stacks, interned by their location codes, each with its allocation totals and
-//!   its live estimate (at the end, at the peak of the total live estimate, and at an
-//!   optional chosen time);
+//! - distinct stacks, as nodes of a trie of location codes ([`StackTrie`]), each with its
+//!   allocation totals and its live estimate (at the end, at the peak of the total live
+//!   estimate, and at an optional chosen time);
 //! - the live set: every sampled object not yet collected, with its stack, samples and
 //!   birth (for the temporary figure: what is freed within [`TEMPORARY_US`]);
 //! - event counts, a histogram of sizes, and the total live estimate with its peak;
 //! - a [`Timeline`] of fixed size, whose buckets widen as the trace gets longer.
 //!
-//! Stacks are kept whole, so a crafted trace of ever deeper stacks is quadratic in frames:
-//! the pass refuses one past [`MAX_STACK_FRAMES`] frames in all rather than exhaust memory.
+//! Stacks share the nodes of their common outer frames, and each allocation costs only the
+//! frames its backtrace adds to the previous one's ([`StackInterner`]): a crafted trace of
+//! ever deeper stacks takes memory and time linear in its size, not in stacks × depth.
 //!
-//! At the end the location codes of the stacks are resolved once each into [`Frame`]s.
+//! At the end the location codes of the trie are resolved once each into [`Frame`]s.
 //! Estimates follow the trace's rate and word size ([`Info::bytes_for_samples`]); the number
 //! of objects an allocation of `length` words with `nsamples` samples stands for is
 //! estimated as `nsamples / (length × rate)`, whose expectation is one when every word of
@@ -42,17 +43,12 @@ use std::path::Path;
 
 use super::blocks::{PeakFinder, PROGRESS_EVERY};
 use super::estimate::Estimate;
+use super::stacks::{NodeId, StackInterner, StackTrie};
 use crate::format::hash::FastMap;
 use crate::format::location_codec::Location;
 use crate::format::trace::{AllocSource, EventKind, Info, LocationTable, ObjectId, Reader, Timestamp, Warning};
 use crate::trace::{SPAN_FILE_PREFIX, THREAD_FILE};
-use crate::{Error, ErrorKind, Result};
-
-/// Most frames the distinct stacks may hold in all (256 MiB of location codes): a trace
-/// built to have ever deeper stacks (each one frame longer than the last) is small on disk
-/// but quadratic in frames, and is refused rather than allowed to exhaust memory. Real
-/// traces hold far fewer (this crate's allocator keeps at most 64 frames per stack).
-pub const MAX_STACK_FRAMES: usize = 32 << 20;
+use crate::Result;
 
 /// Allocations freed within this many µs of their allocation count as temporary
 /// ([`Measure::Temporary`]).
@@ -202,8 +198,9 @@ impl StackStats {
 /// A distinct backtrace and its figures.
 #[derive(Debug, Clone)]
 pub struct Stack {
-    /// Location codes, outermost caller first (empty when backtraces were not decoded).
-    pub codes: Box<[u64]>,
+    /// The backtrace's node in [`Analysis::trie`] ([`ROOT`](super::stacks::ROOT) when
+    /// backtraces were not decoded).
+    pub node: NodeId,
     /// The stack's figures.
     pub stats: StackStats,
 }
@@ -435,8 +432,10 @@ pub struct Analysis {
     pub warnings: Vec<Warning>,
     /// The live estimate over time.
     pub timeline: Timeline,
-    /// Every distinct stack.
+    /// Every distinct stack, in the order of their first allocation.
     pub stacks: Vec<Stack>,
+    /// The location codes of the stacks.
+    pub trie: StackTrie,
     /// Every distinct frame of the stacks.
     pub frames: Vec<Frame>,
     /// The frames of each location code of the stacks, outermost first.
@@ -473,11 +472,11 @@ struct LiveObject {
 struct Pass {
     start: Timestamp,
     rate: f64,
-    index: FastMap<Box<[u64]>, u32>,
-    /// Frames of all the stacks in `index`.
-    stack_frames: usize,
-    /// The id of the empty stack, kept out of `index`.
-    empty_stack: Option<u32>,
+    interner: StackInterner,
+    /// The stack of each trie node that is one (`u32::MAX` for the others).
+    stack_of_node: Vec<u32>,
+    /// The trie node of each stack.
+    nodes: Vec<NodeId>,
     stacks: Vec<StackState>,
     live: FastMap<ObjectId, LiveObject>,
     /// Live samples, exact (see [`Acc`]).
@@ -500,33 +499,17 @@ struct Pass {
 }
 
 impl Pass {
-    fn stack_id(&mut self, codes: &[u64]) -> Result<u32> {
-        // The empty stack (every allocation when backtraces are not decoded) has its own
-        // slot: looking it up would memcmp two dangling pointers, and glibc's AVX-512
-        // memcmp makes that slow even for zero bytes (a masked load from page zero).
-        if codes.is_empty() {
-            if let Some(id) = self.empty_stack {
-                return Ok(id);
-            }
-        } else if let Some(&id) = self.index.get(codes) {
-            return Ok(id);
+    fn stack_id(&mut self, node: NodeId) -> u32 {
+        let slot = node as usize;
+        if slot >= self.stack_of_node.len() {
+            self.stack_of_node.resize(self.interner.trie().len(), u32::MAX);
         }
-        self.stack_frames += codes.len();
-        if self.stack_frames > MAX_STACK_FRAMES {
-            return Err(Error::new(ErrorKind::TooLarge(format!(
-                "the trace's distinct stacks hold more than {MAX_STACK_FRAMES} frames in all (stacks up to {} \
-                 frames deep): too many to analyse",
-                codes.len()
-            ))));
+        if self.stack_of_node[slot] == u32::MAX {
+            self.stack_of_node[slot] = self.stacks.len() as u32;
+            self.stacks.push(StackState::default());
+            self.nodes.push(node);
         }
-        let id = self.stacks.len() as u32;
-        if codes.is_empty() {
-            self.empty_stack = Some(id);
-        } else {
-            self.index.insert(codes.into(), id);
-        }
-        self.stacks.push(StackState::default());
-        Ok(id)
+        self.stack_of_node[slot]
     }
 
     /// Save the stack's live figure for the current peak before it changes.
@@ -546,8 +529,8 @@ impl Pass {
         self.snapshot_taken = true;
     }
 
-    fn alloc(&mut self, time: Timestamp, id: ObjectId, length: u64, samples: u64, codes: &[u64]) -> Result<()> {
-        let stack = self.stack_id(codes)?;
+    fn alloc(&mut self, time: Timestamp, id: ObjectId, length: u64, samples: u64, node: NodeId) {
+        let stack = self.stack_id(node);
         let objects = estimated_objects(samples, length, self.rate);
         let size = length.saturating_mul(self.word_bytes);
         self.sizes[size_bucket(size)].add(samples, objects);
@@ -560,7 +543,6 @@ impl Pass {
             self.free(old);
         }
         self.live_total = self.live_total.saturating_add(u128::from(samples));
-        Ok(())
     }
 
     fn collect(&mut self, time: Timestamp, id: ObjectId) {
@@ -595,17 +577,14 @@ impl Pass {
         if self.live_at.is_some() && !self.snapshot_taken {
             self.snapshot_live_at();
         }
-        // Ids missing from `index` keep the empty stack.
-        let mut codes_by_id: Vec<Box<[u64]>> = vec![Box::default(); self.stacks.len()];
-        for (codes, id) in self.index {
-            codes_by_id[id as usize] = codes;
-        }
+        let trie = self.interner.finish();
+        // In the order of the nodes, which is the order of the stacks' first allocation.
         let mut frames = FrameTable::default();
+        for node in 1..trie.len() as NodeId {
+            frames.resolve(trie.item(node), locations);
+        }
         let mut stacks = Vec::with_capacity(self.stacks.len());
-        for (codes, s) in codes_by_id.into_iter().zip(self.stacks) {
-            for &code in codes.iter() {
-                frames.resolve(code, locations);
-            }
+        for (node, s) in self.nodes.into_iter().zip(self.stacks) {
             let live_peak = if s.stamp == self.peaks { s.at_peak } else { s.live };
             let stats = StackStats {
                 allocs: s.allocs,
@@ -615,7 +594,7 @@ impl Pass {
                 live_at: s.at_time.tally(),
                 temporary: s.temporary,
             };
-            stacks.push(Stack { codes, stats });
+            stacks.push(Stack { node, stats });
         }
         let distinct: std::collections::HashSet<&Location> = locations.iter().flat_map(|(_, l)| l).collect();
         Analysis {
@@ -629,6 +608,7 @@ impl Pass {
             warnings,
             timeline: self.timeline,
             stacks,
+            trie,
             frames: frames.frames,
             code_frames: frames.by_code,
             sizes: self.sizes,
@@ -718,9 +698,9 @@ impl Analysis {
         let mut pass = Pass {
             start: info.start_time,
             rate: info.sample_rate,
-            index: FastMap::default(),
-            stack_frames: 0,
-            empty_stack: None,
+            interner: StackInterner::default(),
+            stack_of_node: Vec::new(),
+            nodes: Vec::new(),
             stacks: Vec::new(),
             live: FastMap::default(),
             live_total: 0,
@@ -758,7 +738,8 @@ impl Analysis {
                     c.samples = c.samples.saturating_add(a.nsamples);
                     c.words = c.words.saturating_add(a.length);
                     allocated = a.nsamples;
-                    pass.alloc(event.time, a.id, a.length, a.nsamples, a.backtrace)?;
+                    let node = pass.interner.intern(event.domain, &a);
+                    pass.alloc(event.time, a.id, a.length, a.nsamples, node);
                 }
                 EventKind::Promote { .. } => pass.counts.promotes += 1,
                 EventKind::Collect { id } => {
@@ -804,8 +785,16 @@ impl Analysis {
     }
 
     /// The frames of `stack`, outermost first (inlined frames expanded).
-    pub fn stack_frames<'a>(&'a self, stack: &'a Stack) -> impl DoubleEndedIterator<Item = FrameId> + 'a {
-        stack.codes.iter().flat_map(|code| self.code_frames.get(code).into_iter().flatten().copied())
+    pub fn stack_frames(&self, stack: &Stack) -> impl DoubleEndedIterator<Item = FrameId> + '_ {
+        let mut frames: Vec<FrameId> =
+            self.trie.up(stack.node).flat_map(|code| self.frames_of(code).iter().rev()).copied().collect();
+        frames.reverse();
+        frames.into_iter()
+    }
+
+    /// The frames of location `code`, outermost first.
+    pub fn frames_of(&self, code: u64) -> &[FrameId] {
+        self.code_frames.get(&code).map_or(&[], Vec::as_slice)
     }
 
     /// The sum of the figures of all stacks.

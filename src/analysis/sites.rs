@@ -11,10 +11,12 @@
 //! or thread ([`Grouping::kind`]), a stack keeps only the frames of that kind instead of
 //! being trimmed: a site is its innermost span (all its spans with `stacks`) or its thread.
 
-use std::collections::HashMap;
 use std::ops::Range;
+use std::sync::Arc;
 
-use super::pass::{Analysis, FrameId, FrameKind, Measure, StackStats};
+use super::pass::{Analysis, Frame, FrameId, FrameKind, Measure, StackStats};
+use super::stacks::{FrameTrie, NodeId, ROOT};
+use crate::format::hash::FastMap;
 use crate::frames::{is_allocator_frame, is_root_frame};
 
 /// How stacks are grouped into sites.
@@ -62,16 +64,38 @@ impl Trim {
 /// A group of stacks sharing a site.
 #[derive(Debug, Clone)]
 pub struct Site {
-    /// The site's frames, innermost first: one frame, or a whole trimmed stack; empty for
-    /// allocations without a backtrace (or without a frame of the grouping's kind).
-    pub frames: Vec<FrameId>,
     /// The kind of frames the site was grouped by.
     pub kind: FrameKind,
     /// The summed figures of the site's stacks.
     pub stats: StackStats,
+    /// The site's frames: a node of the sites' trie, whose stack is one frame or a whole
+    /// trimmed stack; the root for allocations without a backtrace (or without a frame of
+    /// the grouping's kind).
+    node: NodeId,
+    trie: Arc<FrameTrie>,
 }
 
 impl Site {
+    /// The site's frames, innermost first.
+    pub fn frames(&self) -> impl Iterator<Item = FrameId> + Clone + '_ {
+        self.trie.up(self.node)
+    }
+
+    /// Whether the site has no frame.
+    pub fn is_empty(&self) -> bool {
+        self.node == ROOT
+    }
+
+    /// The site's node in [`Site::trie`], shared by all the sites of one ranking.
+    pub fn node(&self) -> NodeId {
+        self.node
+    }
+
+    /// The trie of the sites' frames.
+    pub fn trie(&self) -> &FrameTrie {
+        &self.trie
+    }
+
     /// The site's name: its innermost frame's label (`(no backtrace)`, `(no span)` or
     /// `(no thread)` when it has none).
     pub fn label(&self, analysis: &Analysis) -> String {
@@ -80,16 +104,16 @@ impl Site {
             FrameKind::Span => "(no span)",
             FrameKind::Thread => "(no thread)",
         };
-        self.frames.first().map_or_else(|| none.to_string(), |&f| analysis.frames[f].label())
+        self.frames().next().map_or_else(|| none.to_string(), |f| analysis.frames[f].label())
     }
 
     /// The labels of the site's frames, innermost first (the site's [`label`](Site::label)
     /// when it has none).
     pub fn labels(&self, analysis: &Analysis) -> Vec<String> {
-        if self.frames.is_empty() {
+        if self.is_empty() {
             return vec![self.label(analysis)];
         }
-        self.frames.iter().map(|&f| analysis.frames[f].label()).collect()
+        self.frames().map(|f| analysis.frames[f].label()).collect()
     }
 
     /// A key that identifies the site across traces: the labels of all its frames.
@@ -98,40 +122,141 @@ impl Site {
     }
 }
 
-/// Group the stacks of `analysis` into sites, ranked by `measure` (largest first; ties by
-/// label). Sites whose figure for `measure` is zero are left out.
-pub fn ranked(analysis: &Analysis, grouping: Grouping, measure: Measure) -> Vec<Site> {
-    let mut by_frames: HashMap<Vec<FrameId>, StackStats> = HashMap::new();
-    for stack in &analysis.stacks {
-        let mut frames: Vec<FrameId> = analysis.stack_frames(stack).rev().collect();
-        if grouping.kind == FrameKind::Code {
-            // The runtime's span and thread frames are the outermost: the code below them
-            // is trimmed, and they stay above it in whole stacks (a site is code only).
-            let code = frames.iter().rposition(|&f| analysis.frames[f].kind() == FrameKind::Code).map_or(0, |i| i + 1);
-            let pseudo = frames.split_off(code);
-            let kept = grouping.trim.kept(analysis, &frames);
-            frames.truncate(kept.end);
-            frames.drain(..kept.start);
-            if grouping.stacks {
-                frames.extend(pseudo);
-            }
-        } else {
-            frames.retain(|&f| analysis.frames[f].kind() == grouping.kind);
+/// What a walk from the outermost frame of a stack inwards knows of the stack's site (see
+/// the [module documentation](self)); each code of the stack trie extends its parent's.
+#[derive(Debug, Clone, Copy)]
+struct Walk {
+    /// Only pseudo-frames (spans, threads) so far.
+    in_pseudo: bool,
+    /// The node of the pseudo-frames.
+    pseudo: NodeId,
+    /// The node of the pseudo-frames and every code frame so far.
+    all: NodeId,
+    /// The same without the outermost root frames; `None` while every code frame is one.
+    trimmed: Option<NodeId>,
+    /// `all`, `trimmed` and the frame at the innermost frame so far that is not the
+    /// allocator's.
+    last_kept: Option<(NodeId, Option<NodeId>, FrameId)>,
+    /// The innermost frame so far (for a kind other than code: of that kind).
+    innermost: Option<FrameId>,
+}
+
+impl Walk {
+    const START: Walk =
+        Walk { in_pseudo: true, pseudo: ROOT, all: ROOT, trimmed: None, last_kept: None, innermost: None };
+}
+
+/// What [`ranked`] needs to know of each frame.
+struct Rules {
+    grouping: Grouping,
+    kind: Vec<FrameKind>,
+    /// Trimmed from the inner end unless the allocator's frames are kept.
+    allocator: Vec<bool>,
+    /// Trimmed from the outer end unless the root frames are kept.
+    root: Vec<bool>,
+}
+
+impl Rules {
+    fn new(analysis: &Analysis, grouping: Grouping) -> Rules {
+        let frames = &analysis.frames;
+        Rules {
+            grouping,
+            kind: frames.iter().map(Frame::kind).collect(),
+            allocator: frames
+                .iter()
+                .map(|f| !grouping.trim.keep_allocator_frames && is_allocator_frame(&f.function, &f.file))
+                .collect(),
+            root: frames
+                .iter()
+                .map(|f| !grouping.trim.keep_root_frames && is_root_frame(&f.function, &f.file))
+                .collect(),
         }
-        if !grouping.stacks {
-            frames.truncate(1);
-        }
-        by_frames.entry(frames).or_default().add(&stack.stats);
     }
+
+    /// `walk` one frame further in, `f`, interning the stacks it needs in `sites`.
+    fn step(&self, mut walk: Walk, f: FrameId, sites: &mut FrameTrie) -> Walk {
+        let stacks = self.grouping.stacks;
+        if self.grouping.kind != FrameKind::Code {
+            if self.kind[f] == self.grouping.kind {
+                walk.innermost = Some(f);
+                if stacks {
+                    walk.all = sites.child(walk.all, f);
+                }
+            }
+            return walk;
+        }
+        if walk.in_pseudo && self.kind[f] != FrameKind::Code {
+            if stacks {
+                walk.pseudo = sites.child(walk.pseudo, f);
+                walk.all = walk.pseudo;
+            }
+            return walk;
+        }
+        walk.in_pseudo = false;
+        walk.innermost = Some(f);
+        if stacks {
+            walk.all = sites.child(walk.all, f);
+            walk.trimmed = match walk.trimmed {
+                Some(t) => Some(sites.child(t, f)),
+                None if !self.root[f] => Some(sites.child(walk.pseudo, f)),
+                None => None,
+            };
+        }
+        if !self.allocator[f] {
+            walk.last_kept = Some((walk.all, walk.trimmed, f));
+        }
+        walk
+    }
+
+    /// The site of the stack `walk` ended at.
+    fn site(&self, walk: &Walk, sites: &mut FrameTrie) -> NodeId {
+        if self.grouping.kind != FrameKind::Code {
+            return match (self.grouping.stacks, walk.innermost) {
+                (true, _) => walk.all,
+                (false, Some(f)) => sites.child(ROOT, f),
+                (false, None) => ROOT,
+            };
+        }
+        if walk.in_pseudo {
+            return if self.grouping.stacks { walk.pseudo } else { ROOT };
+        }
+        // The innermost frame that is not the allocator's, or the innermost if all are;
+        // then the outermost root frames are left out unless every kept frame is one.
+        let (all, trimmed, frame) = walk.last_kept.unwrap_or((walk.all, walk.trimmed, walk.innermost.unwrap_or(0)));
+        if self.grouping.stacks {
+            trimmed.unwrap_or(all)
+        } else {
+            sites.child(ROOT, frame)
+        }
+    }
+}
+
+/// Group the stacks of `analysis` into sites, ranked by `measure` (largest first; ties by
+/// label). Sites whose figure for `measure` is zero are left out. The work is linear in the
+/// nodes of the stack trie: each node's site is its parent's walked one code further.
+pub fn ranked(analysis: &Analysis, grouping: Grouping, measure: Measure) -> Vec<Site> {
+    let rules = Rules::new(analysis, grouping);
+    let mut trie = FrameTrie::default();
+    let stacks = &analysis.trie;
+    let mut walks = Vec::with_capacity(stacks.len());
+    walks.push(Walk::START);
+    for node in 1..stacks.len() as NodeId {
+        let parent = walks[stacks.parent(node) as usize];
+        let walk = analysis.frames_of(stacks.item(node)).iter().fold(parent, |w, &f| rules.step(w, f, &mut trie));
+        walks.push(walk);
+    }
+    let mut by_node: FastMap<NodeId, StackStats> = FastMap::default();
+    for stack in &analysis.stacks {
+        let node = rules.site(&walks[stack.node as usize], &mut trie);
+        by_node.entry(node).or_default().add(&stack.stats);
+    }
+    drop(walks);
     let labels: Vec<String> = analysis.frames.iter().map(|f| f.label()).collect();
-    let mut sites: Vec<Site> = by_frames
-        .into_iter()
-        .map(|(frames, stats)| Site { frames, kind: grouping.kind, stats })
-        .filter(|s| s.stats.get(measure).samples > 0)
-        .collect();
-    sites.sort_by(|a, b| {
-        let names = |s: &Site| s.frames.iter().map(|&f| labels[f].as_str()).collect::<Vec<_>>();
-        b.stats.get(measure).samples.cmp(&a.stats.get(measure).samples).then_with(|| names(a).cmp(&names(b)))
-    });
-    sites
+    let mut sites: Vec<(NodeId, StackStats)> =
+        by_node.into_iter().filter(|(_, stats)| stats.get(measure).samples > 0).collect();
+    let order = trie.label_order(&labels, sites.len());
+    sites.sort_by(|(a, x), (b, y)| y.get(measure).samples.cmp(&x.get(measure).samples).then_with(|| order.cmp(*a, *b)));
+    drop(order);
+    let trie = Arc::new(trie);
+    sites.into_iter().map(|(node, stats)| Site { kind: grouping.kind, stats, node, trie: Arc::clone(&trie) }).collect()
 }

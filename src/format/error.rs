@@ -53,9 +53,6 @@ pub enum ErrorKind {
     },
     /// An event header named an event id this format does not have.
     UnknownEvent(u32),
-    /// Analysing the trace would take more memory than the analysis allows itself (deep
-    /// stacks of a crafted trace); says which limit.
-    TooLarge(String),
     /// An allocation's source byte was not 0 (minor), 1 (major) or 2 (external).
     BadAllocSource(u8),
     /// A promote event referred to an object id not yet allocated in its packet.
@@ -152,7 +149,6 @@ impl fmt::Display for ErrorKind {
                 write!(f, "event time {time} earlier than the previous event ({previous})")
             }
             UnknownEvent(id) => write!(f, "unknown event code {id}"),
-            TooLarge(what) => write!(f, "{what}"),
             BadAllocSource(s) => write!(f, "bad allocation source {s}"),
             NegativePromote(d) => write!(f, "promote of a not-yet-allocated object (delta {d})"),
             AllocIdSync { expected, found } => {

@@ -266,7 +266,7 @@ fn root_frames_are_trimmed_from_the_outer_end_unless_kept() {
     });
     let a = analyse(&b.finish(), STACKS);
     let g = Grouping { stacks: true, ..Default::default() };
-    assert_eq!(sites::ranked(&a, g, Measure::Allocated)[0].frames.len(), 2);
+    assert_eq!(sites::ranked(&a, g, Measure::Allocated)[0].frames().count(), 2);
 }
 
 #[test]

@@ -6,6 +6,7 @@ use std::io::Cursor;
 use std::path::Path;
 
 use crate::util::cli::*;
+use crate::util::handmade::{ever_deeper, Handmade};
 use memtrace_rs::analysis::{self, Analysis, Grouping, Measure, Options};
 use memtrace_rs::trace::{AllocSource, Info, NewAlloc, Reader, Writer};
 
@@ -290,36 +291,27 @@ fn folded_counts_of_absurd_estimates_fit_flame_graph_tools() {
     assert_eq!(folded(&known_trace()).1, 0);
 }
 
-/// A trace of one allocation whose stack has 60 000 frames, one of them named with 200 000
-/// characters (the writer keeps what the format allows of both): every view that writes a
-/// stack out in full would repeat the name's frame's label, whatever its length.
+/// The first crafted trace, written byte by byte since our writer keeps location
+/// lists within the format's 4096-byte bound and backtraces within their budget: one
+/// allocation of an OCaml trace (so names are shown as they are) whose stack is `main`
+/// and then 59 999 calls of a recursive function named with 200 000 characters. Every view
+/// that wrote each frame's label would write 12 GB.
 fn deep_trace_with_a_long_name() -> Vec<u8> {
-    let long = format!("app::{}", "x".repeat(200_000));
-    let stack: Vec<u64> = (1..=60_000).collect();
-    let mut t = TraceBuilder::new();
-    t.alloc_with(10, 3, &stack, |code| location_at(if code == 30_000 { &long } else { "app::recurse" }, "src/app.rs"));
+    let long = format!("Deep.recurse_{}", "x".repeat(200_000));
+    let mut t = Handmade::new(0.01);
+    t.locations(0, &[(0x1000, "Main.main", "main.ml"), (0x2000, &long, "deep.ml")]);
+    t.alloc(10, 3, 0, &[(0x1000, 1), (0x2000, 59_999)]);
     t.finish()
 }
 
-/// A trace whose every stack is one frame longer than the last (a recursion allocating on
-/// the way down): small on disk, since each stack shares all but one frame with the one
-/// before, but `n²/2` frames if each stack is kept whole.
-fn ever_deeper_trace(n: u64) -> Vec<u8> {
-    let mut t = TraceBuilder::new();
-    let mut stack: Vec<u64> = Vec::new();
-    for i in 0..n {
-        stack.insert(0, 1_000 + i);
-        t.alloc_with(i, 1, &stack, |code| location_at(if code % 7 == 0 { "app::a" } else { "app::b" }, "src/app.rs"));
-    }
-    t.finish()
-}
-
-/// Run `memtrace args` in `dir` under an address-space limit of 2 GiB, its output thrown
-/// away; its exit status and stderr.
-fn memtrace_in_2_gib(dir: &Path, args: &[&str]) -> (Option<i32>, String) {
+/// Run `memtrace args` in `dir` under an address-space limit of 2 GiB; its exit status,
+/// stdout (thrown away unless `keep_stdout`) and stderr.
+fn memtrace_in_2_gib(dir: &Path, args: &[&str], keep_stdout: bool) -> (Option<i32>, String, String) {
     use std::os::unix::process::CommandExt;
+    use std::process::Stdio;
     let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_memtrace"));
-    command.args(args).current_dir(dir).stdout(std::process::Stdio::null()).stderr(std::process::Stdio::piped());
+    let stdout = if keep_stdout { Stdio::piped() } else { Stdio::null() };
+    command.args(args).current_dir(dir).stdout(stdout).stderr(Stdio::piped());
     // SAFETY: setrlimit is async-signal-safe and touches no memory of the parent; the
     // closure runs in the child between fork and exec.
     unsafe {
@@ -333,39 +325,104 @@ fn memtrace_in_2_gib(dir: &Path, args: &[&str]) -> (Option<i32>, String) {
         });
     }
     let out = command.output().unwrap();
-    (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    (out.status.code(), text(&out.stdout), text(&out.stderr))
 }
+
+/// Stacks of the ever deeper trace of the test below: 8 200 stacks of 1 to 8 200 frames,
+/// 33.6 million frames in all if each were kept whole (which the analysis once refused).
+/// Views that write every stack out whole (dump, folded stacks, pprof) are quadratic in
+/// it whatever the analysis does, and this test runs an unoptimised build.
+const EVER_DEEPER: u64 = 8_200;
+
+/// Stacks of the 6.5 MB trace of ever deeper stacks: 1.35 billion frames in all.
+/// Its dump would be 27 GB of text, and `--inside` looks at every frame of every stack, so
+/// it runs every subcommand but those two.
+const DEEPEST: u64 = 52_000;
 
 #[test]
 fn crafted_deep_traces_run_every_subcommand_in_2_gib() {
     let dir = tempfile::tempdir().unwrap();
     let dir = dir.path();
     write_trace(dir, "deep.ctf", &deep_trace_with_a_long_name());
-    // 8 200 stacks of 1 to 8 200 frames: 33.6 million frames, past the analysis's limit.
-    write_trace(dir, "deeper.ctf", &ever_deeper_trace(8_200));
-    for t in ["deep.ctf", "deeper.ctf"] {
+    write_trace(dir, "deeper.ctf", &ever_deeper(EVER_DEEPER));
+    let deepest = ever_deeper(DEEPEST);
+    assert!((6_000_000..7_000_000).contains(&deepest.len()), "{} bytes", deepest.len());
+    write_trace(dir, "deepest.ctf", &deepest);
+    let traces =
+        [("deep.ctf", "deeper.ctf", true), ("deeper.ctf", "deep.ctf", true), ("deepest.ctf", "deep.ctf", false)];
+    for (t, other, every) in traces {
         for args in [
             &["info", t][..],
+            &["info", t, "--format", "json"],
             &["sizes", t],
             &["hotspots", t],
             &["hotspots", t, "--stacks"],
+            &["hotspots", t, "--stacks", "--format", "json", "--keep-allocator-frames", "--keep-root-frames"],
+            &["hotspots", t, "--inside", "recurse", "--live-at", "end"],
             &["flamegraph", t, "-o", "f.svg"],
-            &["flamegraph", t, "-o", "f.txt", "--folded"],
+            &["flamegraph", t, "-o", "f.txt", "--folded", "--live-end", "--keep-root-frames"],
             &["pprof", t, "-o", "p.pb.gz"],
             &["timeline", t, "-o", "t.svg"],
-            &["diff", t, t, "--stacks"],
+            &["timeline", t, "-o", "t.csv"],
+            &["diff", t, other, "--stacks"],
+            &["diff", other, t, "--format", "json"],
             &["report", t, "-o", "r.html"],
+            &["report", t, "--diff", other, "-o", "r.html"],
             &["dump", t],
             &["copy", t, "c.ctf"],
         ] {
-            let (code, stderr) = memtrace_in_2_gib(dir, args);
+            if !every && (args[0] == "dump" || args.contains(&"--inside")) {
+                continue;
+            }
+            let started = std::time::Instant::now();
+            let (code, _, stderr) = memtrace_in_2_gib(dir, args, false);
+            eprintln!("memtrace {args:?}: {code:?} in {:?}", started.elapsed());
             assert!(matches!(code, Some(0 | 1)), "memtrace {args:?}: {code:?}\n{stderr}");
             if code == Some(1) {
                 assert!(stderr.starts_with("memtrace: ") && stderr.lines().count() == 1, "{args:?}: {stderr}");
             }
         }
     }
-    let (code, stderr) = memtrace_in_2_gib(dir, &["hotspots", "deeper.ctf"]);
-    assert_eq!(code, Some(1));
-    assert!(stderr.contains("frames in all") && stderr.contains("too many to analyse"), "{stderr}");
+    // Both are analysed, whole stacks and all.
+    let (code, out, stderr) = memtrace_in_2_gib(dir, &["hotspots", "deep.ctf", "--stacks", "--frames", "2"], true);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(
+        out.contains("Deep.recurse_xxx") && out.contains("... 59998 more frames"),
+        "{}",
+        &out[..out.len().min(2000)]
+    );
+    let (code, out, stderr) = memtrace_in_2_gib(dir, &["hotspots", "deeper.ctf", "--stacks", "--top", "1"], true);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(out.starts_with(&format!("Top 1 of {EVER_DEEPER} stacks of deeper.ctf")), "{out}");
+}
+
+/// Counts the bytes written to it, and keeps none.
+struct Counted(u64);
+
+impl std::io::Write for Counted {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0 += buf.len() as u64;
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[test]
+fn dump_streams_a_deep_stack_of_a_long_name() {
+    use crate::util::counting_alloc::{live_bytes, peak_since, reset_peak};
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_trace(dir.path(), "deep.ctf", &deep_trace_with_a_long_name());
+    let base = live_bytes();
+    reset_peak();
+    let mut out = Counted(0);
+    analysis::dump(&path, &mut out, &mut std::io::sink()).unwrap();
+    let peak = peak_since(base);
+    // One line: the long name's text 59 999 times, 12 GB, from a few MiB of memory (the
+    // reader's packets and its copy of the backtrace, each code's text once).
+    assert!(out.0 > 59_999 * 200_000, "{} bytes", out.0);
+    assert!(peak < 16 << 20, "dump took {} MiB", peak >> 20);
 }

@@ -37,6 +37,8 @@ mod read_alloc_free;
 #[cfg(feature = "cli")]
 mod report_browser;
 mod roundtrip;
+#[cfg(feature = "cli")]
+mod stack_trie;
 mod symbolizer_memory;
 
 #[global_allocator]

@@ -6,11 +6,16 @@
 //! larger than its 95 % margin: the sample counts of both sides are Poisson, so the change
 //! of `n_new × b_new − n_base × b_base` bytes (`b` the bytes per sample of each trace) has
 //! a standard deviation of about `√(n_new × b_new² + n_base × b_base²)`.
+//!
+//! The sites of both traces are matched in one trie of labels ([`Names`]), so a whole
+//! stack (`--stacks`) costs a node per distinct frame, however deep it is.
 
 use std::collections::HashMap;
 use std::io::{self, Write};
+use std::sync::Arc;
 
-use memtrace_rs::analysis::{ranked, Analysis, Z};
+use memtrace_rs::analysis::stacks::{FrameTrie, NodeId, ROOT};
+use memtrace_rs::analysis::{ranked, Analysis, Site, Z};
 
 use super::args::Ranking;
 use super::format;
@@ -92,11 +97,91 @@ impl Side {
     }
 }
 
+/// The labels of the sites of both traces, as a trie of label ids.
+#[derive(Debug, Default)]
+pub struct Names {
+    labels: Vec<String>,
+    ids: HashMap<String, usize>,
+    trie: FrameTrie,
+}
+
+impl Names {
+    fn id(&mut self, label: String) -> usize {
+        let next = self.labels.len();
+        *self.ids.entry(label).or_insert_with_key(|label| {
+            self.labels.push(label.clone());
+            next
+        })
+    }
+
+    /// The label id of each frame of `analysis`.
+    fn of_frames(&mut self, analysis: &Analysis) -> Vec<usize> {
+        analysis.frames.iter().map(|f| self.id(f.label())).collect()
+    }
+
+    /// The node of `site`, of one ranking of `analysis` whose frames have the label ids
+    /// `labels`: `site_nodes[n]` for node `n` of the sites' trie, filled in as needed. The
+    /// empty site has its label (`(no backtrace)`) as its one frame.
+    fn node(
+        &mut self,
+        analysis: &Analysis,
+        labels: &[usize],
+        site: &Site,
+        site_nodes: &mut Vec<Option<NodeId>>,
+    ) -> NodeId {
+        if site.is_empty() {
+            let id = self.id(site.label(analysis));
+            return self.trie.child(ROOT, id);
+        }
+        let sites = site.trie();
+        site_nodes.resize(sites.len(), None);
+        site_nodes[ROOT as usize] = Some(ROOT);
+        // The site's unmatched nodes, innermost first, then matched from the outermost.
+        let mut chain = Vec::new();
+        let mut node = site.node();
+        while site_nodes[node as usize].is_none() {
+            chain.push(node);
+            node = sites.parent(node);
+        }
+        let mut matched = site_nodes[node as usize].unwrap_or(ROOT);
+        for &n in chain.iter().rev() {
+            matched = self.trie.child(matched, labels[sites.item(n)]);
+            site_nodes[n as usize] = Some(matched);
+        }
+        matched
+    }
+}
+
+/// The labels of a site's frames, innermost first.
+#[derive(Debug, Clone, Default)]
+pub struct Frames {
+    node: NodeId,
+    names: Arc<Names>,
+}
+
+impl Frames {
+    /// The labels, innermost first.
+    pub fn iter(&self) -> impl Iterator<Item = &str> + Clone + '_ {
+        self.names.trie.up(self.node).map(|id| self.names.labels[id].as_str())
+    }
+
+    /// The number of frames.
+    pub fn len(&self) -> usize {
+        self.iter().count()
+    }
+}
+
+impl PartialEq for Frames {
+    fn eq(&self, other: &Frames) -> bool {
+        self.iter().eq(other.iter())
+    }
+}
+
 /// One site's figure in both traces.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Change {
-    /// The site's frames' labels, innermost first.
-    pub frames: Vec<String>,
+    /// The site's frames' labels.
+    pub frames: Frames,
     /// The figure in the base trace.
     pub base: Side,
     /// The figure in the new trace.
@@ -124,29 +209,34 @@ impl Change {
 /// of the change.
 pub fn changes(base: &Analysis, new: &Analysis, options: &Options) -> Vec<Change> {
     let measure = options.ranking.by.measure();
-    let mut by_site: HashMap<String, Change> = HashMap::new();
+    let mut names = Names::default();
+    let mut by_site: HashMap<NodeId, (Side, Side)> = HashMap::new();
     for (analysis, is_new) in [(base, false), (new, true)] {
+        let (mut site_nodes, labels) = (Vec::new(), names.of_frames(analysis));
         for site in ranked(analysis, options.ranking.sites(), measure) {
             let side = Side::new(analysis, site.stats.get(measure).samples, options.per_second);
-            let change = by_site.entry(site.key(analysis)).or_insert_with(|| Change {
-                frames: site.labels(analysis),
-                base: Side::default(),
-                new: Side::default(),
-            });
+            let sides = by_site.entry(names.node(analysis, &labels, &site, &mut site_nodes)).or_default();
             if is_new {
-                change.new.add(side);
+                sides.1.add(side);
             } else {
-                change.base.add(side);
+                sides.0.add(side);
             }
         }
     }
-    let mut changes: Vec<Change> = by_site.into_values().filter(|c| c.delta() != 0.0).collect();
+    let names = Arc::new(names);
+    let mut changes: Vec<Change> = by_site
+        .into_iter()
+        .map(|(node, (base, new))| Change { frames: Frames { node, names: Arc::clone(&names) }, base, new })
+        .filter(|c| c.delta() != 0.0)
+        .collect();
+    let order = names.trie.label_order(&names.labels, changes.len());
     changes.sort_by(|a, b| {
         b.beyond_noise()
             .cmp(&a.beyond_noise())
             .then_with(|| b.delta().abs().total_cmp(&a.delta().abs()))
-            .then_with(|| a.frames.cmp(&b.frames))
+            .then_with(|| order.cmp(a.frames.node, b.frames.node))
     });
+    drop(order);
     changes
 }
 
@@ -154,7 +244,7 @@ pub fn changes(base: &Analysis, new: &Analysis, options: &Options) -> Vec<Change
 pub fn total(base: &Analysis, new: &Analysis, options: &Options) -> Change {
     let measure = options.ranking.by.measure();
     let side = |a: &Analysis| Side::new(a, a.totals().get(measure).samples, options.per_second);
-    Change { frames: Vec::new(), base: side(base), new: side(new) }
+    Change { frames: Frames::default(), base: side(base), new: side(new) }
 }
 
 /// Whether `total` grew by more than `limit` beyond the noise.
@@ -197,10 +287,11 @@ pub fn write(
     )?;
     writeln!(out, "{:>12} {:>12} {:>12} {:>12}  site", "base", "new", "change", "±95%")?;
     for c in changes.iter().take(options.ranking.top) {
-        let shown = options.ranking.frames.max(1).min(c.frames.len());
-        let mut site = c.frames[..shown].join(" <- ");
-        if shown < c.frames.len() {
-            site += &format!(" <- ... {} more frames", c.frames.len() - shown);
+        let depth = c.frames.len();
+        let shown = options.ranking.frames.max(1).min(depth);
+        let mut site = c.frames.iter().take(shown).collect::<Vec<_>>().join(" <- ");
+        if shown < depth {
+            site += &format!(" <- ... {} more frames", depth - shown);
         }
         let noise = if c.beyond_noise() { "" } else { "  (within noise)" };
         writeln!(
@@ -234,10 +325,10 @@ mod tests {
     #[test]
     fn noise_is_the_poisson_margin_of_both_sides() {
         let side = |n: u64| Side { samples: n, value: n as f64 * 10.0, variance: n as f64 * 100.0 };
-        let c = Change { frames: Vec::new(), base: side(100), new: side(125) };
+        let c = Change { frames: Frames::default(), base: side(100), new: side(125) };
         assert!((c.margin() - Z * 150.0).abs() < 1e-9);
         assert!(!c.beyond_noise(), "25 samples more on 100 is 1.67 standard deviations");
-        let c = Change { frames: Vec::new(), base: side(100), new: side(150) };
+        let c = Change { frames: Frames::default(), base: side(100), new: side(150) };
         assert!(c.beyond_noise());
         assert!(exceeds(&c, Limit::Percent(10.0)) && !exceeds(&c, Limit::Percent(30.0)));
     }

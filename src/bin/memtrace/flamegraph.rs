@@ -128,9 +128,9 @@ fn parse_seconds(s: &str) -> Result<f64, String> {
 const MAX_TOTAL: f64 = (1u64 << 53) as f64;
 
 /// Most bytes of folded stacks kept in memory (and drawn): deep stacks of long names would
-/// otherwise make a line per stack of depth × name length. Stacks past the limit (the
-/// smallest, since they come largest first) are left out, and [`Folded::left_out`] says how
-/// many.
+/// otherwise make a line per stack of depth × name length. The stacks from the first that
+/// does not fit on (the smallest, since they come largest first) are left out, unread, and
+/// [`Folded::left_out`] says how many.
 const MAX_FOLDED_BYTES: usize = 256 << 20;
 
 /// Folded stacks and the unit of their counts.
@@ -170,6 +170,8 @@ pub fn folded(analysis: &Analysis, measure: Measure, trim: analysis::Trim, root:
     // the limit: never let it get near 2^64.
     let mut room = 1u64 << 62;
     let (mut size, mut left_out) = (0usize, 0);
+    let labels: Vec<String> = analysis.frames.iter().map(|f| f.label()).collect();
+    let draws: Vec<bool> = analysis.frames.iter().map(|f| root.draws(f.kind())).collect();
     let lines = sites
         .iter()
         .zip(bytes)
@@ -178,17 +180,23 @@ pub fn folded(analysis: &Analysis, measure: Measure, trim: analysis::Trim, root:
             if count == 0 {
                 return None;
             }
-            let drawn: Vec<FrameId> =
-                site.frames.iter().rev().copied().filter(|&f| root.draws(analysis.frames[f].kind())).collect();
-            let length: usize = drawn.iter().map(|&f| analysis.frames[f].label().len() + 1).sum();
+            if left_out > 0 {
+                left_out += 1;
+                return None;
+            }
+            // Measured before the frames are collected, so that a stack past the limit
+            // costs no memory.
+            let length: usize = site.frames().filter(|&f| draws[f]).map(|f| labels[f].len() + 1).sum();
             if size + length > MAX_FOLDED_BYTES {
                 left_out += 1;
                 return None;
             }
             size += length;
+            let mut drawn: Vec<FrameId> = site.frames().filter(|&f| draws[f]).collect();
+            drawn.reverse();
             room -= count;
             let mut line = String::new();
-            if site.frames.is_empty() {
+            if site.is_empty() {
                 line.push_str(&site.label(analysis));
             } else if drawn.is_empty() {
                 line.push_str("(no code)");
@@ -198,7 +206,7 @@ pub fn folded(analysis: &Analysis, measure: Measure, trim: analysis::Trim, root:
                     line.push(';');
                 }
                 // `;` separates frames and a newline ends the line: neither may appear inside.
-                line.extend(analysis.frames[frame].label().chars().map(|c| match c {
+                line.extend(labels[frame].chars().map(|c| match c {
                     ';' => ',',
                     c if c.is_control() => ' ',
                     c => c,

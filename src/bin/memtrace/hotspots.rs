@@ -145,11 +145,11 @@ pub fn write(analysis: &Analysis, name: &str, options: &Options, out: &mut impl 
             site.label(analysis)
         )?;
         if options.ranking.grouping.stacks {
-            let callers = site.frames.iter().skip(1);
-            for &frame in callers.clone().take(options.ranking.frames.saturating_sub(1)) {
+            let callers = site.frames().skip(1);
+            for frame in callers.clone().take(options.ranking.frames.saturating_sub(1)) {
                 writeln!(out, "{:54}{}", "", analysis.frames[frame].label())?;
             }
-            let hidden = callers.len().saturating_sub(options.ranking.frames.saturating_sub(1));
+            let hidden = callers.count().saturating_sub(options.ranking.frames.saturating_sub(1));
             if hidden > 0 {
                 writeln!(out, "{:54}... {hidden} more frames", "")?;
             }

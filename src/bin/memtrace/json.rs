@@ -4,6 +4,10 @@
 //! each document names its schema and version in `"schema"` (`"memtrace-info/1"`, …), and a
 //! version only ever gains fields. Byte figures are JSON numbers, `null` when infinite
 //! (absurd sample rates); every estimate carries its 95 % interval and sample count.
+//!
+//! The frames of the sites in one document hold at most [`MAX_FRAME_TEXT`] bytes of names
+//! and files: a site's frames past that are left out, and its `frames_left_out` says how
+//! many (only crafted traces of deep stacks of long names get there).
 
 use std::io::{self, Write};
 
@@ -12,6 +16,34 @@ use serde_json::{json, Value};
 
 use super::args::Figure;
 use super::{diff, hotspots};
+
+/// Most bytes of function names, files and labels that the frames of one document hold.
+pub const MAX_FRAME_TEXT: usize = 64 << 20;
+
+/// The frames of one site as JSON values, each `size` bytes of text, as far as `room` lasts
+/// (which they use up); `site` gets them as `frames`, and `frames_left_out` if some are.
+fn put_frames<T>(
+    site: &mut Value,
+    frames: impl Iterator<Item = T>,
+    size: impl Fn(&T) -> usize,
+    to_json: impl Fn(T) -> Value,
+    room: &mut usize,
+) {
+    let (mut kept, mut left_out) = (Vec::new(), 0usize);
+    for frame in frames {
+        let bytes = size(&frame);
+        if left_out > 0 || bytes > *room {
+            left_out += 1;
+            continue;
+        }
+        *room -= bytes;
+        kept.push(to_json(frame));
+    }
+    site["frames"] = Value::Array(kept);
+    if left_out > 0 {
+        site["frames_left_out"] = json!(left_out);
+    }
+}
 
 /// `--format`: text for people (the default) or JSON for programs.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
@@ -126,20 +158,20 @@ pub fn info(analysis: &Analysis, name: &str, out: &mut impl Write) -> io::Result
 pub fn hotspots(analysis: &Analysis, name: &str, options: &hotspots::Options, out: &mut impl Write) -> io::Result<()> {
     let measure = options.ranking.by.measure();
     let ranked = ranked(analysis, options.ranking.sites(), measure);
+    let mut room = MAX_FRAME_TEXT;
     let sites: Vec<Value> = ranked
         .iter()
         .take(options.ranking.top)
         .map(|site| {
             let tally = site.stats.get(measure);
-            let frames: Vec<Value> = site
-                .frames
-                .iter()
-                .map(|&f| {
-                    let frame = &analysis.frames[f];
-                    json!({ "function": frame.function, "file": frame.file, "line": frame.line })
-                })
-                .collect();
-            json!({ "estimate": estimate(&analysis.estimate(tally.samples)), "count": number(tally.objects), "frames": frames })
+            let mut v =
+                json!({ "estimate": estimate(&analysis.estimate(tally.samples)), "count": number(tally.objects) });
+            let frames = site.frames().map(|f| &analysis.frames[f]);
+            let size = |f: &&memtrace_rs::analysis::Frame| f.function.len() + f.file.len();
+            let to_json =
+                |f: &memtrace_rs::analysis::Frame| json!({ "function": f.function, "file": f.file, "line": f.line });
+            put_frames(&mut v, frames, size, to_json, &mut room);
+            v
         })
         .collect();
     let value = json!({
@@ -174,12 +206,13 @@ pub fn diff(
     };
     let total = diff::total(base, new, options);
     let changes = diff::changes(base, new, options);
+    let mut room = MAX_FRAME_TEXT;
     let shown: Vec<Value> = changes
         .iter()
         .take(options.ranking.top)
         .map(|c| {
             let mut v = change(c);
-            v["frames"] = json!(c.frames);
+            put_frames(&mut v, c.frames.iter(), |label| label.len(), |label| json!(label), &mut room);
             v
         })
         .collect();

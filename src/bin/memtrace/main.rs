@@ -287,7 +287,20 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
         }
         Command::Pprof { file, output, trim } => {
             let analysis = analyse(&file, AnalysisOptions { stacks: true, live_at: None })?;
-            to_file(&output, &[&file], |out| pprof::write(&analysis, trim.frames(), out))
+            let mut left_out = 0;
+            to_file(&output, &[&file], |out| {
+                left_out = pprof::write(&analysis, trim.frames(), out)?;
+                Ok(())
+            })?;
+            if left_out > 0 {
+                eprintln!(
+                    "memtrace: warning: {}: {left_out} stacks are left out: the samples hold the limit of {} \
+                     locations in all",
+                    file.display(),
+                    pprof::MAX_LOCATION_IDS
+                );
+            }
+            Ok(())
         }
         Command::Timeline { file, output } => {
             let analysis = analyse(&file, AnalysisOptions::default())?;

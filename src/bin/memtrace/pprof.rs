@@ -11,6 +11,11 @@
 //!
 //! Values are rounded to whole numbers and saturate at `i64::MAX`.
 //!
+//! A sample lists its whole stack, so a profile is as large as stacks × depth: the samples
+//! hold at most [`MAX_LOCATION_IDS`] locations in all, and the stacks past that (the last
+//! allocated first) are left out, which only a trace of thousands of very deep stacks
+//! reaches.
+//!
 //! # Limitation: object counts
 //!
 //! `alloc_objects` and `inuse_objects` are the analysis's object estimates
@@ -32,6 +37,10 @@ use super::profile_proto::{Function, Line, Location, Mapping, Profile, Sample, V
 /// The sample types, in value order.
 pub const SAMPLE_TYPES: [(&str, &str); 4] =
     [("alloc_objects", "count"), ("alloc_space", "bytes"), ("inuse_objects", "count"), ("inuse_space", "bytes")];
+
+/// Most location ids in the samples of a profile (128 MiB of them in memory, a profile of
+/// tens of MiB).
+pub const MAX_LOCATION_IDS: usize = 16 << 20;
 
 /// The string table being built.
 #[derive(Default)]
@@ -59,8 +68,9 @@ impl Strings {
 }
 
 /// The profile of `analysis`, its stacks trimmed as `trim` says (the same stack may then
-/// appear in several samples, which pprof adds up).
-pub fn profile(analysis: &Analysis, trim: Trim) -> Profile {
+/// appear in several samples, which pprof adds up), and how many stacks were left out
+/// (see [`MAX_LOCATION_IDS`]).
+pub fn profile(analysis: &Analysis, trim: Trim) -> (Profile, usize) {
     let mut strings = Strings::new();
     let sample_type =
         SAMPLE_TYPES.iter().map(|(t, unit)| ValueType { r#type: strings.get(t), unit: strings.get(unit) }).collect();
@@ -80,25 +90,38 @@ pub fn profile(analysis: &Analysis, trim: Trim) -> Profile {
     let mut function_ids: HashMap<(String, String), u64> = HashMap::new();
     let mut samples = Vec::with_capacity(analysis.stacks.len());
     let mut frames: Vec<FrameId> = Vec::new();
-    let mut code_of: Vec<(u64, usize)> = Vec::new();
+    // Each frame's code, index in the code's frames and which occurrence of a code in the
+    // stack it belongs to (a recursion repeats a code: each call is its own location).
+    let mut code_of: Vec<(u64, usize, usize)> = Vec::new();
+    let (mut room, mut left_out) = (MAX_LOCATION_IDS, 0);
     for stack in &analysis.stacks {
+        if room == 0 {
+            left_out += 1;
+            continue;
+        }
         // The stack's frames innermost first, each with its code and index in that code's
         // frames (outermost first).
         frames.clear();
         code_of.clear();
-        for &code in stack.codes.iter().rev() {
-            let inlined = analysis.code_frames.get(&code).map_or(&[][..], Vec::as_slice);
+        for (occurrence, code) in analysis.trie.up(stack.node).enumerate() {
+            let inlined = analysis.frames_of(code);
             for (i, &f) in inlined.iter().enumerate().rev() {
                 frames.push(f);
-                code_of.push((code, i));
+                code_of.push((code, i, occurrence));
             }
         }
         let kept = trim.kept(analysis, &frames);
+        if kept.len() > room {
+            left_out += 1;
+            room = 0;
+            continue;
+        }
+        room -= kept.len();
         let mut location_id = Vec::new();
         let mut at = kept.start;
         while at < kept.end {
-            let code = code_of[at].0;
-            let run = code_of[at..kept.end].iter().take_while(|(c, _)| *c == code).count();
+            let (code, _, occurrence) = code_of[at];
+            let run = code_of[at..kept.end].iter().take_while(|(.., o)| *o == occurrence).count();
             // Indexes within the code, outermost first: `inner` is the innermost kept.
             let (inner, outer) = (code_of[at].1, code_of[at + run - 1].1);
             let id = *location_ids.entry((code, outer, inner)).or_insert_with(|| {
@@ -150,7 +173,7 @@ pub fn profile(analysis: &Analysis, trim: Trim) -> Profile {
         info.sample_rate, info.word_size
     ))];
     let default_sample_type = strings.get("inuse_space");
-    Profile {
+    let profile = Profile {
         sample_type,
         sample: samples,
         mapping: vec![mapping],
@@ -164,12 +187,16 @@ pub fn profile(analysis: &Analysis, trim: Trim) -> Profile {
         default_sample_type,
         string_table: strings.table,
         ..Profile::default()
-    }
+    };
+    (profile, left_out)
 }
 
-/// Write the gzipped profile of `analysis` to `out`.
-pub fn write(analysis: &Analysis, trim: Trim, out: impl Write) -> io::Result<()> {
+/// Write the gzipped profile of `analysis` to `out`; returns how many stacks were left out
+/// (see [`MAX_LOCATION_IDS`]).
+pub fn write(analysis: &Analysis, trim: Trim, out: impl Write) -> io::Result<usize> {
     let mut gz = flate2::write::GzEncoder::new(out, flate2::Compression::default());
-    gz.write_all(&profile(analysis, trim).encode_to_vec())?;
-    gz.finish()?.flush()
+    let (profile, left_out) = profile(analysis, trim);
+    gz.write_all(&profile.encode_to_vec())?;
+    gz.finish()?.flush()?;
+    Ok(left_out)
 }

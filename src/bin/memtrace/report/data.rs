@@ -37,6 +37,7 @@ use std::io::{self, Read, Write};
 use serde_json::{json, Value};
 
 use memtrace_rs::analysis::blocks::{self, Block};
+use memtrace_rs::analysis::stacks::{FrameTrie, NodeId, ROOT};
 use memtrace_rs::analysis::{is_allocator_frame, is_root_frame, FrameTable, Origin};
 use memtrace_rs::trace::{Info, Reader, Warning};
 use memtrace_rs::Result;
@@ -103,40 +104,23 @@ impl TraceData {
         progress: impl FnMut(u64),
     ) -> Result<TraceData> {
         let mut blocks = Vec::new();
-        let summary = blocks::stream(&mut reader, |block, _| blocks.push(*block), progress)?;
-        if let Some(span) = span {
-            let inside: Vec<bool> = summary
-                .codes
-                .iter()
-                .map(|codes| {
-                    codes.iter().any(|&code| {
-                        let ids = frames.of_code(code, reader.locations()).to_vec();
-                        ids.iter().any(|&f| frames.frames[f].is_span(span))
-                    })
-                })
-                .collect();
+        let summary = blocks::stream(&mut reader, |block| blocks.push(*block), progress)?;
+        // The trie of frames: each node of the stream's trie of codes becomes the node of
+        // its code's last frame. Parents come before their children.
+        let stacks = &summary.trie;
+        let mut trie = FrameTrie::default();
+        let (mut node_of, mut inside) = (vec![ROOT], vec![false]);
+        for node in 1..stacks.len() as NodeId {
+            let up = stacks.parent(node) as usize;
+            let ids = frames.of_code(stacks.item(node), reader.locations()).to_vec();
+            inside.push(inside[up] || span.is_some_and(|span| ids.iter().any(|&f| frames.frames[f].is_span(span))));
+            node_of.push(trie.extend(node_of[up], &ids));
+        }
+        if span.is_some() {
             blocks.retain(|b| inside[b.stack as usize]);
         }
-        // The trie of stacks: each stream stack becomes the node of its last frame.
-        let (mut parent, mut frame) = (vec![u32::MAX], vec![u32::MAX]);
-        let mut children: std::collections::HashMap<(u32, u32), u32> = std::collections::HashMap::new();
-        let node_of: Vec<u32> = summary
-            .codes
-            .iter()
-            .map(|codes| {
-                let mut node = 0;
-                for &code in codes.iter() {
-                    for &f in frames.of_code(code, reader.locations()) {
-                        node = *children.entry((node, f as u32)).or_insert_with(|| {
-                            parent.push(node);
-                            frame.push(f as u32);
-                            (parent.len() - 1) as u32
-                        });
-                    }
-                }
-                node
-            })
-            .collect();
+        let parent = (0..trie.len() as NodeId).map(|n| if n == ROOT { u32::MAX } else { trie.parent(n) }).collect();
+        let frame = (0..trie.len() as NodeId).map(|n| if n == ROOT { u32::MAX } else { trie.item(n) as u32 }).collect();
         for b in &mut blocks {
             b.stack = node_of[b.stack as usize];
         }
