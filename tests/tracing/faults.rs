@@ -30,6 +30,20 @@ pub(crate) fn child_role(role: &str) -> bool {
             }
             drop(guard);
         }
+        "busy_stop" => {
+            // Every allocation sampled, from fresh code (its unit parsed at the first sample),
+            // then a stop with a timeout far shorter than the writer needs to drain the queue.
+            let path = std::env::var("MEMTRACE_FILE").unwrap();
+            let config = memtrace_rs::TraceConfig::new(path).rate(1.0).stop_timeout(Duration::from_millis(1));
+            let guard = memtrace_rs::start_tracing(config).unwrap();
+            let blocks: Vec<Box<[u64; 4]>> =
+                (0..BUSY_STOP_BLOCKS).map(|i| black_box(Box::new([i as u64; 4]))).collect();
+            let stats = guard.finish().expect("the writer, busy but working, was waited for");
+            assert!(stats.samples_written >= BUSY_STOP_BLOCKS as u64, "{stats:?}");
+            let lost = stats.dropped_writer_behind + stats.dropped_table_full + stats.dropped_no_memory;
+            assert_eq!(lost, 0, "{stats:?}");
+            drop(blocks);
+        }
         "stalled" | "stalled_exit" => {
             let guard = trace_if_requested();
             assert!(guard.is_some());
@@ -228,6 +242,24 @@ fn a_fifo_nobody_reads_is_reported_and_ignored() {
     assert!(out.status.success());
     assert_one_message(&out, "is a FIFO that no process is reading");
     let _ = std::fs::remove_file(&fifo);
+}
+
+/// The blocks the `busy_stop` child allocates, each sampled.
+const BUSY_STOP_BLOCKS: usize = 2000;
+
+/// A stop timeout (1 ms) far shorter than the writer needs to drain a queue of samples: the
+/// writer, busy naming frames and writing, is waited for, and the trace has every sample.
+/// (A timeout on the total time would give it up.)
+#[test]
+fn a_busy_writer_is_waited_for_past_the_stop_timeout() {
+    let path = temp_path("busy-stop");
+    let (out, _) = run_within("busy_stop", &[("MEMTRACE_FILE", path.to_str().unwrap())], Duration::from_secs(60));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(memtrace_messages(&out).is_empty(), "{:?}", memtrace_messages(&out));
+    let trace = Trace::read(&path);
+    assert!(trace.warnings.is_empty(), "{:?}", trace.warnings);
+    assert!(trace.allocs.len() >= BUSY_STOP_BLOCKS, "{} samples", trace.allocs.len());
+    let _ = std::fs::remove_file(&path);
 }
 
 /// A reader that opens the FIFO and never reads: the writer blocks once the pipe is full, and
