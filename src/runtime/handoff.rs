@@ -173,7 +173,9 @@ impl Channel {
     /// memory (checked first with a fallible allocation of that size: crossbeam's allocation
     /// would abort the process).
     fn new(pid: u32, capacity: usize) -> Result<Channel, NoMemory> {
-        Vec::<u8>::new().try_reserve_exact(bytes_for(capacity)).map_err(|_| NoMemory)?;
+        if !memory_for(bytes_for(capacity)) {
+            return Err(NoMemory);
+        }
         let (tx, rx) = crossbeam_channel::bounded(capacity);
         let (pool_tx, pool_rx) = crossbeam_channel::bounded(POOL_SIZE);
         for frames in (0..INITIAL_POOL).map_while(|_| new_frames()) {

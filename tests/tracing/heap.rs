@@ -6,35 +6,49 @@
 //! of remapped, with more heap work on every call).
 
 use std::hint::black_box;
+use std::time::Duration;
 
 use memtrace_rs::trace_if_requested;
 
-use super::{run, temp_path};
+use super::{run, site_freed, temp_path};
 
-/// The child: start tracing, then allocate 1 MiB and check that glibc mapped it on its own. A
-/// mapped block spans whole pages, so `malloc_usable_size` exceeds the request by most of a
-/// page; a block from the heap, by a few bytes.
-pub(super) fn child() {
+/// A new block of 1 MiB, and whether glibc mapped it on its own: a mapped block spans whole
+/// pages, so `malloc_usable_size` exceeds the request by most of a page; a block from the heap,
+/// by a few bytes. The caller keeps the block until the end: freeing it would raise the
+/// threshold itself.
+fn large_block() -> (Vec<u8>, bool) {
     const BYTES: usize = 1 << 20;
-    let guard = trace_if_requested();
-    assert!(guard.is_some(), "not tracing");
     let block: Vec<u8> = black_box(Vec::with_capacity(BYTES));
     // SAFETY: the block is a live allocation of the system allocator (the global allocator
     // forwards alignments up to 16 to `malloc`).
     let usable = unsafe { libc::malloc_usable_size(block.as_ptr() as *mut libc::c_void) };
-    assert!(
-        usable >= BYTES + 2048,
-        "1 MiB came from the heap ({usable} B usable): starting raised glibc's mmap threshold"
-    );
-    drop(block);
+    (block, usable >= BYTES + 2048)
+}
+
+/// The child: large blocks are still mapped once tracing has started, once the writer has
+/// named a few thousand samples, and once tracing has stopped.
+pub(super) fn child() {
+    let guard = trace_if_requested();
+    assert!(guard.is_some(), "not tracing");
+    let (started, mapped) = large_block();
+    assert!(mapped, "after the start");
+    site_freed();
+    std::thread::sleep(Duration::from_millis(300));
+    let (tracing, mapped) = large_block();
+    assert!(mapped, "while tracing");
     drop(guard);
+    let (stopped, mapped) = large_block();
+    assert!(mapped, "after the stop");
+    drop((started, tracing, stopped));
 }
 
 #[test]
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
-fn starting_leaves_glibcs_mmap_threshold_alone() {
-    let path = temp_path("heap-mmap-threshold");
-    let out = run("heap:mmap-threshold", &[("MEMTRACE_FILE", path.to_str().unwrap()), ("MEMTRACE_RATE", "1e-9")]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let _ = std::fs::remove_file(&path);
+fn tracing_leaves_glibcs_mmap_threshold_alone() {
+    for rate in ["1e-9", "1e-2"] {
+        let path = temp_path(&format!("heap-mmap-threshold-{rate}"));
+        let out = run("heap:mmap-threshold", &[("MEMTRACE_FILE", path.to_str().unwrap()), ("MEMTRACE_RATE", rate)]);
+        assert!(out.status.success(), "rate {rate}: {}", String::from_utf8_lossy(&out.stderr));
+        let _ = std::fs::remove_file(&path);
+    }
 }
