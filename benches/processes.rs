@@ -190,7 +190,7 @@ fn measure(program: &Program, trace: Option<&Path>) -> Run {
 fn build_sample_app(repo: &Path) -> PathBuf {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let status = Command::new(cargo)
-        .args(["build", "--quiet", "--release", "--example", "sample-app"])
+        .args(["build", "--quiet", "--release", "--features", "analysis", "--example", "sample-app"])
         .current_dir(repo)
         .status()
         .expect("run cargo");
