@@ -10,9 +10,9 @@
 //! - `dealloc`: one read of the count of live sampled blocks, which rules out every block
 //!   while none is live; otherwise one read of the sampled-block filter (a 32 KiB array),
 //!   which rules out almost every block; otherwise, out of line, one cache-line read of the
-//!   table. For a sampled
-//!   block the entry is removed and the free message sent **before** the inner `dealloc`, so
-//!   that a reuse of the address can never reach the writer ahead of the free.
+//!   table. For a sampled block the entry is removed and the free message sent **before** the
+//!   inner `dealloc`, so that a reuse of the address can never reach the writer ahead of the
+//!   free.
 //! - `realloc` stays the inner `realloc` (never alloc + copy + free). For the trace it counts
 //!   as the old block being collected (if it was sampled; reported before the inner call, as
 //!   for `dealloc`) and the new block being allocated, sampled on its new size. If the inner

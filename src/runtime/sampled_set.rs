@@ -36,12 +36,12 @@
 //! racing with the end of a session); they are harmless — a stale hit only makes the writer
 //! see a free for an address it does not track, which it ignores — and `clear` wipes them.
 //!
-//! Memory ordering: a block is inserted (counter, then slot) before its address is returned
+//! Memory ordering: a block is inserted (counts, then slot) before its address is returned
 //! to the program, and any thread that frees it got the address through some synchronisation
 //! that orders it after that return; read-write coherence then guarantees the freeing
 //! thread's loads see the increment and the insert (or later values), so relaxed loads
-//! suffice. Only the thread freeing a block removes it, so its counter cannot drop to zero
-//! while the block is live.
+//! suffice. Only the thread freeing a block removes it, so neither its counter nor [`LIVE`]
+//! can drop to zero while the block is live.
 
 use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
 
