@@ -1,22 +1,25 @@
 //! The set of live sampled blocks: a static, lock-free, set-associative table of addresses.
 //!
 //! `dealloc` must ask of every block "was this one sampled?". A filter answers most of the
-//! time: one 8-bit counter per bucket counts the entries in the bucket (32 KiB in all, so it
-//! stays in cache), and a zero counter means "not sampled" at once. Otherwise the table
-//! answers by reading one 64-byte cache line (the address's bucket of 8 slots). Either way
-//! nothing is written, so the common case — an unsampled block — costs no lock, no
-//! shared-cache-line write and, mostly, no cache miss (reading a random line of the 2 MiB
-//! table on every free cost more than everything else tracing does at rate 1e-5). Inserting
-//! increments the bucket's counter, then CASes `0 → addr` into a free slot of the bucket (a
-//! full bucket drops the sample, which the caller counts, and undoes the increment); removing
-//! CASes `addr → 0`, then decrements the counter. A bucket's counter is thus nonzero whenever
-//! one of its entries is in the table.
+//! time: 2^15 8-bit counters (32 KiB), each counting the entries whose 4 KiB page of memory
+//! hashes to it, and a zero counter means "not sampled" at once. Otherwise the table answers
+//! by reading one 64-byte cache line (the address's bucket of 8 slots). Either way nothing is
+//! written, so the common case — an unsampled block — costs no lock, no shared-cache-line
+//! write and, mostly, no cache miss (reading a random line of the 2 MiB table on every free
+//! cost more than everything else tracing does at rate 1e-5). Inserting increments the
+//! counter, then CASes `0 → addr` into a free slot of the bucket (a full bucket drops the
+//! sample, which the caller counts, and undoes the increment); removing CASes `addr → 0`,
+//! then decrements the counter. An entry's counter is thus nonzero while it is in the table.
 //!
-//! A free whose bucket holds other entries reads the table for nothing, so the filter must be
-//! fine-grained: a program's live sampled blocks number its live heap × rate / 8 (about 1 250
-//! for a 1 GB heap at 1e-5). An earlier filter of one counter per 32 buckets (2 KiB) had 70 %
-//! of its counters nonzero at that size; one counter per bucket has under 4 %, which the
-//! allocation benchmark shows at rate 1e-4 (the comparison is in `benches/alloc.rs`).
+//! The filter is indexed by page, not by the address's bucket, so that it follows the
+//! program's own locality: blocks freed together mostly lie on a few pages, whose counters
+//! then stay in the cache, where counters indexed by bucket scattered every free over all of
+//! the filter, which a large heap kept evicting (benches/alloc.rs has the figures). A free on
+//! a page with a sampled block live reads the table for nothing, so the filter must be
+//! fine-grained: a program's live sampled blocks number its live heap × rate / 8 (about
+//! 1 250 for a 1 GB heap at 1e-5), a small share of its pages and of 2^15 counters. An
+//! earlier filter of one counter per 32 buckets (2 KiB) had 70 % of its counters nonzero at
+//! that size, which the allocation benchmark showed at rate 1e-4.
 //!
 //! Frees pay even less while no sampled block is live (tracing at a low rate, or before the
 //! first sample): one count of the table's entries, [`LIVE`], is read first, and a zero count
@@ -73,8 +76,9 @@ static TABLE: Table = Table([EMPTY_BUCKET; 1 << BUCKET_BITS]);
 
 #[allow(clippy::declare_interior_mutable_const)] // Only used to initialise `FILTER`.
 const ZERO: AtomicU8 = AtomicU8::new(0);
-/// The entries of each bucket: at most [`SLOTS`], plus the inserts into a full bucket and the
-/// removals in progress (and, after a [`clear`] that raced with one, one more).
+/// The entries of the table on the pages that hash to each counter, plus the inserts into a
+/// full bucket and the removals in progress (and, after a [`clear`] that raced with one, one
+/// more). At most 255: an insert that would pass it is refused like one into a full bucket.
 static FILTER: [AtomicU8; 1 << BUCKET_BITS] = [ZERO; 1 << BUCKET_BITS];
 
 /// The entries of the whole table, counted like [`FILTER`]'s (before an entry is added, after
@@ -97,10 +101,16 @@ fn bucket(addr: usize) -> &'static Bucket {
     &TABLE.0[bucket_index(addr)]
 }
 
-/// The filter counter of `addr`'s bucket.
+/// The filter index of `addr` (Fibonacci hashing of its page number).
+#[inline(always)]
+fn filter_index(addr: usize) -> usize {
+    (((addr as u64) >> 12).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - BUCKET_BITS)) as usize
+}
+
+/// The filter counter of `addr`'s page.
 #[inline(always)]
 fn counter(addr: usize) -> &'static AtomicU8 {
-    &FILTER[bucket_index(addr)]
+    &FILTER[filter_index(addr)]
 }
 
 /// Record `addr` as a live sampled block. Returns false (nothing recorded) when its bucket is
@@ -110,10 +120,9 @@ pub(crate) fn insert(addr: usize) -> bool {
         return false;
     }
     let counter = counter(addr);
-    // Saturating, so that a counter never wraps to 0 while its bucket has entries: it exceeds
-    // SLOTS only by the inserts and removals in progress (see `FILTER`), and reaching 255
-    // would take some 246 of them at once. Then the insert is refused like one into a full
-    // bucket.
+    // Saturating, so that a counter never wraps to 0 while it counts entries: then the
+    // insert is refused like one into a full bucket (it takes 255 live sampled blocks on the
+    // pages of one counter: 16-byte blocks sampled at rates near 1).
     if counter.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |c| c.checked_add(1)).is_err() {
         return false;
     }
@@ -189,17 +198,18 @@ fn forget_one(counter: &AtomicU8) {
 /// sampled. Reads and writes only the pages an insert has made resident (and the filter).
 ///
 /// A thread still finishing a sample (or a free) of the previous session may be inside
-/// [`insert`] or [`remove`] meanwhile, so the slots are wiped first and each bucket's counter
-/// is then recounted from its slots, rather than zeroed: a counter can then never be 0 while
-/// its bucket holds an entry that the wipe missed (which `remove` would never find again), nor
-/// wrap below 0 (decrements saturate). What remains is benign: such a straggler's own counter
-/// update may land after its bucket was recounted and leave that counter one off (and its
-/// page, touched after the wipe looked, may be left out of it). One too high only makes frees
-/// in that bucket read it. One too low can only involve the straggler's entry, which belongs
-/// to the previous session (the new session samples nothing before this returns): that entry
-/// may then not be found, or another entry of its bucket may be missed once — a free the new
-/// trace does not show — which takes a thread preempted inside the table for the whole stop
-/// and restart of a session. The next `clear` repairs it. [`LIVE`] is recounted alike.
+/// [`insert`] or [`remove`] meanwhile, so the slots are wiped first and the counters are then
+/// recounted from the slots, rather than only zeroed: a counter can then never be 0 while the
+/// table holds an entry of its that the wipe missed (which `remove` would never find again),
+/// nor wrap below 0 (decrements saturate). What remains is benign: such a straggler's own
+/// counter update may land after the recount and leave its counter one off (and its page,
+/// touched after the wipe looked, may be left out of it). One too high only makes frees on
+/// that counter's pages read the table. One too low can only involve the straggler's entry,
+/// which belongs to the previous session (the new session samples nothing before this
+/// returns): that entry may then not be found, or another entry of its counter may be missed
+/// once — a free the new trace does not show — which takes a thread preempted inside the
+/// table for the whole stop and restart of a session. The next `clear` repairs it. [`LIVE`]
+/// is recounted alike.
 pub(crate) fn clear() {
     for (index, bucket) in TABLE.0.iter().enumerate() {
         if touched(index) {
@@ -213,19 +223,23 @@ pub(crate) fn clear() {
     recount();
 }
 
-/// Set each bucket's counter to the number of its entries (0 on a page no insert touched,
-/// without reading it), and [`LIVE`] to their sum.
+/// Set each counter to the number of entries it counts (reading only the touched pages of the
+/// table), and [`LIVE`] to their sum.
 fn recount() {
-    let mut live = 0;
-    for (index, (counter, bucket)) in FILTER.iter().zip(&TABLE.0).enumerate() {
-        let entries = match touched(index) {
-            true => bucket.0.iter().filter(|slot| slot.load(Ordering::Relaxed) != 0).count(),
-            false => 0,
-        };
-        live += entries;
-        // Stored even when unchanged: the filter (8 pages) is then resident, written before
+    for counter in &FILTER {
+        // Stored even when already 0: the filter (8 pages) is then resident, written before
         // a free reads it.
-        counter.store(entries as u8, Ordering::Relaxed);
+        counter.store(0, Ordering::Relaxed);
+    }
+    let mut live = 0;
+    for (_, bucket) in TABLE.0.iter().enumerate().filter(|&(index, _)| touched(index)) {
+        for slot in &bucket.0 {
+            let addr = slot.load(Ordering::Relaxed);
+            if addr != 0 {
+                let _ = counter(addr).fetch_update(Ordering::Relaxed, Ordering::Relaxed, |c| c.checked_add(1));
+                live += 1;
+            }
+        }
     }
     LIVE.store(live, Ordering::Relaxed);
 }
@@ -302,10 +316,12 @@ mod tests {
         }
     }
 
+    /// One counter counts the entries on a page, whatever their buckets.
     #[test]
-    fn filter_counts_the_entries_of_a_bucket() {
+    fn filter_counts_the_entries_of_a_page() {
         let _lock = shared();
-        let addrs = same_bucket(0x6600_0000_0000, 3);
+        let addrs = [0x6600_0000_0010, 0x6600_0000_0020, 0x6600_0000_0ff0];
+        assert!(addrs.iter().all(|&a| filter_index(a) == filter_index(addrs[0])));
         let before = counter(addrs[0]).load(Ordering::Relaxed);
         for &a in &addrs {
             assert!(insert(a));
@@ -325,7 +341,7 @@ mod tests {
         let _lock = exclusive();
         clear();
         let [a, b] = [0x7700_0000_0000, 0x7700_0000_1230];
-        assert_ne!(bucket_index(a), bucket_index(b));
+        assert!(bucket_index(a) != bucket_index(b) && filter_index(a) != filter_index(b));
         plant(a, 5);
         counter(b).store(u8::MAX, Ordering::Relaxed);
         recount();
@@ -358,6 +374,24 @@ mod tests {
         assert_empty();
     }
 
+    /// Every 16-byte block of a page sampled: the page's counter takes 255 of them and refuses
+    /// the 256th, rather than wrap.
+    #[test]
+    fn a_full_page_counter_refuses_inserts() {
+        let _lock = exclusive();
+        clear();
+        let page: Vec<usize> = (0..256).map(|i| 0x7d00_0000_0000 + i * 16).collect();
+        for &a in &page[..255] {
+            assert!(insert(a), "{a:#x}");
+        }
+        assert!(!insert(page[255]));
+        assert_eq!(counter(page[0]).load(Ordering::Relaxed), u8::MAX);
+        for &a in &page[..255] {
+            assert!(remove(a), "{a:#x}");
+        }
+        assert_empty();
+    }
+
     /// A removal whose counter is already 0 (a `clear` raced with it) leaves it at 0 instead
     /// of wrapping to 255.
     #[test]
@@ -375,7 +409,7 @@ mod tests {
             plant(x, bucket(x).0.iter().position(|s| s.load(Ordering::Relaxed) == 0).unwrap());
         }
         assert!(!insert(addrs[SLOTS]));
-        assert_eq!(counter(addrs[0]).load(Ordering::Relaxed), 0);
+        assert_eq!(counter(addrs[SLOTS]).load(Ordering::Relaxed), 0);
         clear();
         assert_empty();
     }
