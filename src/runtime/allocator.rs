@@ -7,15 +7,20 @@
 //!   when it crosses a sample point the block is recorded ([`record`] captures the
 //!   stack, notes the block in the sampled-block table and sends an alloc message) **before**
 //!   the pointer is returned.
-//! - `dealloc`: one read of the sampled-block filter (a 32 KiB array), which rules out almost
-//!   every block; otherwise, out of line, one cache-line read of the table. For a sampled
-//!   block the entry is removed and the free message sent **before** the inner `dealloc`, so
-//!   that a reuse of the address can never reach the writer ahead of the free.
+//! - `dealloc`: one read of the count of live sampled blocks, which rules out every block
+//!   while none is live; otherwise one read of the sampled-block filter (a 32 KiB array),
+//!   which rules out almost every block; otherwise, out of line, one cache-line read of the
+//!   table. For a sampled block the entry is removed and the free message sent **before** the
+//!   inner `dealloc`, so that a reuse of the address can never reach the writer ahead of the
+//!   free.
 //! - `realloc` stays the inner `realloc` (never alloc + copy + free). For the trace it counts
 //!   as the old block being collected (if it was sampled; reported before the inner call, as
 //!   for `dealloc`) and the new block being allocated, sampled on its new size. If the inner
 //!   `realloc` fails, the old block — still alive — is no longer tracked: the trace shows it
 //!   collected at the failed call.
+//!
+//! Each method's hot path ends in a tail call, of the inner allocator or of the method's
+//! out-of-line half, so that it saves no registers and sets up no frame.
 //!
 //! Unwinding out of a `GlobalAlloc` method is undefined behaviour, so the sampled path (the
 //! out-of-line functions below the countdown and the filter) runs under [`AbortOnUnwind`]: a
@@ -54,9 +59,61 @@ impl<A: GlobalAlloc> MemtraceAllocator<A> {
     }
 }
 
+/// The out-of-line halves of the [`GlobalAlloc`] methods: each is reached by a tail call from
+/// the method's hot path, so that the common case saves no registers and tail-calls `inner`.
 impl<A: GlobalAlloc> MemtraceAllocator<A> {
-    /// `dealloc` of a block that the sampled-block filter does not rule out. Out of line, and
-    /// tail-called, so that the common case saves no registers and tail-calls `inner`.
+    /// `alloc` whose countdown reached a sample point or checkpoint.
+    ///
+    /// # Safety
+    /// As for [`GlobalAlloc::alloc`].
+    #[cold]
+    #[inline(never)]
+    unsafe fn alloc_at_sample_point(&self, layout: Layout) -> *mut u8 {
+        let nsamples = sampler::sample_points(layout.size());
+        // SAFETY: the closure is the inner call under the caller's contract.
+        unsafe { sampled(nsamples, layout.size(), Entry::Alloc, || self.inner.alloc(layout)) }
+    }
+
+    /// `alloc_zeroed` whose countdown reached a sample point or checkpoint.
+    ///
+    /// # Safety
+    /// As for [`GlobalAlloc::alloc_zeroed`].
+    #[cold]
+    #[inline(never)]
+    unsafe fn alloc_zeroed_at_sample_point(&self, layout: Layout) -> *mut u8 {
+        let nsamples = sampler::sample_points(layout.size());
+        // SAFETY: the closure is the inner call under the caller's contract.
+        unsafe { sampled(nsamples, layout.size(), Entry::AllocZeroed, || self.inner.alloc_zeroed(layout)) }
+    }
+
+    /// `realloc` whose countdown (already decremented by `new_size`) reached a sample point or
+    /// checkpoint, of a block the sampled-block filter rules out.
+    ///
+    /// # Safety
+    /// As for [`GlobalAlloc::realloc`].
+    #[cold]
+    #[inline(never)]
+    unsafe fn realloc_at_sample_point(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        let nsamples = sampler::sample_points(new_size);
+        // SAFETY: the closure is the inner call under the caller's contract.
+        unsafe { sampled(nsamples, new_size, Entry::Realloc, || self.inner.realloc(ptr, layout, new_size)) }
+    }
+
+    /// `realloc` of a block that the sampled-block filter does not rule out (the countdown not
+    /// yet decremented).
+    ///
+    /// # Safety
+    /// As for [`GlobalAlloc::realloc`].
+    #[cold]
+    #[inline(never)]
+    unsafe fn realloc_maybe_sampled(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        forget_if_sampled(ptr);
+        let nsamples = sampler::take(new_size);
+        // SAFETY: the closure is the inner call under the caller's contract.
+        unsafe { sampled(nsamples, new_size, Entry::Realloc, || self.inner.realloc(ptr, layout, new_size)) }
+    }
+
+    /// `dealloc` of a block that the sampled-block filter does not rule out.
     ///
     /// # Safety
     /// As for [`GlobalAlloc::dealloc`].
@@ -76,13 +133,13 @@ impl MemtraceAllocator<System> {
     }
 }
 
-/// Run the inner allocation `inner` of `size` bytes through the sampler.
+/// Run the inner allocation `inner` of `size` bytes that covers `nsamples` sample points
+/// (from [`sampler`]), and record it if that is not 0.
 ///
 /// # Safety
 /// `inner` must be a call of the inner allocator that is sound for the caller's arguments.
 #[inline(always)]
-unsafe fn sampled(size: usize, entry: Entry, inner: impl FnOnce() -> *mut u8) -> *mut u8 {
-    let nsamples = sampler::take(size);
+unsafe fn sampled(nsamples: u64, size: usize, entry: Entry, inner: impl FnOnce() -> *mut u8) -> *mut u8 {
     if nsamples == 0 {
         // Kept apart from the sampled case, so that it compiles to a tail call.
         return inner();
@@ -149,15 +206,8 @@ fn record_free(ptr: *mut u8) {
     sampler::in_tracer(|| record::sampled_free(ptr as usize));
 }
 
-/// For a block about to be freed: if it was sampled, forget it and report its end.
-#[inline(always)]
-fn forget_block(ptr: *mut u8) {
-    if sampled_set::may_contain(ptr as usize) {
-        forget_if_sampled(ptr);
-    }
-}
-
-/// [`forget_block`] past the filter: look the block up in the table (aborts if it panics).
+/// For a block about to be freed that the sampled-block filter does not rule out: look it up
+/// in the table, and if it was sampled, forget it and report its end (aborts if it panics).
 #[cold]
 #[inline(never)]
 fn forget_if_sampled(ptr: *mut u8) {
@@ -174,22 +224,22 @@ fn forget_if_sampled(ptr: *mut u8) {
 unsafe impl<A: GlobalAlloc> GlobalAlloc for MemtraceAllocator<A> {
     #[inline]
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        if !enabled() {
+        if enabled() && sampler::count_down(layout.size()) {
             // SAFETY: forwarded under the caller's contract.
-            return unsafe { self.inner.alloc(layout) };
+            return unsafe { self.alloc_at_sample_point(layout) };
         }
-        // SAFETY: the closure is the inner call under the caller's contract.
-        unsafe { sampled(layout.size(), Entry::Alloc, || self.inner.alloc(layout)) }
+        // SAFETY: forwarded under the caller's contract.
+        unsafe { self.inner.alloc(layout) }
     }
 
     #[inline]
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        if !enabled() {
+        if enabled() && sampler::count_down(layout.size()) {
             // SAFETY: forwarded under the caller's contract.
-            return unsafe { self.inner.alloc_zeroed(layout) };
+            return unsafe { self.alloc_zeroed_at_sample_point(layout) };
         }
-        // SAFETY: the closure is the inner call under the caller's contract.
-        unsafe { sampled(layout.size(), Entry::AllocZeroed, || self.inner.alloc_zeroed(layout)) }
+        // SAFETY: forwarded under the caller's contract.
+        unsafe { self.inner.alloc_zeroed(layout) }
     }
 
     #[inline]
@@ -204,12 +254,17 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for MemtraceAllocator<A> {
 
     #[inline]
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        if !enabled() {
-            // SAFETY: forwarded under the caller's contract.
-            return unsafe { self.inner.realloc(ptr, layout, new_size) };
+        if enabled() {
+            if sampled_set::may_contain(ptr as usize) {
+                // SAFETY: forwarded under the caller's contract.
+                return unsafe { self.realloc_maybe_sampled(ptr, layout, new_size) };
+            }
+            if sampler::count_down(new_size) {
+                // SAFETY: forwarded under the caller's contract.
+                return unsafe { self.realloc_at_sample_point(ptr, layout, new_size) };
+            }
         }
-        forget_block(ptr);
-        // SAFETY: the closure is the inner call under the caller's contract.
-        unsafe { sampled(new_size, Entry::Realloc, || self.inner.realloc(ptr, layout, new_size)) }
+        // SAFETY: forwarded under the caller's contract.
+        unsafe { self.inner.realloc(ptr, layout, new_size) }
     }
 }

@@ -75,6 +75,35 @@ pub(crate) fn bytes_for(capacity: usize) -> usize {
     capacity.saturating_mul(std::mem::size_of::<Msg>() + 8).saturating_add(POOL_SIZE * 16)
 }
 
+/// Whether `bytes` of memory can be had at once: mapped (and never touched, so nothing
+/// becomes resident) and unmapped again, which fails as an allocation of that size would
+/// under `RLIMIT_AS`, strict overcommit or an exhausted address space.
+///
+/// Not asked of `malloc`: glibc raises its threshold for serving blocks by `mmap` to the size
+/// of any such block freed (up to 32 MiB). A probe of 8 MiB allocated and freed at start made
+/// every later allocation of the program between 128 KiB and 8 MiB come from the heap instead,
+/// vectors grown by copying instead of `mremap`, and more heap work on every call (README,
+/// "Benchmarks").
+pub(crate) fn memory_for(bytes: usize) -> bool {
+    // SAFETY: a fresh private anonymous mapping, which nothing else refers to.
+    let map = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            bytes,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    if map == libc::MAP_FAILED {
+        return false;
+    }
+    // SAFETY: the mapping made above, of that length, unused.
+    unsafe { libc::munmap(map, bytes) };
+    true
+}
+
 /// The memory for a queue could not be had.
 #[derive(Debug)]
 pub(crate) struct NoMemory;
@@ -151,7 +180,9 @@ impl Channel {
     /// memory (checked first with a fallible allocation of that size: crossbeam's allocation
     /// would abort the process).
     fn new(pid: u32, capacity: usize) -> Result<Channel, NoMemory> {
-        Vec::<u8>::new().try_reserve_exact(bytes_for(capacity)).map_err(|_| NoMemory)?;
+        if !memory_for(bytes_for(capacity)) {
+            return Err(NoMemory);
+        }
         let (tx, rx) = crossbeam_channel::bounded(capacity);
         let (pool_tx, pool_rx) = crossbeam_channel::bounded(POOL_SIZE);
         for frames in (0..INITIAL_POOL).map_while(|_| new_frames()) {

@@ -1,42 +1,52 @@
 //! The set of live sampled blocks: a static, lock-free, set-associative table of addresses.
 //!
 //! `dealloc` must ask of every block "was this one sampled?". A filter answers most of the
-//! time: one 8-bit counter per bucket counts the entries in the bucket (32 KiB in all, so it
-//! stays in cache), and a zero counter means "not sampled" at once. Otherwise the table
-//! answers by reading one 64-byte cache line (the address's bucket of 8 slots). Either way
-//! nothing is written, so the common case — an unsampled block — costs no lock, no
-//! shared-cache-line write and, mostly, no cache miss (reading a random line of the 2 MiB
-//! table on every free cost more than everything else tracing does at rate 1e-5). Inserting
-//! increments the bucket's counter, then CASes `0 → addr` into a free slot of the bucket (a
-//! full bucket drops the sample, which the caller counts, and undoes the increment); removing
-//! CASes `addr → 0`, then decrements the counter. A bucket's counter is thus nonzero whenever
-//! one of its entries is in the table.
+//! time: 2^15 8-bit counters (32 KiB), each counting the entries whose 4 KiB page of memory
+//! hashes to it, and a zero counter means "not sampled" at once. Otherwise the table answers
+//! by reading one 64-byte cache line (the address's bucket of 8 slots). Either way nothing is
+//! written, so the common case — an unsampled block — costs no lock, no shared-cache-line
+//! write and, mostly, no cache miss (reading a random line of the 2 MiB table on every free
+//! cost more than everything else tracing does at rate 1e-5). Inserting increments the
+//! counter, then CASes `0 → addr` into a free slot of the bucket (a full bucket drops the
+//! sample, which the caller counts, and undoes the increment); removing CASes `addr → 0`,
+//! then decrements the counter. An entry's counter is thus nonzero while it is in the table.
 //!
-//! A free whose bucket holds other entries reads the table for nothing, so the filter must be
-//! fine-grained: a program's live sampled blocks number its live heap × rate / 8 (about 1 250
-//! for a 1 GB heap at 1e-5). An earlier filter of one counter per 32 buckets (2 KiB) had 70 %
-//! of its counters nonzero at that size; one counter per bucket has under 4 %, which the
-//! allocation benchmark shows at rate 1e-4 (the comparison is in `benches/alloc.rs`).
+//! The filter is indexed by page, not by the address's bucket, so that it follows the
+//! program's own locality: blocks freed together mostly lie on a few pages, whose counters
+//! then stay in the cache, where counters indexed by bucket scattered every free over all of
+//! the filter, which a large heap kept evicting (benches/alloc.rs has the figures). A free on
+//! a page with a sampled block live reads the table for nothing, so the filter must be
+//! fine-grained: a program's live sampled blocks number its live heap × rate / 8 (about
+//! 1 250 for a 1 GB heap at 1e-5), a small share of its pages and of 2^15 counters. An
+//! earlier filter of one counter per 32 buckets (2 KiB) had 70 % of its counters nonzero at
+//! that size, which the allocation benchmark showed at rate 1e-4.
 //!
-//! The table lives in `.bss` (2^15 buckets × 64 bytes = 2 MiB). It is not aligned to 2 MiB
-//! for a transparent huge page: it made inserts and lookups cheaper but the whole workload
-//! no faster beyond the noise (see `benches/alloc.rs`), and the alignment would have made the kernel load every program that links this crate at a 2 MiB-aligned
-//! address, nine bits less of address-space randomisation, traced or not. Each session
-//! starts with [`clear`], which also makes all of it resident: left to fault in on demand,
-//! each page costs a read fault and then, at its first insert, a write fault whose TLB
-//! shoot-down interrupts the program's other threads. Between sessions the table may keep stale entries
-//! (an insert racing with the end of a session); they are harmless — a stale hit only makes
-//! the writer see a free for an address it does not track, which it ignores — and `clear`
-//! wipes them.
+//! Frees pay even less while no sampled block is live (tracing at a low rate, or before the
+//! first sample): one count of the table's entries, [`LIVE`], is read first, and a zero count
+//! answers "not sampled" without hashing the address or reading the filter, which a large heap
+//! keeps evicting from the cache.
 //!
-//! Memory ordering: a block is inserted (counter, then slot) before its address is returned
+//! The table lives in `.bss` (2^15 buckets × 64 bytes = 2 MiB), page-aligned, and only the
+//! pages of buckets that an insert has used are made resident: a short traced run that samples
+//! a few blocks pays a few pages, not 2 MiB. An insert writes a page before anything reads it
+//! (a read first would map the shared zero page, which the write would then fault out again,
+//! with a TLB shoot-down that interrupts the program's other threads), and marks it in
+//! [`TOUCHED`]; [`clear`] reads and wipes only the marked pages. It is not aligned to 2 MiB for
+//! a transparent huge page: that made inserts and lookups cheaper but the whole workload no
+//! faster beyond the noise (see `benches/alloc.rs`), and would have made the kernel load every
+//! program that links this crate at a 2 MiB-aligned address, nine bits less of address-space
+//! randomisation, traced or not. Between sessions the table may keep stale entries (an insert
+//! racing with the end of a session); they are harmless — a stale hit only makes the writer
+//! see a free for an address it does not track, which it ignores — and `clear` wipes them.
+//!
+//! Memory ordering: a block is inserted (counts, then slot) before its address is returned
 //! to the program, and any thread that frees it got the address through some synchronisation
 //! that orders it after that return; read-write coherence then guarantees the freeing
 //! thread's loads see the increment and the insert (or later values), so relaxed loads
-//! suffice. Only the thread freeing a block removes it, so its counter cannot drop to zero
-//! while the block is live.
+//! suffice. Only the thread freeing a block removes it, so neither its counter nor [`LIVE`]
+//! can drop to zero while the block is live.
 
-use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
 
 /// log2 of the number of buckets.
 const BUCKET_BITS: u32 = 15;
@@ -44,23 +54,41 @@ const BUCKET_BITS: u32 = 15;
 const PAGE_BYTES: usize = 4096;
 /// Slots per bucket: 8 × 8 bytes = one cache line.
 const SLOTS: usize = 8;
+/// Buckets per page of the table.
+const BUCKETS_PER_PAGE: usize = PAGE_BYTES / std::mem::size_of::<Bucket>();
+/// Pages of the table.
+const PAGES: usize = (1 << BUCKET_BITS) / BUCKETS_PER_PAGE;
 
 /// One cache line of slots; 0 marks a free slot.
 #[repr(C, align(64))]
 struct Bucket([AtomicUsize; SLOTS]);
+
+/// The buckets, page-aligned so that each page holds whole buckets of one [`TOUCHED`] bit.
+#[repr(C, align(4096))]
+struct Table([Bucket; 1 << BUCKET_BITS]);
 
 #[allow(clippy::declare_interior_mutable_const)] // Only used to initialise `TABLE`.
 const EMPTY_SLOT: AtomicUsize = AtomicUsize::new(0);
 #[allow(clippy::declare_interior_mutable_const)] // Only used to initialise `TABLE`.
 const EMPTY_BUCKET: Bucket = Bucket([EMPTY_SLOT; SLOTS]);
 
-static TABLE: [Bucket; 1 << BUCKET_BITS] = [EMPTY_BUCKET; 1 << BUCKET_BITS];
+static TABLE: Table = Table([EMPTY_BUCKET; 1 << BUCKET_BITS]);
 
 #[allow(clippy::declare_interior_mutable_const)] // Only used to initialise `FILTER`.
 const ZERO: AtomicU8 = AtomicU8::new(0);
-/// The entries of each bucket: at most [`SLOTS`], plus the inserts into a full bucket and the
-/// removals in progress (and, after a [`clear`] that raced with one, one more).
+/// The entries of the table on the pages that hash to each counter, plus the inserts into a
+/// full bucket and the removals in progress (and, after a [`clear`] that raced with one, one
+/// more). At most 255: an insert that would pass it is refused like one into a full bucket.
 static FILTER: [AtomicU8; 1 << BUCKET_BITS] = [ZERO; 1 << BUCKET_BITS];
+
+/// The entries of the whole table, counted like [`FILTER`]'s (before an entry is added, after
+/// it is removed): nonzero whenever an entry is in the table.
+static LIVE: AtomicUsize = AtomicUsize::new(0);
+
+#[allow(clippy::declare_interior_mutable_const)] // Only used to initialise `TOUCHED`.
+const NO_PAGES: AtomicU64 = AtomicU64::new(0);
+/// One bit per page of the table: set once an insert has written the page (it is resident).
+static TOUCHED: [AtomicU64; PAGES / 64] = [NO_PAGES; PAGES / 64];
 
 /// The bucket index of `addr` (Fibonacci hashing of the address without its alignment bits).
 #[inline(always)]
@@ -70,13 +98,19 @@ fn bucket_index(addr: usize) -> usize {
 
 #[inline(always)]
 fn bucket(addr: usize) -> &'static Bucket {
-    &TABLE[bucket_index(addr)]
+    &TABLE.0[bucket_index(addr)]
 }
 
-/// The filter counter of `addr`'s bucket.
+/// The filter index of `addr` (Fibonacci hashing of its page number).
+#[inline(always)]
+fn filter_index(addr: usize) -> usize {
+    (((addr as u64) >> 12).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - BUCKET_BITS)) as usize
+}
+
+/// The filter counter of `addr`'s page.
 #[inline(always)]
 fn counter(addr: usize) -> &'static AtomicU8 {
-    &FILTER[bucket_index(addr)]
+    &FILTER[filter_index(addr)]
 }
 
 /// Record `addr` as a live sampled block. Returns false (nothing recorded) when its bucket is
@@ -86,27 +120,46 @@ pub(crate) fn insert(addr: usize) -> bool {
         return false;
     }
     let counter = counter(addr);
-    // Saturating, so that a counter never wraps to 0 while its bucket has entries: it exceeds
-    // SLOTS only by the inserts and removals in progress (see `FILTER`), and reaching 255
-    // would take some 246 of them at once. Then the insert is refused like one into a full
-    // bucket.
+    // Saturating, so that a counter never wraps to 0 while it counts entries: then the
+    // insert is refused like one into a full bucket (it takes 255 live sampled blocks on the
+    // pages of one counter: 16-byte blocks sampled at rates near 1).
     if counter.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |c| c.checked_add(1)).is_err() {
         return false;
     }
+    LIVE.fetch_add(1, Ordering::Relaxed);
+    touch(bucket_index(addr));
     let inserted = bucket(addr).0.iter().any(|slot| {
         slot.load(Ordering::Relaxed) == 0 && slot.compare_exchange(0, addr, Ordering::AcqRel, Ordering::Relaxed).is_ok()
     });
     if !inserted {
-        decrement(counter);
+        forget_one(counter);
     }
     inserted
 }
 
-/// Whether `addr` may be a live sampled block: false when its bucket has no entries, which is
-/// the answer for almost every block. Reads one counter of a 32 KiB array and writes nothing.
+/// Make the page of bucket `index` resident, if no insert has yet: by a write (exchanging 0
+/// for 0 writes a free slot; a used slot's page is resident), then mark it in [`TOUCHED`].
+fn touch(index: usize) {
+    let page = index / BUCKETS_PER_PAGE;
+    let (word, bit) = (&TOUCHED[page / 64], 1u64 << (page % 64));
+    if word.load(Ordering::Relaxed) & bit == 0 {
+        let _ = TABLE.0[page * BUCKETS_PER_PAGE].0[0].compare_exchange(0, 0, Ordering::Relaxed, Ordering::Relaxed);
+        word.fetch_or(bit, Ordering::Relaxed);
+    }
+}
+
+/// Whether the page of bucket `index` is marked in [`TOUCHED`].
+fn touched(index: usize) -> bool {
+    let page = index / BUCKETS_PER_PAGE;
+    TOUCHED[page / 64].load(Ordering::Relaxed) & (1 << (page % 64)) != 0
+}
+
+/// Whether `addr` may be a live sampled block: false when the table is empty or `addr`'s
+/// bucket has no entries, which is the answer for almost every block. Reads [`LIVE`] and then
+/// one counter of a 32 KiB array, and writes nothing.
 #[inline(always)]
 pub(crate) fn may_contain(addr: usize) -> bool {
-    counter(addr).load(Ordering::Relaxed) != 0
+    LIVE.load(Ordering::Relaxed) != 0 && counter(addr).load(Ordering::Relaxed) != 0
 }
 
 /// If `addr` is a live sampled block, forget it and return true. Reads the address's bucket
@@ -127,61 +180,68 @@ pub(crate) fn remove(addr: usize) -> bool {
 fn remove_slot(slot: &AtomicUsize, addr: usize) -> bool {
     let removed = slot.compare_exchange(addr, 0, Ordering::AcqRel, Ordering::Relaxed).is_ok();
     if removed {
-        decrement(counter(addr));
+        forget_one(counter(addr));
     }
     removed
 }
 
-/// Decrement a filter counter, never below 0: after a [`clear`] that raced with an insert or a
-/// removal (see there), a counter may be one lower than the entries of its bucket, and a
-/// wrapped counter (255) would keep the bucket's filter open until the next clear.
+/// Count one entry less in a filter counter and in [`LIVE`], never below 0: after a [`clear`]
+/// that raced with an insert or a removal (see there), a count may be one lower than the
+/// entries it counts, and a wrapped one would keep the filter open until the next clear.
 #[inline]
-fn decrement(counter: &AtomicU8) {
+fn forget_one(counter: &AtomicU8) {
     let _ = counter.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |c| c.checked_sub(1));
+    let _ = LIVE.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |c| c.checked_sub(1));
 }
 
-/// Forget every entry, and make the table resident (one write per page). Called when a
-/// session starts, before anything of the new session is sampled.
+/// Forget every entry. Called when a session starts, before anything of the new session is
+/// sampled. Reads and writes only the pages an insert has made resident (and the filter).
 ///
 /// A thread still finishing a sample (or a free) of the previous session may be inside
-/// [`insert`] or [`remove`] meanwhile, so the slots are wiped first and each bucket's counter
-/// is then recounted from its slots, rather than zeroed: a counter can then never be 0 while
-/// its bucket holds an entry that the wipe missed (which `remove` would never find again), nor
-/// wrap below 0 (decrements saturate). What remains is benign: such a straggler's own counter
-/// update may land after its bucket was recounted and leave that counter one off. One too high
-/// only makes frees in that bucket read it. One too low can only involve the straggler's
-/// entry, which belongs to the previous session (the new session samples nothing before this
-/// returns): that entry may then not be found, or another entry of its bucket may be missed
-/// once — a free the new trace does not show — which takes a thread preempted
-/// inside the table for the whole stop and restart of a session. The next `clear` repairs it.
+/// [`insert`] or [`remove`] meanwhile, so the slots are wiped first and the counters are then
+/// recounted from the slots, rather than only zeroed: a counter can then never be 0 while the
+/// table holds an entry of its that the wipe missed (which `remove` would never find again),
+/// nor wrap below 0 (decrements saturate). What remains is benign: such a straggler's own
+/// counter update may land after the recount and leave its counter one off (and its page,
+/// touched after the wipe looked, may be left out of it). One too high only makes frees on
+/// that counter's pages read the table. One too low can only involve the straggler's entry,
+/// which belongs to the previous session (the new session samples nothing before this
+/// returns): that entry may then not be found, or another entry of its counter may be missed
+/// once — a free the new trace does not show — which takes a thread preempted inside the
+/// table for the whole stop and restart of a session. The next `clear` repairs it. [`LIVE`]
+/// is recounted alike.
 pub(crate) fn clear() {
-    // The first bucket on each page (the table need not start on one): a write, not a load,
-    // since reading first would map the shared zero page, which the first insert would then
-    // fault out again. Exchanging 0 for 0 writes a free slot; a used slot's page is resident.
-    let mut page = usize::MAX;
-    for bucket in &TABLE {
-        let here = bucket as *const Bucket as usize / PAGE_BYTES;
-        if here != page {
-            page = here;
-            let _ = bucket.0[0].compare_exchange(0, 0, Ordering::Relaxed, Ordering::Relaxed);
-        }
-    }
-    for slot in TABLE.iter().flat_map(|b| b.0.iter()) {
-        if slot.load(Ordering::Relaxed) != 0 {
-            slot.store(0, Ordering::Relaxed);
+    for (index, bucket) in TABLE.0.iter().enumerate() {
+        if touched(index) {
+            for slot in &bucket.0 {
+                if slot.load(Ordering::Relaxed) != 0 {
+                    slot.store(0, Ordering::Relaxed);
+                }
+            }
         }
     }
     recount();
 }
 
-/// Set each bucket's counter to the number of its entries.
+/// Set each counter to the number of entries it counts (reading only the touched pages of the
+/// table), and [`LIVE`] to their sum.
 fn recount() {
-    for (counter, bucket) in FILTER.iter().zip(&TABLE) {
-        let entries = bucket.0.iter().filter(|slot| slot.load(Ordering::Relaxed) != 0).count();
-        if counter.load(Ordering::Relaxed) as usize != entries {
-            counter.store(entries as u8, Ordering::Relaxed);
+    for counter in &FILTER {
+        // Stored even when already 0: the filter (8 pages) is then resident, written before
+        // a free reads it.
+        counter.store(0, Ordering::Relaxed);
+    }
+    let mut live = 0;
+    for (_, bucket) in TABLE.0.iter().enumerate().filter(|&(index, _)| touched(index)) {
+        for slot in &bucket.0 {
+            let addr = slot.load(Ordering::Relaxed);
+            if addr != 0 {
+                let _ = counter(addr).fetch_update(Ordering::Relaxed, Ordering::Relaxed, |c| c.checked_add(1));
+                live += 1;
+            }
         }
     }
+    LIVE.store(live, Ordering::Relaxed);
 }
 
 #[cfg(test)]
@@ -206,10 +266,21 @@ mod tests {
     }
 
     fn assert_empty() {
-        assert!(TABLE.iter().flat_map(|b| b.0.iter()).all(|s| s.load(Ordering::Relaxed) == 0), "table not empty");
+        // Only the touched pages: an untouched one holds nothing, and reading it would map it
+        // (see `only_pages_in_use_become_resident`).
+        let used = TABLE.0.iter().enumerate().filter(|&(i, _)| touched(i));
+        assert!(used.flat_map(|(_, b)| b.0.iter()).all(|s| s.load(Ordering::Relaxed) == 0), "table not empty");
         for (bucket, counter) in FILTER.iter().enumerate() {
             assert_eq!(counter.load(Ordering::Relaxed), 0, "counter of bucket {bucket}");
         }
+        assert_eq!(LIVE.load(Ordering::Relaxed), 0, "live entries");
+    }
+
+    /// Put `addr` into slot `slot` of its bucket behind the counters' back, as an insert of the
+    /// previous session finishing after a `clear` may.
+    fn plant(addr: usize, slot: usize) {
+        touch(bucket_index(addr));
+        bucket(addr).0[slot].store(addr, Ordering::Relaxed);
     }
 
     /// Addresses that all land in one bucket (distinct from other tests' addresses).
@@ -245,10 +316,12 @@ mod tests {
         }
     }
 
+    /// One counter counts the entries on a page, whatever their buckets.
     #[test]
-    fn filter_counts_the_entries_of_a_bucket() {
+    fn filter_counts_the_entries_of_a_page() {
         let _lock = shared();
-        let addrs = same_bucket(0x6600_0000_0000, 3);
+        let addrs = [0x6600_0000_0010, 0x6600_0000_0020, 0x6600_0000_0ff0];
+        assert!(addrs.iter().all(|&a| filter_index(a) == filter_index(addrs[0])));
         let before = counter(addrs[0]).load(Ordering::Relaxed);
         for &a in &addrs {
             assert!(insert(a));
@@ -268,8 +341,8 @@ mod tests {
         let _lock = exclusive();
         clear();
         let [a, b] = [0x7700_0000_0000, 0x7700_0000_1230];
-        assert_ne!(bucket_index(a), bucket_index(b));
-        bucket(a).0[5].store(a, Ordering::Relaxed);
+        assert!(bucket_index(a) != bucket_index(b) && filter_index(a) != filter_index(b));
+        plant(a, 5);
         counter(b).store(u8::MAX, Ordering::Relaxed);
         recount();
         assert_eq!(counter(a).load(Ordering::Relaxed), 1);
@@ -301,6 +374,24 @@ mod tests {
         assert_empty();
     }
 
+    /// Every 16-byte block of a page sampled: the page's counter takes 255 of them and refuses
+    /// the 256th, rather than wrap.
+    #[test]
+    fn a_full_page_counter_refuses_inserts() {
+        let _lock = exclusive();
+        clear();
+        let page: Vec<usize> = (0..256).map(|i| 0x7d00_0000_0000 + i * 16).collect();
+        for &a in &page[..255] {
+            assert!(insert(a), "{a:#x}");
+        }
+        assert!(!insert(page[255]));
+        assert_eq!(counter(page[0]).load(Ordering::Relaxed), u8::MAX);
+        for &a in &page[..255] {
+            assert!(remove(a), "{a:#x}");
+        }
+        assert_empty();
+    }
+
     /// A removal whose counter is already 0 (a `clear` raced with it) leaves it at 0 instead
     /// of wrapping to 255.
     #[test]
@@ -308,17 +399,17 @@ mod tests {
         let _lock = exclusive();
         clear();
         let a = 0x7800_0000_0000;
-        bucket(a).0[0].store(a, Ordering::Relaxed);
+        plant(a, 0);
         assert!(!may_contain(a), "a zero counter hides the entry");
         assert!(remove(a));
         assert_eq!(counter(a).load(Ordering::Relaxed), 0);
         // An insert that finds its bucket full undoes its increment.
         let addrs = same_bucket(0x7900_0000_0000, SLOTS + 1);
         for &x in &addrs[..SLOTS] {
-            bucket(x).0.iter().find(|s| s.load(Ordering::Relaxed) == 0).unwrap().store(x, Ordering::Relaxed);
+            plant(x, bucket(x).0.iter().position(|s| s.load(Ordering::Relaxed) == 0).unwrap());
         }
         assert!(!insert(addrs[SLOTS]));
-        assert_eq!(counter(addrs[0]).load(Ordering::Relaxed), 0);
+        assert_eq!(counter(addrs[SLOTS]).load(Ordering::Relaxed), 0);
         clear();
         assert_empty();
     }
@@ -376,6 +467,55 @@ mod tests {
                 });
             }
         });
+        assert_empty();
+    }
+
+    /// The count of live entries follows inserts and removals, and while it is 0 no free gets
+    /// past the filter, whatever a bucket's counter says.
+    #[test]
+    fn live_count_gates_the_filter() {
+        let _lock = exclusive();
+        clear();
+        let [a, b] = [0x7b00_0000_0000, 0x7b00_0000_4560];
+        assert!(!may_contain(a));
+        assert!(insert(a) && insert(b));
+        assert_eq!(LIVE.load(Ordering::Relaxed), 2);
+        assert!(may_contain(a) && may_contain(b));
+        assert!(remove(a));
+        assert_eq!(LIVE.load(Ordering::Relaxed), 1);
+        assert!(remove(b) && !remove(b));
+        assert_eq!(LIVE.load(Ordering::Relaxed), 0);
+        counter(a).store(3, Ordering::Relaxed);
+        assert!(!may_contain(a), "a stale counter with nothing live");
+        clear();
+        assert_empty();
+    }
+
+    /// Whether the table's page `page` is resident (`mincore`).
+    fn resident(page: usize) -> bool {
+        let mut flag = 0u8;
+        let addr = &TABLE.0[page * BUCKETS_PER_PAGE] as *const Bucket as *mut libc::c_void;
+        // SAFETY: `addr` is the page-aligned start of one page of `TABLE`, and `flag` has room
+        // for that one page's answer.
+        assert_eq!(unsafe { libc::mincore(addr, PAGE_BYTES, &mut flag) }, 0);
+        flag & 1 != 0
+    }
+
+    /// Only the pages an insert used become resident: `clear` neither reads nor writes the
+    /// others (it used to make all 2 MiB resident), and an insert makes its page resident and
+    /// marks it.
+    #[test]
+    fn only_pages_in_use_become_resident() {
+        let _lock = exclusive();
+        // A page that nothing in this process has read or written yet (most of them).
+        let page = (0..PAGES).find(|&p| !touched(p * BUCKETS_PER_PAGE) && !resident(p)).expect("an untouched page");
+        clear();
+        assert!(!resident(page), "clear made page {page} resident");
+        let addr = (0x7c00_0000_0000..).step_by(16).find(|&a| bucket_index(a) / BUCKETS_PER_PAGE == page).unwrap();
+        assert!(insert(addr));
+        assert!(resident(page) && touched(bucket_index(addr)));
+        assert!(remove(addr));
+        clear();
         assert_empty();
     }
 

@@ -119,23 +119,37 @@ impl Rate {
 }
 
 /// Account for an allocation of `bytes` on this thread and return how many sample points it
-/// covers: 0 (not sampled; the overwhelmingly common case) or more.
-///
-/// Hot path: one thread-local decrement and a branch. Returns 0 while the thread is inside
-/// the tracer or its thread-local storage is gone.
+/// covers: 0 (not sampled; the overwhelmingly common case) or more. [`count_down`], then
+/// [`sample_points`] when it says so.
 #[inline(always)]
 pub(crate) fn take(bytes: usize) -> u64 {
+    if count_down(bytes) {
+        sample_points(bytes)
+    } else {
+        0
+    }
+}
+
+/// The hot half of [`take`]: subtract `bytes` from this thread's countdown and say whether it
+/// reached a sample point or checkpoint, which [`sample_points`] must then settle. One
+/// thread-local decrement and a compare; false when the thread-local storage is gone.
+#[inline(always)]
+pub(crate) fn count_down(bytes: usize) -> bool {
     THREAD
         .try_with(|t| {
             let left = t.countdown.get().wrapping_sub(bytes as i64);
             t.countdown.set(left);
-            if left > 0 {
-                0
-            } else {
-                t.sample_point(left, bytes)
-            }
+            left <= 0
         })
-        .unwrap_or(0)
+        .unwrap_or(false)
+}
+
+/// The cold half of [`take`], after [`count_down`] returned true for an allocation of `bytes`:
+/// the number of sample points it covers (0 at a checkpoint, inside the tracer, or with the
+/// thread-local storage gone), refilling the countdown.
+#[inline(always)]
+pub(crate) fn sample_points(bytes: usize) -> u64 {
+    THREAD.try_with(|t| t.sample_point(t.countdown.get(), bytes)).unwrap_or(0)
 }
 
 impl ThreadState {

@@ -15,6 +15,7 @@ use memtrace_rs::trace::{Info, ObjectId, Reader};
 use memtrace_rs::{currently_tracing, start_tracing, stop_tracing, trace_if_requested, MemtraceAllocator};
 
 mod faults;
+mod heap;
 #[cfg(feature = "tracing")]
 mod spans;
 
@@ -335,6 +336,8 @@ fn child_role() {
             }
         }
         symbols if symbols.starts_with("symbols:") => symbols::child(symbols),
+        #[cfg(all(target_os = "linux", target_env = "gnu"))]
+        "heap:mmap-threshold" => heap::child(),
         #[cfg(feature = "tracing")]
         spans if spans.starts_with("spans-") => spans::child_role(spans),
         other => assert!(faults::child_role(other), "unknown role {other}"),

@@ -183,7 +183,7 @@ pub fn start_tracing(config: TraceConfig) -> Result<TraceGuard, StartError> {
     // be made fallible; with less address space left than that, say so instead of failing
     // part-way, or aborting in one of them.
     let needed = handoff::bytes_for(handoff::capacity_for(config.rate)).saturating_add(START_MEMORY);
-    if Vec::<u8>::new().try_reserve_exact(needed).is_err() {
+    if !handoff::memory_for(needed) {
         return Err(StartError::NoMemory);
     }
     HOOKS.call_once(register_hooks);
