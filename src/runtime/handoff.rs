@@ -12,8 +12,8 @@
 //! arena pinned: glibc then trimmed and re-grew the arenas differently, and the program paid
 //! in `madvise` calls and page faults in its own code.
 //!
-//! The queue is bounded, and sized for the sampling rate ([`capacity_for`]: 8 Ki messages at
-//! the default rate, 128 Ki from about 2.6e-4 on); a session at a higher rate than the
+//! The queue is bounded, and sized for the sampling rate ([`capacity_for`]: 2 Ki messages at
+//! the default rate, 128 Ki from about 1e-3 on); a session at a higher rate than the
 //! process's queue was made for makes a larger one. Alloc samples stop once half the capacity
 //! waits (the writer is far behind), so that frees of sampled blocks have the other half;
 //! a free that still finds the queue full is not waited for (the writer may need the loader
@@ -44,12 +44,14 @@ pub(crate) type KernelName = [u8; 16];
 /// The most messages a queue holds: 128 Ki × 56 bytes (a message and its slot's stamp), for
 /// the highest rates.
 pub(crate) const MAX_CAPACITY: usize = 1 << 17;
-/// The fewest: 4 Ki × 56 bytes.
-const MIN_CAPACITY: usize = 1 << 12;
+/// The fewest: 1 Ki × 56 bytes.
+const MIN_CAPACITY: usize = 1 << 10;
 /// The allocation rate, in bytes a second, that the queue is sized to absorb for
-/// [`BACKLOG_SECONDS`] while the writer is busy (symbolizing a new library, say).
+/// [`BACKLOG_SECONDS`] while the writer does not take from it (asleep between polls, or not
+/// scheduled on a loaded machine). While it waits for a frame's name, it takes the queue into
+/// a backlog of its own (see `writer_thread`), so a long symbolization needs no room here.
 const SIZED_FOR_BYTES_PER_SECOND: f64 = 8e9;
-const BACKLOG_SECONDS: f64 = 0.5;
+const BACKLOG_SECONDS: f64 = 0.125;
 /// Frame buffers the pool holds at most: 2 MiB. The writer returns buffers when it wakes, so
 /// the pool must outlast a poll interval: with 512 buffers it ran dry at rate 1e-5 in the
 /// allocation benchmark, and each new buffer was a `calloc` on the sampled path and a
@@ -60,9 +62,9 @@ pub(crate) const POOL_SIZE: usize = 2048;
 /// joins the pool when the writer gives it back).
 const INITIAL_POOL: usize = 256;
 
-/// The queue capacity for sampling `rate`: half a second of samples of a program allocating
+/// The queue capacity for sampling `rate`: an eighth of a second of samples of a program allocating
 /// [`SIZED_FOR_BYTES_PER_SECOND`], a power of two in [`MIN_CAPACITY`]..=[`MAX_CAPACITY`]. At
-/// the default rate, 8 Ki messages (448 KiB); from about 2.6e-4 on, the maximum (7 MiB).
+/// the default rate, 2 Ki messages (112 KiB); from about 1e-3 on, the maximum (7 MiB).
 pub(crate) fn capacity_for(rate: f64) -> usize {
     let samples = rate * SIZED_FOR_BYTES_PER_SECOND / 8.0 * BACKLOG_SECONDS;
     let wanted = if samples.is_finite() { samples.clamp(1.0, MAX_CAPACITY as f64) as usize } else { MAX_CAPACITY };
@@ -372,8 +374,8 @@ mod tests {
 
     #[test]
     fn the_queue_is_sized_for_the_rate() {
-        assert_eq!(capacity_for(1e-5), 8 << 10);
-        assert_eq!(capacity_for(1e-4), 64 << 10);
+        assert_eq!(capacity_for(1e-5), 2 << 10);
+        assert_eq!(capacity_for(1e-4), 16 << 10);
         assert_eq!(capacity_for(1.0), MAX_CAPACITY);
         assert_eq!(capacity_for(1e-9), MIN_CAPACITY);
         assert_eq!(capacity_for(f64::NAN), MAX_CAPACITY);

@@ -201,9 +201,9 @@ pub fn start_tracing(config: TraceConfig) -> Result<TraceGuard, StartError> {
     cfi::invalidate_if_unloaded();
     let walker =
         unwind::calibrate(config.unwinder).map_err(|unwind::NotGlobalAllocator| StartError::NotGlobalAllocator)?;
-    if handoff::capacity_for(config.rate) >= handoff::MAX_CAPACITY {
-        // At the highest rates the queue fills in less time than the writer takes to parse
-        // the debug info of the first frames: name the start-up frames now.
+    if config.rate >= NAME_START_UP_FRAMES_FROM_RATE {
+        // At the highest rates the writer's backlog fills in less time than the writer takes
+        // to parse the debug info of the first frames: name the start-up frames now.
         unwind::name_start_up_frames();
     }
     let start_time = now_us();
@@ -247,6 +247,11 @@ pub fn start_tracing(config: TraceConfig) -> Result<TraceGuard, StartError> {
 /// The memory a start needs besides the queue: the writer thread's stack, the calibration's
 /// thread and symbolizer, the trace writer's buffers.
 const START_MEMORY: usize = 8 << 20;
+
+/// The rate from which starting names the start-up frames before sampling starts: some
+/// 60 000 samples a second at 2 GB/s of allocation, more than the writer absorbs while it
+/// parses a large program's first units.
+const NAME_START_UP_FRAMES_FROM_RATE: f64 = 2.5e-4;
 
 /// Session ids, so that a guard only stops its own session.
 static NEXT_SESSION: AtomicU64 = AtomicU64::new(1);

@@ -235,9 +235,15 @@ pub(crate) fn name_start_up_frames() {
     });
 }
 
-/// `f()` on a new thread with the default stack size (or on this one when no thread can be
-/// started): reading object files is not the caller's stack to feed.
+/// `f()` on a new thread with the default stack size, unless this thread has at least
+/// [`INLINE_NAMING_STACK`] of stack left (as `main`'s has): reading object files is not a
+/// small stack's to feed, and a thread costs a tenth of a millisecond or so to start.
 fn on_a_thread_of_its_own<R: Send>(f: impl Fn() -> R + Sync) -> R {
+    let marker = 0u8;
+    let sp = std::ptr::addr_of!(marker) as usize;
+    if frame_pointers::stack_bounds().is_some_and(|(lo, hi)| (lo..hi).contains(&sp) && sp - lo >= INLINE_NAMING_STACK) {
+        return f();
+    }
     std::thread::scope(|scope| {
         match std::thread::Builder::new().name("memtrace-calibrate".into()).spawn_scoped(scope, &f) {
             Ok(thread) => thread.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
@@ -245,6 +251,10 @@ fn on_a_thread_of_its_own<R: Send>(f: impl Fn() -> R + Sync) -> R {
         }
     })
 }
+
+/// The stack left above which calibration names frames on the caller's thread: far more than
+/// naming takes (tens of KiB in unoptimised builds), and more than a spawned thread's default.
+const INLINE_NAMING_STACK: usize = 4 << 20;
 
 /// The leading `frames` (innermost first) that are tracer or allocator machinery, given that
 /// the frame of the function named `marker` called into the global allocator. The last of them
@@ -256,8 +266,16 @@ fn tracer_frames(frames: &[u64], marker: &str) -> Option<Leading> {
     // (the markers, the allocator shim, our allocator's methods), and parsing the program's
     // DWARF would cost more than everything else start-up does. The writer parses what it
     // needs when the first sample comes.
+    // Only the frames up to the marker's are named: the objects of its callers (the C
+    // library's start-up code, say) are not read.
     let mut symbolizer = symbolize::take_spare(symbolize::Options::default());
-    let names: Vec<Option<String>> = frames.iter().map(|&ip| symbolizer.symbol_name(ip)).collect();
+    let mut names: Vec<Option<String>> = Vec::new();
+    for &ip in frames {
+        names.push(symbolizer.symbol_name(ip));
+        if names.last().is_some_and(|n| n.as_ref().is_some_and(|n| n.ends_with(marker))) {
+            break;
+        }
+    }
     symbolize::put_spare(symbolizer);
     let marker_at = names.iter().position(|n| n.as_ref().is_some_and(|n| n.ends_with(marker)))?;
     let Some(last) =
