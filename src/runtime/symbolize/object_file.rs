@@ -260,6 +260,9 @@ struct UnitSet {
     _map: Mmap,
 }
 
+/// The most [`UnitSet`]s an object keeps apart (more are merged).
+const MAX_UNIT_SETS: usize = 16;
+
 /// The bytes of an empty unit that stands for others in a [`UnitSet`]: a DWARF 4 header
 /// (32-bit length, version, abbreviation offset 0, address size 8), then a null entry.
 const EMPTY_UNIT_BYTES: usize = 12;
@@ -343,13 +346,25 @@ impl Dwarf {
         // is parsed in one set only, and the sets grow to the units that refer to each other
         // (the code units of one crate, under ThinLTO), never to the whole object.
         let shares = |set: &UnitSet| needed.iter().any(|unit| set.units.binary_search(unit).is_ok());
+        let mut merged: Vec<bool> = self.sets.iter().map(shares).collect();
+        if merged.iter().filter(|&&m| !m).count() >= MAX_UNIT_SETS {
+            // Each set maps `.debug_info` up to its last unit: a bounded number of them keeps
+            // the address space they take bounded. The smallest joins the new one.
+            if let Some(smallest) =
+                (0..self.sets.len()).filter(|&i| !merged[i]).min_by_key(|&i| self.sets[i].units.len())
+            {
+                merged[smallest] = true;
+            }
+        }
         let mut units = needed.to_vec();
-        units.extend(self.sets.iter().filter(|set| shares(set)).flat_map(|set| set.units.iter().copied()));
+        let replaced = self.sets.iter().zip(&merged).filter(|(_, &m)| m).map(|(set, _)| set.units.as_slice());
+        units.extend(replaced.clone().flatten().copied());
+        let replaced_units: usize = replaced.map(<[_]>::len).sum();
         let own = needed[0];
         let set = self.parse_set(units).ok_or(NeedsWhole)?;
-        let replaced: usize = self.sets.iter().filter(|set| shares(set)).map(|set| set.units.len()).sum();
-        self.sets.retain(|set| !shares(set));
-        let parsed = (set.units.len() - replaced) * BYTES_PER_UNIT + (own.1 - own.0) * PARSED_BYTES_PER_UNIT_BYTE;
+        let mut merged = merged.into_iter();
+        self.sets.retain(|_| !merged.next().unwrap_or(false));
+        let parsed = (set.units.len() - replaced_units) * BYTES_PER_UNIT + (own.1 - own.0) * PARSED_BYTES_PER_UNIT_BYTE;
         self.sets.push(set);
         Ok(Some((self.sets.len() - 1, parsed)))
     }
@@ -702,5 +717,14 @@ mod tests {
             whole.dwarf.as_ref().unwrap().unit_starts.len()
         );
         assert!(by_set * 2 > probes.len(), "most probes read from sets of units");
+        // Many units in one object: the sets are merged down to the bound, names unchanged.
+        let mut sets = Loaded::open(&path, None, &options).expect("readable");
+        for &probe in probes.iter().take(200) {
+            assert_eq!(described(&sets.lookup(probe)), described(&whole.lookup(probe)), "at {probe:#x}");
+        }
+        let dwarf = sets.dwarf.as_ref().unwrap();
+        let units: usize = dwarf.sets.iter().map(|set| set.units.len()).sum();
+        assert!(units > MAX_UNIT_SETS, "the bound was not reached: {units} units");
+        assert!(dwarf.whole.is_none() && dwarf.sets.len() <= MAX_UNIT_SETS, "{} sets", dwarf.sets.len());
     }
 }
