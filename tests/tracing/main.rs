@@ -1204,8 +1204,11 @@ fn explicit_api_sessions() {
 
 /// The 95 % interval of a byte estimate covers the bytes a known site really allocated in
 /// about 95 % of independently sampled sessions: 200 sessions, each with about 40 samples
-/// at the site, must cover it 181 to 197 times (three standard deviations of a binomial with
-/// p = 0.95 around 190; a Byar or normal interval that is too narrow or too wide fails).
+/// at the site, must cover it 181 to 199 times. The exact Poisson interval used below 100
+/// samples covers a little more than 95 % (96.1 % at 40 samples: 192 ± 2.7 of 200), so this
+/// fails by chance about once in 2 000 runs (at 200 or at most 180), where the window
+/// 181..=197 it replaced failed once in 70. It catches an interval that always covers, and
+/// fails more often than not for a 90 % one (180 ± 4.2).
 #[cfg(feature = "analysis")]
 #[test]
 fn estimate_intervals_cover_the_true_bytes_95_percent_of_the_time() {
@@ -1225,5 +1228,5 @@ fn estimate_intervals_cover_the_true_bytes_95_percent_of_the_time() {
     eprintln!("covered {covered} of {COVERAGE_ROUNDS}, {mean:.1} samples per session");
     let expected = truth * COVERAGE_RATE / 8.0;
     assert!((mean / expected - 1.0).abs() < 0.05, "{mean} samples per session, {expected} expected");
-    assert!((181..=197).contains(&covered), "the interval covered the truth in {covered} of {COVERAGE_ROUNDS}");
+    assert!((181..=199).contains(&covered), "the interval covered the truth in {covered} of {COVERAGE_ROUNDS}");
 }
