@@ -5,8 +5,8 @@
 //!
 //! The writer asks for one address at a time and waits for the answer in short slices, doing
 //! its other work in between ([`Worker::locations`]). The thread is started at the first
-//! address (a run with no sample starts none) and ends when the worker is dropped or its
-//! symbolizer taken back.
+//! address (a run with no sample starts none) and ends when the worker is dropped (its
+//! requests channel closes; it is not waited for) or its symbolizer taken back.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -122,13 +122,6 @@ impl Worker {
             }
             State::Gone => None,
         }
-    }
-}
-
-impl Drop for Worker {
-    fn drop(&mut self) {
-        // Ends the thread (its requests channel closes); not waited for.
-        self.state = State::Gone;
     }
 }
 
