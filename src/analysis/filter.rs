@@ -239,8 +239,16 @@ pub fn parse_range(s: &str) -> std::result::Result<(u64, u64), String> {
 /// Parse a size: bytes, or a number with a unit (`B`, `KiB`/`K`, `MiB`/`M`, `GiB`/`G`).
 pub fn parse_size(s: &str) -> std::result::Result<u64, String> {
     let t = s.trim();
-    let units =
-        [("KiB", 1u64 << 10), ("MiB", 1 << 20), ("GiB", 1 << 30), ("K", 1 << 10), ("M", 1 << 20), ("G", 1 << 30)];
+    let units = [
+        ("KiB", 1u64 << 10),
+        ("MiB", 1 << 20),
+        ("GiB", 1 << 30),
+        ("TiB", 1 << 40),
+        ("K", 1 << 10),
+        ("M", 1 << 20),
+        ("G", 1 << 30),
+        ("T", 1 << 40),
+    ];
     let (number, scale) = units
         .iter()
         .find_map(|&(unit, scale)| t.strip_suffix(unit).map(|n| (n, scale)))

@@ -57,18 +57,7 @@ fn parse_limit(s: &str) -> Result<Limit, String> {
     if let Some(p) = t.strip_suffix('%') {
         return p.trim().parse::<f64>().ok().filter(|v| v.is_finite() && *v >= 0.0).map(Limit::Percent).ok_or_else(bad);
     }
-    let units = [("KiB", 1024f64), ("MiB", 1024f64.powi(2)), ("GiB", 1024f64.powi(3)), ("TiB", 1024f64.powi(4))];
-    let (number, scale) = units
-        .iter()
-        .find_map(|(u, scale)| t.strip_suffix(u).map(|n| (n, *scale)))
-        .unwrap_or((t.trim_end_matches('B'), 1.0));
-    number
-        .trim()
-        .parse::<f64>()
-        .ok()
-        .filter(|v| v.is_finite() && *v >= 0.0)
-        .map(|v| Limit::Bytes(v * scale))
-        .ok_or_else(bad)
+    memtrace_rs::analysis::filter::parse_size(t).map(|bytes| Limit::Bytes(bytes as f64)).map_err(|_| bad())
 }
 
 /// A figure of one site (or of the total) in one trace.

@@ -6,13 +6,13 @@ use super::format;
 use memtrace_rs::analysis::{Analysis, Origin};
 
 /// One `name: value` line of the summary.
-pub type Line = (&'static str, String);
+pub(crate) type Line = (&'static str, String);
 
-/// The summary as `(name, value)` pairs, shared by `info` and the HTML report. `name` is
+/// The summary as `(name, value)` pairs. `name` is
 /// the trace's name as shown to the user. Rust traces are described in their own words
 /// (sampled blocks and frees); OCaml traces keep OCaml's (minor and major allocations,
 /// promotions, collections, domains).
-pub fn summary(analysis: &Analysis, name: &str) -> Vec<Line> {
+fn summary(analysis: &Analysis, name: &str) -> Vec<Line> {
     let info = &analysis.info;
     let c = &analysis.counts;
     let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();

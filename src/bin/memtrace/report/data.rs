@@ -5,7 +5,7 @@
 //!
 //! ```text
 //! { version: 1, limit, top, keep: {allocator, root},
-//!   frames: { strings: [..], fn: [string id], file: [string id], line: [..], alloc: [0|1], root: [0|1] },
+//!   frames: { strings: [..], fn: [string id], file: [string id], label: [string id], line: [..], alloc: [0|1], root: [0|1] },
 //!   traces: [ A ] or [ A (base), B (new) ], each
 //!    { name, info: {start_us, rate, word_size, executable, host, runtime, context, pid},
 //!      duration_us, tick_us, truncated, events, warnings: [..],
@@ -64,8 +64,6 @@ pub struct TraceData {
     pub summary: blocks::Stacks,
     /// What the reader skipped.
     pub warnings: Vec<Warning>,
-    /// True when the file ended inside a packet.
-    pub truncated: bool,
     /// Stack trie: the parent of each node (`u32::MAX` for node 0, the empty stack).
     pub parent: Vec<u32>,
     /// The frame of each node (`u32::MAX` for node 0).
@@ -130,7 +128,6 @@ impl TraceData {
             info: reader.info().clone(),
             summary,
             warnings: reader.warnings().to_vec(),
-            truncated: reader.is_truncated(),
             parent,
             frame,
             blocks,
@@ -204,7 +201,7 @@ impl TraceData {
                 "runtime": text(&info.runtime_params), "context": info.context.as_deref().map(text).unwrap_or_default(),
                 "pid": info.pid,
             },
-            "duration_us": self.summary.end_us, "tick_us": tick, "truncated": self.truncated,
+            "duration_us": self.summary.end_us, "tick_us": tick, "truncated": self.warnings.iter().any(|w| matches!(w, Warning::TruncatedPacket { .. })),
             "events": self.summary.events, "warnings": self.warnings.iter().map(|w| w.to_string()).collect::<Vec<_>>(),
             "peak": { "t": self.summary.peak_us, "bytes": info.bytes_for_samples(self.summary.peak_samples) },
             "nodes": { "parent": signed(&self.parent), "frame": signed(&self.frame) },
@@ -238,28 +235,28 @@ fn thinned(nsamples: u64, keep: f64, key: u64) -> u64 {
 
 /// Write the JSON document for `traces` (one, or base and new) with the frame table
 /// `frames` and the page's settings from `options`. No `<` occurs in it, so it can sit inside a `<script>` element.
-pub fn write_json<'a>(
-    frames: &'a FrameTable,
+pub fn write_json(
+    frames: &FrameTable,
     traces: &[TraceData],
     options: &super::Options,
     out: &mut impl Write,
 ) -> io::Result<()> {
     let list = &frames.frames;
-    let mut strings: Vec<&str> = Vec::new();
-    let mut ids: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
-    let mut intern = |s: &'a str| -> usize {
-        *ids.entry(s).or_insert_with(|| {
-            strings.push(s);
-            strings.len() - 1
-        })
-    };
-    let functions: Vec<usize> = list.iter().map(|f| intern(&f.function)).collect();
-    let files: Vec<usize> = list.iter().map(|f| intern(&f.file)).collect();
+    // The page shows `hotspots`' labels (`Frame::label`: span and thread frames their own way).
+    let labels: Vec<String> = list.iter().map(|f| f.label()).collect();
+    let (mut strings, mut ids) = (Vec::new(), std::collections::HashMap::new());
+    let mut intern = |all: &mut Vec<usize>, s| all.push(intern_in(&mut strings, &mut ids, s));
+    let (mut functions, mut files, mut label_ids) = (Vec::new(), Vec::new(), Vec::new());
+    for (frame, label) in list.iter().zip(&labels) {
+        intern(&mut functions, frame.function.as_str());
+        intern(&mut files, frame.file.as_str());
+        intern(&mut label_ids, label.as_str());
+    }
     let doc = json!({
         "version": 1, "limit": options.limit, "top": options.top,
         "keep": { "allocator": options.trim.keep_allocator_frames, "root": options.trim.keep_root_frames },
         "frames": {
-            "strings": strings, "fn": functions, "file": files,
+            "strings": strings, "fn": functions, "file": files, "label": label_ids,
             "line": list.iter().map(|f| f.line).collect::<Vec<_>>(),
             "alloc": list.iter().map(|f| u8::from(is_allocator_frame(&f.function, &f.file))).collect::<Vec<_>>(),
             "root": list.iter().map(|f| u8::from(is_root_frame(&f.function, &f.file))).collect::<Vec<_>>(),
@@ -268,6 +265,14 @@ pub fn write_json<'a>(
     });
     // Outside strings JSON has no `<`, so escaping every one keeps `</script` and `<!--` out.
     out.write_all(serde_json::to_string(&doc)?.replace('<', "\\u003c").as_bytes())
+}
+
+/// The index of `s` in `strings`, added the first time.
+fn intern_in<'s>(strings: &mut Vec<&'s str>, ids: &mut std::collections::HashMap<&'s str, usize>, s: &'s str) -> usize {
+    *ids.entry(s).or_insert_with(|| {
+        strings.push(s);
+        strings.len() - 1
+    })
 }
 
 #[cfg(test)]

@@ -8,10 +8,9 @@ const T0 = performance.now();
 const D = JSON.parse($('report-data').textContent);
 const FR = D.frames, STR = FR.strings;
 const nFrames = FR.fn.length;
-const fnOf = (f) => STR[FR.fn[f]], fileOf = (f) => STR[FR.file[f]];
-// Labels (analysis::Frame::label) and flame colours are worked out once per frame.
-const LABELS = Array.from({ length: nFrames }, (_, f) => { const file = fileOf(f); return file ? `${fnOf(f)} (${shortPath(file)}:${FR.line[f]})` : fnOf(f); });
-const frameLabel = (f) => LABELS[f];
+const fnOf = (f) => STR[FR.fn[f]];
+// Labels come from the CLI (analysis::Frame::label); flame colours are worked out once per frame.
+const frameLabel = (f) => STR[FR.label[f]];
 // The site of allocations with no frame to show (no backtrace, or every frame hidden): a
 // frame id past the last, as `hotspots` names it.
 const NO_SITE = nFrames, siteLabel = (f) => (f === NO_SITE ? '(no backtrace)' : frameLabel(f));
@@ -19,11 +18,6 @@ const COLORS = Array.from({ length: nFrames }, (_, f) => {
   const h = [...fnOf(f)].reduce((x, ch) => (x * 31 + ch.charCodeAt(0)) >>> 0, 7);
   return FR.alloc[f] ? '#c9ced6' : `hsl(${15 + (h % 40)},${70 + (h % 20)}%,${58 + (h % 12)}%)`;
 });
-function shortPath(p) {
-  const m = /^\/rustc\/[0-9a-f]{40}\/(.*)$/.exec(p); if (m) return m[1];
-  const i = p.indexOf('/registry/src/'); if (i >= 0) { const r = p.slice(i + 14); const j = r.indexOf('/'); if (j >= 0) return r.slice(j + 1); }
-  return p;
-}
 
 // ------------------------------------------------------------------ decoding
 async function gunzip(b64) {
@@ -306,7 +300,6 @@ function update() {
   requestAnimationFrame(() => setTimeout(() => { timing.painted_ms = performance.now() - t0; }, 0));
   document.body.dataset.updates = String((+document.body.dataset.updates || 0) + 1);
 }
-const W = (ti) => (DIFF ? (ti ? 1 : -1) : 1); // sign of a trace's contribution to a diff
 const val = (tree, i) => (DIFF ? tree.tot[1][i] - tree.tot[0][i] : tree.tot[0][i]);
 const fmtM = (x) => (F.measure === 'count' ? fmtCount(x) : fmtBytes(x));
 
