@@ -11,7 +11,6 @@
 //! or thread ([`Grouping::kind`]), a stack keeps only the frames of that kind instead of
 //! being trimmed: a site is its innermost span (all its spans with `stacks`) or its thread.
 
-use std::ops::Range;
 use std::sync::Arc;
 
 use super::pass::{Analysis, Frame, FrameId, FrameKind, Measure, StackStats};
@@ -44,20 +43,24 @@ pub struct Trim {
 }
 
 impl Trim {
-    /// The range of `frames` (innermost first) that is kept.
-    pub fn kept(self, analysis: &Analysis, frames: &[FrameId]) -> Range<usize> {
+    /// The indexes of the `frames` (innermost first) that are kept. Root frames are trimmed
+    /// below the span and thread pseudo-frames at the outer end, which are kept, as
+    /// [`ranked`] does.
+    pub fn kept(self, analysis: &Analysis, frames: &[FrameId]) -> Vec<usize> {
         let frame = |i: usize| &analysis.frames[frames[i]];
         let mut start = 0;
         if !self.keep_allocator_frames {
             start = (0..frames.len()).find(|&i| !is_allocator_frame(&frame(i).function, &frame(i).file)).unwrap_or(0);
         }
-        let mut end = frames.len();
+        let code_end =
+            (start..frames.len()).rev().find(|&i| frame(i).kind() == FrameKind::Code).map_or(start, |i| i + 1);
+        let mut end = code_end;
         if !self.keep_root_frames {
             if let Some(last) = (start..end).rev().find(|&i| !is_root_frame(&frame(i).function, &frame(i).file)) {
                 end = last + 1;
             }
         }
-        start..end
+        (start..end).chain(code_end..frames.len()).collect()
     }
 }
 

@@ -17,7 +17,6 @@ const CACHE_SIZE: usize = 1 << 14;
 const BUCKET_MASK: u64 = CACHE_SIZE as u64 - 1;
 /// [`BUCKET_MASK`] for indexing: masking proves indexes in range, so no bounds checks.
 const MASK: usize = CACHE_SIZE - 1;
-/// The largest bytes of one codeword: a u16 tag and a u64 code.
 /// A zeroed cache table, allocated zeroed on the heap: `Box::new([0; CACHE_SIZE])` builds the
 /// array on the stack first in unoptimised builds (the writer's three took 288 KiB of the
 /// stack of the thread that starts tracing).
@@ -25,6 +24,7 @@ fn zeroed_cache<T: Copy + Default>() -> Box<[T; CACHE_SIZE]> {
     vec![T::default(); CACHE_SIZE].into_boxed_slice().try_into().unwrap_or_else(|_| unreachable!())
 }
 
+/// The largest bytes of one codeword: a u16 tag and a u64 code.
 const MAX_CODEWORD: usize = 2 + 8;
 /// Bucket index written in the header when a packet carries no verifier.
 const NO_VERIFIER: u16 = 0xFFFF;

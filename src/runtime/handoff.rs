@@ -178,9 +178,8 @@ static PROCESS: AtomicPtr<Channel> = AtomicPtr::new(std::ptr::null_mut());
 static RUNNING: AtomicU32 = AtomicU32::new(0);
 
 impl Channel {
-    /// A queue of `capacity` messages, or `NoMemory` when the allocator cannot give its
-    /// memory (checked first with a fallible allocation of that size: crossbeam's allocation
-    /// would abort the process).
+    /// A queue of `capacity` messages, or `NoMemory` when its memory cannot be had (checked
+    /// first with [`memory_for`]: crossbeam's allocation would abort the process).
     fn new(pid: u32, capacity: usize) -> Result<Channel, NoMemory> {
         if !memory_for(bytes_for(capacity)) {
             return Err(NoMemory);

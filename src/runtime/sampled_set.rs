@@ -82,8 +82,13 @@ const ZERO: AtomicU8 = AtomicU8::new(0);
 static FILTER: [AtomicU8; 1 << BUCKET_BITS] = [ZERO; 1 << BUCKET_BITS];
 
 /// The entries of the whole table, counted like [`FILTER`]'s (before an entry is added, after
-/// it is removed): nonzero whenever an entry is in the table.
-static LIVE: AtomicUsize = AtomicUsize::new(0);
+/// it is removed): nonzero whenever an entry is in the table. Every free reads it and only
+/// sampled events write it: on a cache line of its own, so that those writes do not take away
+/// a line that other hot data (the filter, the sampler's statics) shares.
+static LIVE: Live = Live(AtomicUsize::new(0));
+
+#[repr(align(64))]
+struct Live(AtomicUsize);
 
 #[allow(clippy::declare_interior_mutable_const)] // Only used to initialise `TOUCHED`.
 const NO_PAGES: AtomicU64 = AtomicU64::new(0);
@@ -126,7 +131,7 @@ pub(crate) fn insert(addr: usize) -> bool {
     if counter.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |c| c.checked_add(1)).is_err() {
         return false;
     }
-    LIVE.fetch_add(1, Ordering::Relaxed);
+    LIVE.0.fetch_add(1, Ordering::Relaxed);
     touch(bucket_index(addr));
     let inserted = bucket(addr).0.iter().any(|slot| {
         slot.load(Ordering::Relaxed) == 0 && slot.compare_exchange(0, addr, Ordering::AcqRel, Ordering::Relaxed).is_ok()
@@ -159,7 +164,7 @@ fn touched(index: usize) -> bool {
 /// one counter of a 32 KiB array, and writes nothing.
 #[inline(always)]
 pub(crate) fn may_contain(addr: usize) -> bool {
-    LIVE.load(Ordering::Relaxed) != 0 && counter(addr).load(Ordering::Relaxed) != 0
+    LIVE.0.load(Ordering::Relaxed) != 0 && counter(addr).load(Ordering::Relaxed) != 0
 }
 
 /// If `addr` is a live sampled block, forget it and return true. Reads the address's bucket
@@ -191,7 +196,7 @@ fn remove_slot(slot: &AtomicUsize, addr: usize) -> bool {
 #[inline]
 fn forget_one(counter: &AtomicU8) {
     let _ = counter.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |c| c.checked_sub(1));
-    let _ = LIVE.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |c| c.checked_sub(1));
+    let _ = LIVE.0.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |c| c.checked_sub(1));
 }
 
 /// Forget every entry. Called when a session starts, before anything of the new session is
@@ -241,7 +246,7 @@ fn recount() {
             }
         }
     }
-    LIVE.store(live, Ordering::Relaxed);
+    LIVE.0.store(live, Ordering::Relaxed);
 }
 
 #[cfg(test)]
@@ -273,7 +278,7 @@ mod tests {
         for (bucket, counter) in FILTER.iter().enumerate() {
             assert_eq!(counter.load(Ordering::Relaxed), 0, "counter of bucket {bucket}");
         }
-        assert_eq!(LIVE.load(Ordering::Relaxed), 0, "live entries");
+        assert_eq!(LIVE.0.load(Ordering::Relaxed), 0, "live entries");
     }
 
     /// Put `addr` into slot `slot` of its bucket behind the counters' back, as an insert of the
@@ -479,12 +484,12 @@ mod tests {
         let [a, b] = [0x7b00_0000_0000, 0x7b00_0000_4560];
         assert!(!may_contain(a));
         assert!(insert(a) && insert(b));
-        assert_eq!(LIVE.load(Ordering::Relaxed), 2);
+        assert_eq!(LIVE.0.load(Ordering::Relaxed), 2);
         assert!(may_contain(a) && may_contain(b));
         assert!(remove(a));
-        assert_eq!(LIVE.load(Ordering::Relaxed), 1);
+        assert_eq!(LIVE.0.load(Ordering::Relaxed), 1);
         assert!(remove(b) && !remove(b));
-        assert_eq!(LIVE.load(Ordering::Relaxed), 0);
+        assert_eq!(LIVE.0.load(Ordering::Relaxed), 0);
         counter(a).store(3, Ordering::Relaxed);
         assert!(!may_contain(a), "a stale counter with nothing live");
         clear();

@@ -152,3 +152,21 @@ fn the_command_line_ranks_draws_reports_and_diffs_by_span() {
         diff.lines().find(|l| l.contains("span http_request{route=/api/users}")).unwrap_or_else(|| panic!("{diff}"));
     assert!(users_line.contains("+3.1 KiB") || users_line.contains("3200"), "{diff}");
 }
+
+/// pprof's trim (`Trim::kept`) keeps the span and thread frames at the outer end and trims the
+/// runtime's start-up frames below them, as the rankings do: a default Rust trace, whose
+/// outermost frame is its thread's, has no `lang_start` in its profile.
+#[test]
+fn pprof_trims_start_up_frames_below_spans_and_threads() {
+    let a = analyse(&trace(false), Options { stacks: true, ..Default::default() });
+    let mut kept_labels = Vec::new();
+    for stack in &a.stacks {
+        let frames: Vec<_> = a.trie.up(stack.node).flat_map(|code| a.frames_of(code).iter().rev().copied()).collect();
+        let kept = memtrace_rs::analysis::Trim::default().kept(&a, &frames);
+        kept_labels.push(kept.iter().map(|&i| a.frames[frames[i]].label()).collect::<Vec<_>>());
+    }
+    let users = kept_labels.iter().find(|l| l.iter().any(|f| f.contains("/api/users"))).expect("the users stack");
+    assert!(!users.iter().any(|f| f.contains("lang_start")), "{users:?}");
+    assert!(users.last().is_some_and(|f| f == "thread worker-0"), "{users:?}");
+    assert!(users.iter().any(|f| f.starts_with("app::")), "{users:?}");
+}

@@ -117,11 +117,13 @@ pub fn profile(analysis: &Analysis, trim: Trim) -> (Profile, usize) {
             continue;
         }
         room -= kept.len();
+        frames = kept.iter().map(|&i| frames[i]).collect();
+        code_of = kept.iter().map(|&i| code_of[i]).collect();
         let mut location_id = Vec::new();
-        let mut at = kept.start;
-        while at < kept.end {
+        let mut at = 0;
+        while at < frames.len() {
             let (code, _, occurrence) = code_of[at];
-            let run = code_of[at..kept.end].iter().take_while(|(.., o)| *o == occurrence).count();
+            let run = code_of[at..].iter().take_while(|(.., o)| *o == occurrence).count();
             // Indexes within the code, outermost first: `inner` is the innermost kept.
             let (inner, outer) = (code_of[at].1, code_of[at + run - 1].1);
             let id = *location_ids.entry((code, outer, inner)).or_insert_with(|| {

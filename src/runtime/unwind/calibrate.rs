@@ -239,9 +239,7 @@ pub(crate) fn name_start_up_frames() {
 /// [`INLINE_NAMING_STACK`] of stack left (as `main`'s has): reading object files is not a
 /// small stack's to feed, and a thread costs a tenth of a millisecond or so to start.
 fn on_a_thread_of_its_own<R: Send>(f: impl Fn() -> R + Sync) -> R {
-    let marker = 0u8;
-    let sp = std::ptr::addr_of!(marker) as usize;
-    if frame_pointers::stack_bounds().is_some_and(|(lo, hi)| (lo..hi).contains(&sp) && sp - lo >= INLINE_NAMING_STACK) {
+    if super::capture::stack_remaining().is_some_and(|left| left >= INLINE_NAMING_STACK) {
         return f();
     }
     std::thread::scope(|scope| {

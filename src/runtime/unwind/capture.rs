@@ -36,12 +36,16 @@ pub(crate) fn stack_left_for_capture() -> bool {
 /// another stack (a coroutine's, a signal handler's).
 #[inline]
 pub(crate) fn stack_left(needed: usize) -> bool {
+    stack_remaining().is_none_or(|left| left >= needed)
+}
+
+/// The bytes of this thread's stack left below the caller's frame; `None` when the thread's
+/// stack bounds are unknown or the code runs on another stack.
+#[inline]
+pub(crate) fn stack_remaining() -> Option<usize> {
     let marker = 0u8;
     let sp = std::ptr::addr_of!(marker) as usize;
-    match frame_pointers::stack_bounds() {
-        Some((lo, hi)) if (lo..hi).contains(&sp) => sp - lo >= needed,
-        _ => true,
-    }
+    frame_pointers::stack_bounds().filter(|(lo, hi)| (lo..hi).contains(&&sp)).map(|(lo, _)| sp - lo)
 }
 
 /// Record the stack of a sample taken in `entry` with the session's walker into `frames`,
