@@ -39,13 +39,7 @@ fn location(code: u64) -> Arc<[Location]> {
         ),
         _ => ("__rust_alloc", "", 0),
     };
-    Arc::from(vec![Location {
-        filename: file.as_bytes().into(),
-        line,
-        start_char: 1,
-        end_char: 10,
-        defname: function.as_bytes().into(),
-    }])
+    crate::util::cli::location_on_line(function, file, line)
 }
 
 /// The known-answer trace, with `cache_blocks` cache insertions (20 in the base trace):
@@ -94,11 +88,9 @@ fn known_trace(path: &Path, cache_blocks: u64) {
     w.close().unwrap();
 }
 
-/// Run the `memtrace` binary with `args`; its stdout.
+/// Run the `memtrace` binary with `args` (absolute paths); its stdout.
 fn memtrace(args: &[&str]) -> String {
-    let out = Command::new(env!("CARGO_BIN_EXE_memtrace")).args(args).output().unwrap();
-    assert!(out.status.success(), "memtrace {args:?}: {}", String::from_utf8_lossy(&out.stderr));
-    String::from_utf8(out.stdout).unwrap()
+    crate::util::cli::memtrace_ok(&repo("."), args)
 }
 
 fn repo(path: &str) -> PathBuf {
