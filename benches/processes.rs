@@ -15,7 +15,9 @@
 //! generated 16 MB JSON file. `MEMTRACE_BENCH_THIRDPARTY` names another directory of jaq
 //! builds (say, built against an earlier version of this crate), and arguments select
 //! programs by name (`cargo bench --bench processes -- jaq`).
-//! Traced runs use the default rate (`MEMTRACE_RATE` unset) and write to a temporary file.
+//! Traced runs use the default rate (`MEMTRACE_RATE` unset; `MEMTRACE_BENCH_RATE` sets
+//! another, `MEMTRACE_BENCH_RATE=1e-9 cargo bench --bench processes -- jaq` for the cost every
+//! call pays) and write to a temporary file.
 //! The sample app's traced run also reads its trace back at exit (a few milliseconds).
 //!
 //! Figures from `wait4`'s resource usage of each child: user + system CPU, and the peak
@@ -32,6 +34,8 @@ use memtrace_rs::MemtraceAllocator;
 #[global_allocator]
 static GLOBAL: MemtraceAllocator = MemtraceAllocator::system();
 
+/// The sampling rate of the traced runs, when not the default.
+const RATE_VAR: &str = "MEMTRACE_BENCH_RATE";
 /// Set in the harness's own child: run the short program instead.
 const SHORT_RUN_VAR: &str = "MEMTRACE_BENCH_SHORT_RUN";
 
@@ -168,6 +172,9 @@ fn measure(program: &Program, trace: Option<&Path>) -> Run {
     if let Some(trace) = trace {
         let _ = std::fs::remove_file(trace);
         command.env("MEMTRACE_FILE", trace);
+        if let Some(rate) = std::env::var_os(RATE_VAR) {
+            command.env("MEMTRACE_RATE", rate);
+        }
     }
     let start = Instant::now();
     // Reaped by `wait4` below, which also gives its resource usage.
