@@ -13,6 +13,7 @@
 //! function's call into the tracer: the shim's inlined locations are then trimmed).
 //! [`Symbolizer::symbolize`] looks up `addr − 1`, inside the call instruction.
 
+mod dwarf;
 mod loaded_objects;
 mod object_file;
 mod symbolizer;

@@ -3,31 +3,21 @@
 //! symbols (`.symtab`, else `.dynsym`, so that a stripped program still names its exported
 //! functions), demangled with `rustc-demangle`.
 //!
-//! DWARF is parsed a few compilation units at a time: `.debug_aranges` says which unit holds
-//! an address, and addr2line is given that unit and the units it refers to (`DW_FORM_ref_addr`,
-//! which ThinLTO and LTO emit for functions inlined across units), not the whole `.debug_info`,
-//! so that naming a frame of a large program does not parse the header and line program of its
-//! every unit (tens of milliseconds and megabytes on a 25 MB binary). Offsets must stay those of
-//! the whole section, so the units are read from a private mapping of the file in which every
-//! other unit is overwritten with the header of an empty unit as long (see [`UnitSet`]). An
-//! address the ranges do not cover gets its symbol's name. DWARF that cannot be read this way
-//! (no ranges, compressed, in a separate file), and a program that needs much of its DWARF,
-//! are read by addr2line's context of the whole object, made the first time one is needed.
+//! DWARF is read by [`super::dwarf`], which reads only what each address needs. An address
+//! the DWARF's unit index does not cover gets its symbol's name.
 //!
 //! A separate debug file (build-id under the debug directory, or `.gnu_debuglink`) is used only
 //! with [`Options::separate_debug_files`]: distribution debug files are compressed, and
 //! inflating libc's costs tens of milliseconds and megabytes.
 
-use std::collections::{HashMap, HashSet};
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use object::{Object as _, ObjectSection as _, ObjectSymbol as _, ObjectSymbolTable as _};
 
+use super::dwarf::{Dwarf, Strings};
 use super::symbolizer::Options;
-
-type Reader = gimli::EndianSlice<'static, gimli::RunTimeEndian>;
 
 pub(super) struct RawFrame {
     pub(super) function: Option<String>,
@@ -50,24 +40,12 @@ pub(super) struct Loaded {
     dwarf: Option<Dwarf>,
     /// The object file, or its separate debug file, when it has DWARF not yet looked at.
     dwarf_file: Option<object::File<'static>>,
-    /// The path of `dwarf_file` when it is the object's own file.
-    dwarf_path: Option<PathBuf>,
     has_dwarf: bool,
     symbols: Vec<Symbol>,
-    pub(super) units_seen: HashSet<usize>,
-    pub(super) parsed_estimate: usize,
     pub(super) base_estimate: usize,
     inflated: Vec<Box<[u8]>>,
     _maps: Vec<Mmap>,
 }
-
-/// Estimated heap bytes of addr2line's parsed state per byte of a unit's `.debug_info`
-/// (lines, functions and inlined functions); measured on ripgrep when the symbolizers were
-/// compared for issue #10.
-const PARSED_BYTES_PER_UNIT_BYTE: usize = 2;
-/// Estimated heap bytes of addr2line's state per unit before any lookup (the unit's parsed
-/// abbreviations and line program header): 10-14 KiB measured on ripgrep (935 units).
-const BYTES_PER_UNIT: usize = 12 << 10;
 
 impl Loaded {
     pub(super) fn open(path: &Path, loaded_build_id: Option<&[u8]>, options: &Options) -> Option<Loaded> {
@@ -103,18 +81,14 @@ impl Loaded {
         if symbols.is_empty() {
             symbols = function_symbols(file.dynamic_symbol_table());
         }
-        let own_dwarf = debug_file.is_none();
         let dwarf_file = debug_file.or(Some(file)).filter(has_dwarf);
         maps.push(map);
         let base_estimate = symbols.capacity() * std::mem::size_of::<Symbol>();
         Some(Loaded {
             dwarf: None,
-            dwarf_path: own_dwarf.then(|| path.to_path_buf()),
             has_dwarf: dwarf_file.is_some(),
             dwarf_file,
             symbols,
-            units_seen: HashSet::new(),
-            parsed_estimate: 0,
             base_estimate,
             inflated: Vec::new(),
             _maps: maps,
@@ -122,41 +96,19 @@ impl Loaded {
     }
 
     /// Locate the DWARF sections and read the unit index, once.
-    fn load_dwarf(&mut self) {
-        let Some(file) = self.dwarf_file.take() else { return };
-        self.dwarf = Dwarf::locate(&file, self.dwarf_path.as_deref(), &mut self.inflated);
-        if let Some(dwarf) = &self.dwarf {
-            self.base_estimate += self.inflated.iter().map(|b| b.len()).sum::<usize>() + dwarf.index_bytes();
+    fn load_dwarf(&mut self) -> Option<&mut Dwarf> {
+        if let Some(file) = self.dwarf_file.take() {
+            self.dwarf = locate_dwarf(&file, &mut self.inflated, &self._maps);
+            if let Some(dwarf) = &self.dwarf {
+                self.base_estimate += self.inflated.iter().map(|b| b.len()).sum::<usize>() + dwarf.index_bytes();
+            }
         }
+        self.dwarf.as_mut()
     }
 
-    /// The addr2line context that covers `probe`, parsed the first time (a set of units, or
-    /// the whole object's).
-    fn context_for(&mut self, probe: u64) -> Option<&addr2line::Context<Reader>> {
-        self.load_dwarf();
-        let dwarf = self.dwarf.as_mut()?;
-        match dwarf.set_for(probe) {
-            Ok(Some((set, parsed))) => {
-                self.parsed_estimate += parsed;
-                self.units_seen.insert(dwarf.sets[set].units[0].0);
-                return Some(&dwarf.sets[set].context);
-            }
-            Ok(None) => return None,
-            Err(NeedsWhole) => {}
-        }
-        if dwarf.whole.is_none() {
-            let (context, units) = dwarf.whole_context()?;
-            self.base_estimate += units * BYTES_PER_UNIT;
-            dwarf.whole = Some(context);
-        }
-        let whole = dwarf.whole.as_ref()?;
-        if let Some(unit) = whole.find_dwarf_and_unit(probe).skip_all_loads() {
-            let offset = unit.header.offset().0;
-            if self.units_seen.insert(offset) {
-                self.parsed_estimate += unit.header.length_including_self() * PARSED_BYTES_PER_UNIT_BYTE;
-            }
-        }
-        Some(whole)
+    /// How many of the object's DWARF units are parsed.
+    pub(super) fn parsed_units(&self) -> usize {
+        self.dwarf.as_ref().map_or(0, Dwarf::parsed_units)
     }
 
     /// Whether names come from a symbol table alone (no DWARF): functions without files, lines
@@ -166,7 +118,7 @@ impl Loaded {
     }
 
     pub(super) fn bytes(&self) -> usize {
-        self.base_estimate + self.parsed_estimate + self.units_seen.capacity() * 16
+        self.base_estimate + self.dwarf.as_ref().map_or(0, Dwarf::parsed_bytes)
     }
 
     /// The demangled name of the function symbol at `probe`, from the symbol table alone:
@@ -182,24 +134,21 @@ impl Loaded {
     }
 
     /// The functions at `probe` (an address in the object's own terms), outermost first: from
-    /// the DWARF (parsed the first time), the symbol table's name for the outermost one.
+    /// the DWARF, the symbol table's name for the outermost one.
     pub(super) fn lookup(&mut self, probe: u64) -> Vec<RawFrame> {
-        let mut frames = Vec::new();
-        if let Some(context) = self.context_for(probe) {
-            if let Ok(mut iter) = context.find_frames(probe).skip_all_loads() {
-                while let Ok(Some(frame)) = iter.next() {
-                    let function =
-                        frame.function.as_ref().and_then(|f| f.raw_name().ok()).map(|n| demangle(n.as_bytes()));
-                    let (file, line, column) = match frame.location {
-                        Some(l) => (l.file.map(str::to_owned), l.line.unwrap_or(0), l.column.unwrap_or(0)),
-                        None => (None, 0, 0),
-                    };
-                    frames.push(RawFrame { function, file, line, column });
-                }
-            }
-        }
-        // addr2line gives the innermost first.
-        frames.reverse();
+        let mut frames: Vec<RawFrame> = match self.load_dwarf() {
+            Some(dwarf) => dwarf
+                .frames(probe)
+                .into_iter()
+                .map(|f| RawFrame {
+                    function: f.name.as_deref().map(demangle),
+                    file: f.file,
+                    line: f.line,
+                    column: f.column,
+                })
+                .collect(),
+            None => Vec::new(),
+        };
         let symbol = self.symbol(probe).map(|s| demangle(s.name));
         match (frames.first_mut(), symbol) {
             (None, Some(name)) => frames.push(RawFrame { function: Some(name), file: None, line: 0, column: 0 }),
@@ -222,271 +171,26 @@ impl Loaded {
     }
 }
 
-/// An object's DWARF: its sections, which unit holds which addresses, and the sets of units
-/// parsed so far.
-struct Dwarf {
-    sections: gimli::DwarfSections<&'static [u8]>,
-    /// Where `.debug_info` lies in the object's file, when it is stored there uncompressed (the
-    /// condition for reading sets of units, see [`UnitSet`]).
-    info_in_file: Option<(PathBuf, u64)>,
-    endian: gimli::RunTimeEndian,
-    /// (start, end, `.debug_info` offset of the unit) from `.debug_aranges`, sorted by start.
-    index: Vec<(u64, u64, usize)>,
-    /// The units of `index`, by offset.
-    unit_starts: Vec<usize>,
-    /// Per unit offset: the units (start, end) its lookups need, `None` when the whole context
-    /// is needed.
-    needs: HashMap<usize, Option<Vec<(usize, usize)>>>,
-    /// Disjoint sets of units, each with its context.
-    sets: Vec<UnitSet>,
-    /// addr2line's context of every unit, for what `sets` cannot answer.
-    whole: Option<addr2line::Context<Reader>>,
-}
-
-/// Only addr2line's context of the whole object can answer (see [`Dwarf::set_for`]).
-struct NeedsWhole;
-
-/// Some units of `.debug_info`, parsed by addr2line alone with the offsets of the whole
-/// section. addr2line reads a unit at offset 0 and finds each next unit from the length of the
-/// one before, so the section it is given is a private (copy-on-write) mapping of the file's
-/// `.debug_info` up to the last unit of the set, in which each run of other units is
-/// overwritten with the header of one unit as long with no entries, which addr2line skips
-/// (one page of the mapping copied per run).
-struct UnitSet {
-    /// (start, end) of each unit, sorted.
-    units: Vec<(usize, usize)>,
-    /// Borrows from `_map`, declared after it.
-    context: addr2line::Context<Reader>,
-    _map: Mmap,
-}
-
-/// The most [`UnitSet`]s an object keeps apart (more are merged).
-const MAX_UNIT_SETS: usize = 16;
-
-/// The bytes of an empty unit that stands for others in a [`UnitSet`]: a DWARF 4 header
-/// (32-bit length, version, abbreviation offset 0, address size 8), then a null entry.
-const EMPTY_UNIT_BYTES: usize = 12;
-
-impl Dwarf {
-    fn locate(file: &object::File<'static>, path: Option<&Path>, inflated: &mut Vec<Box<[u8]>>) -> Option<Dwarf> {
-        let endian = if file.is_little_endian() { gimli::RunTimeEndian::Little } else { gimli::RunTimeEndian::Big };
-        let sections = gimli::DwarfSections::load(|id| -> Result<&'static [u8], ()> {
-            Ok(section_data(file, id.name(), inflated).unwrap_or(&[]))
-        })
-        .ok()?;
-        let info_in_file = path.zip(file.section_by_name(".debug_info")).and_then(|(path, section)| {
-            let compressed = section.compressed_file_range().ok()?;
-            (compressed.format == object::CompressionFormat::None).then(|| (path.to_path_buf(), compressed.offset))
-        });
-        let borrowed = sections.borrow(|data| gimli::EndianSlice::new(data, endian));
-        let mut index = Vec::new();
-        let mut headers = borrowed.debug_aranges.headers();
-        while let Ok(Some(header)) = headers.next() {
-            let unit = header.debug_info_offset().0;
-            let mut entries = header.entries();
-            while let Ok(Some(entry)) = entries.next() {
-                let range = entry.range();
-                if range.begin < range.end {
-                    index.push((range.begin, range.end, unit));
-                }
-            }
-        }
-        index.sort_unstable();
-        index.shrink_to_fit();
-        let mut unit_starts: Vec<usize> = index.iter().map(|&(_, _, unit)| unit).collect();
-        unit_starts.sort_unstable();
-        unit_starts.dedup();
-        unit_starts.shrink_to_fit();
-        Some(Dwarf {
-            sections,
-            info_in_file,
-            endian,
-            index,
-            unit_starts,
-            needs: HashMap::new(),
-            sets: Vec::new(),
-            whole: None,
-        })
-    }
-
-    fn reader(&self, data: &'static [u8]) -> Reader {
-        gimli::EndianSlice::new(data, self.endian)
-    }
-
-    /// The heap bytes of the index.
-    fn index_bytes(&self) -> usize {
-        self.index.capacity() * std::mem::size_of::<(u64, u64, usize)>()
-            + self.unit_starts.capacity() * std::mem::size_of::<usize>()
-    }
-
-    /// The index in `sets` of a set that holds `probe`'s unit and the units it refers to,
-    /// parsed the first time, and the estimated heap bytes newly parsed for it; `Ok(None)`
-    /// when `.debug_aranges` covers no unit at `probe` (code without DWARF, such as the C
-    /// library's start files: a symbol names it); `Err(NeedsWhole)` when only the whole
-    /// context can answer.
-    fn set_for(&mut self, probe: u64) -> Result<Option<(usize, usize)>, NeedsWhole> {
-        if self.info_in_file.is_none() || self.index.is_empty() || self.whole.is_some() {
-            return Err(NeedsWhole);
-        }
-        let Some(i) = self.index.partition_point(|r| r.0 <= probe).checked_sub(1) else { return Ok(None) };
-        let (_, end, unit) = self.index[i];
-        if probe >= end {
-            return Ok(None);
-        }
-        if !self.needs.contains_key(&unit) {
-            let needed = self.units_needed(unit);
-            self.needs.insert(unit, needed);
-        }
-        let needed = self.needs[&unit].as_deref().ok_or(NeedsWhole)?;
-        let holds = |set: &UnitSet| needed.iter().all(|unit| set.units.binary_search(unit).is_ok());
-        if let Some(at) = self.sets.iter().position(holds) {
-            return Ok(Some((at, 0)));
-        }
-        // A new set, with the sets that share a unit with it (which it replaces): so a unit
-        // is parsed in one set only, and the sets grow to the units that refer to each other
-        // (the code units of one crate, under ThinLTO), never to the whole object.
-        let shares = |set: &UnitSet| needed.iter().any(|unit| set.units.binary_search(unit).is_ok());
-        let mut merged: Vec<bool> = self.sets.iter().map(shares).collect();
-        if merged.iter().filter(|&&m| !m).count() >= MAX_UNIT_SETS {
-            // Each set maps `.debug_info` up to its last unit: a bounded number of them keeps
-            // the address space they take bounded. The smallest joins the new one.
-            if let Some(smallest) =
-                (0..self.sets.len()).filter(|&i| !merged[i]).min_by_key(|&i| self.sets[i].units.len())
-            {
-                merged[smallest] = true;
-            }
-        }
-        let mut units = needed.to_vec();
-        let replaced = self.sets.iter().zip(&merged).filter(|(_, &m)| m).map(|(set, _)| set.units.as_slice());
-        units.extend(replaced.clone().flatten().copied());
-        let replaced_units: usize = replaced.map(<[_]>::len).sum();
-        let own = needed[0];
-        let set = self.parse_set(units).ok_or(NeedsWhole)?;
-        let mut merged = merged.into_iter();
-        self.sets.retain(|_| !merged.next().unwrap_or(false));
-        let parsed = (set.units.len() - replaced_units) * BYTES_PER_UNIT + (own.1 - own.0) * PARSED_BYTES_PER_UNIT_BYTE;
-        self.sets.push(set);
-        Ok(Some((self.sets.len() - 1, parsed)))
-    }
-
-    /// Unit `unit` and the units it refers to, as (start, end), sorted (`unit` first when it
-    /// is the lowest); `None` when a reference leads outside the units that can be found, or
-    /// to a supplementary file.
-    fn units_needed(&self, unit: usize) -> Option<Vec<(usize, usize)>> {
-        let dwarf = self.sections.borrow(|data| self.reader(data));
-        let mut units = vec![self.unit_span(&dwarf, unit)?];
-        let header = dwarf.debug_info.header_from_offset(gimli::DebugInfoOffset(unit)).ok()?;
-        let abbreviations = dwarf.debug_abbrev.abbreviations(header.debug_abbrev_offset()).ok()?;
-        let refers = |spec: &gimli::AttributeSpecification| {
-            matches!(spec.form(), gimli::DW_FORM_ref_addr | gimli::DW_FORM_GNU_ref_alt)
-                || matches!(spec.form(), gimli::DW_FORM_ref_sup4 | gimli::DW_FORM_ref_sup8)
-        };
-        // Compilers number abbreviations 1, 2, 3...: a unit none of whose abbreviations has a
-        // reference form refers to no other unit, and its entries need not be read. (A table
-        // numbered otherwise would hide codes from this check, and a reference it hid would
-        // cost the name of the frame that needs it.)
-        if (1..).map_while(|code| abbreviations.get(code)).all(|a| !a.attributes().iter().any(refers)) {
-            return Some(units);
-        }
-        let mut entries = header.entries_raw(&abbreviations, None).ok()?;
-        while !entries.is_empty() {
-            let Some(abbreviation) = entries.read_abbreviation().ok()? else { continue };
-            if !abbreviation.attributes().iter().any(refers) {
-                // Most entries: skipped by their forms' sizes, nothing decoded.
-                entries.skip_attributes(abbreviation.attributes()).ok()?;
-                continue;
-            }
-            for spec in abbreviation.attributes() {
-                if !refers(spec) {
-                    entries.skip_attributes(std::slice::from_ref(spec)).ok()?;
-                    continue;
-                }
-                match entries.read_attribute(*spec).ok()?.value() {
-                    gimli::AttributeValue::DebugInfoRef(target) => {
-                        if !units.iter().any(|&(s, e)| s <= target.0 && target.0 < e) {
-                            units.push(self.unit_containing(&dwarf, target.0)?);
-                        }
-                    }
-                    _ => return None,
-                }
-            }
-        }
-        let own = units[0];
-        units.sort_unstable();
-        units.dedup();
-        // The looked-up unit first, for the parsed-size estimate.
-        let at = units.binary_search(&own).ok()?;
-        units[..=at].rotate_right(1);
-        units[1..].sort_unstable();
-        Some(units)
-    }
-
-    /// The span of the unit that holds `.debug_info` offset `target`: found from the nearest
-    /// unit before it that the index knows, walking unit headers from there (units without
-    /// code, which `.debug_aranges` leaves out, are mostly right after one with code).
-    fn unit_containing(&self, dwarf: &gimli::Dwarf<Reader>, target: usize) -> Option<(usize, usize)> {
-        let i = self.unit_starts.partition_point(|&u| u <= target).checked_sub(1)?;
-        let mut unit = self.unit_span(dwarf, self.unit_starts[i])?;
-        while unit.1 <= target {
-            unit = self.unit_span(dwarf, unit.1)?;
-        }
-        Some(unit)
-    }
-
-    fn unit_span(&self, dwarf: &gimli::Dwarf<Reader>, unit: usize) -> Option<(usize, usize)> {
-        let header = dwarf.debug_info.header_from_offset(gimli::DebugInfoOffset(unit)).ok()?;
-        Some((unit, unit.checked_add(header.length_including_self())?))
-    }
-
-    /// A [`UnitSet`] of `units` (in any order, repeats allowed).
-    fn parse_set(&self, mut units: Vec<(usize, usize)>) -> Option<UnitSet> {
-        units.sort_unstable();
-        units.dedup();
-        let (path, offset) = self.info_in_file.as_ref()?;
-        let end = units.last()?.1;
-        let map = Mmap::open_private(path, *offset, end)?;
-        // SAFETY: the mapping is kept in the `UnitSet` with the context that borrows it, and
-        // dropped after it; nothing else has it.
-        let bytes = unsafe { map.bytes_mut() };
-        let mut next = 0;
-        for &(start, end) in &units {
-            if start > next {
-                self.write_empty_unit(bytes.get_mut(next..start)?)?;
-            }
-            next = end;
-        }
-        let mut dwarf = self.sections.borrow(|data| self.reader(data));
-        dwarf.debug_info = gimli::DebugInfo::from(self.reader(&*bytes));
-        let context = addr2line::Context::from_dwarf(dwarf).ok()?;
-        Some(UnitSet { units, context, _map: map })
-    }
-
-    /// Overwrite the start of `run` (whole units) with the header of one empty unit as long.
-    fn write_empty_unit(&self, run: &mut [u8]) -> Option<()> {
-        let length = u32::try_from(run.len().checked_sub(4)?).ok().filter(|&l| l < 0xffff_fff0)?;
-        let header = run.get_mut(..EMPTY_UNIT_BYTES)?;
-        let (length, version) = match self.endian {
-            gimli::RunTimeEndian::Little => (length.to_le_bytes(), 4u16.to_le_bytes()),
-            gimli::RunTimeEndian::Big => (length.to_be_bytes(), 4u16.to_be_bytes()),
-        };
-        header.fill(0);
-        header[..4].copy_from_slice(&length);
-        header[4..6].copy_from_slice(&version);
-        header[10] = 8;
-        Some(())
-    }
-
-    /// addr2line's context of the whole object, and its number of units (what its base state
-    /// grows with).
-    fn whole_context(&self) -> Option<(addr2line::Context<Reader>, usize)> {
-        let dwarf = self.sections.borrow(|data| self.reader(data));
-        let mut headers = dwarf.units();
-        let mut units = 0;
-        while let Ok(Some(_)) = headers.next() {
-            units += 1;
-        }
-        Some((addr2line::Context::from_dwarf(dwarf).ok()?, units))
-    }
+/// The DWARF sections of `file`, borrowed from its mapping (one of `maps`; inflated into
+/// `inflated` when compressed), with their unit index read. `.debug_str` is read through
+/// its file when it is stored there uncompressed (see [`Strings`]).
+fn locate_dwarf(file: &object::File<'static>, inflated: &mut Vec<Box<[u8]>>, maps: &[Mmap]) -> Option<Dwarf> {
+    let endian = if file.is_little_endian() { gimli::RunTimeEndian::Little } else { gimli::RunTimeEndian::Big };
+    let mut sections = gimli::DwarfSections::load(|id| -> Result<&'static [u8], ()> {
+        Ok(section_data(file, id.name(), inflated).unwrap_or(&[]))
+    })
+    .ok()?;
+    sections.debug_str = Default::default();
+    let strings = section_data(file, ".debug_str", inflated).unwrap_or(&[]);
+    let in_file = maps.iter().find_map(|map| {
+        let offset = (strings.as_ptr() as usize).checked_sub(map.ptr as usize)?;
+        (offset + strings.len() <= map.len).then(|| (map.file.try_clone().ok(), offset as u64))
+    });
+    let strings = match in_file {
+        Some((Some(file), offset)) => Strings::InFile { file, offset, len: strings.len() as u64 },
+        _ => Strings::InMemory(strings),
+    };
+    Dwarf::new(sections.borrow(|data| gimli::EndianSlice::new(data, endian)), strings)
 }
 
 /// A section's bytes: borrowed from the mapping, or inflated into `inflated` when compressed.
@@ -595,6 +299,8 @@ struct Mmap {
     len: usize,
     /// Where the bytes asked for begin in the mapping (which begins on a page).
     start: usize,
+    /// The mapped file, kept open for reading strings (see [`super::dwarf::Strings`]).
+    file: std::fs::File,
 }
 
 // SAFETY: the mapping is read-only and owned by one `Loaded`; nothing else unmaps it.
@@ -608,41 +314,13 @@ impl Mmap {
         if len == 0 {
             return None;
         }
-        // SAFETY: a fresh read-only private mapping of an open file; the descriptor may be
-        // closed afterwards.
+        // SAFETY: a fresh read-only private mapping of an open file.
         let ptr =
             unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_PRIVATE, file.as_raw_fd(), 0) };
         if ptr == libc::MAP_FAILED {
             return None;
         }
-        Some(Mmap { ptr: ptr as *const u8, len, start: 0 })
-    }
-
-    /// A private, writable (copy-on-write) mapping of `len` bytes of the file at `path` from
-    /// byte `offset`: what is written to it stays in this process's memory, the file untouched.
-    fn open_private(path: &Path, offset: u64, len: usize) -> Option<Mmap> {
-        use std::os::fd::AsRawFd;
-        let file = std::fs::File::open(path).ok()?;
-        // SAFETY: `sysconf` only reads a configuration value.
-        let page = u64::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).ok().filter(|&p| p > 0)?;
-        let skip = offset % page;
-        let mapped = len.checked_add(usize::try_from(skip).ok()?)?;
-        // SAFETY: a fresh private mapping of an open file at a page-aligned offset; the
-        // descriptor may be closed afterwards.
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                mapped,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE,
-                file.as_raw_fd(),
-                libc::off_t::try_from(offset - skip).ok()?,
-            )
-        };
-        if ptr == libc::MAP_FAILED {
-            return None;
-        }
-        Some(Mmap { ptr: ptr as *const u8, len: mapped, start: mapped - len })
+        Some(Mmap { ptr: ptr as *const u8, len, start: 0, file })
     }
 
     /// The mapped bytes, borrowed for as long as the caller says.
@@ -653,18 +331,6 @@ impl Mmap {
         // SAFETY: `len` bytes are mapped readable at `ptr` while `self` lives (the caller's
         // promise covers the rest).
         unsafe { std::slice::from_raw_parts(self.ptr.add(self.start), self.len - self.start) }
-    }
-
-    /// The mapped bytes of a writable mapping, borrowed for as long as the caller says.
-    ///
-    /// # Safety
-    /// The mapping must be [`Mmap::open_private`]'s, outlive every use of the slice, and be
-    /// borrowed by nothing else while this slice is written to.
-    #[allow(clippy::mut_from_ref)] // The mapping is the caller's to lend, as the contract says.
-    unsafe fn bytes_mut(&self) -> &'static mut [u8] {
-        // SAFETY: `len` bytes are mapped readable and writable at `ptr` while `self` lives
-        // (the caller's promise covers the rest).
-        unsafe { std::slice::from_raw_parts_mut(self.ptr.add(self.start) as *mut u8, self.len - self.start) }
     }
 }
 
@@ -679,52 +345,100 @@ impl Drop for Mmap {
 mod tests {
     use super::*;
 
-    /// The frames at `probe` as strings, for comparing two ways of reading them.
-    fn described(frames: &[RawFrame]) -> Vec<String> {
-        frames.iter().map(|f| format!("{:?} {:?}:{}:{}", f.function, f.file, f.line, f.column)).collect()
+    /// Frames as addr2line's context of the whole object gives them, outermost first.
+    fn addr2line_frames(context: &addr2line::Context<super::super::dwarf::Reader>, probe: u64) -> Vec<String> {
+        let mut frames = Vec::new();
+        if let Ok(mut iter) = context.find_frames(probe).skip_all_loads() {
+            while let Ok(Some(frame)) = iter.next() {
+                let name = frame.function.as_ref().and_then(|f| f.raw_name().ok()).map(|n| demangle(n.as_bytes()));
+                let (file, line, column) = match frame.location {
+                    Some(l) => (l.file.map(str::to_owned), l.line.unwrap_or(0), l.column.unwrap_or(0)),
+                    None => (None, 0, 0),
+                };
+                frames.push(format!("{name:?} {file:?}:{line}:{column}"));
+            }
+        }
+        frames.reverse();
+        frames
     }
 
-    /// Reading sets of units names every address as addr2line's context of the whole object
-    /// does, frame for frame (inlined functions across units included), while parsing a part
-    /// of the units. `MEMTRACE_TEST_OBJECT` names another object to check (say, a large
-    /// release build with ThinLTO's cross-unit references).
+    /// The DWARF reader names every address as addr2line's context of the whole object does,
+    /// frame for frame (inlined functions across units included). `MEMTRACE_TEST_OBJECT` names
+    /// another object to check (say, a large release build with ThinLTO's cross-unit
+    /// references).
     #[test]
-    fn sets_of_units_name_addresses_as_the_whole_context_does() {
+    fn frames_are_addr2lines() {
         let path = std::env::var_os("MEMTRACE_TEST_OBJECT")
-            .map(PathBuf::from)
+            .map(std::path::PathBuf::from)
             .unwrap_or_else(|| std::env::current_exe().unwrap());
-        let options = Options::default();
-        let mut whole = Loaded::open(&path, None, &options).expect("readable");
-        whole.load_dwarf();
-        whole.dwarf.as_mut().unwrap().info_in_file = None;
-        // Probes spread over the program's functions: a few bytes into every 11th symbol, in
-        // groups small enough to stay in sets (a fresh object for each group).
-        let probes: Vec<u64> = whole.symbols.iter().step_by(11).map(|s| s.address + s.size.min(9) / 2).collect();
-        let (mut by_set, mut units) = (0, 0);
-        for group in probes.chunks(8) {
-            let mut sets = Loaded::open(&path, None, &options).expect("readable");
-            for &probe in group {
-                let (a, b) = (sets.lookup(probe), whole.lookup(probe));
-                assert_eq!(described(&a), described(&b), "at {probe:#x} of {}", path.display());
-                by_set += matches!(sets.dwarf.as_mut().unwrap().set_for(probe), Ok(Some(_))) as usize;
-            }
-            units += sets.dwarf.as_ref().unwrap().sets.iter().map(|set| set.units.len()).sum::<usize>();
+        let mut loaded = Loaded::open(&path, None, &Options::default()).expect("readable");
+        let file = loaded.dwarf_file.take().expect("DWARF");
+        let endian = if file.is_little_endian() { gimli::RunTimeEndian::Little } else { gimli::RunTimeEndian::Big };
+        let sections = gimli::DwarfSections::load(|id| -> Result<&'static [u8], ()> {
+            Ok(section_data(&file, id.name(), &mut loaded.inflated).unwrap_or(&[]))
+        })
+        .unwrap();
+        let context =
+            addr2line::Context::from_dwarf(sections.borrow(|data| gimli::EndianSlice::new(data, endian))).unwrap();
+        let mut dwarf = locate_dwarf(&file, &mut loaded.inflated, &loaded._maps).expect("a unit index");
+        // Probes spread over the program's functions: a few bytes into every 7th symbol, and a
+        // quarter, half and three quarters of the way in, where calls were inlined.
+        let (mut named, mut inlined) = (0, 0);
+        let probes = loaded
+            .symbols
+            .iter()
+            .step_by(7)
+            .flat_map(|s| [s.size.min(9) / 2, s.size / 4, s.size / 2, s.size * 3 / 4].map(|into| s.address + into));
+        for probe in probes {
+            let ours: Vec<String> = dwarf
+                .frames(probe)
+                .into_iter()
+                .map(|f| format!("{:?} {:?}:{}:{}", f.name.as_deref().map(demangle), f.file, f.line, f.column))
+                .collect();
+            assert_eq!(ours, addr2line_frames(&context, probe), "at {probe:#x} of {}", path.display());
+            named += !ours.is_empty() as usize;
+            inlined += (ours.len() > 1) as usize;
         }
-        println!(
-            "{} probes, {by_set} read from sets of units; {} units parsed per group of 8, of {} with code",
-            probes.len(),
-            units * 8 / probes.len(),
-            whole.dwarf.as_ref().unwrap().unit_starts.len()
-        );
-        assert!(by_set * 2 > probes.len(), "most probes read from sets of units");
-        // Many units in one object: the sets are merged down to the bound, names unchanged.
-        let mut sets = Loaded::open(&path, None, &options).expect("readable");
-        for &probe in probes.iter().take(200) {
-            assert_eq!(described(&sets.lookup(probe)), described(&whole.lookup(probe)), "at {probe:#x}");
+        println!("{named} probes named, {inlined} with inlined functions; {} units parsed", dwarf.parsed_units());
+        assert!(named > 100 && inlined > 10, "{named} named, {inlined} inlined");
+    }
+
+    /// A C library's DWARF is read whether or not it has `.debug_aranges` (clang leaves it
+    /// out: units' own ranges index it then) and when its sections are compressed (inflated,
+    /// its strings then read from memory).
+    #[test]
+    fn libraries_without_aranges_or_compressed_are_named() {
+        let dir = std::env::temp_dir().join(format!("object-file-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let Some(plain) = super::super::symbolizer::tests::build_so(&dir, "gamma", "gamma_fn") else {
+            eprintln!("skipped: no C compiler");
+            return;
+        };
+        let variant = |name: &str, args: &[&str]| {
+            let out = dir.join(name);
+            let ok = std::process::Command::new("objcopy").args(args).arg(&plain).arg(&out).status();
+            ok.is_ok_and(|s| s.success()).then_some(out)
+        };
+        let variants = [
+            Some(plain.clone()),
+            variant("no-aranges.so", &["--remove-section=.debug_aranges"]),
+            variant("compressed.so", &["--compress-debug-sections=zlib"]),
+        ];
+        assert!(variants.iter().all(Option::is_some), "objcopy failed");
+        for path in variants.iter().flatten() {
+            let mut loaded = Loaded::open(path, None, &Options::default()).expect("readable");
+            let symbol = loaded.symbols.iter().find(|s| s.name == b"gamma_fn").expect("gamma_fn").address;
+            let frames = loaded.lookup(symbol + 1);
+            let frame = frames.last().expect("a frame");
+            assert_eq!(frame.function.as_deref(), Some("gamma_fn"), "{}", path.display());
+            assert!(
+                frame.file.as_deref().is_some_and(|f| f.ends_with("/gamma.c")),
+                "{}: {:?}",
+                path.display(),
+                frame.file
+            );
+            assert_eq!(frame.line, 1, "{}", path.display());
         }
-        let dwarf = sets.dwarf.as_ref().unwrap();
-        let units: usize = dwarf.sets.iter().map(|set| set.units.len()).sum();
-        assert!(units > MAX_UNIT_SETS, "the bound was not reached: {units} units");
-        assert!(dwarf.whole.is_none() && dwarf.sets.len() <= MAX_UNIT_SETS, "{} sets", dwarf.sets.len());
+        std::fs::remove_dir_all(&dir).ok();
     }
 }

@@ -32,8 +32,8 @@ pub type Answer = Option<Arc<[Frame]>>;
 pub struct Options {
     /// Bytes of parsed state (inflated sections, symbol tables, parsed units, cached answers)
     /// to keep, beyond the mapped files and the base state of the object in use (its symbol
-    /// table and addr2line's per-unit headers, which any address in it needs). Approximate:
-    /// parsed units are estimated from their DWARF size.
+    /// table and DWARF unit index, which any address in it needs). Approximate: parsed units
+    /// are estimated from what is kept of them.
     pub memory_budget: usize,
     /// Look for separate debug files (`<debug_dir>/.build-id/xx/yyyy.debug`, then
     /// `.gnu_debuglink` beside the object, in its `.debug/` and under `<debug_dir>`) for objects
@@ -325,7 +325,7 @@ impl Symbolizer {
     /// program and the C library, must not evict each other at every address), (2) the
     /// current object's, when more than one of its units is parsed (the next address then
     /// parses only its own unit), (3) the answer cache. The current object's base state
-    /// (addr2line's per-unit headers, the symbol table) is not counted: any address in the
+    /// (its symbol table and unit index) is not counted: any address in the
     /// object needs it.
     fn enforce_budget(&mut self, current: usize) {
         let budget = self.options.memory_budget;
@@ -352,7 +352,7 @@ impl Symbolizer {
                 continue;
             }
             if let State::Loaded(l) = &self.objects[current].state {
-                if l.units_seen.len() > 1 && l.parsed_estimate > 0 {
+                if l.parsed_units() > 1 {
                     self.objects[current].state = State::NotLoaded;
                     self.stats.evictions += 1;
                     continue;
@@ -406,7 +406,7 @@ impl State {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use std::os::unix::ffi::OsStrExt;
     use std::path::Path;
 
@@ -507,7 +507,7 @@ mod tests {
     }
 
     /// Builds `lib<name>.so` exporting `fn_name` in `dir`; `None` when there is no C compiler.
-    fn build_so(dir: &Path, name: &str, fn_name: &str) -> Option<PathBuf> {
+    pub(in crate::runtime::symbolize) fn build_so(dir: &Path, name: &str, fn_name: &str) -> Option<PathBuf> {
         let src = dir.join(format!("{name}.c"));
         std::fs::write(&src, format!("int {fn_name}(int x) {{ return x * 3 + 1; }}\n")).unwrap();
         let out = dir.join(format!("lib{name}.so"));

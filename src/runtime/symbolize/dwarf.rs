@@ -1,0 +1,669 @@
+//! Names an address from an object's DWARF, reading only what that address needs: the unit
+//! that holds it (`.debug_aranges`), the entries of the one function there, the names on the
+//! chain of functions inlined at the address, and the one line-program sequence that covers
+//! it. What is kept per unit is small: its header and abbreviations, the address ranges of its
+//! functions, and where each line sequence starts; at most [`MAX_PARSED_UNITS`] units are kept.
+//!
+//! addr2line, which this replaces in the runtime, keeps every line row of a unit and, per
+//! function, every inlined call with its name. For a frame of the standard library (one unit
+//! of megabytes of DWARF, in every Rust program) that is megabytes of heap, and the names
+//! bring most of `.debug_str` into memory. The answers are addr2line's, frame for frame (a
+//! test compares them), so its rules are followed here: which attribute names a function,
+//! how a file's path is put together, which row of a sequence covers an address.
+
+use std::cmp::Ordering;
+
+pub(super) type Reader = gimli::EndianSlice<'static, gimli::RunTimeEndian>;
+type Offset = usize;
+type Result<T> = std::result::Result<T, gimli::Error>;
+
+/// One function at an address: the outermost is the function whose code it is, the others
+/// are inlined into the one before.
+pub(super) struct Frame {
+    /// The linkage name, else the name (of the entry or of the entries it stands for).
+    pub(super) name: Option<Vec<u8>>,
+    pub(super) file: Option<String>,
+    /// 0 when unknown, as `column`.
+    pub(super) line: u32,
+    pub(super) column: u32,
+}
+
+/// The most units whose parsed state an object keeps (the least recently used is dropped).
+const MAX_PARSED_UNITS: usize = 32;
+
+/// Estimated heap bytes of a parsed unit before its functions and sequences are read: its
+/// abbreviations and line program header (10-14 KiB measured on ripgrep's 935 units).
+const BYTES_PER_UNIT: usize = 12 << 10;
+
+/// How many `DW_AT_abstract_origin`/`DW_AT_specification` links a name is followed through.
+const NAME_LINKS: usize = 16;
+
+/// `.debug_str`, which names functions and the units' directories. Read a string at a time
+/// with `pread` when it lies uncompressed in the object's file, not through the mapping:
+/// each first touch of a mapped page maps its neighbours too (the kernel's fault-around, 64
+/// KiB, which no `madvise` turns off), and the few names a program's stacks need are spread
+/// over the whole section, so reading them mapped made most of it resident.
+pub(crate) enum Strings {
+    InFile { file: std::fs::File, offset: u64, len: u64 },
+    InMemory(&'static [u8]),
+}
+
+impl Strings {
+    /// The string at `at`, without its terminating NUL.
+    fn at(&self, at: u64) -> Option<Vec<u8>> {
+        match self {
+            Strings::InMemory(data) => {
+                let rest = data.get(usize::try_from(at).ok()?..)?;
+                Some(rest[..rest.iter().position(|&b| b == 0)?].to_vec())
+            }
+            Strings::InFile { file, offset, len } => {
+                use std::os::unix::fs::FileExt;
+                let (mut string, mut next, mut chunk) = (Vec::new(), at, 256u64);
+                while next < *len {
+                    let start = string.len();
+                    let n = chunk.min(len - next);
+                    string.resize(start + n as usize, 0);
+                    file.read_exact_at(&mut string[start..], offset + next).ok()?;
+                    if let Some(end) = string[start..].iter().position(|&b| b == 0) {
+                        string.truncate(start + end);
+                        return Some(string);
+                    }
+                    (next, chunk) = (next + n, (chunk * 2).min(64 << 10));
+                }
+                None
+            }
+        }
+    }
+}
+
+/// An object's DWARF sections and what has been read of them.
+pub(super) struct Dwarf {
+    /// Its `.debug_str` is empty: strings are read from `strings`.
+    sections: gimli::Dwarf<Reader>,
+    strings: Strings,
+    /// (start, end, `.debug_info` offset of the unit), sorted by start.
+    index: Vec<(u64, u64, Offset)>,
+    /// The offsets of the units in `index`, sorted: made the first time a name leads to
+    /// another unit.
+    unit_starts: Option<Vec<Offset>>,
+    /// Parsed units, in no order (indexes stay valid during one lookup).
+    units: Vec<ParsedUnit>,
+    clock: u64,
+}
+
+struct ParsedUnit {
+    offset: Offset,
+    /// One past the unit's last byte in `.debug_info`.
+    end: Offset,
+    unit: gimli::Unit<Reader>,
+    /// (begin, end, entry) of every function with code, sorted by begin: read at the first
+    /// lookup in the unit.
+    functions: Option<Box<[(u64, u64, Offset)]>>,
+    lines: Option<Lines>,
+    /// Read at the first file name.
+    comp_dir: Option<Option<String>>,
+    last_use: u64,
+}
+
+/// A unit's line program, run once to find where its sequences start.
+struct Lines {
+    program: gimli::CompleteLineProgram<Reader>,
+    /// Sorted by start, empty ones left out.
+    sequences: Box<[gimli::LineSequence<Reader>]>,
+}
+
+/// What names an entry, in the order its attributes came.
+#[derive(Default)]
+struct NameAttributes(Vec<(gimli::DwAt, gimli::AttributeValue<Reader>)>);
+
+/// An inlined call on the chain at an address.
+struct Inlined {
+    names: NameAttributes,
+    call_file: Option<u64>,
+    call_line: u32,
+    call_column: u32,
+}
+
+impl Dwarf {
+    /// The DWARF of `sections`, with its unit index read (`None` when it has no unit).
+    pub(super) fn new(sections: gimli::Dwarf<Reader>, strings: Strings) -> Option<Dwarf> {
+        let mut dwarf = Dwarf { sections, strings, index: Vec::new(), unit_starts: None, units: Vec::new(), clock: 0 };
+        dwarf.read_index();
+        (!dwarf.index.is_empty()).then_some(dwarf)
+    }
+
+    /// Which unit holds which addresses: `.debug_aranges`, else (compilers that leave it
+    /// out, such as clang) each unit's own ranges, which parses every unit's abbreviations.
+    fn read_index(&mut self) {
+        let mut headers = self.sections.debug_aranges.headers();
+        while let Ok(Some(header)) = headers.next() {
+            let unit = header.debug_info_offset().0;
+            let mut entries = header.entries();
+            while let Ok(Some(entry)) = entries.next() {
+                let range = entry.range();
+                if range.begin < range.end {
+                    self.index.push((range.begin, range.end, unit));
+                }
+            }
+        }
+        if self.index.is_empty() {
+            let mut headers = self.sections.units();
+            while let Ok(Some(header)) = headers.next() {
+                let Some(offset) = header.debug_info_offset() else { continue };
+                let Ok(unit) = self.sections.unit(header) else { continue };
+                let Ok(mut ranges) = self.sections.unit_ranges(&unit) else { continue };
+                while let Ok(Some(range)) = ranges.next() {
+                    if range.begin < range.end {
+                        self.index.push((range.begin, range.end, offset.0));
+                    }
+                }
+            }
+        }
+        self.index.sort_unstable();
+        self.index.shrink_to_fit();
+    }
+
+    /// Estimated heap bytes of the index.
+    pub(super) fn index_bytes(&self) -> usize {
+        self.index.capacity() * std::mem::size_of::<(u64, u64, Offset)>()
+            + self.unit_starts.as_ref().map_or(0, |u| u.capacity() * std::mem::size_of::<Offset>())
+    }
+
+    /// Estimated heap bytes of the parsed units.
+    pub(super) fn parsed_bytes(&self) -> usize {
+        self.units
+            .iter()
+            .map(|u| {
+                BYTES_PER_UNIT
+                    + u.functions.as_ref().map_or(0, |f| f.len() * std::mem::size_of::<(u64, u64, Offset)>())
+                    + u.lines
+                        .as_ref()
+                        .map_or(0, |l| l.sequences.len() * std::mem::size_of::<gimli::LineSequence<Reader>>())
+            })
+            .sum()
+    }
+
+    pub(super) fn parsed_units(&self) -> usize {
+        self.units.len()
+    }
+
+    fn unit_at(&self, probe: u64) -> Option<Offset> {
+        let i = self.index.partition_point(|r| r.0 <= probe).checked_sub(1)?;
+        let (_, end, unit) = self.index[i];
+        (probe < end).then_some(unit)
+    }
+
+    /// The functions at `probe`, outermost first; empty when the DWARF does not say.
+    pub(super) fn frames(&mut self, probe: u64) -> Vec<Frame> {
+        self.clock += 1;
+        while self.units.len() >= MAX_PARSED_UNITS {
+            let oldest = (0..self.units.len()).min_by_key(|&i| self.units[i].last_use).unwrap_or(0);
+            self.units.swap_remove(oldest);
+        }
+        let Some(offset) = self.unit_at(probe) else { return Vec::new() };
+        self.frames_in(offset, probe).unwrap_or_default()
+    }
+
+    fn frames_in(&mut self, unit_offset: Offset, probe: u64) -> Result<Vec<Frame>> {
+        let u = self.parsed(unit_offset)?;
+        let function = self.function_at(u, probe)?;
+        let location = self.location(u, probe)?;
+        let Some(function) = function else {
+            return Ok(location
+                .map(|(file, line, column)| vec![Frame { name: None, file, line, column }])
+                .unwrap_or_default());
+        };
+        let (names, chain) = self.inlined_chain(u, function, probe)?;
+        let mut frames = vec![Frame { name: self.name(u, &names)?, file: None, line: 0, column: 0 }];
+        for inlined in &chain {
+            // Each frame's location is where it calls the function inlined into it.
+            let outer = frames.last_mut().expect("the function's frame is first");
+            outer.file = match inlined.call_file {
+                Some(index) => self.file_name(u, index)?,
+                None => None,
+            };
+            (outer.line, outer.column) = (inlined.call_line, inlined.call_column);
+            frames.push(Frame { name: self.name(u, &inlined.names)?, file: None, line: 0, column: 0 });
+        }
+        if let Some((file, line, column)) = location {
+            let innermost = frames.last_mut().expect("the function's frame is first");
+            (innermost.file, innermost.line, innermost.column) = (file, line, column);
+        }
+        Ok(frames)
+    }
+
+    /// The index in `units` of the unit at `.debug_info` offset `offset`, parsed the first
+    /// time.
+    fn parsed(&mut self, offset: Offset) -> Result<usize> {
+        let clock = self.clock;
+        if let Some(i) = self.units.iter().position(|u| u.offset == offset) {
+            self.units[i].last_use = clock;
+            return Ok(i);
+        }
+        let header = self.sections.debug_info.header_from_offset(gimli::DebugInfoOffset(offset))?;
+        let end = offset + header.length_including_self();
+        let unit = self.sections.unit(header)?;
+        self.units.push(ParsedUnit {
+            offset,
+            end,
+            unit,
+            functions: None,
+            lines: None,
+            comp_dir: None,
+            last_use: clock,
+        });
+        Ok(self.units.len() - 1)
+    }
+
+    /// The unit holding `.debug_info` offset `target`, parsed, and the offset in it.
+    fn unit_holding(&mut self, target: gimli::DebugInfoOffset) -> Result<(usize, gimli::UnitOffset)> {
+        let parsed = self.units.iter().position(|u| u.offset <= target.0 && target.0 < u.end);
+        let u = match parsed {
+            Some(u) => u,
+            None => {
+                // From the nearest unit before `target` that the index knows, walk the unit
+                // headers (units without code, which the index leaves out, are few and mostly
+                // right after one with code). Walking every header instead would bring the
+                // whole section into memory, a page per unit.
+                let starts = self.unit_starts.get_or_insert_with(|| {
+                    let mut starts: Vec<Offset> = self.index.iter().map(|&(_, _, unit)| unit).collect();
+                    starts.sort_unstable();
+                    starts.dedup();
+                    starts.shrink_to_fit();
+                    starts
+                });
+                let i = starts.partition_point(|&s| s <= target.0).checked_sub(1);
+                let mut start = i.map(|i| starts[i]).ok_or(gimli::Error::NoEntryAtGivenOffset(target.0 as u64))?;
+                loop {
+                    let header = self.sections.debug_info.header_from_offset(gimli::DebugInfoOffset(start))?;
+                    let end = start + header.length_including_self();
+                    if target.0 < end {
+                        break;
+                    }
+                    start = end;
+                }
+                self.parsed(start)?
+            }
+        };
+        let unit = &self.units[u];
+        let offset =
+            target.to_unit_offset(&unit.unit.header).ok_or(gimli::Error::NoEntryAtGivenOffset(target.0 as u64))?;
+        Ok((u, offset))
+    }
+
+    fn unit_ref(&self, u: usize) -> gimli::UnitRef<'_, Reader> {
+        gimli::UnitRef::new(&self.sections, &self.units[u].unit)
+    }
+
+    /// The entry of the function whose code holds `probe`, reading the unit's function ranges
+    /// the first time.
+    fn function_at(&mut self, u: usize, probe: u64) -> Result<Option<gimli::UnitOffset>> {
+        if self.units[u].functions.is_none() {
+            let functions = function_ranges(self.unit_ref(u))?;
+            self.units[u].functions = Some(functions);
+        }
+        let functions = self.units[u].functions.as_deref().unwrap_or_default();
+        // As addr2line: ranges are taken not to overlap (identical functions merged by the
+        // linker give one of them).
+        let found = functions.binary_search_by(|&(begin, end, _)| {
+            if probe < begin {
+                Ordering::Greater
+            } else if probe >= end {
+                Ordering::Less
+            } else {
+                Ordering::Equal
+            }
+        });
+        Ok(found.ok().map(|i| gimli::UnitOffset(functions[i].2)))
+    }
+
+    /// The function's naming attributes, and the chain of inlined calls at `probe` in it,
+    /// outermost first: its entries are read down the calls that hold `probe`, every other
+    /// call's entries skipped unread.
+    fn inlined_chain(
+        &self,
+        u: usize,
+        function: gimli::UnitOffset,
+        probe: u64,
+    ) -> Result<(NameAttributes, Vec<Inlined>)> {
+        let unit = self.unit_ref(u);
+        let mut entries = unit.entries_raw(Some(function))?;
+        let mut scope = entries.next_depth();
+        let abbreviation = entries.read_abbreviation()?.ok_or(gimli::Error::NoEntryAtGivenOffset(function.0 as u64))?;
+        let mut names = NameAttributes::default();
+        for spec in abbreviation.attributes() {
+            names.note(entries.read_attribute(*spec)?);
+        }
+        let mut chain = Vec::new();
+        while !entries.is_empty() {
+            let depth = entries.next_depth();
+            if depth <= scope {
+                break;
+            }
+            let Some(abbreviation) = entries.read_abbreviation()? else { continue };
+            match abbreviation.tag() {
+                // A nested function's entries are its own.
+                gimli::DW_TAG_subprogram => {
+                    entries.skip_attributes(abbreviation.attributes())?;
+                    skip_children(&mut entries, depth)?
+                }
+                gimli::DW_TAG_inlined_subroutine => {
+                    let (inlined, ranges) = read_inlined(unit, &mut entries, abbreviation)?;
+                    if ranges.contain(unit, probe)? {
+                        chain.push(inlined);
+                        scope = depth;
+                    } else {
+                        skip_children(&mut entries, depth)?;
+                    }
+                }
+                // Lexical blocks and the like: their children are the function's.
+                _ => entries.skip_attributes(abbreviation.attributes())?,
+            }
+        }
+        Ok((names, chain))
+    }
+
+    /// The name that `names` gives, following links to other entries as addr2line does.
+    fn name(&mut self, u: usize, names: &NameAttributes) -> Result<Option<Vec<u8>>> {
+        let mut name = None;
+        for (at, value) in &names.0 {
+            match *at {
+                gimli::DW_AT_linkage_name | gimli::DW_AT_MIPS_linkage_name => {
+                    if let Ok(linkage) = self.string(u, *value) {
+                        name = Some(linkage);
+                    }
+                }
+                gimli::DW_AT_name if name.is_none() => name = self.string(u, *value).ok(),
+                gimli::DW_AT_abstract_origin | gimli::DW_AT_specification if name.is_none() => {
+                    name = self.linked_name(u, *value, NAME_LINKS)?
+                }
+                _ => {}
+            }
+        }
+        Ok(name)
+    }
+
+    /// The name of the entry that `link` (an attribute of an entry of unit `u`) leads to.
+    fn linked_name(
+        &mut self,
+        u: usize,
+        link: gimli::AttributeValue<Reader>,
+        links_left: usize,
+    ) -> Result<Option<Vec<u8>>> {
+        if links_left == 0 {
+            return Ok(None);
+        }
+        let (u, offset) = match link {
+            gimli::AttributeValue::UnitRef(offset) => (u, offset),
+            gimli::AttributeValue::DebugInfoRef(target) => self.unit_holding(target)?,
+            _ => return Ok(None),
+        };
+        let unit = self.unit_ref(u);
+        let mut entries = unit.entries_raw(Some(offset))?;
+        let abbreviation = entries.read_abbreviation()?.ok_or(gimli::Error::NoEntryAtGivenOffset(offset.0 as u64))?;
+        let (mut name, mut next) = (None, None);
+        for spec in abbreviation.attributes() {
+            let attribute = entries.read_attribute(*spec)?;
+            match attribute.name() {
+                gimli::DW_AT_linkage_name | gimli::DW_AT_MIPS_linkage_name => {
+                    if let Ok(linkage) = self.string(u, attribute.value()) {
+                        return Ok(Some(linkage));
+                    }
+                }
+                gimli::DW_AT_name => {
+                    if let Ok(plain) = self.string(u, attribute.value()) {
+                        name = Some(plain);
+                    }
+                }
+                gimli::DW_AT_abstract_origin | gimli::DW_AT_specification => next = Some(attribute.value()),
+                _ => {}
+            }
+        }
+        match (name, next) {
+            (Some(name), _) => Ok(Some(name)),
+            (None, Some(next)) => self.linked_name(u, next, links_left - 1),
+            (None, None) => Ok(None),
+        }
+    }
+
+    /// The string `value` (an attribute of unit `u`) gives, as gimli's `attr_string` would
+    /// with `.debug_str` read from [`Strings`].
+    fn string(&self, u: usize, value: gimli::AttributeValue<Reader>) -> Result<Vec<u8>> {
+        let unit = self.unit_ref(u);
+        let at = match value {
+            gimli::AttributeValue::DebugStrRef(at) => at,
+            gimli::AttributeValue::DebugStrOffsetsIndex(index) => unit.string_offset(index)?,
+            other => return Ok(unit.attr_string(other)?.slice().to_vec()),
+        };
+        self.strings.at(at.0 as u64).ok_or(gimli::Error::UnexpectedEof(gimli::ReaderOffsetId(at.0 as u64)))
+    }
+
+    /// The unit's compilation directory (`DW_AT_comp_dir` of its root entry), read the first
+    /// time.
+    fn comp_dir(&mut self, u: usize) -> Result<Option<String>> {
+        if self.units[u].comp_dir.is_none() {
+            let unit = self.unit_ref(u);
+            let mut entries = unit.entries_raw(None)?;
+            let mut dir = None;
+            if let Some(abbreviation) = entries.read_abbreviation()? {
+                for spec in abbreviation.attributes() {
+                    let attribute = entries.read_attribute(*spec)?;
+                    if attribute.name() == gimli::DW_AT_comp_dir {
+                        dir = self.string(u, attribute.value()).ok();
+                    }
+                }
+            }
+            self.units[u].comp_dir = Some(dir.map(|d| String::from_utf8_lossy(&d).into_owned()));
+        }
+        Ok(self.units[u].comp_dir.clone().flatten())
+    }
+
+    /// The unit's line program, run once to find its sequences.
+    fn lines(&mut self, u: usize) -> Result<Option<&Lines>> {
+        if self.units[u].lines.is_none() {
+            let Some(program) = self.units[u].unit.line_program.clone() else { return Ok(None) };
+            let (program, mut sequences) = program.sequences()?;
+            sequences.retain(|s| s.start < s.end);
+            sequences.sort_unstable_by_key(|s| s.start);
+            self.units[u].lines = Some(Lines { program, sequences: sequences.into_boxed_slice() });
+        }
+        Ok(self.units[u].lines.as_ref())
+    }
+
+    /// The file, line and column of the row that covers `probe`: the sequence's rows are run
+    /// up to it.
+    fn location(&mut self, u: usize, probe: u64) -> Result<Option<(Option<String>, u32, u32)>> {
+        let Some(lines) = self.lines(u)? else { return Ok(None) };
+        let found = lines.sequences.binary_search_by(|s| {
+            if probe < s.start {
+                Ordering::Greater
+            } else if probe >= s.end {
+                Ordering::Less
+            } else {
+                Ordering::Equal
+            }
+        });
+        let Ok(i) = found else { return Ok(None) };
+        let mut rows = lines.program.resume_from(&lines.sequences[i]);
+        // Rows go up by address; of rows at one address, the last holds.
+        let mut covering = None;
+        while let Some((_, row)) = rows.next_row()? {
+            if row.end_sequence() || row.address() > probe {
+                break;
+            }
+            let line = row.line().map_or(0, |l| l.get() as u32);
+            let column = match row.column() {
+                gimli::ColumnType::Column(c) if line != 0 => c.get() as u32,
+                _ => 0,
+            };
+            covering = Some((row.file_index(), line, column));
+        }
+        let Some((file, line, column)) = covering else { return Ok(None) };
+        Ok(Some((self.file_name(u, file)?, line, column)))
+    }
+
+    /// The path of the line program's file `index`, as addr2line renders it.
+    fn file_name(&mut self, u: usize, index: u64) -> Result<Option<String>> {
+        let comp_dir = self.comp_dir(u)?;
+        if self.lines(u)?.is_none() {
+            return Ok(None);
+        }
+        let unit = &self.units[u];
+        let Some(lines) = &unit.lines else { return Ok(None) };
+        let header = lines.program.header();
+        let Some(file) = header.file(index) else {
+            // DWARF 4 numbers files from 1: addr2line gives file 0 an empty name.
+            return Ok((index == 0).then(String::new));
+        };
+        let unit = gimli::UnitRef::new(&self.sections, &unit.unit);
+        let mut path = comp_dir.unwrap_or_default();
+        if file.directory_index() != 0 {
+            if let Some(directory) = file.directory(header) {
+                path_push(&mut path, &unit.attr_string(directory)?.to_string_lossy());
+            }
+        }
+        path_push(&mut path, &unit.attr_string(file.path_name())?.to_string_lossy());
+        Ok(Some(path))
+    }
+}
+
+impl NameAttributes {
+    fn note(&mut self, attribute: gimli::Attribute<Reader>) {
+        if matches!(
+            attribute.name(),
+            gimli::DW_AT_linkage_name
+                | gimli::DW_AT_MIPS_linkage_name
+                | gimli::DW_AT_name
+                | gimli::DW_AT_abstract_origin
+                | gimli::DW_AT_specification
+        ) {
+            self.0.push((attribute.name(), attribute.value()));
+        }
+    }
+}
+
+/// The code ranges an entry's attributes give.
+#[derive(Default)]
+struct Ranges {
+    low_pc: Option<u64>,
+    high_pc: Option<u64>,
+    size: Option<u64>,
+    list: Option<gimli::RangeListsOffset>,
+}
+
+impl Ranges {
+    /// Note `attribute` if it is one of the range attributes.
+    fn note(&mut self, unit: gimli::UnitRef<Reader>, attribute: &gimli::Attribute<Reader>) -> Result<()> {
+        match (attribute.name(), attribute.value()) {
+            (gimli::DW_AT_low_pc, gimli::AttributeValue::Addr(a)) => self.low_pc = Some(a),
+            (gimli::DW_AT_low_pc, gimli::AttributeValue::DebugAddrIndex(i)) => self.low_pc = Some(unit.address(i)?),
+            (gimli::DW_AT_high_pc, gimli::AttributeValue::Addr(a)) => self.high_pc = Some(a),
+            (gimli::DW_AT_high_pc, gimli::AttributeValue::DebugAddrIndex(i)) => self.high_pc = Some(unit.address(i)?),
+            (gimli::DW_AT_high_pc, gimli::AttributeValue::Udata(size)) => self.size = Some(size),
+            (gimli::DW_AT_ranges, value) => self.list = unit.attr_ranges_offset(value)?,
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// Call `f` with each non-empty range.
+    fn for_each(&self, unit: gimli::UnitRef<Reader>, mut f: impl FnMut(u64, u64)) -> Result<()> {
+        let mut add = |begin: u64, end: u64| {
+            if begin < end {
+                f(begin, end)
+            }
+        };
+        if let Some(list) = self.list {
+            let mut ranges = unit.ranges(list)?;
+            while let Some(range) = ranges.next()? {
+                add(range.begin, range.end);
+            }
+        } else if let (Some(begin), Some(end)) = (self.low_pc, self.high_pc) {
+            add(begin, end);
+        } else if let (Some(begin), Some(size)) = (self.low_pc, self.size) {
+            add(begin, begin.wrapping_add(size));
+        }
+        Ok(())
+    }
+
+    fn contain(&self, unit: gimli::UnitRef<Reader>, probe: u64) -> Result<bool> {
+        let mut hit = false;
+        self.for_each(unit, |begin, end| hit |= begin <= probe && probe < end)?;
+        Ok(hit)
+    }
+}
+
+/// (begin, end, entry) of every function of `unit` with code, sorted by begin.
+fn function_ranges(unit: gimli::UnitRef<Reader>) -> Result<Box<[(u64, u64, Offset)]>> {
+    let mut functions = Vec::new();
+    let mut entries = unit.entries_raw(None)?;
+    while !entries.is_empty() {
+        let offset = entries.next_offset();
+        let Some(abbreviation) = entries.read_abbreviation()? else { continue };
+        if abbreviation.tag() != gimli::DW_TAG_subprogram {
+            entries.skip_attributes(abbreviation.attributes())?;
+            continue;
+        }
+        let mut ranges = Ranges::default();
+        for spec in abbreviation.attributes() {
+            ranges.note(unit, &entries.read_attribute(*spec)?)?;
+        }
+        ranges.for_each(unit, |begin, end| functions.push((begin, end, offset.0)))?;
+    }
+    functions.sort_unstable_by_key(|f| f.0);
+    Ok(functions.into_boxed_slice())
+}
+
+/// Read an inlined call's entry: what names it, where it is called from, and its ranges.
+fn read_inlined(
+    unit: gimli::UnitRef<Reader>,
+    entries: &mut gimli::EntriesRaw<Reader>,
+    abbreviation: &gimli::Abbreviation,
+) -> Result<(Inlined, Ranges)> {
+    let mut inlined = Inlined { names: NameAttributes::default(), call_file: None, call_line: 0, call_column: 0 };
+    let mut ranges = Ranges::default();
+    for spec in abbreviation.attributes() {
+        let attribute = entries.read_attribute(*spec)?;
+        ranges.note(unit, &attribute)?;
+        match attribute.name() {
+            // DWARF 5 numbers files from 0, DWARF 4 from 1 (0 is no file).
+            gimli::DW_AT_call_file => {
+                if let gimli::AttributeValue::FileIndex(index) = attribute.value() {
+                    if index > 0 || unit.header.version() >= 5 {
+                        inlined.call_file = Some(index);
+                    }
+                }
+            }
+            gimli::DW_AT_call_line => inlined.call_line = attribute.udata_value().unwrap_or(0) as u32,
+            gimli::DW_AT_call_column => inlined.call_column = attribute.udata_value().unwrap_or(0) as u32,
+            _ => inlined.names.note(attribute),
+        }
+    }
+    Ok((inlined, ranges))
+}
+
+/// Skip the children of the entry at `depth` just read.
+fn skip_children(entries: &mut gimli::EntriesRaw<Reader>, depth: isize) -> Result<()> {
+    while !entries.is_empty() && entries.next_depth() > depth {
+        if let Some(child) = entries.read_abbreviation()? {
+            entries.skip_attributes(child.attributes())?;
+        }
+    }
+    Ok(())
+}
+
+/// Append `p` to `path` with a separator, or replace it when `p` is absolute (addr2line's
+/// rule, Windows roots included).
+fn path_push(path: &mut String, p: &str) {
+    let forward_root = |p: &str| p.starts_with('/') || p.get(1..3) == Some(":/");
+    let backward_root = |p: &str| p.starts_with('\\') || p.get(1..3) == Some(":\\");
+    if forward_root(p) || backward_root(p) {
+        *path = p.to_string();
+    } else {
+        let separator = if backward_root(path) { '\\' } else { '/' };
+        if !path.is_empty() && !path.ends_with(separator) {
+            path.push(separator);
+        }
+        path.push_str(p);
+    }
+}
