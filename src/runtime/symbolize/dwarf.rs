@@ -96,13 +96,20 @@ struct ParsedUnit {
     /// One past the unit's last byte in `.debug_info`.
     end: Offset,
     unit: gimli::Unit<Reader>,
-    /// (begin, end, entry) of every function with code, sorted by begin: read at the first
-    /// lookup in the unit.
-    functions: Option<Box<[(u64, u64, Offset)]>>,
+    functions: Functions,
     lines: Option<Lines>,
     /// Read at the first file name.
     comp_dir: Option<Option<String>>,
     last_use: u64,
+}
+
+/// A unit's functions with code, read only as far as lookups have needed: for a unit of a
+/// few lookups (most, in a short run), part of its entries.
+struct Functions {
+    /// (begin, end, entry), sorted by begin once all are read.
+    found: Vec<(u64, u64, Offset)>,
+    /// The entry to read on from; `None` once all are read.
+    next: Option<gimli::UnitOffset>,
 }
 
 /// A unit's line program, run once to find where its sequences start.
@@ -175,7 +182,7 @@ impl Dwarf {
             .iter()
             .map(|u| {
                 BYTES_PER_UNIT
-                    + u.functions.as_ref().map_or(0, |f| f.len() * std::mem::size_of::<(u64, u64, Offset)>())
+                    + u.functions.found.capacity() * std::mem::size_of::<(u64, u64, Offset)>()
                     + u.lines
                         .as_ref()
                         .map_or(0, |l| l.sequences.len() * std::mem::size_of::<gimli::LineSequence<Reader>>())
@@ -242,12 +249,13 @@ impl Dwarf {
         }
         let header = self.sections.debug_info.header_from_offset(gimli::DebugInfoOffset(offset))?;
         let end = offset + header.length_including_self();
+        let first_entry = gimli::UnitOffset(header.header_size());
         let unit = self.sections.unit(header)?;
         self.units.push(ParsedUnit {
             offset,
             end,
             unit,
-            functions: None,
+            functions: Functions { found: Vec::new(), next: Some(first_entry) },
             lines: None,
             comp_dir: None,
             last_use: clock,
@@ -298,23 +306,36 @@ impl Dwarf {
     /// The entry of the function whose code holds `probe`, reading the unit's function ranges
     /// the first time.
     fn function_at(&mut self, u: usize, probe: u64) -> Result<Option<gimli::UnitOffset>> {
-        if self.units[u].functions.is_none() {
-            let functions = function_ranges(self.unit_ref(u))?;
-            self.units[u].functions = Some(functions);
+        let contains = |&&(begin, end, _): &&(u64, u64, Offset)| begin <= probe && probe < end;
+        let functions = &self.units[u].functions;
+        let Some(from) = functions.next else {
+            // As addr2line: ranges are taken not to overlap (identical functions merged by the
+            // linker give one of them).
+            let found = functions.found.binary_search_by(|&(begin, end, _)| {
+                if probe < begin {
+                    Ordering::Greater
+                } else if probe >= end {
+                    Ordering::Less
+                } else {
+                    Ordering::Equal
+                }
+            });
+            return Ok(found.ok().map(|i| gimli::UnitOffset(functions.found[i].2)));
+        };
+        if let Some(&(_, _, entry)) = functions.found.iter().find(contains) {
+            return Ok(Some(gimli::UnitOffset(entry)));
         }
-        let functions = self.units[u].functions.as_deref().unwrap_or_default();
-        // As addr2line: ranges are taken not to overlap (identical functions merged by the
-        // linker give one of them).
-        let found = functions.binary_search_by(|&(begin, end, _)| {
-            if probe < begin {
-                Ordering::Greater
-            } else if probe >= end {
-                Ordering::Less
-            } else {
-                Ordering::Equal
-            }
-        });
-        Ok(found.ok().map(|i| gimli::UnitOffset(functions[i].2)))
+        let mut found = std::mem::take(&mut self.units[u].functions.found);
+        let read = read_functions(self.unit_ref(u), from, &mut found, probe);
+        let functions = &mut self.units[u].functions;
+        functions.found = found;
+        let (hit, next) = read?;
+        functions.next = next;
+        if next.is_none() {
+            functions.found.sort_unstable_by_key(|f| f.0);
+            functions.found.shrink_to_fit();
+        }
+        Ok(hit)
     }
 
     /// The function's naming attributes, and the chain of inlined calls at `probe` in it,
@@ -491,12 +512,7 @@ impl Dwarf {
             if row.end_sequence() || row.address() > probe {
                 break;
             }
-            let line = row.line().map_or(0, |l| l.get() as u32);
-            let column = match row.column() {
-                gimli::ColumnType::Column(c) if line != 0 => c.get() as u32,
-                _ => 0,
-            };
-            covering = Some((row.file_index(), line, column));
+            covering = Some(row_location(row));
         }
         let Some((file, line, column)) = covering else { return Ok(None) };
         Ok(Some((self.file_name(u, file)?, line, column)))
@@ -505,10 +521,9 @@ impl Dwarf {
     /// The path of the line program's file `index`, as addr2line renders it.
     fn file_name(&mut self, u: usize, index: u64) -> Result<Option<String>> {
         let comp_dir = self.comp_dir(u)?;
-        if self.lines(u)?.is_none() {
-            return Ok(None);
-        }
         let unit = &self.units[u];
+        // The header as the program left it (DWARF 4 can define files as it runs): the
+        // program has run when a file is asked for.
         let Some(lines) = &unit.lines else { return Ok(None) };
         let header = lines.program.header();
         let Some(file) = header.file(index) else {
@@ -593,10 +608,26 @@ impl Ranges {
     }
 }
 
-/// (begin, end, entry) of every function of `unit` with code, sorted by begin.
-fn function_ranges(unit: gimli::UnitRef<Reader>) -> Result<Box<[(u64, u64, Offset)]>> {
-    let mut functions = Vec::new();
-    let mut entries = unit.entries_raw(None)?;
+/// The file index, line and column of a row (0 when unknown; no column without a line).
+fn row_location(row: &gimli::LineRow) -> (u64, u32, u32) {
+    let line = row.line().map_or(0, |l| l.get() as u32);
+    let column = match row.column() {
+        gimli::ColumnType::Column(c) if line != 0 => c.get() as u32,
+        _ => 0,
+    };
+    (row.file_index(), line, column)
+}
+
+/// Read `unit`'s entries from `from`, noting each function with code in `found`, up to the
+/// first that holds `probe`: that function's entry, and the entry to read on from (`None`
+/// when the unit's entries are all read).
+fn read_functions(
+    unit: gimli::UnitRef<Reader>,
+    from: gimli::UnitOffset,
+    found: &mut Vec<(u64, u64, Offset)>,
+    probe: u64,
+) -> Result<(Option<gimli::UnitOffset>, Option<gimli::UnitOffset>)> {
+    let mut entries = unit.entries_raw(Some(from))?;
     while !entries.is_empty() {
         let offset = entries.next_offset();
         let Some(abbreviation) = entries.read_abbreviation()? else { continue };
@@ -606,12 +637,23 @@ fn function_ranges(unit: gimli::UnitRef<Reader>) -> Result<Box<[(u64, u64, Offse
         }
         let mut ranges = Ranges::default();
         for spec in abbreviation.attributes() {
-            ranges.note(unit, &entries.read_attribute(*spec)?)?;
+            if matches!(spec.name(), gimli::DW_AT_low_pc | gimli::DW_AT_high_pc | gimli::DW_AT_ranges) {
+                ranges.note(unit, &entries.read_attribute(*spec)?)?;
+            } else {
+                // Names and the like: skipped by their forms' sizes, nothing decoded.
+                entries.skip_attributes(std::slice::from_ref(spec))?;
+            }
         }
-        ranges.for_each(unit, |begin, end| functions.push((begin, end, offset.0)))?;
+        let mut hit = false;
+        ranges.for_each(unit, |begin, end| {
+            found.push((begin, end, offset.0));
+            hit |= begin <= probe && probe < end;
+        })?;
+        if hit {
+            return Ok((Some(offset), Some(entries.next_offset())));
+        }
     }
-    functions.sort_unstable_by_key(|f| f.0);
-    Ok(functions.into_boxed_slice())
+    Ok((None, None))
 }
 
 /// Read an inlined call's entry: what names it, where it is called from, and its ranges.
