@@ -190,6 +190,11 @@ impl Dwarf {
             .sum()
     }
 
+    /// Drop every parsed unit (the index is kept).
+    pub(super) fn forget_units(&mut self) {
+        self.units = Vec::new();
+    }
+
     pub(super) fn parsed_units(&self) -> usize {
         self.units.len()
     }

@@ -106,6 +106,18 @@ impl Loaded {
         self.dwarf.as_mut()
     }
 
+    /// Give back what lookups made resident, for a while of no lookups: the parsed DWARF units
+    /// (the unit index and symbol table are kept) and the pages of the object's mapped files
+    /// (the kernel maps them again from the page cache when next read).
+    pub(super) fn release(&mut self) {
+        if let Some(dwarf) = &mut self.dwarf {
+            dwarf.forget_units();
+        }
+        for map in &self._maps {
+            map.release_pages();
+        }
+    }
+
     /// How many of the object's DWARF units are parsed.
     pub(super) fn parsed_units(&self) -> usize {
         self.dwarf.as_ref().map_or(0, Dwarf::parsed_units)
@@ -323,6 +335,15 @@ impl Mmap {
         Some(Mmap { ptr: ptr as *const u8, len, start: 0, file })
     }
 
+    /// Drop the mapping's pages from this process's memory. Its bytes stay readable and the
+    /// same: the mapping is private and never written, so its pages are the file's, read
+    /// again on the next touch.
+    fn release_pages(&self) {
+        // SAFETY: `ptr` and `len` are this mapping's; MADV_DONTNEED on a private file mapping
+        // that was never written only drops page table entries.
+        unsafe { libc::madvise(self.ptr as *mut libc::c_void, self.len, libc::MADV_DONTNEED) };
+    }
+
     /// The mapped bytes, borrowed for as long as the caller says.
     ///
     /// # Safety
@@ -344,6 +365,10 @@ impl Drop for Mmap {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn described(frames: &[RawFrame]) -> Vec<String> {
+        frames.iter().map(|f| format!("{:?} {:?}:{}:{}", f.function, f.file, f.line, f.column)).collect()
+    }
 
     /// Frames as addr2line's context of the whole object gives them, outermost first.
     fn addr2line_frames(context: &addr2line::Context<super::super::dwarf::Reader>, probe: u64) -> Vec<String> {
@@ -440,5 +465,41 @@ mod tests {
             assert_eq!(frame.line, 1, "{}", path.display());
         }
         std::fs::remove_dir_all(&dir).ok();
+    }
+
+    /// The resident bytes of the mapping that holds `address`, from `/proc/self/smaps`.
+    fn resident_bytes_of_mapping_at(address: usize) -> usize {
+        let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+        let mut inside = false;
+        for line in smaps.lines() {
+            let range = line.split_once(' ').and_then(|(r, _)| r.split_once('-'));
+            if let Some((Ok(start), Ok(end))) =
+                range.map(|(s, e)| (usize::from_str_radix(s, 16), usize::from_str_radix(e, 16)))
+            {
+                inside = start <= address && address < end;
+            } else if let Some(kb) = line.strip_prefix("Rss:").filter(|_| inside) {
+                return kb.trim().trim_end_matches(" kB").parse::<usize>().unwrap() << 10;
+            }
+        }
+        panic!("no mapping at {address:#x}")
+    }
+
+    /// Released, an object gives back its parsed units and the pages of its file it made
+    /// resident, and names addresses as before.
+    #[test]
+    fn a_released_object_gives_back_its_memory_and_names_as_before() {
+        let path = std::env::current_exe().unwrap();
+        let mut loaded = Loaded::open(&path, None, &Options::default()).expect("readable");
+        let probes: Vec<u64> = loaded.symbols.iter().step_by(97).map(|s| s.address + s.size / 2).collect();
+        let before: Vec<Vec<String>> = probes.iter().map(|&p| described(&loaded.lookup(p))).collect();
+        let map = loaded._maps[0].ptr as usize;
+        let (resident, parsed) = (resident_bytes_of_mapping_at(map), loaded.bytes());
+        assert!(loaded.parsed_units() > 1 && resident > 1 << 20, "{resident} bytes resident");
+        loaded.release();
+        let released = resident_bytes_of_mapping_at(map);
+        assert!(loaded.parsed_units() == 0 && loaded.bytes() < parsed, "{} of {parsed} bytes", loaded.bytes());
+        assert!(released < resident / 4, "{released} of {resident} bytes still resident");
+        let after: Vec<Vec<String>> = probes.iter().map(|&p| described(&loaded.lookup(p))).collect();
+        assert_eq!(before, after);
     }
 }

@@ -159,6 +159,17 @@ impl Symbolizer {
         Stats { estimated_bytes: self.estimated_bytes(), base_bytes, ..self.stats.clone() }
     }
 
+    /// Give back, in every object, what lookups made resident: parsed DWARF units and the
+    /// pages of mapped files (symbol tables and unit indexes are kept). For a while without
+    /// addresses to name: the next lookup in an object reads its unit again.
+    pub(crate) fn release(&mut self) {
+        for object in &mut self.objects {
+            if let State::Loaded(loaded) = &mut object.state {
+                loaded.release();
+            }
+        }
+    }
+
     /// The functions at return address `return_address` (the code looked up is the call
     /// instruction, at `return_address - 1`), outermost first. `None` when nothing is known.
     pub fn symbolize(&mut self, return_address: u64) -> Answer {

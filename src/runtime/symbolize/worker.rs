@@ -6,7 +6,8 @@
 //! The writer asks for one address at a time and waits for the answer in short slices, doing
 //! its other work in between ([`Worker::locations`]). The thread is started at the first
 //! address (a run with no sample starts none) and ends when the worker is dropped (its
-//! requests channel closes; it is not waited for) or its symbolizer taken back.
+//! requests channel closes; it is not waited for) or its symbolizer taken back. Idle for a
+//! second, it gives back the memory naming took.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -21,6 +22,11 @@ use crate::runtime::sampler;
 
 /// How long the writer waits for an answer before it looks at its other work.
 const WAIT_SLICE: Duration = Duration::from_millis(1);
+
+/// How long the thread goes without an address to name before it gives back what naming
+/// made resident ([`Symbolizer::release`]): most new addresses come in a program's first
+/// moments, and a long-running program should not keep their parsed DWARF.
+const IDLE_BEFORE_RELEASE: Duration = Duration::from_secs(1);
 
 /// An answer: the locations of an address, and the program's path when the symbolizer just
 /// found it has no debug info.
@@ -98,9 +104,21 @@ impl Worker {
         let spawned = std::thread::Builder::new().name("memtrace-symbols".into()).spawn(move || {
             sampler::enter_tracer_forever();
             let mut symbolizer = given.lock().take().unwrap_or_default();
-            while let Ok(addr) = requested.recv() {
-                if answer.send(named(&mut symbolizer, addr)).is_err() {
-                    break;
+            let mut named_since_release = false;
+            loop {
+                match requested.recv_timeout(IDLE_BEFORE_RELEASE) {
+                    Ok(addr) => {
+                        named_since_release = true;
+                        if answer.send(named(&mut symbolizer, addr)).is_err() {
+                            break;
+                        }
+                    }
+                    Err(RecvTimeoutError::Timeout) if named_since_release => {
+                        named_since_release = false;
+                        symbolizer.release();
+                    }
+                    Err(RecvTimeoutError::Timeout) => {}
+                    Err(RecvTimeoutError::Disconnected) => break,
                 }
             }
             symbolizer
@@ -128,4 +146,32 @@ impl Worker {
 fn named(symbolizer: &mut Symbolizer, addr: u64) -> Answer {
     let locations = super::symbolize(symbolizer, addr);
     (locations, symbolizer.take_program_without_debug_info())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The thread, a while without addresses, gives back the parsed DWARF.
+    #[test]
+    fn an_idle_worker_releases_what_naming_parsed() {
+        fn here() -> u64 {
+            here as *const () as usize as u64
+        }
+        let parsed = |symbolizer: &Symbolizer| {
+            let stats = symbolizer.stats();
+            stats.estimated_bytes - stats.base_bytes
+        };
+        let mut busy = Worker::new(Symbolizer::new());
+        let (named, _) = busy.locations(here() + 1, || {});
+        assert!(!named.is_empty());
+        let busy = busy.take_symbolizer().unwrap();
+        let mut idle = Worker::new(Symbolizer::new());
+        idle.locations(here() + 1, || {});
+        std::thread::sleep(IDLE_BEFORE_RELEASE * 2);
+        let idle = idle.take_symbolizer().unwrap();
+        assert!(parsed(&idle) < parsed(&busy), "{:?} against {:?}", idle.stats(), busy.stats());
+        let mut again = Worker::new(idle);
+        assert_eq!(again.locations(here() + 1, || {}).0, named);
+    }
 }
