@@ -43,7 +43,7 @@ const NAME_LINKS: usize = 16;
 /// each first touch of a mapped page maps its neighbours too (the kernel's fault-around, 64
 /// KiB, which no `madvise` turns off), and the few names a program's stacks need are spread
 /// over the whole section, so reading them mapped made most of it resident.
-pub(crate) enum Strings {
+pub(super) enum Strings {
     InFile { file: std::fs::File, offset: u64, len: u64 },
     InMemory(&'static [u8]),
 }

@@ -81,7 +81,13 @@ impl Loaded {
         if symbols.is_empty() {
             symbols = function_symbols(file.dynamic_symbol_table());
         }
+        let separate = debug_file.is_some();
         let dwarf_file = debug_file.or(Some(file)).filter(has_dwarf);
+        let mut map = map;
+        if separate || dwarf_file.is_none() {
+            // Only the file with the DWARF is kept open (for its strings, see `locate_dwarf`).
+            map.file = None;
+        }
         maps.push(map);
         let base_estimate = symbols.capacity() * std::mem::size_of::<Symbol>();
         Some(Loaded {
@@ -98,7 +104,7 @@ impl Loaded {
     /// Locate the DWARF sections and read the unit index, once.
     fn load_dwarf(&mut self) -> Option<&mut Dwarf> {
         if let Some(file) = self.dwarf_file.take() {
-            self.dwarf = locate_dwarf(&file, &mut self.inflated, &self._maps);
+            self.dwarf = locate_dwarf(&file, &mut self.inflated, &mut self._maps);
             if let Some(dwarf) = &self.dwarf {
                 self.base_estimate += self.inflated.iter().map(|b| b.len()).sum::<usize>() + dwarf.index_bytes();
             }
@@ -186,7 +192,7 @@ impl Loaded {
 /// The DWARF sections of `file`, borrowed from its mapping (one of `maps`; inflated into
 /// `inflated` when compressed), with their unit index read. `.debug_str` is read through
 /// its file when it is stored there uncompressed (see [`Strings`]).
-fn locate_dwarf(file: &object::File<'static>, inflated: &mut Vec<Box<[u8]>>, maps: &[Mmap]) -> Option<Dwarf> {
+fn locate_dwarf(file: &object::File<'static>, inflated: &mut Vec<Box<[u8]>>, maps: &mut [Mmap]) -> Option<Dwarf> {
     let endian = if file.is_little_endian() { gimli::RunTimeEndian::Little } else { gimli::RunTimeEndian::Big };
     let mut sections = gimli::DwarfSections::load(|id| -> Result<&'static [u8], ()> {
         Ok(section_data(file, id.name(), inflated).unwrap_or(&[]))
@@ -194,9 +200,9 @@ fn locate_dwarf(file: &object::File<'static>, inflated: &mut Vec<Box<[u8]>>, map
     .ok()?;
     sections.debug_str = Default::default();
     let strings = section_data(file, ".debug_str", inflated).unwrap_or(&[]);
-    let in_file = maps.iter().find_map(|map| {
+    let in_file = maps.iter_mut().find_map(|map| {
         let offset = (strings.as_ptr() as usize).checked_sub(map.ptr as usize)?;
-        (offset + strings.len() <= map.len).then(|| (map.file.try_clone().ok(), offset as u64))
+        (offset + strings.len() <= map.len).then(|| (map.file.take(), offset as u64))
     });
     let strings = match in_file {
         Some((Some(file), offset)) => Strings::InFile { file, offset, len: strings.len() as u64 },
@@ -311,8 +317,9 @@ struct Mmap {
     len: usize,
     /// Where the bytes asked for begin in the mapping (which begins on a page).
     start: usize,
-    /// The mapped file, kept open for reading strings (see [`super::dwarf::Strings`]).
-    file: std::fs::File,
+    /// The mapped file, kept open when it holds the object's DWARF: its strings are read from
+    /// it (see [`Strings`]), the file that was mapped even if another replaces it on disk.
+    file: Option<std::fs::File>,
 }
 
 // SAFETY: the mapping is read-only and owned by one `Loaded`; nothing else unmaps it.
@@ -332,7 +339,7 @@ impl Mmap {
         if ptr == libc::MAP_FAILED {
             return None;
         }
-        Some(Mmap { ptr: ptr as *const u8, len, start: 0, file })
+        Some(Mmap { ptr: ptr as *const u8, len, start: 0, file: Some(file) })
     }
 
     /// Drop the mapping's pages from this process's memory. Its bytes stay readable and the
@@ -405,7 +412,7 @@ mod tests {
         .unwrap();
         let context =
             addr2line::Context::from_dwarf(sections.borrow(|data| gimli::EndianSlice::new(data, endian))).unwrap();
-        let mut dwarf = locate_dwarf(&file, &mut loaded.inflated, &loaded._maps).expect("a unit index");
+        let mut dwarf = locate_dwarf(&file, &mut loaded.inflated, &mut loaded._maps).expect("a unit index");
         // Probes spread over the program's functions: a few bytes into every 7th symbol, and a
         // quarter, half and three quarters of the way in, where calls were inlined.
         let (mut named, mut inlined) = (0, 0);
