@@ -308,23 +308,15 @@ impl Dwarf {
         gimli::UnitRef::new(&self.sections, &self.units[u].unit)
     }
 
-    /// The entry of the function whose code holds `probe`, reading the unit's function ranges
-    /// the first time.
+    /// The entry of the function whose code holds `probe`, reading the unit's functions as
+    /// far as needed.
     fn function_at(&mut self, u: usize, probe: u64) -> Result<Option<gimli::UnitOffset>> {
         let contains = |&&(begin, end, _): &&(u64, u64, Offset)| begin <= probe && probe < end;
         let functions = &self.units[u].functions;
         let Some(from) = functions.next else {
             // As addr2line: ranges are taken not to overlap (identical functions merged by the
             // linker give one of them).
-            let found = functions.found.binary_search_by(|&(begin, end, _)| {
-                if probe < begin {
-                    Ordering::Greater
-                } else if probe >= end {
-                    Ordering::Less
-                } else {
-                    Ordering::Equal
-                }
-            });
+            let found = functions.found.binary_search_by(|&(begin, end, _)| order(begin, end, probe));
             return Ok(found.ok().map(|i| gimli::UnitOffset(functions.found[i].2)));
         };
         if let Some(&(_, _, entry)) = functions.found.iter().find(contains) {
@@ -500,15 +492,7 @@ impl Dwarf {
     /// up to it.
     fn location(&mut self, u: usize, probe: u64) -> Result<Option<(Option<String>, u32, u32)>> {
         let Some(lines) = self.lines(u)? else { return Ok(None) };
-        let found = lines.sequences.binary_search_by(|s| {
-            if probe < s.start {
-                Ordering::Greater
-            } else if probe >= s.end {
-                Ordering::Less
-            } else {
-                Ordering::Equal
-            }
-        });
+        let found = lines.sequences.binary_search_by(|s| order(s.start, s.end, probe));
         let Ok(i) = found else { return Ok(None) };
         let mut rows = lines.program.resume_from(&lines.sequences[i]);
         // Rows go up by address; of rows at one address, the last holds.
@@ -535,14 +519,14 @@ impl Dwarf {
             // DWARF 4 numbers files from 1: addr2line gives file 0 an empty name.
             return Ok((index == 0).then(String::new));
         };
-        let unit = gimli::UnitRef::new(&self.sections, &unit.unit);
+        let text = |value| self.string(u, value).map(|s| String::from_utf8_lossy(&s).into_owned());
         let mut path = comp_dir.unwrap_or_default();
         if file.directory_index() != 0 {
             if let Some(directory) = file.directory(header) {
-                path_push(&mut path, &unit.attr_string(directory)?.to_string_lossy());
+                path_push(&mut path, &text(directory)?);
             }
         }
-        path_push(&mut path, &unit.attr_string(file.path_name())?.to_string_lossy());
+        path_push(&mut path, &text(file.path_name())?);
         Ok(Some(path))
     }
 }
@@ -610,6 +594,18 @@ impl Ranges {
         let mut hit = false;
         self.for_each(unit, |begin, end| hit |= begin <= probe && probe < end)?;
         Ok(hit)
+    }
+}
+
+/// Where the range `begin..end` lies with respect to `probe`, for a binary search of sorted
+/// ranges.
+fn order(begin: u64, end: u64, probe: u64) -> Ordering {
+    if probe < begin {
+        Ordering::Greater
+    } else if probe >= end {
+        Ordering::Less
+    } else {
+        Ordering::Equal
     }
 }
 
