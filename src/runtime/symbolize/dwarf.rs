@@ -199,6 +199,23 @@ impl Dwarf {
         self.units.len()
     }
 
+    /// The names of all the functions whose ranges hold `probe` (for comparing with
+    /// addr2line, which names aliases by any of their entries).
+    #[cfg(test)]
+    pub(super) fn names_of_functions_at(&mut self, probe: u64) -> Vec<Vec<u8>> {
+        let Some(u) = self.unit_at(probe).and_then(|offset| self.parsed(offset).ok()) else { return Vec::new() };
+        // No function holds the last address: this reads all the unit's functions.
+        let _ = self.function_at(u, u64::MAX);
+        let holding: Vec<Offset> =
+            self.units[u].functions.found.iter().filter(|f| f.0 <= probe && probe < f.1).map(|f| f.2).collect();
+        let mut names = Vec::new();
+        for entry in holding {
+            let Ok((attributes, _)) = self.inlined_chain(u, gimli::UnitOffset(entry), probe) else { continue };
+            names.extend(self.name(u, &attributes).ok().flatten());
+        }
+        names
+    }
+
     fn unit_at(&self, probe: u64) -> Option<Offset> {
         let i = self.index.partition_point(|r| r.0 <= probe).checked_sub(1)?;
         let (_, end, unit) = self.index[i];
@@ -314,10 +331,16 @@ impl Dwarf {
         let contains = |&&(begin, end, _): &&(u64, u64, Offset)| begin <= probe && probe < end;
         let functions = &self.units[u].functions;
         let Some(from) = functions.next else {
-            // As addr2line: ranges are taken not to overlap (identical functions merged by the
-            // linker give one of them).
-            let found = functions.found.binary_search_by(|&(begin, end, _)| order(begin, end, probe));
-            return Ok(found.ok().map(|i| gimli::UnitOffset(functions.found[i].2)));
+            // Ranges are taken not to overlap, except as the same range.
+            let Ok(mut i) = functions.found.binary_search_by(|&(begin, end, _)| order(begin, end, probe)) else {
+                return Ok(None);
+            };
+            // Of functions whose ranges hold `probe` (aliases of one function: assembly
+            // routines often have several entries), the first entry, as a partial read finds.
+            while i > 0 && contains(&&functions.found[i - 1]) {
+                i -= 1;
+            }
+            return Ok(Some(gimli::UnitOffset(functions.found[i].2)));
         };
         if let Some(&(_, _, entry)) = functions.found.iter().find(contains) {
             return Ok(Some(gimli::UnitOffset(entry)));
@@ -329,7 +352,8 @@ impl Dwarf {
         let (hit, next) = read?;
         functions.next = next;
         if next.is_none() {
-            functions.found.sort_unstable_by_key(|f| f.0);
+            // Stable: functions at one address stay in the order of their entries.
+            functions.found.sort_by_key(|f| f.0);
             functions.found.shrink_to_fit();
         }
         Ok(hit)
