@@ -77,7 +77,8 @@ static UNLOADS: AtomicU64 = AtomicU64::new(0);
 /// they are takes a hash whose low bits spread as well, such as these bits reversed: a dozen
 /// more instructions on every lookup.)
 fn set_index(pc: u64, set_bits: u32) -> usize {
-    (pc.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - set_bits)) as usize
+    // In two shifts, so that the compiler sees an index below 2^MAX_SET_BITS (no bounds check).
+    (pc.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - MAX_SET_BITS) >> (MAX_SET_BITS - set_bits)) as usize
 }
 
 impl Slot {
@@ -127,9 +128,10 @@ impl Cache {
     }
 
     /// The rule for code address `pc`: cached, or computed from the unwind tables and cached.
+    #[inline(always)]
     fn rule_for(&self, pc: u64) -> Rule {
         if pc >> 47 != 0 {
-            return rule_from_tables(pc).0;
+            return uncached_rule(pc);
         }
         let key = self.key(pc);
         let set_bits = self.set_bits();
@@ -178,6 +180,14 @@ impl Cache {
         let next = (self.generation.load(Ordering::Relaxed) + 1) % 0xFFFF;
         self.generation.store(next, Ordering::Relaxed);
     }
+}
+
+/// The rule for an address above user space, which is never cached (the key's generation takes
+/// its top bits): out of line, so that a lookup saves no registers for the call.
+#[cold]
+#[inline(never)]
+fn uncached_rule(pc: u64) -> Rule {
+    rule_from_tables(pc).0
 }
 
 /// The rule for code address `pc`, from the process's cache.
