@@ -167,7 +167,8 @@ impl Cache {
         // The evictions before `1 << set_bits` sets were in use: 2^START + … + 2^(set_bits−1).
         let before = (1 << set_bits) - (1 << START_SET_BITS);
         if set_bits < MAX_SET_BITS && evictions >= before + (1 << set_bits) {
-            // (A lookup still using the old number of sets finds what it found before.)
+            // (A lookup or fill that read the old number meanwhile uses a set of the old
+            // size: a rule it finds there is still right, keys being whole addresses.)
             let doublings = set_bits - START_SET_BITS;
             let _ = self.doublings.compare_exchange(doublings, doublings + 1, Ordering::Relaxed, Ordering::Relaxed);
         }
