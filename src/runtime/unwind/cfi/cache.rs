@@ -136,10 +136,16 @@ impl Cache {
         let key = self.key(pc);
         let set_bits = self.set_bits();
         let index = set_index(pc, set_bits);
-        match self.sets[index].0.iter().find_map(|slot| slot.get(key)) {
+        match self.cached(key, index) {
             Some(rule) => rule,
             None => self.miss(pc, key, index, set_bits),
         }
+    }
+
+    /// The rule cached for `key` in set `index`, if any.
+    #[inline(always)]
+    fn cached(&self, key: u64, index: usize) -> Option<Rule> {
+        self.sets[index].0.iter().find_map(|slot| slot.get(key))
     }
 
     #[cold]
@@ -148,7 +154,7 @@ impl Cache {
         let (rule, cacheable) = rule_from_tables(pc);
         let set = &self.sets[index];
         // (Another thread may have cached it meanwhile: one slot is enough.)
-        if cacheable && !set.0.iter().any(|slot| slot.get(key).is_some()) {
+        if cacheable && self.cached(key, index).is_none() {
             let victim = match set.0.iter().position(|slot| !slot.is_live(key, index, set_bits)) {
                 Some(free) => free,
                 None => self.evicted(set_bits),
@@ -252,8 +258,7 @@ mod tests {
 
     /// The rule `cache` holds for `pc`, without computing or caching one.
     fn cached(cache: &Cache, pc: u64) -> Option<Rule> {
-        let index = set_index(pc, cache.set_bits());
-        cache.sets[index].0.iter().find_map(|slot| slot.get(cache.key(pc)))
+        cache.cached(cache.key(pc), set_index(pc, cache.set_bits()))
     }
 
     /// The pages of the process cache's sets that are resident (`mincore`).
