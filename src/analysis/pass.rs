@@ -778,14 +778,6 @@ impl Analysis {
         self.warnings.iter().any(|w| matches!(w, Warning::TruncatedPacket { .. }))
     }
 
-    /// The frames of `stack`, outermost first (inlined frames expanded).
-    pub fn stack_frames(&self, stack: &Stack) -> impl DoubleEndedIterator<Item = FrameId> + '_ {
-        let mut frames: Vec<FrameId> =
-            self.trie.up(stack.node).flat_map(|code| self.frames_of(code).iter().rev()).copied().collect();
-        frames.reverse();
-        frames.into_iter()
-    }
-
     /// The frames of location `code`, outermost first.
     pub fn frames_of(&self, code: u64) -> &[FrameId] {
         self.code_frames.get(&code).map_or(&[], Vec::as_slice)
