@@ -16,6 +16,7 @@ use std::io::Read;
 
 use super::blocks::{self, Block};
 use super::pass::{estimated_objects, Analysis, StackStats, Tally};
+use super::stacks::{NodeId, StackTrie, ROOT};
 use crate::format::trace::Reader;
 use crate::Result;
 
@@ -118,11 +119,30 @@ impl Filter {
         live && collected && size && lifetime
     }
 
-    /// Whether a stack whose frames have these function names passes the clauses on
-    /// functions (substrings, case-sensitive).
-    pub fn matches_stack<'a>(&self, functions: impl Iterator<Item = &'a str> + Clone) -> bool {
-        let within = |s: &String| functions.clone().any(|f| f.contains(s.as_str()));
-        self.inside.iter().all(within) && !self.not_inside.iter().any(within)
+    /// Per node of `trie`: whether its stack passes the clauses on functions (substrings,
+    /// case-sensitive): some frame's function contains each `inside` substring, and none
+    /// contains a `not_inside` one. `functions(code)` names the frames of a location code.
+    /// Each clause costs one pass over the nodes, a parent before its children (whatever
+    /// the depth of the stacks), as the page's `stackMask` does.
+    pub fn passing_stacks<'a, I: Iterator<Item = &'a str>>(
+        &self,
+        trie: &StackTrie,
+        functions: impl Fn(u64) -> I,
+    ) -> Vec<bool> {
+        let mut passes = vec![true; trie.len()];
+        // Per node: whether a frame of its stack contains the clause's substring.
+        let mut within = vec![false; trie.len()];
+        let clauses = self.inside.iter().map(|s| (s, true)).chain(self.not_inside.iter().map(|s| (s, false)));
+        for (substring, wanted) in clauses {
+            for node in 0..trie.len() {
+                let id = node as NodeId;
+                within[node] = id != ROOT
+                    && (within[trie.parent(id) as usize]
+                        || functions(trie.item(id)).any(|f| f.contains(substring.as_str())));
+                passes[node] &= within[node] == wanted;
+            }
+        }
+        passes
     }
 }
 
@@ -184,28 +204,21 @@ pub fn restrict<R: Read>(
     for (i, s) in analysis.stacks.iter().enumerate() {
         stack_of_node[s.node as usize] = i;
     }
+    let passes = filter.passing_stacks(&analysis.trie, |code| {
+        analysis.frames_of(code).iter().map(|&f| analysis.frames[f].function.as_str())
+    });
     let peak_us = analysis.peak.time.saturating_sub(analysis.info.start_time);
     let word_bytes = u64::from(analysis.info.word_size) / 8;
     let rate = analysis.info.sample_rate;
     let mut stats = vec![StackStats::default(); analysis.stacks.len()];
-    // Per stack of the stream: its analysis stack and whether it passes the function clauses.
-    let mut stack_of: Vec<Option<(usize, bool)>> = Vec::new();
     blocks::stream(
         &mut reader,
         |block| {
-            let slot = block.stack as usize;
-            if slot >= stack_of.len() {
-                stack_of.resize(slot + 1, None);
-            }
-            let (stack, passes) = *stack_of[slot].get_or_insert_with(|| {
-                // Walked only if there are clauses on functions.
-                let functions = analysis.trie.up(block.stack).flat_map(|code| analysis.frames_of(code));
-                (stack_of_node[slot], filter.matches_stack(functions.map(|&f| analysis.frames[f].function.as_str())))
-            });
-            if passes && filter.matches_block(block, peak_us, word_bytes) {
+            let node = block.stack as usize;
+            if passes[node] && filter.matches_block(block, peak_us, word_bytes) {
                 let objects = estimated_objects(block.nsamples, block.words, rate);
                 let allocated = Tally { samples: block.nsamples, objects };
-                stats[stack].add(&StackStats { allocs: 1, allocated, ..StackStats::default() });
+                stats[stack_of_node[node]].add(&StackStats { allocs: 1, allocated, ..StackStats::default() });
             }
         },
         progress,
@@ -291,11 +304,31 @@ mod tests {
     }
 
     #[test]
-    fn function_clauses_match_substrings() {
+    fn function_clauses_match_substrings_anywhere_on_the_stack() {
+        // Codes 1 `main`, 2 `app::run` (inlined into `app::start`), 3 `app::cache::insert`,
+        // 4 `main` again, called from `app::run`.
+        let functions = |code: u64| match code {
+            1 | 4 => &["main"][..],
+            2 => &["app::start", "app::run"],
+            _ => &["app::cache::insert"],
+        };
+        let mut trie = StackTrie::default();
+        let main = trie.child(ROOT, 1);
+        let run = trie.child(main, 2);
+        let cache = trie.child(run, 3);
+        let main_again = trie.child(run, 4);
+        let only_run = trie.child(ROOT, 2);
+        let passing = |f: &Filter| {
+            let passes = f.passing_stacks(&trie, |code| functions(code).iter().copied());
+            [ROOT, main, run, cache, main_again, only_run].map(|n| passes[n as usize])
+        };
         let f = Filter { inside: vec!["run".into()], not_inside: vec!["cache".into()], ..Filter::default() };
-        assert!(f.matches_stack(["main", "app::run"].into_iter()));
-        assert!(!f.matches_stack(["main"].into_iter()));
-        assert!(!f.matches_stack(["main", "app::run", "app::cache::insert"].into_iter()));
+        assert_eq!(passing(&f), [false, false, true, false, true, true]);
+        let both = Filter { inside: vec!["main".into(), "start".into()], ..Filter::default() };
+        assert_eq!(passing(&both), [false, false, true, true, true, false]);
+        let not = Filter { not_inside: vec!["main".into()], ..Filter::default() };
+        assert_eq!(passing(&not), [true, false, false, false, false, true]);
+        assert_eq!(passing(&Filter::default()), [true; 6]);
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! ([`Analysis`]), grouping its stacks into allocation sites ([`ranked`], with the frame
 //! rules [`is_allocator_frame`] and [`is_root_frame`]), short names for Rust functions
 //! ([`Analysis::shorten_names`]), and the two event-by-event passes of the `memtrace`
-//! command line that need no analysis: [`dump`] and [`copy`]. The sampled [`blocks`] of a
+//! command line that need no analysis: [`dump()`] and [`copy()`]. The sampled [`blocks`] of a
 //! trace (each allocation with its alloc and free times) and the [`filter`] that selects
 //! among them are shared by `memtrace hotspots` and the report page. Stacks are kept as
 //! [`stacks`] tries, so memory grows with distinct frames, not with stack depth × stacks.

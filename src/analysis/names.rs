@@ -80,19 +80,25 @@ impl Analysis {
         if self.origin() != Origin::Rust {
             return;
         }
-        let (merged, remap) = shortened(&self.frames);
-        for ids in self.code_frames.values_mut() {
-            for id in ids.iter_mut() {
-                *id = remap[*id];
-            }
-        }
-        self.frames = merged;
+        shorten(&mut self.frames, &mut self.code_frames);
     }
 }
 
-/// `frames` with their names shortened as [`Analysis::shorten_names`] says, frames that
-/// then agree merged, and the new id of each old frame (shared with the report page).
-pub fn shortened(frames: &[Frame]) -> (Vec<Frame>, Vec<FrameId>) {
+/// Shorten the names of `frames` as [`Analysis::shorten_names`] says, merging the frames
+/// that then agree, and give the frames of each code of `code_frames` their new ids.
+/// Returns the new id of each old frame (the report page renumbers its trie with it).
+pub fn shorten(frames: &mut Vec<Frame>, code_frames: &mut HashMap<u64, Vec<FrameId>>) -> Vec<FrameId> {
+    let (merged, remap) = shortened(frames);
+    for id in code_frames.values_mut().flatten() {
+        *id = remap[*id];
+    }
+    *frames = merged;
+    remap
+}
+
+/// `frames` with their names shortened, frames that then agree merged, and the new id of
+/// each old frame.
+fn shortened(frames: &[Frame]) -> (Vec<Frame>, Vec<FrameId>) {
     let short: Vec<String> = frames.iter().map(|f| short_name(&f.function)).collect();
     // For each source line, the paths of its functions by their last segment. (A
     // whole file would be too coarse: `call_once` is a dozen functions in one file.)

@@ -631,14 +631,8 @@ impl FrameTable {
     /// Shorten the names of the frames as [`Analysis::shorten_names`] does (for a Rust
     /// trace); returns the new id of each old frame.
     pub fn shorten_names(&mut self) -> Vec<FrameId> {
-        let (merged, remap) = super::names::shortened(&self.frames);
-        for ids in self.by_code.values_mut() {
-            for id in ids.iter_mut() {
-                *id = remap[*id];
-            }
-        }
-        self.by_frame = merged.iter().cloned().enumerate().map(|(id, f)| (f, id)).collect();
-        self.frames = merged;
+        let remap = super::names::shorten(&mut self.frames, &mut self.by_code);
+        self.by_frame = self.frames.iter().cloned().enumerate().map(|(id, f)| (f, id)).collect();
         remap
     }
 
@@ -782,14 +776,6 @@ impl Analysis {
     /// True when the file ended inside a packet.
     pub fn is_truncated(&self) -> bool {
         self.warnings.iter().any(|w| matches!(w, Warning::TruncatedPacket { .. }))
-    }
-
-    /// The frames of `stack`, outermost first (inlined frames expanded).
-    pub fn stack_frames(&self, stack: &Stack) -> impl DoubleEndedIterator<Item = FrameId> + '_ {
-        let mut frames: Vec<FrameId> =
-            self.trie.up(stack.node).flat_map(|code| self.frames_of(code).iter().rev()).copied().collect();
-        frames.reverse();
-        frames.into_iter()
     }
 
     /// The frames of location `code`, outermost first.

@@ -120,7 +120,8 @@ fn upstream_profile_keeps_totals_and_inlined_frames() {
     assert!(p.location.iter().any(|l| l.line.len() > 1), "inlined frames share a location");
     // A sample's frames, leaf first, are the stack's frames reversed.
     let stack = &a.stacks[0];
-    let want: Vec<String> = a.stack_frames(stack).rev().map(|f| a.frames[f].function.clone()).collect();
+    let leaf_first = a.trie.up(stack.node).flat_map(|code| a.frames_of(code).iter().rev());
+    let want: Vec<String> = leaf_first.map(|&f| a.frames[f].function.clone()).collect();
     let got: Vec<String> = frames(&p, &p.sample[0].location_id).into_iter().map(|f| f.0).collect();
     assert_eq!(got, want);
 }

@@ -121,7 +121,7 @@ const F = { allocLo: null, allocHi: null, live: '', liveAt: null, collected: '',
 // Per frame: whether the `hide` clause leaves it out of the stacks.
 function hiddenFrames() { const h = new Uint8Array(nFrames); for (let fr = 0; fr < nFrames; fr++) h[fr] = F.hide.some((x) => fnOf(fr).includes(x)) ? 1 : 0; return h; }
 // Per stack node: whether the path to it passes the function clauses, null if there are
-// none (filter.rs, Filter::matches_stack: every `inside` substring and no `not inside` one;
+// none (filter.rs, Filter::passing_stacks: every `inside` substring and no `not inside` one;
 // hidden frames count here, as they do for restrict, which runs before Filter::hide_frames).
 function stackMask(t) {
   if (!F.inside.length && !F.notInside.length) return null;
