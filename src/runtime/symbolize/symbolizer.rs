@@ -191,20 +191,6 @@ impl Symbolizer {
         frames
     }
 
-    /// The name of the function symbol containing the code at return address
-    /// `return_address`, from the object's symbol table alone (no DWARF is parsed, no inlined
-    /// function is seen, nothing is cached): cheap enough for start-up.
-    pub fn symbol_name(&mut self, return_address: u64) -> Option<String> {
-        let pc = return_address.checked_sub(1)?;
-        self.refresh_if_changed();
-        let index = self.find_object(pc)?;
-        self.clock += 1;
-        self.load(index);
-        let object = &self.objects[index];
-        let State::Loaded(loaded) = &object.state else { return None };
-        loaded.symbol_name(pc.wrapping_sub(object.base))
-    }
-
     /// The names of the function symbols containing the code at each of `return_addresses`,
     /// from the objects' symbol tables alone (no DWARF is parsed, no inlined function is seen,
     /// nothing is cached): cheap enough for start-up. An object not yet opened is read in one
