@@ -38,7 +38,7 @@ use super::state::{currently_tracing, getpid, now_us, MAX_FRAMES, OFF, ON, STATE
 use super::unwind::{self, cfi, Walker};
 use super::writer_thread::{write_trace, WriterOutcome, DOMAIN};
 use crate::format::error::{Error, ErrorKind};
-use crate::format::trace::{Info, Writer};
+use crate::format::trace::{trace_info_packet, Info, Writer};
 
 /// The running session; held while starting and stopping (and across `fork`).
 static SESSION: ForkSafeLock<Slot> = ForkSafeLock::new(Slot { running: None, finished: None });
@@ -181,7 +181,8 @@ pub fn start_tracing(config: TraceConfig) -> Result<TraceGuard, StartError> {
     // Starting takes some memory all at once (the queue, and a few MiB for the writer thread's
     // stack, the calibration and the trace writer's buffers), in allocations that cannot all
     // be made fallible; with less address space left than that, say so instead of failing
-    // part-way, or aborting in one of them.
+    // part-way, or aborting in one of them. The one check for all of it: the queue is not
+    // checked again when it is made.
     let needed = handoff::bytes_for(handoff::capacity_for(config.rate)).saturating_add(START_MEMORY);
     if !handoff::memory_for(needed) {
         return Err(StartError::NoMemory);
@@ -221,7 +222,7 @@ pub fn start_tracing(config: TraceConfig) -> Result<TraceGuard, StartError> {
     let write_error = |source| StartError::Write { path: config.path.clone(), source };
     // A first packet that cannot be written (a context too long for a packet) must not cost
     // the file: check it before opening.
-    Writer::new(io::sink(), &info).map_err(write_error)?;
+    trace_info_packet(&info).map_err(write_error)?;
     let (file, created) = open_locked(&config.path)?;
     let session = Writer::new(file, &info)
         .map_err(write_error)
@@ -256,12 +257,14 @@ const NAME_START_UP_FRAMES_FROM_RATE: f64 = 2.5e-4;
 /// Session ids, so that a guard only stops its own session.
 static NEXT_SESSION: AtomicU64 = AtomicU64::new(1);
 
-/// Start the writer thread of a new session that writes with `writer`, and wait until it runs.
+/// Start the writer thread of a new session that writes with `writer`. Not waited for: the
+/// thread allocates nothing before it marks itself as the tracer's (what starting a thread
+/// allocates, it allocates on this one), and waiting for a new thread to be scheduled took
+/// milliseconds on a loaded machine.
 fn start_writer(writer: Writer<File>, config: &TraceConfig, start_time: u64) -> Result<Session, StartError> {
     let id = NEXT_SESSION.fetch_add(1, Ordering::Relaxed);
     let tag = handoff::session_tag(id);
-    let channel = handoff::open(getpid(), config.rate).map_err(|handoff::NoMemory| StartError::NoMemory)?;
-    let (ready_tx, ready_rx) = crossbeam_channel::bounded(1);
+    let channel = handoff::open(getpid(), config.rate);
     let (outcome_tx, outcome) = crossbeam_channel::bounded(1);
     let abandoned = Arc::new(AtomicBool::new(false));
     let (path, given_up) = (config.path.clone(), Arc::clone(&abandoned));
@@ -269,11 +272,10 @@ fn start_writer(writer: Writer<File>, config: &TraceConfig, start_time: u64) -> 
         .name("memtrace-writer".into())
         .spawn(move || {
             sampler::enter_tracer_forever();
-            let _ = ready_tx.send(());
+            channel.fill_pool();
             let _ = outcome_tx.send(write_trace(channel, tag, writer, &path, start_time, &given_up));
         })
         .map_err(StartError::Spawn)?;
-    let _ = ready_rx.recv();
     Ok(Session {
         id,
         pid: getpid(),
