@@ -135,8 +135,15 @@ impl<W: Write> Writer<W> {
     /// Start a trace: write the trace-info packet for `info` and open the first events
     /// packet of `info.initial_domain`. Fails if the sample rate is outside (0, 1] or the word
     /// size is 0 (readers reject such traces).
-    pub fn new(out: W, info: &Info) -> Result<Writer<W>> {
-        let packet = trace_info_packet(info)?;
+    pub fn new(mut out: W, info: &Info) -> Result<Writer<W>> {
+        out.write_all(trace_info_packet(info)?.as_bytes())?;
+        Ok(Writer::after_info_packet(out, info))
+    }
+
+    /// A writer that goes on with `out`, which has the trace-info packet of `info`
+    /// ([`trace_info_packet`]) written already, as [`Writer::new`] would: how a tracer writes
+    /// the packet on the thread that starts tracing and builds the writer on its own thread.
+    pub(crate) fn after_info_packet(out: W, info: &Info) -> Writer<W> {
         let mut output = Output {
             out,
             pid: info.pid,
@@ -144,9 +151,8 @@ impl<W: Write> Writer<W> {
             next_chunk: 0,
             location_packet: WriteBuf::with_capacity(PACKET_BUFFER_SIZE),
         };
-        output.out.write_all(packet.as_bytes())?;
         let first = DomainWriter::new(&mut output, info.initial_domain, info.start_time);
-        Ok(Writer { output, start_time: info.start_time, domains: vec![first], current: 0, dirty: false })
+        Writer { output, start_time: info.start_time, domains: vec![first], current: 0, dirty: false }
     }
 
     /// Make every flush first check that the current process is still the one whose pid

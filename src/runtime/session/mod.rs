@@ -15,7 +15,7 @@
 mod lock;
 
 use std::fs::{File, OpenOptions};
-use std::io;
+use std::io::{self, Write as _};
 use std::os::fd::AsRawFd;
 use std::os::unix::ffi::OsStringExt;
 use std::os::unix::fs::OpenOptionsExt;
@@ -222,11 +222,12 @@ pub fn start_tracing(config: TraceConfig) -> Result<TraceGuard, StartError> {
     let write_error = |source| StartError::Write { path: config.path.clone(), source };
     // A first packet that cannot be written (a context too long for a packet) must not cost
     // the file: check it before opening.
-    trace_info_packet(&info).map_err(write_error)?;
-    let (file, created) = open_locked(&config.path)?;
-    let session = Writer::new(file, &info)
-        .map_err(write_error)
-        .and_then(|writer| start_writer(writer.check_pid_on_flush(true), &config, start_time))
+    let first_packet = trace_info_packet(&info).map_err(write_error)?;
+    let (mut file, created) = open_locked(&config.path)?;
+    let session = file
+        .write_all(first_packet.as_bytes())
+        .map_err(|e| write_error(e.into()))
+        .and_then(|()| start_writer(file, info, &config))
         .inspect_err(|_| {
             if created {
                 let _ = std::fs::remove_file(&config.path);
@@ -257,11 +258,13 @@ const NAME_START_UP_FRAMES_FROM_RATE: f64 = 2.5e-4;
 /// Session ids, so that a guard only stops its own session.
 static NEXT_SESSION: AtomicU64 = AtomicU64::new(1);
 
-/// Start the writer thread of a new session that writes with `writer`. Not waited for: the
-/// thread allocates nothing before it marks itself as the tracer's (what starting a thread
-/// allocates, it allocates on this one), and waiting for a new thread to be scheduled took
-/// milliseconds on a loaded machine.
-fn start_writer(writer: Writer<File>, config: &TraceConfig, start_time: u64) -> Result<Session, StartError> {
+/// Start the writer thread of a new session that writes the trace `info` describes to `file`,
+/// which holds its first packet. Not waited for: the thread allocates nothing before it marks
+/// itself as the tracer's (what starting a thread allocates, it allocates on this one), and
+/// waiting for a new thread to be scheduled took milliseconds on a loaded machine. The thread
+/// makes the trace writer (a few hundred KiB of tables) and fills the pool of frame buffers,
+/// off the thread that starts tracing.
+fn start_writer(file: File, info: Info, config: &TraceConfig) -> Result<Session, StartError> {
     let id = NEXT_SESSION.fetch_add(1, Ordering::Relaxed);
     let tag = handoff::session_tag(id);
     let channel = handoff::open(getpid(), config.rate);
@@ -273,7 +276,8 @@ fn start_writer(writer: Writer<File>, config: &TraceConfig, start_time: u64) -> 
         .spawn(move || {
             sampler::enter_tracer_forever();
             channel.fill_pool();
-            let _ = outcome_tx.send(write_trace(channel, tag, writer, &path, start_time, &given_up));
+            let writer = Writer::after_info_packet(file, &info).check_pid_on_flush(true);
+            let _ = outcome_tx.send(write_trace(channel, tag, writer, &path, info.start_time, &given_up));
         })
         .map_err(StartError::Spawn)?;
     Ok(Session {
@@ -445,8 +449,11 @@ fn open_locked(path: &Path) -> Result<(File, bool), StartError> {
         }
         // Other failures (a device such as /dev/null that cannot be locked): go on unlocked.
     }
-    // Errors ignored, as upstream does: devices cannot be truncated.
-    let _ = file.set_len(0);
+    // Errors ignored, as upstream does: devices cannot be truncated. An empty file (new, a
+    // device, a FIFO) is not: truncating costs a journal transaction on some file systems.
+    if file.metadata().map_or(true, |m| m.len() != 0) {
+        let _ = file.set_len(0);
+    }
     Ok((file, created))
 }
 
