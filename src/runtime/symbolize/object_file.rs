@@ -540,11 +540,14 @@ fn open_object(path: &Path, loaded_build_id: Option<&[u8]>) -> Option<(Mmap, obj
 
 /// One of an object's symbol tables, read straight from its ELF structures: object's
 /// format-independent symbol API costs about ten times as much per symbol, which on a
-/// program's table of thousands of functions is a good part of a millisecond.
+/// program's table of thousands of functions is a good part of a millisecond. Names are read
+/// from the string table's bytes by hand: object's string table finds their ends with
+/// `memchr`, whose first call probes the CPU's features (tens of µs in a virtual machine) on
+/// the thread that starts tracing.
 #[derive(Clone, Copy)]
 enum SymbolTable {
-    Elf32(ElfSymbolTable<'static, FileHeader32<Endianness>>, Endianness),
-    Elf64(ElfSymbolTable<'static, FileHeader64<Endianness>>, Endianness),
+    Elf32(ElfSymbolTable<'static, FileHeader32<Endianness>>, Endianness, &'static [u8]),
+    Elf64(ElfSymbolTable<'static, FileHeader64<Endianness>>, Endianness, &'static [u8]),
 }
 
 impl SymbolTable {
@@ -552,14 +555,14 @@ impl SymbolTable {
     /// ELF.
     fn of(file: &object::File<'static>, dynamic: bool) -> Option<SymbolTable> {
         Some(match file {
-            object::File::Elf32(f) => SymbolTable::Elf32(
-                *if dynamic { f.elf_dynamic_symbol_table() } else { f.elf_symbol_table() },
-                f.endian(),
-            ),
-            object::File::Elf64(f) => SymbolTable::Elf64(
-                *if dynamic { f.elf_dynamic_symbol_table() } else { f.elf_symbol_table() },
-                f.endian(),
-            ),
+            object::File::Elf32(f) => {
+                let (table, strings) = elf_table(f, dynamic);
+                SymbolTable::Elf32(table, f.endian(), strings)
+            }
+            object::File::Elf64(f) => {
+                let (table, strings) = elf_table(f, dynamic);
+                SymbolTable::Elf64(table, f.endian(), strings)
+            }
             _ => return None,
         })
     }
@@ -567,8 +570,8 @@ impl SymbolTable {
     /// `f(address, size, index)` for each function symbol (defined code at a nonzero address).
     fn for_each_function(&self, f: impl FnMut(u64, u64, usize)) {
         match self {
-            SymbolTable::Elf32(table, endian) => for_each_elf_function(table, *endian, f),
-            SymbolTable::Elf64(table, endian) => for_each_elf_function(table, *endian, f),
+            SymbolTable::Elf32(table, endian, _) => for_each_elf_function(table, *endian, f),
+            SymbolTable::Elf64(table, endian, _) => for_each_elf_function(table, *endian, f),
         }
     }
 
@@ -576,11 +579,36 @@ impl SymbolTable {
     fn symbol(&self, (address, size, index): (u64, u64, usize)) -> Option<Symbol> {
         let index = object::SymbolIndex(index);
         let name = match self {
-            SymbolTable::Elf32(table, endian) => table.symbol(index).ok()?.name(*endian, table.strings()),
-            SymbolTable::Elf64(table, endian) => table.symbol(index).ok()?.name(*endian, table.strings()),
+            SymbolTable::Elf32(table, endian, strings) => elf_name(table.symbol(index).ok()?, *endian, strings),
+            SymbolTable::Elf64(table, endian, strings) => elf_name(table.symbol(index).ok()?, *endian, strings),
         };
-        Some(Symbol { address, size, name: name.ok()? })
+        Some(Symbol { address, size, name: name? })
     }
+}
+
+/// `file`'s symbol table or dynamic one, and the bytes of its string table (none when they
+/// cannot be read: then no name can).
+fn elf_table<Elf: FileHeader<Endian = Endianness>>(
+    file: &object::read::elf::ElfFile<'static, Elf>,
+    dynamic: bool,
+) -> (ElfSymbolTable<'static, Elf>, &'static [u8]) {
+    let table = *if dynamic { file.elf_dynamic_symbol_table() } else { file.elf_symbol_table() };
+    let strings = file
+        .elf_section_table()
+        .section(table.string_section())
+        .ok()
+        .and_then(|section| object::read::elf::SectionHeader::data(section, file.endian(), file.data()).ok());
+    (table, strings.unwrap_or_default())
+}
+
+/// The NUL-terminated name of `symbol` in `strings`.
+fn elf_name<S: object::read::elf::Sym<Endian = Endianness>>(
+    symbol: &S,
+    endian: Endianness,
+    strings: &'static [u8],
+) -> Option<&'static [u8]> {
+    let rest = strings.get(usize::try_from(symbol.st_name(endian)).ok()?..)?;
+    Some(&rest[..rest.iter().position(|&b| b == 0)?])
 }
 
 fn for_each_elf_function<Elf: FileHeader<Endian = Endianness>>(
@@ -637,46 +665,56 @@ pub(super) fn symbol_names(path: &Path, loaded_build_id: Option<&[u8]>, probes: 
 /// name cannot be read, which the sorted table leaves out, then names nothing).
 fn symbols_at(table: Option<SymbolTable>, probes: &[u64]) -> Option<Vec<Option<String>>> {
     let table = table?;
-    let mut order: Vec<usize> = (0..probes.len()).collect();
-    order.sort_unstable_by_key(|&i| probes[i]);
-    let sorted: Vec<u64> = order.iter().map(|&i| probes[i]).collect();
-    // For the k-th probe in address order, the best symbol above the previous probe and at or
-    // below this one: (address, size, index).
-    let mut nearest: Vec<Option<(u64, u64, usize)>> = vec![None; probes.len()];
+    // The distinct probes in address order (the calibration stacks share most frames).
+    let mut sorted = probes.to_vec();
+    sorted.sort_unstable();
+    sorted.dedup();
+    let highest = sorted.last().copied().unwrap_or(0);
+    // For the k-th of them, the best symbol above the one before and at or below it, by
+    // address and then size: (address, size, index); and the symbols that tied with it, whose
+    // names break the tie once the pass is over.
+    let mut nearest: Vec<Option<(u64, u64, usize)>> = vec![None; sorted.len()];
+    let mut tied: Vec<(usize, (u64, u64, usize))> = Vec::new();
     let mut any = false;
     table.for_each_function(|address, size, index| {
         any = true;
-        let candidate = (address, size, index);
-        let Some(slot) = nearest.get_mut(sorted.partition_point(|&p| p < address)) else { return };
-        let better = match *slot {
-            None => true,
-            Some((a, s, _)) if (a, s) != (address, size) => (address, size) > (a, s),
-            Some(best) => {
-                table.symbol(candidate).zip(table.symbol(best)).is_some_and(|(c, b)| table_order(&c, &b).is_lt())
-            }
-        };
-        if better {
-            *slot = Some(candidate);
+        if address > highest {
+            return;
+        }
+        let k = sorted.partition_point(|&p| p < address);
+        match nearest[k] {
+            Some((a, s, _)) if (a, s) == (address, size) => tied.push((k, (address, size, index))),
+            Some((a, s, _)) if (a, s) > (address, size) => {}
+            _ => nearest[k] = Some((address, size, index)),
         }
     });
     if !any {
         return None;
     }
-    let mut names = vec![None; probes.len()];
+    for (k, candidate) in tied {
+        if let Some(best) = nearest[k].filter(|&(a, s, _)| (a, s) == (candidate.0, candidate.1)) {
+            if table.symbol(candidate).zip(table.symbol(best)).is_some_and(|(c, b)| table_order(&c, &b).is_lt()) {
+                nearest[k] = Some(candidate);
+            }
+        }
+    }
+    // The name at each of `sorted`, each symbol's demangled once (its probes are neighbours).
+    let mut names: Vec<Option<String>> = Vec::with_capacity(sorted.len());
     let mut best: Option<(u64, u64, usize)> = None;
-    // The last symbol named and its name: probes in one function are neighbours in `order`,
-    // and each name is demangled once.
     let mut named: Option<(usize, Option<String>)> = None;
-    for (k, &i) in order.iter().enumerate() {
+    for (k, &probe) in sorted.iter().enumerate() {
         // Every symbol in an earlier slot is at a lower address than one in this slot.
         best = nearest[k].or(best);
-        let Some(found) = best.filter(|&(address, size, _)| probes[i] < address + size.max(1)) else { continue };
+        let Some(found) = best.filter(|&(address, size, _)| probe < address + size.max(1)) else {
+            names.push(None);
+            continue;
+        };
         if named.as_ref().is_none_or(|(index, _)| *index != found.2) {
             named = Some((found.2, table.symbol(found).map(|s| demangle(s.name))));
         }
-        names[i] = named.as_ref().and_then(|(_, name)| name.clone());
+        names.push(named.as_ref().and_then(|(_, name)| name.clone()));
     }
-    Some(names)
+    Some(probes.iter().map(|p| sorted.binary_search(p).ok().and_then(|k| names[k].clone())).collect())
 }
 
 /// A Rust symbol demangled in `{:#}` form (no hash); anything else as it is.
