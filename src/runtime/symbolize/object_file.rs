@@ -627,9 +627,15 @@ fn for_each_elf_function<Elf: FileHeader<Endian = Endianness>>(
 }
 
 /// The order of the sorted table: by address, and among symbols at one address the one
-/// kept first: one with a size (then the longest name).
+/// kept first: one with a size (then the longest name, then the first name in byte order:
+/// aliases of one length, `<u64 as UpperHex>::fmt` and `<usize as UpperHex>::fmt` say, are
+/// common, and the one pass must pick the one the sorted table keeps).
 fn table_order(a: &Symbol, b: &Symbol) -> std::cmp::Ordering {
-    a.address.cmp(&b.address).then(b.size.cmp(&a.size)).then(b.name.len().cmp(&a.name.len()))
+    a.address
+        .cmp(&b.address)
+        .then(b.size.cmp(&a.size))
+        .then(b.name.len().cmp(&a.name.len()))
+        .then_with(|| a.name.cmp(b.name))
 }
 
 fn function_symbols(table: Option<SymbolTable>) -> Vec<Symbol> {
@@ -906,7 +912,9 @@ mod tests {
         probes.extend_from_within(..10);
         let one_pass = symbol_names(&path, None, &probes);
         let sorted: Vec<Option<String>> = probes.iter().map(|&p| loaded.symbol_name(p)).collect();
-        assert_eq!(one_pass, sorted);
+        for ((probe, a), b) in probes.iter().zip(&one_pass).zip(&sorted) {
+            assert_eq!(a, b, "at {probe:#x}");
+        }
         assert!(sorted.iter().filter(|n| n.is_some()).count() > probes.len() / 2, "most probes are named");
         assert!(sorted.iter().any(Option::is_none), "some probes are outside every symbol");
     }
