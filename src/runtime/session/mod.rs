@@ -19,6 +19,7 @@ use std::io::{self, Write as _};
 use std::os::fd::AsRawFd;
 use std::os::unix::ffi::OsStringExt;
 use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::thread::JoinHandleExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Once};
@@ -259,16 +260,20 @@ const NAME_START_UP_FRAMES_FROM_RATE: f64 = 2.5e-4;
 static NEXT_SESSION: AtomicU64 = AtomicU64::new(1);
 
 /// Start the writer thread of a new session that writes the trace `info` describes to `file`,
-/// which holds its first packet. Not waited for: the thread allocates nothing before it marks
-/// itself as the tracer's (what starting a thread allocates, it allocates on this one), and
-/// waiting for a new thread to be scheduled took milliseconds on a loaded machine. The thread
-/// makes the trace writer (a few hundred KiB of tables) and fills the pool of frame buffers,
-/// off the thread that starts tracing.
+/// which holds its first packet. The thread fills the pool of frame buffers and makes the
+/// trace writer (a few hundred KiB of tables), off the thread that starts tracing, which does
+/// not wait for it (a new thread's first turn took milliseconds on a loaded machine): the
+/// sampler is told the thread's id, so that what it allocates before it marks itself as the
+/// tracer's is not sampled. Except where the queue is at its largest (from rate 1e-3 on) and
+/// holds less than its backlog time of samples: there sixteen threads sampling at once filled
+/// it while the new writer waited for its first turns, and the start waits until the writer
+/// is ready.
 fn start_writer(file: File, info: Info, config: &TraceConfig) -> Result<Session, StartError> {
     let id = NEXT_SESSION.fetch_add(1, Ordering::Relaxed);
     let tag = handoff::session_tag(id);
     let channel = handoff::open(getpid(), config.rate);
     let (outcome_tx, outcome) = crossbeam_channel::bounded(1);
+    let (ready_tx, ready_rx) = crossbeam_channel::bounded(1);
     let abandoned = Arc::new(AtomicBool::new(false));
     let (path, given_up) = (config.path.clone(), Arc::clone(&abandoned));
     let writer = std::thread::Builder::new()
@@ -277,9 +282,15 @@ fn start_writer(file: File, info: Info, config: &TraceConfig) -> Result<Session,
             sampler::enter_tracer_forever();
             channel.fill_pool();
             let writer = Writer::after_info_packet(file, &info).check_pid_on_flush(true);
+            let _ = ready_tx.send(());
             let _ = outcome_tx.send(write_trace(channel, tag, writer, &path, info.start_time, &given_up));
+            sampler::tracer_thread_ends();
         })
         .map_err(StartError::Spawn)?;
+    sampler::tracer_thread_starting(writer.as_pthread_t());
+    if handoff::capacity_for(config.rate) == handoff::MAX_CAPACITY {
+        let _ = ready_rx.recv();
+    }
     Ok(Session {
         id,
         pid: getpid(),
