@@ -4,7 +4,7 @@
 //!
 //! Application threads never wait here, and in the steady state never allocate: the queue is
 //! a crossbeam array channel allocated when tracing first starts, and frame buffers come from
-//! a pool filled at the same time with [`INITIAL_POOL`] buffers (a new buffer is allocated,
+//! a pool that each writer fills up to [`INITIAL_POOL`] buffers as it starts (a new buffer is allocated,
 //! inside the tracer, when the pool is empty; the writer gives it back to the pool, up to
 //! [`POOL_SIZE`], and frees the surplus). Memory
 //! allocated on an application thread lands in that thread's malloc arena, and the blocks of
@@ -57,7 +57,7 @@ const BACKLOG_SECONDS: f64 = 0.125;
 /// allocation benchmark, and each new buffer was a `calloc` on the sampled path and a
 /// cross-thread `free` in the writer.
 pub(crate) const POOL_SIZE: usize = 2048;
-/// Frame buffers the pool is filled with when the queue is made (256 KiB); it grows to
+/// Frame buffers the pool is filled with when a writer starts (256 KiB); it grows to
 /// [`POOL_SIZE`] on demand (a buffer allocated on the sampled path when the pool is empty
 /// joins the pool when the writer gives it back).
 const INITIAL_POOL: usize = 256;
@@ -105,10 +105,6 @@ pub(crate) fn memory_for(bytes: usize) -> bool {
     unsafe { libc::munmap(map, bytes) };
     true
 }
-
-/// The memory for a queue could not be had.
-#[derive(Debug)]
-pub(crate) struct NoMemory;
 
 /// A captured stack: frame addresses, innermost first.
 pub(crate) type Frames = Box<[u64; MAX_FRAMES]>;
@@ -178,18 +174,13 @@ static PROCESS: AtomicPtr<Channel> = AtomicPtr::new(std::ptr::null_mut());
 static RUNNING: AtomicU32 = AtomicU32::new(0);
 
 impl Channel {
-    /// A queue of `capacity` messages, or `NoMemory` when its memory cannot be had (checked
-    /// first with [`memory_for`]: crossbeam's allocation would abort the process).
-    fn new(pid: u32, capacity: usize) -> Result<Channel, NoMemory> {
-        if !memory_for(bytes_for(capacity)) {
-            return Err(NoMemory);
-        }
+    /// A queue of `capacity` messages, its pool empty. The caller has checked with
+    /// [`memory_for`] that [`bytes_for`] `capacity` can be had: crossbeam's allocation would
+    /// abort the process.
+    fn new(pid: u32, capacity: usize) -> Channel {
         let (tx, rx) = crossbeam_channel::bounded(capacity);
         let (pool_tx, pool_rx) = crossbeam_channel::bounded(POOL_SIZE);
-        for frames in (0..INITIAL_POOL).map_while(|_| new_frames()) {
-            let _ = pool_tx.try_send(frames);
-        }
-        Ok(Channel {
+        Channel {
             pid,
             capacity,
             alloc_limit: capacity / 2,
@@ -198,7 +189,17 @@ impl Channel {
             pool_tx,
             pool_rx,
             progress: Progress(AtomicU64::new(0)),
-        })
+        }
+    }
+
+    /// Fill the pool of frame buffers up to [`INITIAL_POOL`], as far as memory allows. Called
+    /// by each writer as it starts, so that the buffers are allocated off the thread that
+    /// starts tracing (256 KiB of first-touched pages; the sampled path allocates its own
+    /// until they are there).
+    pub(crate) fn fill_pool(&self) {
+        for frames in (self.pool_rx.len()..INITIAL_POOL).map_while(|_| new_frames()) {
+            let _ = self.pool_tx.try_send(frames);
+        }
     }
 
     /// Queue `msg` without waiting; false when the queue is full. A full queue gives the
@@ -326,9 +327,9 @@ pub(crate) fn session_tag(id: u64) -> u32 {
 /// (made on the first call, anew in a forked child, or larger for a higher rate than it was
 /// made for), emptied of what earlier sessions left. Called by the tracer with its session
 /// lock held and no session running, before the writer starts; [`publish`] then lets the
-/// sampled path send to it. `NoMemory` when a new channel was needed and its memory could not
-/// be had.
-pub(crate) fn open(pid: u32, rate: f64) -> Result<&'static Channel, NoMemory> {
+/// sampled path send to it. The caller has checked that a new channel's memory
+/// ([`bytes_for`] [`capacity_for`] `rate`) can be had.
+pub(crate) fn open(pid: u32, rate: f64) -> &'static Channel {
     let capacity = capacity_for(rate);
     // SAFETY: PROCESS is null or points to a leaked `Channel` that is never freed.
     let channel = match unsafe { PROCESS.load(Ordering::Acquire).as_ref() } {
@@ -337,7 +338,7 @@ pub(crate) fn open(pid: u32, rate: f64) -> Result<&'static Channel, NoMemory> {
         // half-way through a send to it (in the parent, when it forked); its pooled buffers
         // are freed.
         old => {
-            let channel: &'static Channel = Box::leak(Box::new(Channel::new(pid, capacity)?));
+            let channel: &'static Channel = Box::leak(Box::new(Channel::new(pid, capacity)));
             PROCESS.store(channel as *const Channel as *mut Channel, Ordering::Release);
             if let Some(old) = old.filter(|old| old.pid == pid) {
                 while old.pool_rx.try_recv().is_ok() {}
@@ -348,7 +349,7 @@ pub(crate) fn open(pid: u32, rate: f64) -> Result<&'static Channel, NoMemory> {
     while let Some(msg) = channel.try_recv() {
         channel.dispose(msg);
     }
-    Ok(channel)
+    channel
 }
 
 /// Leave the process's channel to a writer thread that was given up on (it may still be
@@ -378,7 +379,7 @@ mod tests {
         assert_eq!(capacity_for(1.0), MAX_CAPACITY);
         assert_eq!(capacity_for(1e-9), MIN_CAPACITY);
         assert_eq!(capacity_for(f64::NAN), MAX_CAPACITY);
-        assert!(Channel::new(0, 1 << 60).is_err(), "an impossible size is refused, not aborted on");
+        assert!(!memory_for(bytes_for(1 << 60)), "an impossible size is refused, not aborted on");
     }
 
     #[test]
@@ -397,7 +398,8 @@ mod tests {
 
     #[test]
     fn a_full_queue_refuses_without_waiting_and_keeps_frame_buffers() {
-        let channel = Channel::new(0, MIN_CAPACITY).unwrap();
+        let channel = Channel::new(0, MIN_CAPACITY);
+        channel.fill_pool();
         assert!(channel.try_send(alloc(channel.frames_for_alloc().unwrap())));
         for _ in 1..MIN_CAPACITY {
             assert!(channel.try_send(free()));
@@ -411,7 +413,9 @@ mod tests {
 
     #[test]
     fn allocs_stop_at_the_limit_once_the_pool_is_empty() {
-        let channel = Channel::new(0, MIN_CAPACITY).unwrap();
+        let channel = Channel::new(0, MIN_CAPACITY);
+        channel.fill_pool();
+        assert_eq!(channel.pool_rx.len(), INITIAL_POOL);
         let mut sent = 0;
         while channel.tx.len() < channel.alloc_limit {
             match channel.frames_for_alloc() {

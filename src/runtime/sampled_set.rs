@@ -159,6 +159,17 @@ fn touched(index: usize) -> bool {
     TOUCHED[page / 64].load(Ordering::Relaxed) & (1 << (page % 64)) != 0
 }
 
+/// The buckets of the pages marked in [`TOUCHED`], a page at a time: a session's start looks
+/// at 512 bits, not at 32 Ki buckets.
+fn touched_buckets() -> impl Iterator<Item = &'static Bucket> {
+    TABLE
+        .0
+        .chunks(BUCKETS_PER_PAGE)
+        .enumerate()
+        .filter(|&(page, _)| touched(page * BUCKETS_PER_PAGE))
+        .flat_map(|(_, b)| b)
+}
+
 /// Whether `addr` may be a live sampled block: false when the table is empty or `addr`'s
 /// bucket has no entries, which is the answer for almost every block. Reads [`LIVE`] and then
 /// one counter of a 32 KiB array, and writes nothing.
@@ -216,13 +227,9 @@ fn forget_one(counter: &AtomicU8) {
 /// table for the whole stop and restart of a session. The next `clear` repairs it. [`LIVE`]
 /// is recounted alike.
 pub(crate) fn clear() {
-    for (index, bucket) in TABLE.0.iter().enumerate() {
-        if touched(index) {
-            for slot in &bucket.0 {
-                if slot.load(Ordering::Relaxed) != 0 {
-                    slot.store(0, Ordering::Relaxed);
-                }
-            }
+    for slot in touched_buckets().flat_map(|bucket| &bucket.0) {
+        if slot.load(Ordering::Relaxed) != 0 {
+            slot.store(0, Ordering::Relaxed);
         }
     }
     recount();
@@ -237,13 +244,11 @@ fn recount() {
         counter.store(0, Ordering::Relaxed);
     }
     let mut live = 0;
-    for (_, bucket) in TABLE.0.iter().enumerate().filter(|&(index, _)| touched(index)) {
-        for slot in &bucket.0 {
-            let addr = slot.load(Ordering::Relaxed);
-            if addr != 0 {
-                let _ = counter(addr).fetch_update(Ordering::Relaxed, Ordering::Relaxed, |c| c.checked_add(1));
-                live += 1;
-            }
+    for slot in touched_buckets().flat_map(|bucket| &bucket.0) {
+        let addr = slot.load(Ordering::Relaxed);
+        if addr != 0 {
+            let _ = counter(addr).fetch_update(Ordering::Relaxed, Ordering::Relaxed, |c| c.checked_add(1));
+            live += 1;
         }
     }
     LIVE.0.store(live, Ordering::Relaxed);
@@ -273,8 +278,7 @@ mod tests {
     fn assert_empty() {
         // Only the touched pages: an untouched one holds nothing, and reading it would map it
         // (see `only_pages_in_use_become_resident`).
-        let used = TABLE.0.iter().enumerate().filter(|&(i, _)| touched(i));
-        assert!(used.flat_map(|(_, b)| b.0.iter()).all(|s| s.load(Ordering::Relaxed) == 0), "table not empty");
+        assert!(touched_buckets().flat_map(|b| b.0.iter()).all(|s| s.load(Ordering::Relaxed) == 0), "table not empty");
         for (bucket, counter) in FILTER.iter().enumerate() {
             assert_eq!(counter.load(Ordering::Relaxed), 0, "counter of bucket {bucket}");
         }

@@ -22,6 +22,7 @@ pub(super) fn child_role(role: &str) {
     match role {
         "spans-tokio" => tokio_program(),
         "spans-threads" => threads_program(),
+        "spans-writer-start" => writer_start_program(),
         other => panic!("unknown role {other}"),
     }
 }
@@ -99,6 +100,23 @@ async fn request(size: usize, nested: bool) -> usize {
 }
 
 const NAMED: &str = "a-thread-name-longer-than-the-kernel-keeps";
+
+/// Sessions at rate 1 (every allocation sampled), each to its own file, while their writer
+/// threads start: what a new writer allocates before its code runs must not be sampled (at
+/// this rate a start waits for its writer; below 1e-3 it does not, and the sampler skips the
+/// starting writer, as its unit tests check).
+fn writer_start_program() {
+    let prefix = std::env::var_os("MEMTRACE_FILE").unwrap();
+    for session in 0..WRITER_START_SESSIONS {
+        let mut path = prefix.clone();
+        path.push(format!(".{session}"));
+        let guard = start_tracing(TraceConfig::new(path).rate(1.0)).unwrap();
+        allocate_here();
+        guard.finish().unwrap();
+    }
+}
+
+const WRITER_START_SESSIONS: usize = 20;
 
 fn threads_program() {
     // libtest runs the role on a thread of its own, whose kernel name (`child_role`) the
@@ -259,6 +277,21 @@ fn tokio_span_estimates_at_the_default_rate_are_within_their_interval() {
             (samples as f64 - expected).abs() <= slack,
             "{span}: {samples} samples, expected {expected:.0} ± {slack:.0}"
         );
+    }
+}
+
+#[test]
+fn the_writer_threads_start_is_never_sampled() {
+    let prefix = temp_path("spans-writer-start");
+    let out = run("spans-writer-start", &[("MEMTRACE_FILE", prefix.to_str().unwrap())]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    for session in 0..WRITER_START_SESSIONS {
+        let path = prefix.with_extension(format!("ctf.{session}"));
+        let trace = Trace::read(&path);
+        let threads: Vec<String> = trace.allocs.values().filter_map(|a| attribution(&trace, a).thread).collect();
+        assert!(!threads.is_empty(), "session {session} sampled nothing");
+        assert!(!threads.iter().any(|t| t == "memtrace-writer"), "session {session}: {threads:?}");
+        let _ = std::fs::remove_file(&path);
     }
 }
 

@@ -10,6 +10,7 @@ mod writer;
 use crate::format::backtrace_codec::CacheVerifier;
 
 pub use reader::{Alloc, Event, EventKind, LocationTable, Reader, Warning};
+pub(crate) use writer::trace_info_packet;
 pub use writer::{NewAlloc, Writer};
 
 /// A timestamp: microseconds since the Unix epoch.

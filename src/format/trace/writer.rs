@@ -99,6 +99,29 @@ pub struct Writer<W: Write> {
     dirty: bool,
 }
 
+/// The trace-info packet that starts a trace of `info`, or the error [`Writer::new`] gives for
+/// it, without making a writer (whose tables take a few hundred KiB): how a tracer checks
+/// that a trace can start before it touches the file.
+pub(crate) fn trace_info_packet(info: &Info) -> Result<WriteBuf> {
+    if !(info.sample_rate > 0.0 && info.sample_rate <= 1.0) || info.word_size == 0 {
+        return Err(Error::new(ErrorKind::BadTraceInfo("the sample rate must be in (0, 1] and the word size above 0")));
+    }
+    let mut packet = WriteBuf::with_capacity(PACKET_BUFFER_SIZE);
+    put_header_start(&mut packet, info.pid, info.initial_domain);
+    backtrace_codec::Writer::put_dummy_verifier(&mut packet);
+    packet.reserve(16);
+    put_event_header(&mut packet, event_id::TRACE_INFO, info.start_time);
+    packet.put_f64(info.sample_rate);
+    packet.put_u8(info.word_size);
+    packet.put_string(&info.executable_name);
+    packet.put_string(&info.host_name);
+    packet.put_string(&info.runtime_params);
+    packet.put_u64(info.pid);
+    packet.put_string(info.context.as_deref().unwrap_or_default());
+    finish_packet(&mut packet, info.start_time, info.start_time, 0, 0)?;
+    Ok(packet)
+}
+
 impl<W: Write> std::fmt::Debug for Writer<W> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Writer")
@@ -112,12 +135,15 @@ impl<W: Write> Writer<W> {
     /// Start a trace: write the trace-info packet for `info` and open the first events
     /// packet of `info.initial_domain`. Fails if the sample rate is outside (0, 1] or the word
     /// size is 0 (readers reject such traces).
-    pub fn new(out: W, info: &Info) -> Result<Writer<W>> {
-        if !(info.sample_rate > 0.0 && info.sample_rate <= 1.0) || info.word_size == 0 {
-            return Err(Error::new(ErrorKind::BadTraceInfo(
-                "the sample rate must be in (0, 1] and the word size above 0",
-            )));
-        }
+    pub fn new(mut out: W, info: &Info) -> Result<Writer<W>> {
+        out.write_all(trace_info_packet(info)?.as_bytes())?;
+        Ok(Writer::after_info_packet(out, info))
+    }
+
+    /// A writer that goes on with `out`, which has the trace-info packet of `info`
+    /// ([`trace_info_packet`]) written already, as [`Writer::new`] would: how a tracer writes
+    /// the packet on the thread that starts tracing and builds the writer on its own thread.
+    pub(crate) fn after_info_packet(out: W, info: &Info) -> Writer<W> {
         let mut output = Output {
             out,
             pid: info.pid,
@@ -125,22 +151,8 @@ impl<W: Write> Writer<W> {
             next_chunk: 0,
             location_packet: WriteBuf::with_capacity(PACKET_BUFFER_SIZE),
         };
-        let mut packet = WriteBuf::with_capacity(PACKET_BUFFER_SIZE);
-        put_header_start(&mut packet, info.pid, info.initial_domain);
-        backtrace_codec::Writer::put_dummy_verifier(&mut packet);
-        packet.reserve(16);
-        put_event_header(&mut packet, event_id::TRACE_INFO, info.start_time);
-        packet.put_f64(info.sample_rate);
-        packet.put_u8(info.word_size);
-        packet.put_string(&info.executable_name);
-        packet.put_string(&info.host_name);
-        packet.put_string(&info.runtime_params);
-        packet.put_u64(info.pid);
-        packet.put_string(info.context.as_deref().unwrap_or_default());
-        finish_packet(&mut packet, info.start_time, info.start_time, 0, 0)?;
-        output.out.write_all(packet.as_bytes())?;
         let first = DomainWriter::new(&mut output, info.initial_domain, info.start_time);
-        Ok(Writer { output, start_time: info.start_time, domains: vec![first], current: 0, dirty: false })
+        Writer { output, start_time: info.start_time, domains: vec![first], current: 0, dirty: false }
     }
 
     /// Make every flush first check that the current process is still the one whose pid

@@ -15,10 +15,11 @@
 mod lock;
 
 use std::fs::{File, OpenOptions};
-use std::io;
+use std::io::{self, Write as _};
 use std::os::fd::AsRawFd;
 use std::os::unix::ffi::OsStringExt;
 use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::thread::JoinHandleExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Once};
@@ -38,7 +39,7 @@ use super::state::{currently_tracing, getpid, now_us, MAX_FRAMES, OFF, ON, STATE
 use super::unwind::{self, cfi, Walker};
 use super::writer_thread::{write_trace, WriterOutcome, DOMAIN};
 use crate::format::error::{Error, ErrorKind};
-use crate::format::trace::{Info, Writer};
+use crate::format::trace::{trace_info_packet, Info, Writer};
 
 /// The running session; held while starting and stopping (and across `fork`).
 static SESSION: ForkSafeLock<Slot> = ForkSafeLock::new(Slot { running: None, finished: None });
@@ -181,7 +182,8 @@ pub fn start_tracing(config: TraceConfig) -> Result<TraceGuard, StartError> {
     // Starting takes some memory all at once (the queue, and a few MiB for the writer thread's
     // stack, the calibration and the trace writer's buffers), in allocations that cannot all
     // be made fallible; with less address space left than that, say so instead of failing
-    // part-way, or aborting in one of them.
+    // part-way, or aborting in one of them. The one check for all of it: the queue is not
+    // checked again when it is made.
     let needed = handoff::bytes_for(handoff::capacity_for(config.rate)).saturating_add(START_MEMORY);
     if !handoff::memory_for(needed) {
         return Err(StartError::NoMemory);
@@ -221,11 +223,12 @@ pub fn start_tracing(config: TraceConfig) -> Result<TraceGuard, StartError> {
     let write_error = |source| StartError::Write { path: config.path.clone(), source };
     // A first packet that cannot be written (a context too long for a packet) must not cost
     // the file: check it before opening.
-    Writer::new(io::sink(), &info).map_err(write_error)?;
-    let (file, created) = open_locked(&config.path)?;
-    let session = Writer::new(file, &info)
-        .map_err(write_error)
-        .and_then(|writer| start_writer(writer.check_pid_on_flush(true), &config, start_time))
+    let first_packet = trace_info_packet(&info).map_err(write_error)?;
+    let (mut file, created) = open_locked(&config.path)?;
+    let session = file
+        .write_all(first_packet.as_bytes())
+        .map_err(|e| write_error(e.into()))
+        .and_then(|()| start_writer(file, info, &config))
         .inspect_err(|_| {
             if created {
                 let _ = std::fs::remove_file(&config.path);
@@ -256,24 +259,38 @@ const NAME_START_UP_FRAMES_FROM_RATE: f64 = 2.5e-4;
 /// Session ids, so that a guard only stops its own session.
 static NEXT_SESSION: AtomicU64 = AtomicU64::new(1);
 
-/// Start the writer thread of a new session that writes with `writer`, and wait until it runs.
-fn start_writer(writer: Writer<File>, config: &TraceConfig, start_time: u64) -> Result<Session, StartError> {
+/// Start the writer thread of a new session that writes the trace `info` describes to `file`,
+/// which holds its first packet. The thread fills the pool of frame buffers and makes the
+/// trace writer (a few hundred KiB of tables), off the thread that starts tracing, which does
+/// not wait for it (a new thread's first turn took milliseconds on a loaded machine): the
+/// sampler is told the thread's id, so that what it allocates before it marks itself as the
+/// tracer's is not sampled. Except where the queue is at its largest (from rate 1e-3 on) and
+/// holds less than its backlog time of samples: there sixteen threads sampling at once filled
+/// it while the new writer waited for its first turns, and the start waits until the writer
+/// is ready.
+fn start_writer(file: File, info: Info, config: &TraceConfig) -> Result<Session, StartError> {
     let id = NEXT_SESSION.fetch_add(1, Ordering::Relaxed);
     let tag = handoff::session_tag(id);
-    let channel = handoff::open(getpid(), config.rate).map_err(|handoff::NoMemory| StartError::NoMemory)?;
-    let (ready_tx, ready_rx) = crossbeam_channel::bounded(1);
+    let channel = handoff::open(getpid(), config.rate);
     let (outcome_tx, outcome) = crossbeam_channel::bounded(1);
+    let (ready_tx, ready_rx) = crossbeam_channel::bounded(1);
     let abandoned = Arc::new(AtomicBool::new(false));
     let (path, given_up) = (config.path.clone(), Arc::clone(&abandoned));
     let writer = std::thread::Builder::new()
         .name("memtrace-writer".into())
         .spawn(move || {
             sampler::enter_tracer_forever();
+            channel.fill_pool();
+            let writer = Writer::after_info_packet(file, &info).check_pid_on_flush(true);
             let _ = ready_tx.send(());
-            let _ = outcome_tx.send(write_trace(channel, tag, writer, &path, start_time, &given_up));
+            let _ = outcome_tx.send(write_trace(channel, tag, writer, &path, info.start_time, &given_up));
+            sampler::tracer_thread_ends();
         })
         .map_err(StartError::Spawn)?;
-    let _ = ready_rx.recv();
+    sampler::tracer_thread_starting(writer.as_pthread_t());
+    if handoff::capacity_for(config.rate) == handoff::MAX_CAPACITY {
+        let _ = ready_rx.recv();
+    }
     Ok(Session {
         id,
         pid: getpid(),
@@ -443,8 +460,11 @@ fn open_locked(path: &Path) -> Result<(File, bool), StartError> {
         }
         // Other failures (a device such as /dev/null that cannot be locked): go on unlocked.
     }
-    // Errors ignored, as upstream does: devices cannot be truncated.
-    let _ = file.set_len(0);
+    // Errors ignored, as upstream does: devices cannot be truncated. An empty file (new, a
+    // device, a FIFO) is not: truncating costs a journal transaction on some file systems.
+    if file.metadata().map_or(true, |m| m.len() != 0) {
+        let _ = file.set_len(0);
+    }
     Ok((file, created))
 }
 

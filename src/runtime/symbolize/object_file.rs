@@ -14,7 +14,9 @@ use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
-use object::{Object as _, ObjectSection as _, ObjectSymbol as _, ObjectSymbolTable as _};
+use object::elf::{FileHeader32, FileHeader64};
+use object::read::elf::{FileHeader, Sym as _, SymbolTable as ElfSymbolTable};
+use object::{Endianness, Object as _, ObjectSection as _};
 
 use super::dwarf::{Dwarf, Strings};
 use super::symbolizer::Options;
@@ -26,6 +28,7 @@ pub(super) struct RawFrame {
     pub(super) column: u32,
 }
 
+#[derive(Clone, Copy)]
 struct Symbol {
     address: u64,
     size: u64,
@@ -49,18 +52,9 @@ pub(super) struct Loaded {
 
 impl Loaded {
     pub(super) fn open(path: &Path, loaded_build_id: Option<&[u8]>, options: &Options) -> Option<Loaded> {
-        let map = Mmap::open(path)?;
-        // SAFETY: the mapping is moved into the `Loaded` built here, which drops it after
-        // everything that borrows from it (or dropped after `file` on the way out).
-        let data = unsafe { map.bytes() };
-        let file = object::File::parse(data).ok()?;
-        // The file at `path` must be the one that was loaded.
-        let file_build_id = file.build_id().ok().flatten();
-        if let (Some(loaded), Some(on_disk)) = (loaded_build_id, file_build_id) {
-            if loaded != on_disk {
-                return None;
-            }
-        }
+        // The mapping is moved into the `Loaded` built here, which drops it after everything
+        // that borrows from it (or dropped after `file` on the way out).
+        let (map, file) = open_object(path, loaded_build_id)?;
         let mut maps = vec![];
         let has_dwarf = |f: &object::File<'static>| f.section_by_name(".debug_info").is_some_and(|s| s.size() > 0);
         let mut debug_file = None;
@@ -72,14 +66,14 @@ impl Loaded {
                 }
             }
         }
-        let mut symbols = function_symbols(file.symbol_table());
+        let mut symbols = function_symbols(SymbolTable::of(&file, false));
         if symbols.is_empty() {
             if let Some(d) = &debug_file {
-                symbols = function_symbols(d.symbol_table());
+                symbols = function_symbols(SymbolTable::of(d, false));
             }
         }
         if symbols.is_empty() {
-            symbols = function_symbols(file.dynamic_symbol_table());
+            symbols = function_symbols(SymbolTable::of(&file, true));
         }
         let separate = debug_file.is_some();
         let dwarf_file = debug_file.or(Some(file)).filter(has_dwarf);
@@ -248,20 +242,207 @@ fn inflate_zlib(input: &[u8], output: &mut [u8]) -> Option<()> {
     (status == TINFLStatus::Done && written == output.len()).then_some(())
 }
 
-fn function_symbols(table: Option<object::SymbolTable<'static, '_>>) -> Vec<Symbol> {
+/// The object file at `path`, mapped and parsed, if it is the one loaded with
+/// `loaded_build_id` (when both have a build-id). The `'static` file borrows from the
+/// mapping: the caller keeps the mapping for as long as it uses the file.
+fn open_object(path: &Path, loaded_build_id: Option<&[u8]>) -> Option<(Mmap, object::File<'static>)> {
+    let map = Mmap::open(path)?;
+    // SAFETY: the mapping is returned with the file, and the caller keeps it while the file
+    // is used (or both are dropped here).
+    let data = unsafe { map.bytes() };
+    let file = object::File::parse(data).ok()?;
+    let file_build_id = file.build_id().ok().flatten();
+    if let (Some(loaded), Some(on_disk)) = (loaded_build_id, file_build_id) {
+        if loaded != on_disk {
+            return None;
+        }
+    }
+    Some((map, file))
+}
+
+/// One of an object's symbol tables, read straight from its ELF structures: object's
+/// format-independent symbol API costs about ten times as much per symbol, which on a
+/// program's table of thousands of functions is a good part of a millisecond. Names are read
+/// from the string table's bytes by hand: object's string table finds their ends with
+/// `memchr`, whose first call probes the CPU's features (tens of µs in a virtual machine) on
+/// the thread that starts tracing.
+#[derive(Clone, Copy)]
+enum SymbolTable {
+    Elf32(ElfSymbolTable<'static, FileHeader32<Endianness>>, Endianness, &'static [u8]),
+    Elf64(ElfSymbolTable<'static, FileHeader64<Endianness>>, Endianness, &'static [u8]),
+}
+
+impl SymbolTable {
+    /// `file`'s symbol table (`.symtab`), or its dynamic one (`.dynsym`); `None` if it is not
+    /// ELF.
+    fn of(file: &object::File<'static>, dynamic: bool) -> Option<SymbolTable> {
+        Some(match file {
+            object::File::Elf32(f) => {
+                let (table, strings) = elf_table(f, dynamic);
+                SymbolTable::Elf32(table, f.endian(), strings)
+            }
+            object::File::Elf64(f) => {
+                let (table, strings) = elf_table(f, dynamic);
+                SymbolTable::Elf64(table, f.endian(), strings)
+            }
+            _ => return None,
+        })
+    }
+
+    /// `f(address, size, index)` for each function symbol (defined code at a nonzero address).
+    fn for_each_function(&self, f: impl FnMut(u64, u64, usize)) {
+        match self {
+            SymbolTable::Elf32(table, endian, _) => for_each_elf_function(table, *endian, f),
+            SymbolTable::Elf64(table, endian, _) => for_each_elf_function(table, *endian, f),
+        }
+    }
+
+    /// The symbol at `index`, if its name can be read.
+    fn symbol(&self, (address, size, index): (u64, u64, usize)) -> Option<Symbol> {
+        let index = object::SymbolIndex(index);
+        let name = match self {
+            SymbolTable::Elf32(table, endian, strings) => elf_name(table.symbol(index).ok()?, *endian, strings),
+            SymbolTable::Elf64(table, endian, strings) => elf_name(table.symbol(index).ok()?, *endian, strings),
+        };
+        Some(Symbol { address, size, name: name? })
+    }
+}
+
+/// `file`'s symbol table or dynamic one, and the bytes of its string table (none when they
+/// cannot be read: then no name can).
+fn elf_table<Elf: FileHeader<Endian = Endianness>>(
+    file: &object::read::elf::ElfFile<'static, Elf>,
+    dynamic: bool,
+) -> (ElfSymbolTable<'static, Elf>, &'static [u8]) {
+    let table = *if dynamic { file.elf_dynamic_symbol_table() } else { file.elf_symbol_table() };
+    let strings = file
+        .elf_section_table()
+        .section(table.string_section())
+        .ok()
+        .and_then(|section| object::read::elf::SectionHeader::data(section, file.endian(), file.data()).ok());
+    (table, strings.unwrap_or_default())
+}
+
+/// The NUL-terminated name of `symbol` in `strings`.
+fn elf_name<S: object::read::elf::Sym<Endian = Endianness>>(
+    symbol: &S,
+    endian: Endianness,
+    strings: &'static [u8],
+) -> Option<&'static [u8]> {
+    let rest = strings.get(usize::try_from(symbol.st_name(endian)).ok()?..)?;
+    Some(&rest[..rest.iter().position(|&b| b == 0)?])
+}
+
+fn for_each_elf_function<Elf: FileHeader<Endian = Endianness>>(
+    table: &ElfSymbolTable<'static, Elf>,
+    endian: Endianness,
+    mut f: impl FnMut(u64, u64, usize),
+) {
+    for (index, s) in table.symbols().iter().enumerate() {
+        let address: u64 = s.st_value(endian).into();
+        // What object's `kind() == Text && is_definition()` keeps: STT_GNU_IFUNC is code, but
+        // not a definition.
+        if s.st_type() == object::elf::STT_FUNC && address != 0 && s.is_definition(endian, table.strings()) {
+            f(address, s.st_size(endian).into(), index);
+        }
+    }
+}
+
+/// The order of the sorted table: by address, and among symbols at one address the one
+/// kept first: one with a size (then the longest name, then the first name in byte order:
+/// aliases of one length, `<u64 as UpperHex>::fmt` and `<usize as UpperHex>::fmt` say, are
+/// common, and the one pass must pick the one the sorted table keeps).
+fn table_order(a: &Symbol, b: &Symbol) -> std::cmp::Ordering {
+    a.address
+        .cmp(&b.address)
+        .then(b.size.cmp(&a.size))
+        .then(b.name.len().cmp(&a.name.len()))
+        .then_with(|| a.name.cmp(b.name))
+}
+
+fn function_symbols(table: Option<SymbolTable>) -> Vec<Symbol> {
     let Some(table) = table else { return Vec::new() };
-    let mut symbols: Vec<Symbol> = table
-        .symbols()
-        .filter(|s| s.kind() == object::SymbolKind::Text && s.is_definition() && s.address() != 0)
-        .filter_map(|s| Some(Symbol { address: s.address(), size: s.size(), name: s.name_bytes().ok()? }))
-        .collect();
-    // Prefer, among symbols at one address, one with a size (then the longest name).
-    symbols.sort_unstable_by(|a, b| {
-        a.address.cmp(&b.address).then(b.size.cmp(&a.size)).then(b.name.len().cmp(&a.name.len()))
-    });
+    let mut symbols = Vec::new();
+    table.for_each_function(|address, size, index| symbols.extend(table.symbol((address, size, index))));
+    symbols.sort_unstable_by(table_order);
     symbols.dedup_by_key(|s| s.address);
     symbols.shrink_to_fit();
     symbols
+}
+
+/// What [`Loaded::symbol_name`] gives for each of `probes` (addresses in the object's own
+/// terms) in the object file at `path`, from one pass over its symbol table rather than a
+/// sorted copy of it (symbol tables only: no DWARF, no separate debug file). For start-up
+/// calibration, which names a few frames: collecting and sorting a program's whole table is
+/// most of what naming them would cost, and the writer's symbols thread builds that table
+/// when it first needs it.
+pub(super) fn symbol_names(path: &Path, loaded_build_id: Option<&[u8]>, probes: &[u64]) -> Vec<Option<String>> {
+    let Some((map, file)) = open_object(path, loaded_build_id) else { return vec![None; probes.len()] };
+    let names = symbols_at(SymbolTable::of(&file, false), probes)
+        .or_else(|| symbols_at(SymbolTable::of(&file, true), probes))
+        .unwrap_or_else(|| vec![None; probes.len()]);
+    drop(file);
+    drop(map);
+    names
+}
+
+/// The name of the symbol of `table` that the sorted table finds for each of `probes` (the
+/// last at or below it, if it contains it), in one pass; `None` when `table` has no function
+/// symbol (as [`function_symbols`] would give none). Names are read only to break ties and
+/// for the symbols found, so that most of the string table is never touched (a symbol whose
+/// name cannot be read, which the sorted table leaves out, then names nothing).
+fn symbols_at(table: Option<SymbolTable>, probes: &[u64]) -> Option<Vec<Option<String>>> {
+    let table = table?;
+    // The distinct probes in address order (the calibration stacks share most frames).
+    let mut sorted = probes.to_vec();
+    sorted.sort_unstable();
+    sorted.dedup();
+    let highest = sorted.last().copied().unwrap_or(0);
+    // For the k-th of them, the best symbol above the one before and at or below it, by
+    // address and then size: (address, size, index); and the symbols that tied with it, whose
+    // names break the tie once the pass is over.
+    let mut nearest: Vec<Option<(u64, u64, usize)>> = vec![None; sorted.len()];
+    let mut tied: Vec<(usize, (u64, u64, usize))> = Vec::new();
+    let mut any = false;
+    table.for_each_function(|address, size, index| {
+        any = true;
+        if address > highest {
+            return;
+        }
+        let k = sorted.partition_point(|&p| p < address);
+        match nearest[k] {
+            Some((a, s, _)) if (a, s) == (address, size) => tied.push((k, (address, size, index))),
+            Some((a, s, _)) if (a, s) > (address, size) => {}
+            _ => nearest[k] = Some((address, size, index)),
+        }
+    });
+    if !any {
+        return None;
+    }
+    for (k, candidate) in tied {
+        if let Some(best) = nearest[k].filter(|&(a, s, _)| (a, s) == (candidate.0, candidate.1)) {
+            if table.symbol(candidate).zip(table.symbol(best)).is_some_and(|(c, b)| table_order(&c, &b).is_lt()) {
+                nearest[k] = Some(candidate);
+            }
+        }
+    }
+    // The name at each of `sorted`, each symbol's demangled once (its probes are neighbours).
+    let mut names: Vec<Option<String>> = Vec::with_capacity(sorted.len());
+    let mut best: Option<(u64, u64, usize)> = None;
+    let mut named: Option<(usize, Option<String>)> = None;
+    for (k, &probe) in sorted.iter().enumerate() {
+        // Every symbol in an earlier slot is at a lower address than one in this slot.
+        best = nearest[k].or(best);
+        let Some(found) = best.filter(|&(address, size, _)| probe < address + size.max(1)) else {
+            names.push(None);
+            continue;
+        };
+        if named.as_ref().is_none_or(|(index, _)| *index != found.2) {
+            named = Some((found.2, table.symbol(found).map(|s| demangle(s.name))));
+        }
+        names.push(named.as_ref().and_then(|(_, name)| name.clone()));
+    }
+    Some(probes.iter().map(|p| sorted.binary_search(p).ok().and_then(|k| names[k].clone())).collect())
 }
 
 /// A Rust symbol demangled in `{:#}` form (no hash); anything else as it is.
@@ -375,6 +556,60 @@ mod tests {
 
     fn described(frames: &[RawFrame]) -> Vec<String> {
         frames.iter().map(|f| format!("{:?} {:?}:{}:{}", f.function, f.file, f.line, f.column)).collect()
+    }
+
+    /// Reading the ELF symbol table directly keeps the symbols that object's
+    /// format-independent API calls function definitions.
+    #[test]
+    fn elf_function_symbols_are_objects_function_definitions() {
+        use object::{ObjectSymbol as _, ObjectSymbolTable as _};
+        let data = std::fs::read(std::env::current_exe().unwrap()).unwrap();
+        // Leaked, so that the file borrows it for 'static as it does a mapping.
+        let data: &'static [u8] = Box::leak(data.into_boxed_slice());
+        let file = object::File::parse(data).unwrap();
+        for dynamic in [false, true] {
+            let table = if dynamic { file.dynamic_symbol_table() } else { file.symbol_table() };
+            let mut generic: Vec<(u64, u64, &[u8])> = table
+                .iter()
+                .flat_map(|t| t.symbols())
+                .filter(|s| s.kind() == object::SymbolKind::Text && s.is_definition() && s.address() != 0)
+                .map(|s| (s.address(), s.size(), s.name_bytes().unwrap()))
+                .collect();
+            let elf = SymbolTable::of(&file, dynamic).unwrap();
+            let mut direct = Vec::new();
+            elf.for_each_function(|a, s, i| direct.extend(elf.symbol((a, s, i)).map(|s| (s.address, s.size, s.name))));
+            generic.sort_unstable();
+            direct.sort_unstable();
+            assert_eq!(direct, generic, "dynamic: {dynamic}");
+            assert!(dynamic || direct.len() > 100, "{} functions", direct.len());
+        }
+    }
+
+    /// One pass over the symbol table names every address as the sorted table does: inside
+    /// functions, at their first and last bytes, just past them, and outside every symbol.
+    #[test]
+    fn one_pass_over_the_symbol_table_names_as_the_sorted_table_does() {
+        let path = std::env::current_exe().unwrap();
+        let loaded = Loaded::open(&path, None, &Options::default()).expect("readable");
+        let mut probes: Vec<u64> = vec![0, 1, u64::MAX];
+        for s in loaded.symbols.iter().step_by(7) {
+            probes.extend([
+                s.address,
+                s.address + s.size / 2,
+                (s.address + s.size).saturating_sub(1),
+                s.address + s.size,
+            ]);
+        }
+        // Unsorted, with repeats, as a capture's frames are.
+        probes.reverse();
+        probes.extend_from_within(..10);
+        let one_pass = symbol_names(&path, None, &probes);
+        let sorted: Vec<Option<String>> = probes.iter().map(|&p| loaded.symbol_name(p)).collect();
+        for ((probe, a), b) in probes.iter().zip(&one_pass).zip(&sorted) {
+            assert_eq!(a, b, "at {probe:#x}");
+        }
+        assert!(sorted.iter().filter(|n| n.is_some()).count() > probes.len() / 2, "most probes are named");
+        assert!(sorted.iter().any(Option::is_none), "some probes are outside every symbol");
     }
 
     /// Frames as addr2line's context of the whole object gives them, outermost first.

@@ -22,7 +22,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use super::loaded_objects::{loader_counters, scan_objects};
-use super::object_file::Loaded;
+use super::object_file::{self, Loaded};
 
 /// The functions at an address, outermost first; `None` when nothing is known.
 pub type Answer = Option<Arc<[Frame]>>;
@@ -202,18 +202,47 @@ impl Symbolizer {
         frames
     }
 
-    /// The name of the function symbol containing the code at return address
-    /// `return_address`, from the object's symbol table alone (no DWARF is parsed, no inlined
-    /// function is seen, nothing is cached): cheap enough for start-up.
-    pub fn symbol_name(&mut self, return_address: u64) -> Option<String> {
-        let pc = return_address.checked_sub(1)?;
+    /// The names of the function symbols containing the code at each of `return_addresses`,
+    /// from the objects' symbol tables alone (no DWARF is parsed, no inlined function is seen,
+    /// nothing is cached): cheap enough for start-up. An object not yet opened is read in one
+    /// pass over its symbol table for all its addresses, and left unopened: its sorted table
+    /// is built by the first lookup that needs it.
+    pub fn symbol_names(&mut self, return_addresses: &[u64]) -> Vec<Option<String>> {
         self.refresh_if_changed();
-        let index = self.find_object(pc)?;
-        self.clock += 1;
-        self.load(index);
-        let object = &self.objects[index];
-        let State::Loaded(loaded) = &object.state else { return None };
-        loaded.symbol_name(pc.wrapping_sub(object.base))
+        let located: Vec<Option<(usize, u64)>> = return_addresses
+            .iter()
+            .map(|&ra| ra.checked_sub(1).and_then(|pc| Some((self.find_object(pc)?, pc))))
+            .collect();
+        let mut indexes: Vec<usize> = located.iter().flatten().map(|&(index, _)| index).collect();
+        indexes.sort_unstable();
+        indexes.dedup();
+        let mut names = vec![None; return_addresses.len()];
+        for index in indexes {
+            let object = &self.objects[index];
+            let (at, probes): (Vec<usize>, Vec<u64>) = located
+                .iter()
+                .enumerate()
+                .filter_map(|(k, l)| l.filter(|&(i, _)| i == index).map(|(_, pc)| (k, pc.wrapping_sub(object.base))))
+                .unzip();
+            let found = match &object.state {
+                State::Loaded(loaded) => probes.iter().map(|&probe| loaded.symbol_name(probe)).collect(),
+                State::NotLoaded => object_file::symbol_names(&object.path, object.build_id.as_deref(), &probes),
+                State::Failed => continue,
+            };
+            for (k, name) in at.into_iter().zip(found) {
+                names[k] = name;
+            }
+        }
+        names
+    }
+
+    /// For each of `return_addresses`, whether its code is in the loaded object that holds
+    /// the code at return address `of`.
+    pub fn in_object_of(&mut self, return_addresses: &[u64], of: u64) -> Vec<bool> {
+        self.refresh_if_changed();
+        let object = |pc: u64| pc.checked_sub(1).and_then(|pc| self.find_object(pc));
+        let wanted = object(of);
+        return_addresses.iter().map(|&ra| wanted.is_some() && object(ra) == wanted).collect()
     }
 
     fn estimated_bytes(&self) -> usize {

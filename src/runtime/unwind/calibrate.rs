@@ -67,19 +67,31 @@ pub(crate) fn calibration_slot(entry: Entry) -> MappedMutexGuard<'static, Captur
 /// Frame pointers asked for but not walkable here give DWARF, with a note on stderr.
 pub(crate) fn calibrate(wanted: Unwinder) -> Result<Walker, NotGlobalAllocator> {
     let walkable = frame_pointers::SUPPORTED && frame_pointers::on_thread_stack();
-    let mut usable = [false; 3];
+    let possible = |walker: Walker| match walker {
+        Walker::Libgcc => true,
+        Walker::FramePointers => walkable,
+        Walker::Cfi => cfi::SUPPORTED && walkable,
+    };
     // The others' stacks again whenever the cached DWARF walk is calibrated, so that its stacks
     // are compared with libgcc's, and libgcc's with the frame-pointer walk's, from one call site.
     let again = cfi::SUPPORTED && walkable && !CALIBRATED[Walker::Cfi as usize].load(Ordering::Relaxed);
-    for walker in Walker::ALL {
-        let possible = match walker {
-            Walker::Libgcc => true,
-            Walker::FramePointers => walkable,
-            Walker::Cfi => cfi::SUPPORTED && walkable,
+    let due: Vec<Walker> = Walker::ALL
+        .into_iter()
+        .filter(|&walker| possible(walker) && (again || !CALIBRATED[walker as usize].load(Ordering::Relaxed)))
+        .collect();
+    for &walker in &due {
+        capture_markers(walker);
+    }
+    if due.contains(&Walker::Libgcc) && CALIBRATION.lock()[Walker::Libgcc as usize].iter().any(|&(n, _)| n == 0) {
+        return Err(NotGlobalAllocator);
+    }
+    let found = measure_leading_frames(&due);
+    let mut usable = [false; 3];
+    for walker in Walker::ALL.into_iter().filter(|&walker| possible(walker)) {
+        usable[walker as usize] = match due.iter().position(|&w| w == walker) {
+            Some(k) => settle(walker, found[k]),
+            None => USABLE[walker as usize].load(Ordering::Relaxed),
         };
-        if possible {
-            usable[walker as usize] = calibrate_walker(walker, again)?;
-        }
     }
     let dwarf = if usable[Walker::Cfi as usize] { Walker::Cfi } else { Walker::Libgcc };
     let why_not_frame_pointers = match wanted {
@@ -153,47 +165,59 @@ pub(crate) fn has_lock_free_table_lookup() -> bool {
     !unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"_dl_find_object".as_ptr()) }.is_null()
 }
 
-/// Calibrate `walker` (once per process, or `again`). Returns whether it is usable: libgcc
-/// always; frame pointers when their captures reach the marker functions (when they do not,
-/// nothing is skipped); the cached DWARF walk when its captures, tracer frames skipped, are
-/// those libgcc took just before from the same call site. A failed comparison is not kept:
-/// the next session tries again.
-fn calibrate_walker(walker: Walker, again: bool) -> Result<bool, NotGlobalAllocator> {
+/// The calibration markers, one per entry point, and their functions' names.
+const MARKERS: [(Entry, fn(), &str); 3] = [
+    (Entry::Alloc, marker_alloc, "marker_alloc"),
+    (Entry::AllocZeroed, marker_alloc_zeroed, "marker_alloc_zeroed"),
+    (Entry::Realloc, marker_realloc, "marker_realloc"),
+];
+
+/// Take `walker`'s calibration captures: one forced sample from each marker.
+fn capture_markers(walker: Walker) {
     let w = walker as usize;
-    if CALIBRATED[w].load(Ordering::Relaxed) && !again {
-        return Ok(USABLE[w].load(Ordering::Relaxed));
-    }
-    let markers: [(Entry, fn(), &str); 3] = [
-        (Entry::Alloc, marker_alloc, "marker_alloc"),
-        (Entry::AllocZeroed, marker_alloc_zeroed, "marker_alloc_zeroed"),
-        (Entry::Realloc, marker_realloc, "marker_realloc"),
-    ];
     CALIBRATION.lock()[w].iter_mut().for_each(|(n, _)| *n = 0);
     WALKER.store(w as u8, Ordering::Relaxed);
     STATE.store(CALIBRATING, Ordering::SeqCst);
-    for (_, marker, _) in &markers {
+    for (_, marker, _) in &MARKERS {
         marker();
     }
     STATE.store(OFF, Ordering::SeqCst);
     WALKER.store(Walker::Libgcc as u8, Ordering::Relaxed);
+}
+
+/// Measure [`SKIP`] and [`SHIM`] of each of `walkers` from its captures, naming the frames of
+/// all of them at once (one pass over each object's symbol table). Returns, per walker,
+/// whether every marker was found in its captures.
+fn measure_leading_frames(walkers: &[Walker]) -> Vec<bool> {
     let all = CALIBRATION.lock();
-    let captures = &all[w];
-    if walker == Walker::Libgcc && captures.iter().any(|&(n, _)| n == 0) {
-        return Err(NotGlobalAllocator);
-    }
-    let leadings = on_a_thread_of_its_own(|| {
-        markers.map(|(entry, _, name)| {
-            let (n, frames) = &captures[entry as usize];
-            tracer_frames(&frames[..*n], name)
+    let captures: Vec<(&[u64], &str)> = walkers
+        .iter()
+        .flat_map(|&w| {
+            MARKERS.iter().map(move |&(entry, _, name)| (w, entry, name)).map(|(w, entry, name)| {
+                let (n, frames) = &all[w as usize][entry as usize];
+                (&frames[..*n], name)
+            })
         })
-    });
-    let mut found = true;
-    for ((entry, _, _), leading) in markers.into_iter().zip(leadings) {
-        found &= leading.is_some();
+        .collect();
+    let leadings = on_a_thread_of_its_own(|| tracer_frames(&captures));
+    let mut found = vec![true; walkers.len()];
+    for (k, leading) in leadings.into_iter().enumerate() {
+        let (w, entry) = (walkers[k / MARKERS.len()] as usize, MARKERS[k % MARKERS.len()].0 as usize);
+        found[k / MARKERS.len()] &= leading.is_some();
         let leading = leading.unwrap_or(Leading::NONE);
-        SKIP[w][entry as usize].store(leading.tracer, Ordering::Relaxed);
-        SHIM[w][entry as usize].store(leading.shim, Ordering::Relaxed);
+        SKIP[w][entry].store(leading.tracer, Ordering::Relaxed);
+        SHIM[w][entry].store(leading.shim, Ordering::Relaxed);
     }
+    found
+}
+
+/// Settle whether `walker`, just calibrated, is usable: libgcc always; frame pointers when
+/// their captures reach the marker functions (`found`; when they do not, nothing is
+/// skipped); the cached DWARF walk when its captures, tracer frames skipped, are those libgcc
+/// took just before from the same call site. A failed comparison is not kept: the next
+/// session tries again.
+fn settle(walker: Walker, found: bool) -> bool {
+    let all = CALIBRATION.lock();
     let usable = match walker {
         Walker::Libgcc => {
             if !found {
@@ -212,9 +236,9 @@ fn calibrate_walker(walker: Walker, again: bool) -> Result<bool, NotGlobalAlloca
             found && (0..3).all(|entry| same_stack(callers(Walker::Cfi, entry), callers(Walker::Libgcc, entry)))
         }
     };
-    USABLE[w].store(usable, Ordering::Relaxed);
-    CALIBRATED[w].store(walker != Walker::Cfi || usable, Ordering::Relaxed);
-    Ok(usable)
+    USABLE[walker as usize].store(usable, Ordering::Relaxed);
+    CALIBRATED[walker as usize].store(walker != Walker::Cfi || usable, Ordering::Relaxed);
+    usable
 }
 
 /// Name the frames of the calibration stacks, with the spare symbolizer that the writer takes
@@ -254,31 +278,71 @@ fn on_a_thread_of_its_own<R: Send>(f: impl Fn() -> R + Sync) -> R {
 /// naming takes (tens of KiB in unoptimised builds), and more than a spawned thread's default.
 const INLINE_NAMING_STACK: usize = 4 << 20;
 
-/// The leading `frames` (innermost first) that are tracer or allocator machinery, given that
-/// the frame of the function named `marker` called into the global allocator. The last of them
-/// is the allocator shim's own frame, unless the shim was inlined into the marker (as LTO may
-/// do): then it is a tracer frame, dropped by count like the others. `None` when the marker
-/// cannot be found (no symbols, or a broken frame chain).
-fn tracer_frames(frames: &[u64], marker: &str) -> Option<Leading> {
+/// For each capture's `frames` (innermost first), the leading ones that are tracer or
+/// allocator machinery, given that the frame of the function named `marker` called into the
+/// global allocator. The last of them is the allocator shim's own frame, unless the shim was
+/// inlined into the marker (as LTO may do): then it is a tracer frame, dropped by count like
+/// the others. `None` when the marker cannot be found (no symbols, or a broken frame chain).
+fn tracer_frames(captures: &[(&[u64], &str)]) -> Vec<Option<Leading>> {
     // Symbol tables name these frames: the functions the walks return into are never inlined
     // (the markers, the allocator shim, our allocator's methods), and parsing the program's
     // DWARF would cost more than everything else start-up does. The writer parses what it
     // needs when the first sample comes.
-    // Only the frames up to the marker's are named: the objects of its callers (the C
-    // library's start-up code, say) are not read.
+    // Only the frames up to the markers' are named, in two batches (one pass over each
+    // object's symbol table per batch): first those in the markers' own object, then those
+    // before a marker in others (libgcc's unwinder, say); the objects of the markers' callers
+    // only (the C library's start-up code) are not read.
     let mut symbolizer = symbolize::take_spare(symbolize::Options::default());
-    let mut names: Vec<Option<String>> = Vec::new();
-    for &ip in frames {
-        names.push(symbolizer.symbol_name(ip));
-        if names.last().is_some_and(|n| n.as_ref().is_some_and(|n| n.ends_with(marker))) {
-            break;
-        }
-    }
+    let frames: Vec<u64> = captures.iter().flat_map(|(frames, _)| frames.iter().copied()).collect();
+    let starts: Vec<usize> = captures
+        .iter()
+        .scan(0, |end, (frames, _)| {
+            let start = *end;
+            *end += frames.len();
+            Some(start)
+        })
+        .collect();
+    let ours = symbolizer.in_object_of(&frames, marker_alloc as *const () as u64 + 1);
+    let mut names = vec![None; frames.len()];
+    name_some(&mut symbolizer, &frames, &mut names, |k| ours[k]);
+    let marker_at: Vec<Option<usize>> = captures
+        .iter()
+        .zip(&starts)
+        .map(|((frames, marker), &start)| {
+            names[start..start + frames.len()].iter().position(|n| n.as_ref().is_some_and(|n| n.ends_with(marker)))
+        })
+        .collect();
+    let before_marker = |k: usize| {
+        let c = starts.partition_point(|&start| start <= k) - 1;
+        marker_at[c].is_some_and(|at| k - starts[c] < at)
+    };
+    name_some(&mut symbolizer, &frames, &mut names, |k| !ours[k] && before_marker(k));
     symbolize::put_spare(symbolizer);
-    let marker_at = names.iter().position(|n| n.as_ref().is_some_and(|n| n.ends_with(marker)))?;
-    let Some(last) =
-        names[..marker_at].iter().rposition(|n| n.as_ref().is_some_and(|n| crate::frames::is_tracer_frame(n)))
-    else {
+    captures
+        .iter()
+        .zip(starts.iter().zip(&marker_at))
+        .map(|((frames, _), (&start, &at))| leading(frames, &names[start..start + at?]))
+        .collect()
+}
+
+/// Name the `frames` that `wanted` picks (by index) into `names`, in one batch.
+fn name_some(
+    symbolizer: &mut symbolize::Symbolizer,
+    frames: &[u64],
+    names: &mut [Option<String>],
+    wanted: impl Fn(usize) -> bool,
+) {
+    let picked: Vec<usize> = (0..frames.len()).filter(|&k| wanted(k)).collect();
+    let addresses: Vec<u64> = picked.iter().map(|&k| frames[k]).collect();
+    for (k, name) in picked.into_iter().zip(symbolizer.symbol_names(&addresses)) {
+        names[k] = name;
+    }
+}
+
+/// The leading tracer frames of `frames`, whose callers from `names.len()` on are the
+/// program's, given the names of the frames before.
+fn leading(frames: &[u64], names: &[Option<String>]) -> Option<Leading> {
+    let Some(last) = names.iter().rposition(|n| n.as_ref().is_some_and(|n| crate::frames::is_tracer_frame(n))) else {
         return Some(Leading::NONE);
     };
     Some(if names[last].as_ref().is_some_and(|n| symbolize::is_allocator_shim(n)) {
