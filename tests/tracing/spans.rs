@@ -281,16 +281,23 @@ fn tokio_span_estimates_at_the_default_rate_are_within_their_interval() {
 }
 
 #[test]
-fn the_writer_threads_start_is_never_sampled() {
+fn the_tracer_threads_starts_are_never_sampled() {
     let prefix = temp_path("spans-writer-start");
     let out = run("spans-writer-start", &[("MEMTRACE_FILE", prefix.to_str().unwrap())]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     for session in 0..WRITER_START_SESSIONS {
         let path = prefix.with_extension(format!("ctf.{session}"));
         let trace = Trace::read(&path);
-        let threads: Vec<String> = trace.allocs.values().filter_map(|a| attribution(&trace, a).thread).collect();
+        let threads: Vec<(String, &Allocation)> =
+            trace.allocs.values().filter_map(|a| Some((attribution(&trace, a).thread?, a))).collect();
         assert!(!threads.is_empty(), "session {session} sampled nothing");
-        assert!(!threads.iter().any(|t| t == "memtrace-writer"), "session {session}: {threads:?}");
+        // Nor the symbols thread's (`memtrace-symbol`), started at the first sample, while
+        // sampling is on.
+        if let Some((thread, alloc)) = threads.iter().find(|(t, _)| t.starts_with("memtrace-")) {
+            let frames: Vec<String> =
+                trace.frames(alloc).flatten().map(|l| format!("{} {}", l.defname_str(), l.filename_str())).collect();
+            panic!("session {session}: an allocation on {thread} sampled, at {frames:#?}");
+        }
         let _ = std::fs::remove_file(&path);
     }
 }
