@@ -10,7 +10,7 @@
 //!   `dlclose` happened), checked on every call. Objects are keyed by (path, load bias,
 //!   build-id, device+inode); an object that is gone takes its parsed state and its cached
 //!   answers with it, so code loaded later at the same addresses gets its own names.
-//! * An object's file is parsed ([`object_file`](super::object_file)) the first time an
+//! * An object's file is parsed ([`object_file`]) the first time an
 //!   address in it is asked for.
 //! * Parsed state is estimated and kept under [`Options::memory_budget`] by dropping the parsed
 //!   state of idle objects, least recently used first, then the current object's parsed units,
