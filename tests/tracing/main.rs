@@ -660,9 +660,20 @@ fn release_sites_fixture() -> Option<PathBuf> {
     Some(fixture)
 }
 
+/// Held by the tests that take the machine's every core, so that they do not run at once:
+/// a release build of the fixture beside a stress run starves the stress child's writer, and
+/// its queue overflows (on a 2-core CI machine, the first time, when the builds are not
+/// cached). What the stress tests check is that the writer keeps up, not that it does when
+/// it gets no CPU.
+fn cpu_heavy() -> std::sync::MutexGuard<'static, ()> {
+    static CPU_HEAVY: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    CPU_HEAVY.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 /// Build the fixture in release mode, without frame pointers, with the given release-profile
 /// settings (`CARGO_PROFILE_RELEASE_<name>`); the program's path.
 fn build_release_sites(fixture: &Path, profile: &[(&str, &str)]) -> PathBuf {
+    let _alone = cpu_heavy();
     let name: Vec<String> = profile.iter().map(|(k, v)| format!("{k}-{v}").to_lowercase()).collect();
     let target = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("release-sites-{}", name.join("-")));
     let mut cargo = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
@@ -866,6 +877,7 @@ fn sixteen_threads_lose_nothing() {
 }
 
 fn check_stress(name: &str, env: &[(&str, &str)]) {
+    let _alone = cpu_heavy();
     let path = temp_path(name);
     let mut env = env.to_vec();
     env.push(("MEMTRACE_FILE", path.to_str().unwrap()));
