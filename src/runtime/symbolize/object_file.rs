@@ -496,8 +496,6 @@ fn find_debug_file(
 struct Mmap {
     ptr: *const u8,
     len: usize,
-    /// Where the bytes asked for begin in the mapping (which begins on a page).
-    start: usize,
     /// The mapped file, kept open when it holds the object's DWARF: its strings are read from
     /// it (see [`Strings`]), the file that was mapped even if another replaces it on disk.
     file: Option<std::fs::File>,
@@ -520,7 +518,7 @@ impl Mmap {
         if ptr == libc::MAP_FAILED {
             return None;
         }
-        Some(Mmap { ptr: ptr as *const u8, len, start: 0, file: Some(file) })
+        Some(Mmap { ptr: ptr as *const u8, len, file: Some(file) })
     }
 
     /// Drop the mapping's pages from this process's memory. Its bytes stay readable and the
@@ -539,7 +537,7 @@ impl Mmap {
     unsafe fn bytes(&self) -> &'static [u8] {
         // SAFETY: `len` bytes are mapped readable at `ptr` while `self` lives (the caller's
         // promise covers the rest).
-        unsafe { std::slice::from_raw_parts(self.ptr.add(self.start), self.len - self.start) }
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
     }
 }
 
