@@ -109,7 +109,7 @@ pub(crate) fn write_trace(
     let (mut allocs, mut frees) = (0, 0);
     let mut spare = None;
     let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        let result = state.run(channel);
+        let result = state.run();
         (allocs, frees) = (state.allocs, state.frees);
         // Not after a panic, which may have left it half-updated.
         spare = state.names.worker.take_symbolizer();
@@ -135,7 +135,8 @@ pub(crate) fn write_trace(
 impl TraceWriter {
     /// Poll the queue rather than block on it: a receiver blocked in the queue would make
     /// every sampled allocation pay a futex wake-up (a system call) on its send.
-    fn run(&mut self, channel: &Channel) -> crate::Result<()> {
+    fn run(&mut self) -> crate::Result<()> {
+        let channel = self.names.channel;
         let mut next_flush = Instant::now() + FLUSH_INTERVAL;
         loop {
             let mut received = 0;

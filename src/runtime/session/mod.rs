@@ -462,7 +462,7 @@ fn open_locked(path: &Path) -> Result<(File, bool), StartError> {
     }
     // Errors ignored, as upstream does: devices cannot be truncated. An empty file (new, a
     // device, a FIFO) is not: truncating costs a journal transaction on some file systems.
-    if file.metadata().map_or(true, |m| m.len() != 0) {
+    if !file.metadata().is_ok_and(|m| m.len() == 0) {
         let _ = file.set_len(0);
     }
     Ok((file, created))
