@@ -21,10 +21,12 @@
 //! earlier filter of one counter per 32 buckets (2 KiB) had 70 % of its counters nonzero at
 //! that size, which the allocation benchmark showed at rate 1e-4.
 //!
-//! Frees pay even less while no sampled block is live (tracing at a low rate, or before the
-//! first sample): one count of the table's entries, [`LIVE`], is read first, and a zero count
+//! Frees pay even less until a session samples its first block (tracing at a low rate, or
+//! before the first sample): one flag, [`SAMPLED`], is read first, and while it is false it
 //! answers "not sampled" without hashing the address or reading the filter, which a large heap
-//! keeps evicting from the cache.
+//! keeps evicting from the cache. It is written once a session (not counted up and down with
+//! every sampled event, which would make every free on every core miss the line after a sample
+//! on any thread).
 //!
 //! The table lives in `.bss` (2^15 buckets × 64 bytes = 2 MiB), page-aligned, and only the
 //! pages of buckets that an insert has used are made resident: a short traced run that samples
@@ -43,10 +45,10 @@
 //! to the program, and any thread that frees it got the address through some synchronisation
 //! that orders it after that return; read-write coherence then guarantees the freeing
 //! thread's loads see the increment and the insert (or later values), so relaxed loads
-//! suffice. Only the thread freeing a block removes it, so neither its counter nor [`LIVE`]
-//! can drop to zero while the block is live.
+//! suffice. Only the thread freeing a block removes it, so its counter cannot drop to zero
+//! while the block is live; [`SAMPLED`] only goes back to false in [`clear`].
 
-use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 
 /// log2 of the number of buckets.
 const BUCKET_BITS: u32 = 15;
@@ -81,14 +83,14 @@ const ZERO: AtomicU8 = AtomicU8::new(0);
 /// more). At most 255: an insert that would pass it is refused like one into a full bucket.
 static FILTER: [AtomicU8; 1 << BUCKET_BITS] = [ZERO; 1 << BUCKET_BITS];
 
-/// The entries of the whole table, counted like [`FILTER`]'s (before an entry is added, after
-/// it is removed): nonzero whenever an entry is in the table. Every free reads it and only
-/// sampled events write it: on a cache line of its own, so that those writes do not take away
-/// a line that other hot data (the filter, the sampler's statics) shares.
-static LIVE: Live = Live(AtomicUsize::new(0));
+/// Whether an entry has been added since the last [`clear`] (set before it is added): every
+/// free reads it, the first insert of a session writes it. On a cache line of its own, so
+/// that its write does not take away a line that other hot data (the filter, the sampler's
+/// statics) shares.
+static SAMPLED: Sampled = Sampled(AtomicBool::new(false));
 
 #[repr(align(64))]
-struct Live(AtomicUsize);
+struct Sampled(AtomicBool);
 
 #[allow(clippy::declare_interior_mutable_const)] // Only used to initialise `TOUCHED`.
 const NO_PAGES: AtomicU64 = AtomicU64::new(0);
@@ -131,7 +133,9 @@ pub(crate) fn insert(addr: usize) -> bool {
     if counter.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |c| c.checked_add(1)).is_err() {
         return false;
     }
-    LIVE.0.fetch_add(1, Ordering::Relaxed);
+    if !SAMPLED.0.load(Ordering::Relaxed) {
+        SAMPLED.0.store(true, Ordering::Relaxed);
+    }
     touch(bucket_index(addr));
     let inserted = bucket(addr).0.iter().any(|slot| {
         slot.load(Ordering::Relaxed) == 0 && slot.compare_exchange(0, addr, Ordering::AcqRel, Ordering::Relaxed).is_ok()
@@ -170,12 +174,12 @@ fn touched_buckets() -> impl Iterator<Item = &'static Bucket> {
         .flat_map(|(_, b)| b)
 }
 
-/// Whether `addr` may be a live sampled block: false when the table is empty or `addr`'s
-/// bucket has no entries, which is the answer for almost every block. Reads [`LIVE`] and then
-/// one counter of a 32 KiB array, and writes nothing.
+/// Whether `addr` may be a live sampled block: false before the session's first sample or
+/// when `addr`'s page counter is 0, which is the answer for almost every block. Reads
+/// [`SAMPLED`] and then one counter of a 32 KiB array, and writes nothing.
 #[inline(always)]
 pub(crate) fn may_contain(addr: usize) -> bool {
-    LIVE.0.load(Ordering::Relaxed) != 0 && counter(addr).load(Ordering::Relaxed) != 0
+    SAMPLED.0.load(Ordering::Relaxed) && counter(addr).load(Ordering::Relaxed) != 0
 }
 
 /// If `addr` is a live sampled block, forget it and return true. Reads the address's bucket
@@ -183,7 +187,13 @@ pub(crate) fn may_contain(addr: usize) -> bool {
 /// [`may_contain`] first.
 #[inline(never)]
 pub(crate) fn remove(addr: usize) -> bool {
-    for slot in &bucket(addr).0 {
+    // A block on a page with a sampled one gets past the filter; its own bucket's page may be
+    // one no insert has written, which a read would map (see the module doc).
+    let index = bucket_index(addr);
+    if !touched(index) {
+        return false;
+    }
+    for slot in &TABLE.0[index].0 {
         if slot.load(Ordering::Relaxed) == addr {
             return remove_slot(slot, addr);
         }
@@ -201,13 +211,12 @@ fn remove_slot(slot: &AtomicUsize, addr: usize) -> bool {
     removed
 }
 
-/// Count one entry less in a filter counter and in [`LIVE`], never below 0: after a [`clear`]
+/// Count one entry less in a filter counter, never below 0: after a [`clear`]
 /// that raced with an insert or a removal (see there), a count may be one lower than the
 /// entries it counts, and a wrapped one would keep the filter open until the next clear.
 #[inline]
 fn forget_one(counter: &AtomicU8) {
     let _ = counter.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |c| c.checked_sub(1));
-    let _ = LIVE.0.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |c| c.checked_sub(1));
 }
 
 /// Forget every entry. Called when a session starts, before anything of the new session is
@@ -224,8 +233,8 @@ fn forget_one(counter: &AtomicU8) {
 /// which belongs to the previous session (the new session samples nothing before this
 /// returns): that entry may then not be found, or another entry of its counter may be missed
 /// once — a free the new trace does not show — which takes a thread preempted inside the
-/// table for the whole stop and restart of a session. The next `clear` repairs it. [`LIVE`]
-/// is recounted alike.
+/// table for the whole stop and restart of a session. The next `clear` repairs it. [`SAMPLED`]
+/// is set again if any entry is left.
 pub(crate) fn clear() {
     for slot in touched_buckets().flat_map(|bucket| &bucket.0) {
         if slot.load(Ordering::Relaxed) != 0 {
@@ -236,22 +245,22 @@ pub(crate) fn clear() {
 }
 
 /// Set each counter to the number of entries it counts (reading only the touched pages of the
-/// table), and [`LIVE`] to their sum.
+/// table), and [`SAMPLED`] to whether there is any.
 fn recount() {
     for counter in &FILTER {
         // Stored even when already 0: the filter (8 pages) is then resident, written before
         // a free reads it.
         counter.store(0, Ordering::Relaxed);
     }
-    let mut live = 0;
+    let mut any = false;
     for slot in touched_buckets().flat_map(|bucket| &bucket.0) {
         let addr = slot.load(Ordering::Relaxed);
         if addr != 0 {
             let _ = counter(addr).fetch_update(Ordering::Relaxed, Ordering::Relaxed, |c| c.checked_add(1));
-            live += 1;
+            any = true;
         }
     }
-    LIVE.0.store(live, Ordering::Relaxed);
+    SAMPLED.0.store(any, Ordering::Relaxed);
 }
 
 #[cfg(test)]
@@ -282,7 +291,6 @@ mod tests {
         for (bucket, counter) in FILTER.iter().enumerate() {
             assert_eq!(counter.load(Ordering::Relaxed), 0, "counter of bucket {bucket}");
         }
-        assert_eq!(LIVE.0.load(Ordering::Relaxed), 0, "live entries");
     }
 
     /// Put `addr` into slot `slot` of its bucket behind the counters' back, as an insert of the
@@ -479,23 +487,25 @@ mod tests {
         assert_empty();
     }
 
-    /// The count of live entries follows inserts and removals, and while it is 0 no free gets
-    /// past the filter, whatever a bucket's counter says.
+    /// Until a session's first insert no free gets past the filter, whatever a counter says;
+    /// the flag stays set through removals (it is written once a session) and `clear` resets it.
     #[test]
-    fn live_count_gates_the_filter() {
+    fn the_filter_is_closed_until_a_block_is_sampled() {
         let _lock = exclusive();
         clear();
         let [a, b] = [0x7b00_0000_0000, 0x7b00_0000_4560];
-        assert!(!may_contain(a));
+        counter(a).store(3, Ordering::Relaxed);
+        assert!(!may_contain(a), "a stale counter before any sample");
+        counter(a).store(0, Ordering::Relaxed);
         assert!(insert(a) && insert(b));
-        assert_eq!(LIVE.0.load(Ordering::Relaxed), 2);
+        assert!(SAMPLED.0.load(Ordering::Relaxed));
         assert!(may_contain(a) && may_contain(b));
         assert!(remove(a));
-        assert_eq!(LIVE.0.load(Ordering::Relaxed), 1);
         assert!(remove(b) && !remove(b));
-        assert_eq!(LIVE.0.load(Ordering::Relaxed), 0);
-        counter(a).store(3, Ordering::Relaxed);
-        assert!(!may_contain(a), "a stale counter with nothing live");
+        assert!(!may_contain(a) && !may_contain(b), "their counters are back to 0");
+        assert!(SAMPLED.0.load(Ordering::Relaxed), "set for the session");
+        clear();
+        assert!(!SAMPLED.0.load(Ordering::Relaxed), "reset by clear");
         clear();
         assert_empty();
     }
@@ -523,6 +533,15 @@ mod tests {
         let addr = (0x7c00_0000_0000..).step_by(16).find(|&a| bucket_index(a) / BUCKETS_PER_PAGE == page).unwrap();
         assert!(insert(addr));
         assert!(resident(page) && touched(bucket_index(addr)));
+        // A block on the same memory page gets past the filter; its bucket, on a table page
+        // nothing has used, is not read.
+        let (neighbour, other) = (addr & !4095..(addr & !4095) + 4096)
+            .step_by(16)
+            .map(|a| (a, bucket_index(a) / BUCKETS_PER_PAGE))
+            .find(|&(_, p)| !touched(p * BUCKETS_PER_PAGE) && !resident(p))
+            .expect("a neighbour whose bucket is on an unused table page");
+        assert!(may_contain(neighbour) && !remove(neighbour));
+        assert!(!resident(other), "a free on a sampled block's page made table page {other} resident");
         assert!(remove(addr));
         clear();
         assert_empty();
