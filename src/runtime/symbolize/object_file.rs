@@ -1,5 +1,5 @@
-//! One object file's parsed state: its DWARF (through `addr2line`, sections borrowed from a
-//! read-only mapping of the file, only compressed ones inflated into the heap) and its function
+//! One object file's parsed state: its DWARF (sections borrowed from a read-only mapping of
+//! the file, only compressed ones inflated into the heap) and its function
 //! symbols (`.symtab`, else `.dynsym`, so that a stripped program still names its exported
 //! functions), demangled with `rustc-demangle`.
 //!
