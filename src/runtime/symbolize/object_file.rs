@@ -35,7 +35,17 @@ struct Symbol {
     name: &'static [u8],
 }
 
-/// Parsed state of one object. The `'static` slices in `dwarf`, `dwarf_file` and `symbols`
+/// A function of the sorted symbol table: its name is read from the table when it is looked
+/// up, so that making the table touches only the symbols, not the string table (a program's
+/// names are megabytes, which reading them all would make resident).
+#[derive(Clone, Copy)]
+struct Function {
+    address: u64,
+    size: u64,
+    index: usize,
+}
+
+/// Parsed state of one object. The `'static` slices in `dwarf`, `dwarf_file` and `table`
 /// borrow from `inflated` and `_maps`, which are declared after them and so dropped after
 /// them; they are never handed out.
 pub(super) struct Loaded {
@@ -44,7 +54,9 @@ pub(super) struct Loaded {
     /// The object file, or its separate debug file, when it has DWARF not yet looked at.
     dwarf_file: Option<object::File<'static>>,
     has_dwarf: bool,
-    symbols: Vec<Symbol>,
+    /// The function symbols of `table`, sorted by address, one per address.
+    functions: Vec<Function>,
+    table: Option<SymbolTable>,
     pub(super) base_estimate: usize,
     inflated: Vec<Box<[u8]>>,
     _maps: Vec<Mmap>,
@@ -66,15 +78,18 @@ impl Loaded {
                 }
             }
         }
-        let mut symbols = function_symbols(SymbolTable::of(&file, false));
-        if symbols.is_empty() {
-            if let Some(d) = &debug_file {
-                symbols = function_symbols(SymbolTable::of(d, false));
-            }
-        }
-        if symbols.is_empty() {
-            symbols = function_symbols(SymbolTable::of(&file, true));
-        }
+        // The first of these tables with functions names them.
+        let tables = [
+            SymbolTable::of(&file, false),
+            debug_file.as_ref().and_then(|d| SymbolTable::of(d, false)),
+            SymbolTable::of(&file, true),
+        ];
+        let (table, functions) = tables
+            .into_iter()
+            .flatten()
+            .map(|table| (Some(table), sorted_functions(&table)))
+            .find(|(_, functions)| !functions.is_empty())
+            .unwrap_or((None, Vec::new()));
         let separate = debug_file.is_some();
         let dwarf_file = debug_file.or(Some(file)).filter(has_dwarf);
         let mut map = map;
@@ -83,12 +98,13 @@ impl Loaded {
             map.file = None;
         }
         maps.push(map);
-        let base_estimate = symbols.capacity() * std::mem::size_of::<Symbol>();
+        let base_estimate = functions.capacity() * std::mem::size_of::<Function>();
         Some(Loaded {
             dwarf: None,
             has_dwarf: dwarf_file.is_some(),
             dwarf_file,
-            symbols,
+            functions,
+            table,
             base_estimate,
             inflated: Vec::new(),
             _maps: maps,
@@ -126,7 +142,7 @@ impl Loaded {
     /// Whether names come from a symbol table alone (no DWARF): functions without files, lines
     /// or inlined functions.
     pub(super) fn symbols_only(&self) -> bool {
-        !self.has_dwarf && !self.symbols.is_empty()
+        !self.has_dwarf && !self.functions.is_empty()
     }
 
     pub(super) fn bytes(&self) -> usize {
@@ -139,10 +155,10 @@ impl Loaded {
         self.symbol(probe).map(|s| demangle(s.name))
     }
 
-    fn symbol(&self, probe: u64) -> Option<&Symbol> {
-        let i = self.symbols.partition_point(|s| s.address <= probe).checked_sub(1)?;
-        let s = &self.symbols[i];
-        (probe < s.address + s.size.max(1)).then_some(s)
+    fn symbol(&self, probe: u64) -> Option<Symbol> {
+        let i = self.functions.partition_point(|f| f.address <= probe).checked_sub(1)?;
+        let f = self.functions[i];
+        (probe < f.address + f.size.max(1)).then(|| self.table?.symbol((f.address, f.size, f.index)))?
     }
 
     /// The functions at `probe` (an address in the object's own terms), outermost first: from
@@ -360,14 +376,26 @@ fn table_order(a: &Symbol, b: &Symbol) -> std::cmp::Ordering {
         .then_with(|| a.name.cmp(b.name))
 }
 
-fn function_symbols(table: Option<SymbolTable>) -> Vec<Symbol> {
-    let Some(table) = table else { return Vec::new() };
-    let mut symbols = Vec::new();
-    table.for_each_function(|address, size, index| symbols.extend(table.symbol((address, size, index))));
-    symbols.sort_unstable_by(table_order);
-    symbols.dedup_by_key(|s| s.address);
-    symbols.shrink_to_fit();
-    symbols
+/// `table`'s functions sorted by address, of those at one address the first in
+/// [`table_order`] (whose names are read only then: most addresses have one symbol).
+fn sorted_functions(table: &SymbolTable) -> Vec<Function> {
+    let mut all = Vec::new();
+    table.for_each_function(|address, size, index| all.push(Function { address, size, index }));
+    all.sort_unstable_by_key(|f| f.address);
+    let mut functions = Vec::with_capacity(all.len());
+    for at_one_address in all.chunk_by(|a, b| a.address == b.address) {
+        let chosen = match at_one_address {
+            [only] => Some(*only),
+            aliases => aliases
+                .iter()
+                .filter_map(|f| Some((*f, table.symbol((f.address, f.size, f.index))?)))
+                .min_by(|(_, a), (_, b)| table_order(a, b))
+                .map(|(f, _)| f),
+        };
+        functions.extend(chosen);
+    }
+    functions.shrink_to_fit();
+    functions
 }
 
 /// What [`Loaded::symbol_name`] gives for each of `probes` (addresses in the object's own
@@ -388,7 +416,7 @@ pub(super) fn symbol_names(path: &Path, loaded_build_id: Option<&[u8]>, probes: 
 
 /// The name of the symbol of `table` that the sorted table finds for each of `probes` (the
 /// last at or below it, if it contains it), in one pass; `None` when `table` has no function
-/// symbol (as [`function_symbols`] would give none). Names are read only to break ties and
+/// symbol (as [`sorted_functions`] would give none). Names are read only to break ties and
 /// for the symbols found, so that most of the string table is never touched (a symbol whose
 /// name cannot be read, which the sorted table leaves out, then names nothing).
 fn symbols_at(table: Option<SymbolTable>, probes: &[u64]) -> Option<Vec<Option<String>>> {
@@ -590,7 +618,7 @@ mod tests {
         let path = std::env::current_exe().unwrap();
         let loaded = Loaded::open(&path, None, &Options::default()).expect("readable");
         let mut probes: Vec<u64> = vec![0, 1, u64::MAX];
-        for s in loaded.symbols.iter().step_by(7) {
+        for s in loaded.functions.iter().step_by(7) {
             probes.extend([
                 s.address,
                 s.address + s.size / 2,
@@ -650,7 +678,7 @@ mod tests {
         // quarter, half and three quarters of the way in, where calls were inlined.
         let (mut named, mut inlined, mut aliases) = (0, 0, 0);
         let probes = loaded
-            .symbols
+            .functions
             .iter()
             .step_by(7)
             .flat_map(|s| [s.size.min(9) / 2, s.size / 4, s.size / 2, s.size * 3 / 4].map(|into| s.address + into));
@@ -712,7 +740,12 @@ mod tests {
         assert!(variants.iter().all(Option::is_some), "objcopy failed");
         for path in variants.iter().flatten() {
             let mut loaded = Loaded::open(path, None, &Options::default()).expect("readable");
-            let symbol = loaded.symbols.iter().find(|s| s.name == b"gamma_fn").expect("gamma_fn").address;
+            let table = loaded.table.expect("a symbol table");
+            let gamma = loaded
+                .functions
+                .iter()
+                .find(|f| table.symbol((f.address, f.size, f.index)).unwrap().name == b"gamma_fn");
+            let symbol = gamma.expect("gamma_fn").address;
             let frames = loaded.lookup(symbol + 1);
             let frame = frames.last().expect("a frame");
             assert_eq!(frame.function.as_deref(), Some("gamma_fn"), "{}", path.display());
@@ -750,7 +783,7 @@ mod tests {
     fn a_released_object_gives_back_its_memory_and_names_as_before() {
         let path = std::env::current_exe().unwrap();
         let mut loaded = Loaded::open(&path, None, &Options::default()).expect("readable");
-        let probes: Vec<u64> = loaded.symbols.iter().step_by(97).map(|s| s.address + s.size / 2).collect();
+        let probes: Vec<u64> = loaded.functions.iter().step_by(97).map(|s| s.address + s.size / 2).collect();
         let before: Vec<Vec<String>> = probes.iter().map(|&p| described(&loaded.lookup(p))).collect();
         let map = loaded._maps[0].ptr as usize;
         let (resident, parsed) = (resident_bytes_of_mapping_at(map), loaded.bytes());
@@ -770,7 +803,7 @@ mod tests {
         let path = std::env::current_exe().unwrap();
         let original = std::fs::read(&path).unwrap();
         let loaded = Loaded::open(&path, None, &Options::default()).expect("readable");
-        let probes: Vec<u64> = loaded.symbols.iter().step_by(61).map(|s| s.address + s.size / 2).collect();
+        let probes: Vec<u64> = loaded.functions.iter().step_by(61).map(|s| s.address + s.size / 2).collect();
         let file = object::File::parse(&*original).unwrap();
         let sections: Vec<(usize, usize)> =
             [".debug_info", ".debug_abbrev", ".debug_line", ".debug_aranges", ".debug_str"]
