@@ -13,6 +13,8 @@
 
 use std::cmp::Ordering;
 
+use super::line_program::{Program, Sequence};
+
 pub(super) type Reader = gimli::EndianSlice<'static, gimli::RunTimeEndian>;
 type Offset = usize;
 type Result<T> = std::result::Result<T, gimli::Error>;
@@ -116,9 +118,9 @@ struct Functions {
 
 /// A unit's line program, run once to find where its sequences start.
 struct Lines {
-    program: gimli::CompleteLineProgram<Reader>,
+    program: Program,
     /// Sorted by start, empty ones left out.
-    sequences: Box<[gimli::LineSequence<Reader>]>,
+    sequences: Box<[Sequence]>,
 }
 
 /// What names an entry, in the order its attributes came.
@@ -185,9 +187,7 @@ impl Dwarf {
             .map(|u| {
                 BYTES_PER_UNIT
                     + u.functions.found.capacity() * std::mem::size_of::<(u64, u64, Offset)>()
-                    + u.lines
-                        .as_ref()
-                        .map_or(0, |l| l.sequences.len() * std::mem::size_of::<gimli::LineSequence<Reader>>())
+                    + u.lines.as_ref().map_or(0, |l| l.sequences.len() * std::mem::size_of::<Sequence>())
             })
             .sum()
     }
@@ -502,45 +502,36 @@ impl Dwarf {
         Ok(self.units[u].comp_dir.clone().flatten())
     }
 
-    /// The unit's line program, run once to find its sequences.
-    fn lines(&mut self, u: usize) -> Result<Option<&Lines>> {
+    /// The unit's line program, run once to find its sequences (`None` when it has none, or
+    /// one [`Program`] cannot run).
+    fn lines(&mut self, u: usize) -> Option<&Lines> {
         if self.units[u].lines.is_none() {
-            let Some(program) = self.units[u].unit.line_program.clone() else { return Ok(None) };
-            let (program, mut sequences) = program.sequences()?;
-            sequences.retain(|s| s.start < s.end);
-            sequences.sort_unstable_by_key(|s| s.start);
-            self.units[u].lines = Some(Lines { program, sequences: sequences.into_boxed_slice() });
+            let header = self.units[u].unit.line_program.as_ref()?.header();
+            let program = Program::new(header).ok()?;
+            let sequences = program.sequences().ok()?.into_boxed_slice();
+            self.units[u].lines = Some(Lines { program, sequences });
         }
-        Ok(self.units[u].lines.as_ref())
+        self.units[u].lines.as_ref()
     }
 
     /// The file, line and column of the row that covers `probe`: the sequence's rows are run
     /// up to it.
     fn location(&mut self, u: usize, probe: u64) -> Result<Option<(Option<String>, u32, u32)>> {
-        let Some(lines) = self.lines(u)? else { return Ok(None) };
+        let Some(lines) = self.lines(u) else { return Ok(None) };
         let found = lines.sequences.binary_search_by(|s| order(s.start, s.end, probe));
         let Ok(i) = found else { return Ok(None) };
-        let mut rows = lines.program.resume_from(&lines.sequences[i]);
-        // Rows go up by address; of rows at one address, the last holds.
-        let mut covering = None;
-        while let Some((_, row)) = rows.next_row()? {
-            if row.end_sequence() || row.address() > probe {
-                break;
-            }
-            covering = Some(row_location(row));
-        }
-        let Some((file, line, column)) = covering else { return Ok(None) };
-        Ok(Some((self.file_name(u, file)?, line, column)))
+        let Ok(Some(row)) = lines.program.row_at(&lines.sequences[i], probe) else { return Ok(None) };
+        // No column without a line.
+        let line = u32::try_from(row.line).unwrap_or(0);
+        let column = if line == 0 { 0 } else { row.column as u32 };
+        Ok(Some((self.file_name(u, row.file)?, line, column)))
     }
 
     /// The path of the line program's file `index`, as addr2line renders it.
     fn file_name(&mut self, u: usize, index: u64) -> Result<Option<String>> {
         let comp_dir = self.comp_dir(u)?;
-        let unit = &self.units[u];
-        // The header as the program left it (DWARF 4 can define files as it runs): the
-        // program has run when a file is asked for.
-        let Some(lines) = &unit.lines else { return Ok(None) };
-        let header = lines.program.header();
+        let Some(program) = &self.units[u].unit.line_program else { return Ok(None) };
+        let header = program.header();
         let Some(file) = header.file(index) else {
             // DWARF 4 numbers files from 1: addr2line gives file 0 an empty name.
             return Ok((index == 0).then(String::new));
@@ -633,16 +624,6 @@ fn order(begin: u64, end: u64, probe: u64) -> Ordering {
     } else {
         Ordering::Equal
     }
-}
-
-/// The file index, line and column of a row (0 when unknown; no column without a line).
-fn row_location(row: &gimli::LineRow) -> (u64, u32, u32) {
-    let line = row.line().map_or(0, |l| l.get() as u32);
-    let column = match row.column() {
-        gimli::ColumnType::Column(c) if line != 0 => c.get() as u32,
-        _ => 0,
-    };
-    (row.file_index(), line, column)
 }
 
 /// Read `unit`'s entries from `from`, noting each function with code in `found`, up to the

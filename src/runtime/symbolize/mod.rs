@@ -14,6 +14,7 @@
 //! [`Symbolizer::symbolize`] looks up `addr − 1`, inside the call instruction.
 
 mod dwarf;
+mod line_program;
 mod loaded_objects;
 mod object_file;
 mod symbolizer;
