@@ -114,7 +114,25 @@ struct Functions {
     found: Vec<(u64, u64, Offset)>,
     /// The entry to read on from; `None` once all are read.
     next: Option<gimli::UnitOffset>,
+    /// How the read steps over entries of each abbreviation code, worked out at its first
+    /// entry.
+    steps: Vec<Step>,
 }
+
+/// How [`read_functions`] steps over an entry of one abbreviation code.
+#[derive(Clone, Copy, PartialEq)]
+enum Step {
+    Unknown,
+    /// Not a function, and its attributes are this many bytes whatever their values (most
+    /// entries: inlined calls, namespaces, declarations): stepped over without being parsed.
+    Skip(usize),
+    /// A function, or attributes of variable size: read through gimli.
+    Read,
+}
+
+/// The most abbreviation codes whose [`Step`] is kept (codes are numbered from 1; a unit has
+/// hundreds): entries of higher codes are read through gimli.
+const MAX_STEPS: u64 = 1 << 12;
 
 /// A unit's line program, run once to find where its sequences start.
 struct Lines {
@@ -279,7 +297,7 @@ impl Dwarf {
             offset,
             end,
             unit,
-            functions: Functions { found: Vec::new(), next: Some(first_entry) },
+            functions: Functions { found: Vec::new(), next: Some(first_entry), steps: Vec::new() },
             lines: None,
             comp_dir: None,
             last_use: clock,
@@ -348,9 +366,10 @@ impl Dwarf {
             return Ok(Some(gimli::UnitOffset(entry)));
         }
         let mut found = std::mem::take(&mut self.units[u].functions.found);
-        let read = read_functions(self.unit_ref(u), from, &mut found, probe);
+        let mut steps = std::mem::take(&mut self.units[u].functions.steps);
+        let read = read_functions(self.unit_ref(u), from, &mut found, &mut steps, probe);
         let functions = &mut self.units[u].functions;
-        functions.found = found;
+        (functions.found, functions.steps) = (found, steps);
         let (hit, next) = read?;
         functions.next = next;
         if next.is_none() {
@@ -628,19 +647,39 @@ fn order(begin: u64, end: u64, probe: u64) -> Ordering {
 
 /// Read `unit`'s entries from `from`, noting each function with code in `found`, up to the
 /// first that holds `probe`: that function's entry, and the entry to read on from (`None`
-/// when the unit's entries are all read).
+/// when the unit's entries are all read). This is a flat pass over all of the unit's
+/// entries (functions are found at any depth), and the one pass naming makes over most of a
+/// unit's bytes: entries that are not functions and whose attributes have fixed sizes are
+/// stepped over by their size (see [`Step`]), without gimli's per-attribute decoding.
 fn read_functions(
     unit: gimli::UnitRef<Reader>,
     from: gimli::UnitOffset,
     found: &mut Vec<(u64, u64, Offset)>,
+    steps: &mut Vec<Step>,
     probe: u64,
 ) -> Result<(Option<gimli::UnitOffset>, Option<gimli::UnitOffset>)> {
-    let mut entries = unit.entries_raw(Some(from))?;
-    while !entries.is_empty() {
-        let offset = entries.next_offset();
+    let bytes = unit.header.range_from(from..)?.slice();
+    let mut at = 0;
+    while at < bytes.len() {
+        let entry = at;
+        let code = uleb128(bytes, &mut at).ok_or(gimli::Error::UnexpectedEof(gimli::ReaderOffsetId(entry as u64)))?;
+        if code == 0 {
+            continue;
+        }
+        let step = match steps.get(code as usize) {
+            Some(&step) if step != Step::Unknown => step,
+            _ => step_for(unit, code, steps),
+        };
+        if let Step::Skip(size) = step {
+            at += size;
+            continue;
+        }
+        let offset = gimli::UnitOffset(from.0 + entry);
+        let mut entries = unit.entries_raw(Some(offset))?;
         let Some(abbreviation) = entries.read_abbreviation()? else { continue };
         if abbreviation.tag() != gimli::DW_TAG_subprogram {
             entries.skip_attributes(abbreviation.attributes())?;
+            at = entries.next_offset().0 - from.0;
             continue;
         }
         let mut ranges = Ranges::default();
@@ -652,6 +691,7 @@ fn read_functions(
                 entries.skip_attributes(std::slice::from_ref(spec))?;
             }
         }
+        at = entries.next_offset().0 - from.0;
         let mut hit = false;
         ranges.for_each(unit, |begin, end| {
             found.push((begin, end, offset.0));
@@ -662,6 +702,43 @@ fn read_functions(
         }
     }
     Ok((None, None))
+}
+
+/// The [`Step`] for entries of abbreviation `code`, noted in `steps` when the code is low
+/// enough to be kept.
+fn step_for(unit: gimli::UnitRef<Reader>, code: u64, steps: &mut Vec<Step>) -> Step {
+    let step = match unit.abbreviations.get(code) {
+        Some(abbreviation) if abbreviation.tag() != gimli::DW_TAG_subprogram => abbreviation
+            .attributes()
+            .iter()
+            .try_fold(0, |size, spec| Some(size + spec.size(&unit.header)?))
+            .map_or(Step::Read, Step::Skip),
+        _ => Step::Read,
+    };
+    if code < MAX_STEPS {
+        if steps.len() <= code as usize {
+            steps.resize(code as usize + 1, Step::Unknown);
+        }
+        steps[code as usize] = step;
+    }
+    step
+}
+
+/// The unsigned LEB128 number at `at` in `bytes`, `at` moved past it (bits past 64 dropped).
+#[inline(always)]
+pub(super) fn uleb128(bytes: &[u8], at: &mut usize) -> Option<u64> {
+    let (mut value, mut shift) = (0u64, 0);
+    loop {
+        let byte = *bytes.get(*at)?;
+        *at += 1;
+        if shift < 64 {
+            value |= u64::from(byte & 0x7f) << shift;
+        }
+        if byte & 0x80 == 0 {
+            return Some(value);
+        }
+        shift += 7;
+    }
 }
 
 /// Read an inlined call's entry: what names it, where it is called from, and its ranges.

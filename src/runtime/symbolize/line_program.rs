@@ -15,7 +15,7 @@
 //! information): `DW_LNE_define_file` (DWARF 2 to 4, gone from 5), which adds files as the
 //! program runs, and VLIW operation indexes (`maximum_operations_per_instruction` above 1).
 
-use super::dwarf::Reader;
+use super::dwarf::{uleb128, Reader};
 
 /// The rows of one sequence start at byte `offset` of the program's instructions.
 #[derive(Clone, Copy)]
@@ -269,17 +269,7 @@ impl Bytes {
 
     #[inline(always)]
     fn uleb(&mut self) -> Result<u64, Unreadable> {
-        let (mut value, mut shift) = (0u64, 0);
-        loop {
-            let byte = self.byte().ok_or(Unreadable)?;
-            if shift < 64 {
-                value |= u64::from(byte & 0x7f) << shift;
-            }
-            if byte & 0x80 == 0 {
-                return Ok(value);
-            }
-            shift += 7;
-        }
+        uleb128(self.data, &mut self.at).ok_or(Unreadable)
     }
 
     #[inline(always)]
