@@ -516,7 +516,7 @@ impl Dwarf {
                     }
                 }
             }
-            self.units[u].comp_dir = Some(dir.map(|d| String::from_utf8_lossy(&d).into_owned()));
+            self.units[u].comp_dir = Some(dir.map(|d| super::lossy_utf8(&d).into_owned()));
         }
         Ok(self.units[u].comp_dir.clone().flatten())
     }
@@ -555,7 +555,7 @@ impl Dwarf {
             // DWARF 4 numbers files from 1: addr2line gives file 0 an empty name.
             return Ok((index == 0).then(String::new));
         };
-        let text = |value| self.string(u, value).map(|s| String::from_utf8_lossy(&s).into_owned());
+        let text = |value| self.string(u, value).map(|s| super::lossy_utf8(&s).into_owned());
         let mut path = comp_dir.unwrap_or_default();
         if file.directory_index() != 0 {
             if let Some(directory) = file.directory(header) {

@@ -140,6 +140,12 @@ pub fn function_names(symbolizer: &mut Symbolizer, addr: u64) -> Vec<String> {
     frames.iter().flat_map(|f| f.iter().rev()).map(|f| f.function.as_deref().unwrap_or("??").to_owned()).collect()
 }
 
+/// `bytes` as text, invalid UTF-8 replaced: `str::from_utf8`'s check first, which is much
+/// faster than `String::from_utf8_lossy`'s on the valid names and paths that debug info holds.
+fn lossy_utf8(bytes: &[u8]) -> std::borrow::Cow<'_, str> {
+    std::str::from_utf8(bytes).map_or_else(|_| String::from_utf8_lossy(bytes), std::borrow::Cow::Borrowed)
+}
+
 /// `function_names` with a symbolizer of its own, for tests and benchmarks.
 pub fn function_names_once(addr: u64) -> Vec<String> {
     function_names(&mut Symbolizer::new(), addr)

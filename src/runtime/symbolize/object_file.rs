@@ -475,7 +475,7 @@ fn symbols_at(table: Option<SymbolTable>, probes: &[u64]) -> Option<Vec<Option<S
 
 /// A Rust symbol demangled in `{:#}` form (no hash); anything else as it is.
 pub(super) fn demangle(name: &[u8]) -> String {
-    let name = String::from_utf8_lossy(name);
+    let name = super::lossy_utf8(name);
     match rustc_demangle::try_demangle(&name) {
         Ok(d) => format!("{d:#}"),
         Err(_) => name.into_owned(),

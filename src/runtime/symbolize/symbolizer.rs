@@ -22,6 +22,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use super::loaded_objects::{loader_counters, scan_objects};
+use crate::format::hash::{FastMap, FastSet};
 use super::object_file::{self, Loaded};
 
 /// The functions at an address, outermost first; `None` when nothing is known.
@@ -94,9 +95,9 @@ pub struct Symbolizer {
     next_id: u64,
     clock: u64,
     /// Address -> (object id, answer). Only addresses inside a known object are cached.
-    cache: HashMap<u64, (u64, Answer)>,
+    cache: FastMap<u64, (u64, Answer)>,
     cache_bytes: usize,
-    strings: HashSet<Arc<str>>,
+    strings: FastSet<Arc<str>>,
     stats: Stats,
     /// The program's path, when it was found to have symbols but no debug info and that has
     /// not been said yet; then `Some(None)`.
@@ -125,9 +126,9 @@ impl Symbolizer {
             scanned: false,
             next_id: 1,
             clock: 0,
-            cache: HashMap::new(),
+            cache: FastMap::default(),
             cache_bytes: 0,
-            strings: HashSet::new(),
+            strings: FastSet::default(),
             stats: Stats::default(),
             program_without_debug_info: None,
         }
