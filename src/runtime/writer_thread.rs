@@ -198,6 +198,7 @@ impl TraceWriter {
         self.codes.clear();
         // Pseudo-frames (span and thread names, tagged at the top) are codes of their own.
         self.codes.extend(frames.iter().map(|&frame| if frame >> ADDRESS_BITS == 0 { frame | tag } else { frame }));
+        self.names.name_new(&self.codes);
         if let [innermost, rest @ ..] = &self.codes[..] {
             let locations = self.names.locations_of(*innermost);
             // Outermost first: the frame's own function.
@@ -268,30 +269,45 @@ struct Names {
 
 impl Names {
     /// The locations of location `code` (see [`TraceWriter::set_codes`]), worked out the
-    /// first time: a pseudo-frame's name, or the code address's source locations.
+    /// first time.
     fn locations_of(&mut self, code: u64) -> Arc<[Location]> {
-        if let Some(locations) = self.cache.get(&code) {
-            return locations.clone();
+        if !self.cache.contains_key(&code) {
+            self.name_new(&[code]);
         }
-        let locations = self.pseudo.locations(code).unwrap_or_else(|| {
-            self.channel.note_progress();
-            let (channel, backlog) = (self.channel, &mut self.backlog);
-            let (locations, program_without_debug_info) =
-                self.worker.locations(code & ((1 << ADDRESS_BITS) - 1), || {
-                    // Waiting for our own symbolizer, which is working: progress.
-                    channel.note_progress();
-                    take_ahead(channel, backlog);
-                });
-            if let Some(program) = program_without_debug_info {
-                eprintln!(
-                    "memtrace: note: {} has no debug info: its frames are named without files, lines or inlined \
-                     functions (build with debug = \"line-tables-only\" in its Cargo profile)",
-                    program.display()
-                );
+        self.cache[&code].clone()
+    }
+
+    /// Work out the locations of those of `codes` not named yet: a pseudo-frame's name, or the
+    /// code address's source locations, asked of the worker for all the addresses at once.
+    fn name_new(&mut self, codes: &[u64]) {
+        let mut new_codes = Vec::new();
+        for &code in codes {
+            if self.cache.contains_key(&code) || new_codes.contains(&code) {
+                continue;
             }
-            locations
+            match self.pseudo.locations(code) {
+                Some(locations) => drop(self.cache.insert(code, locations)),
+                None => new_codes.push(code),
+            }
+        }
+        if new_codes.is_empty() {
+            return;
+        }
+        self.channel.note_progress();
+        let addrs: Vec<u64> = new_codes.iter().map(|code| code & ((1 << ADDRESS_BITS) - 1)).collect();
+        let (channel, backlog) = (self.channel, &mut self.backlog);
+        let (locations, program_without_debug_info) = self.worker.locations(&addrs, || {
+            // Waiting for our own symbolizer, which is working: progress.
+            channel.note_progress();
+            take_ahead(channel, backlog);
         });
-        self.cache.insert(code, locations.clone());
-        locations
+        if let Some(program) = program_without_debug_info {
+            eprintln!(
+                "memtrace: note: {} has no debug info: its frames are named without files, lines or inlined \
+                 functions (build with debug = \"line-tables-only\" in its Cargo profile)",
+                program.display()
+            );
+        }
+        self.cache.extend(new_codes.into_iter().zip(locations));
     }
 }
