@@ -4,9 +4,9 @@
 //! build, while a program at a high rate fills the queue in less.
 //!
 //! The writer asks for all the new addresses of a sample in one request, which the thread
-//! answers in one message (a round trip costs both threads context switches, a few µs each,
-//! against the few µs of naming an address of a unit already parsed), and waits for the answer
-//! in short slices, doing its other work in between ([`Worker::locations`]). The thread is started at the first
+//! answers in one message: each round trip costs both threads context switches, more than
+//! naming an address of a unit already parsed. It waits for the answer in short slices, doing
+//! its other work in between ([`Worker::locations`]). The thread is started at the first
 //! address (a run with no sample starts none) and ends when the worker is dropped (its
 //! requests channel closes; it is not waited for) or its symbolizer taken back. Idle for a
 //! second, it gives back the memory naming took.
