@@ -199,7 +199,7 @@ impl TraceWriter {
         // Pseudo-frames (span and thread names, tagged at the top) are codes of their own.
         self.codes.extend(frames.iter().map(|&frame| if frame >> ADDRESS_BITS == 0 { frame | tag } else { frame }));
         if let [innermost, rest @ ..] = &self.codes[..] {
-            let locations = self.names.locations_of(*innermost);
+            let locations = self.names.locations_of(*innermost, &self.codes);
             // Outermost first: the frame's own function.
             if !rest.is_empty() && locations.first().is_some_and(|l| symbolize::is_allocator_shim(&l.defname_str())) {
                 self.codes.remove(0);
@@ -216,8 +216,8 @@ impl TraceWriter {
         let time = self.time(time);
         self.set_codes(frames);
         let alloc = NewAlloc { length, nsamples, source: AllocSource::External, callstack: &self.codes, drop: 0 };
-        let names = &mut self.names;
-        let id = self.writer.put_alloc(DOMAIN, time, &alloc, |code| names.locations_of(code))?;
+        let (names, codes) = (&mut self.names, &self.codes);
+        let id = self.writer.put_alloc(DOMAIN, time, &alloc, |code| names.locations_of(code, codes))?;
         self.ids.insert(addr, id);
         self.allocs += 1;
         Ok(())
@@ -267,31 +267,50 @@ struct Names {
 }
 
 impl Names {
-    /// The locations of location `code` (see [`TraceWriter::set_codes`]), worked out the
-    /// first time: a pseudo-frame's name, or the code address's source locations.
-    fn locations_of(&mut self, code: u64) -> Arc<[Location]> {
+    /// The locations of location `code` of the sample whose codes are `sample` (see
+    /// [`TraceWriter::set_codes`]), worked out the first time, with those of the sample's
+    /// other codes not named yet: their addresses are asked of the worker in one request,
+    /// each of which costs both threads context switches. A sample whose codes are all named
+    /// is not looked through: most of them, once a program's stacks have been seen.
+    fn locations_of(&mut self, code: u64, sample: &[u64]) -> Arc<[Location]> {
         if let Some(locations) = self.cache.get(&code) {
             return locations.clone();
         }
-        let locations = self.pseudo.locations(code).unwrap_or_else(|| {
-            self.channel.note_progress();
-            let (channel, backlog) = (self.channel, &mut self.backlog);
-            let (locations, program_without_debug_info) =
-                self.worker.locations(code & ((1 << ADDRESS_BITS) - 1), || {
-                    // Waiting for our own symbolizer, which is working: progress.
-                    channel.note_progress();
-                    take_ahead(channel, backlog);
-                });
-            if let Some(program) = program_without_debug_info {
-                eprintln!(
-                    "memtrace: note: {} has no debug info: its frames are named without files, lines or inlined \
-                     functions (build with debug = \"line-tables-only\" in its Cargo profile)",
-                    program.display()
-                );
+        self.name_new(std::iter::once(code).chain(sample.iter().copied()));
+        self.cache[&code].clone()
+    }
+
+    /// Work out the locations of those of `codes` not named yet: a pseudo-frame's name, or the
+    /// code address's source locations, asked of the worker for all the addresses at once.
+    fn name_new(&mut self, codes: impl IntoIterator<Item = u64>) {
+        let mut new_codes = Vec::new();
+        for code in codes {
+            if self.cache.contains_key(&code) || new_codes.contains(&code) {
+                continue;
             }
-            locations
+            match self.pseudo.locations(code) {
+                Some(locations) => drop(self.cache.insert(code, locations)),
+                None => new_codes.push(code),
+            }
+        }
+        if new_codes.is_empty() {
+            return;
+        }
+        self.channel.note_progress();
+        let addrs: Vec<u64> = new_codes.iter().map(|code| code & ((1 << ADDRESS_BITS) - 1)).collect();
+        let (channel, backlog) = (self.channel, &mut self.backlog);
+        let (locations, program_without_debug_info) = self.worker.locations(&addrs, || {
+            // Waiting for our own symbolizer, which is working: progress.
+            channel.note_progress();
+            take_ahead(channel, backlog);
         });
-        self.cache.insert(code, locations.clone());
-        locations
+        if let Some(program) = program_without_debug_info {
+            eprintln!(
+                "memtrace: note: {} has no debug info: its frames are named without files, lines or inlined \
+                 functions (build with debug = \"line-tables-only\" in its Cargo profile)",
+                program.display()
+            );
+        }
+        self.cache.extend(new_codes.into_iter().zip(locations));
     }
 }

@@ -3,7 +3,9 @@
 //! unit, which takes milliseconds, and hundreds of them for a large unit of an unoptimised
 //! build, while a program at a high rate fills the queue in less.
 //!
-//! The writer asks for one address at a time and waits for the answer in short slices, doing
+//! The writer asks for all the new addresses of a sample in one request, which the thread
+//! answers in one message: each round trip costs both threads context switches, more than
+//! naming an address of a unit already parsed. It waits for the answer in short slices, doing
 //! its other work in between ([`Worker::locations`]). The thread is started at the first
 //! address (a run with no sample starts none) and ends when the worker is dropped (its
 //! requests channel closes; it is not waited for) or its symbolizer taken back. Idle for a
@@ -27,9 +29,9 @@ const WAIT_SLICE: Duration = Duration::from_millis(1);
 /// moments, and a long-running program should not keep their parsed DWARF.
 const IDLE_BEFORE_RELEASE: Duration = Duration::from_secs(1);
 
-/// An answer: the locations of an address, and the program's path when the symbolizer just
-/// found it has no debug info.
-type Answer = (Arc<[Location]>, Option<PathBuf>);
+/// An answer: the locations of each address asked for, in order, and the program's path when
+/// the symbolizer just found it has no debug info.
+type Answer = (Vec<Arc<[Location]>>, Option<PathBuf>);
 
 /// The symbolizer, on its thread once an address was asked for.
 pub(crate) struct Worker {
@@ -40,7 +42,7 @@ enum State {
     /// No thread yet (or none could be started: then addresses are named on the caller's).
     Idle(Box<Symbolizer>),
     Running {
-        requests: Sender<u64>,
+        requests: Sender<Vec<u64>>,
         answers: Receiver<Answer>,
         thread: TracerThread<Symbolizer>,
     },
@@ -54,18 +56,18 @@ impl Worker {
         Worker { state: State::Idle(Box::new(symbolizer)) }
     }
 
-    /// The locations of return address `addr` (see [`super::symbolize`]), and the program's
-    /// path if it was just found to have no debug info. `meanwhile` is called every
-    /// [`WAIT_SLICE`] while the answer is being worked out. A panic of the symbolizer is
-    /// resumed here.
-    pub(crate) fn locations(&mut self, addr: u64, mut meanwhile: impl FnMut()) -> Answer {
+    /// The locations of each return address of `addrs` (see [`super::symbolize`]), in order,
+    /// and the program's path if it was just found to have no debug info. `meanwhile` is
+    /// called every [`WAIT_SLICE`] while the answer is being worked out. A panic of the
+    /// symbolizer is resumed here.
+    pub(crate) fn locations(&mut self, addrs: &[u64], mut meanwhile: impl FnMut()) -> Answer {
         if let State::Idle(_) = self.state {
             self.start();
         }
         match &mut self.state {
-            State::Idle(symbolizer) => named(symbolizer, addr),
+            State::Idle(symbolizer) => named(symbolizer, addrs),
             State::Running { requests, answers, .. } => {
-                if requests.send(addr).is_ok() {
+                if requests.send(addrs.to_vec()).is_ok() {
                     loop {
                         match answers.recv_timeout(WAIT_SLICE) {
                             Ok(answer) => return answer,
@@ -80,7 +82,7 @@ impl Worker {
                         Err(panic) => std::panic::resume_unwind(panic),
                         Ok(symbolizer) => {
                             self.state = State::Idle(Box::new(symbolizer));
-                            self.locations(addr, meanwhile)
+                            self.locations(addrs, meanwhile)
                         }
                     },
                     _ => unreachable!("the state was Running"),
@@ -88,14 +90,14 @@ impl Worker {
             }
             State::Gone => {
                 self.state = State::Idle(Box::default());
-                self.locations(addr, meanwhile)
+                self.locations(addrs, meanwhile)
             }
         }
     }
 
     fn start(&mut self) {
         let State::Idle(symbolizer) = std::mem::replace(&mut self.state, State::Gone) else { return };
-        let (requests, requested) = crossbeam_channel::unbounded::<u64>();
+        let (requests, requested) = crossbeam_channel::unbounded::<Vec<u64>>();
         let (answer, answers) = crossbeam_channel::unbounded();
         // The symbolizer moves into the thread only if it starts.
         let slot = Arc::new(parking_lot::Mutex::new(Some(*symbolizer)));
@@ -105,9 +107,9 @@ impl Worker {
             let mut named_since_release = false;
             loop {
                 match requested.recv_timeout(IDLE_BEFORE_RELEASE) {
-                    Ok(addr) => {
+                    Ok(addrs) => {
                         named_since_release = true;
-                        if answer.send(named(&mut symbolizer, addr)).is_err() {
+                        if answer.send(named(&mut symbolizer, &addrs)).is_err() {
                             break;
                         }
                     }
@@ -200,8 +202,8 @@ impl<T> Drop for TracerThread<T> {
     }
 }
 
-fn named(symbolizer: &mut Symbolizer, addr: u64) -> Answer {
-    let locations = super::symbolize(symbolizer, addr);
+fn named(symbolizer: &mut Symbolizer, addrs: &[u64]) -> Answer {
+    let locations = addrs.iter().map(|&addr| super::symbolize(symbolizer, addr)).collect();
     (locations, symbolizer.take_program_without_debug_info())
 }
 
@@ -220,15 +222,40 @@ mod tests {
             stats.estimated_bytes - stats.base_bytes
         };
         let mut busy = Worker::new(Symbolizer::new());
-        let (named, _) = busy.locations(here() + 1, || {});
+        let named = busy.locations(&[here() + 1], || {}).0.remove(0);
         assert!(!named.is_empty());
         let busy = busy.take_symbolizer().unwrap();
         let mut idle = Worker::new(Symbolizer::new());
-        idle.locations(here() + 1, || {});
+        idle.locations(&[here() + 1], || {});
         std::thread::sleep(IDLE_BEFORE_RELEASE * 2);
         let idle = idle.take_symbolizer().unwrap();
         assert!(parsed(&idle) < parsed(&busy), "{:?} against {:?}", idle.stats(), busy.stats());
         let mut again = Worker::new(idle);
-        assert_eq!(again.locations(here() + 1, || {}).0, named);
+        assert_eq!(again.locations(&[here() + 1], || {}).0, [named]);
+    }
+
+    /// A batch of addresses gets, in order, the answers that asking one at a time gives.
+    #[test]
+    fn a_batch_is_named_as_its_addresses_one_at_a_time() {
+        fn first() -> u64 {
+            std::hint::black_box(1)
+        }
+        fn second() -> u64 {
+            std::hint::black_box(2)
+        }
+        fn third() -> u64 {
+            std::hint::black_box(3)
+        }
+        let functions = [first as fn() -> u64, second, third].map(|f| f as usize as u64 + 1);
+        // A repeated address, and one with no symbol among them.
+        let addrs = [functions[0], functions[1], 8, functions[2], functions[0]];
+        let (batch, _) = Worker::new(Symbolizer::new()).locations(&addrs, || {});
+        let mut one = Worker::new(Symbolizer::new());
+        let one_at_a_time: Vec<_> = addrs.iter().map(|addr| one.locations(&[*addr], || {}).0.remove(0)).collect();
+        assert_eq!(batch, one_at_a_time);
+        let innermost: Vec<_> = batch.iter().map(|l| l.last().unwrap().defname_str().into_owned()).collect();
+        for (name, expected) in innermost.iter().zip(["first", "second", "0x8", "third", "first"]) {
+            assert!(name.ends_with(expected), "{innermost:?}");
+        }
     }
 }
