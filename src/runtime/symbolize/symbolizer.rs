@@ -22,8 +22,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use super::loaded_objects::{loader_counters, scan_objects};
-use crate::format::hash::{FastMap, FastSet};
 use super::object_file::{self, Loaded};
+use crate::format::hash::{FastMap, FastSet};
 
 /// The functions at an address, outermost first; `None` when nothing is known.
 pub type Answer = Option<Arc<[Frame]>>;
