@@ -31,7 +31,7 @@
 //! forked child that starts tracing makes a new queue: a thread of the parent may have been
 //! half-way through a send when the process forked.
 
-use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 use crossbeam_channel::{Receiver, Sender, TrySendError};
 
@@ -158,14 +158,19 @@ pub(crate) struct Channel {
     /// Recycled frame buffers (a bounded, lock-free array queue).
     pool_tx: Sender<Frames>,
     pool_rx: Receiver<Frames>,
-    /// Bumped by the writer for each message it takes and each frame it names: how stopping
-    /// tells a busy writer from a stalled one. On a cache line of its own, away from the
-    /// fields the sampled path reads.
+    /// What the writer says of its work, on a cache line of its own, away from the fields the
+    /// sampled path reads.
     progress: Progress,
 }
 
 #[repr(align(64))]
-struct Progress(AtomicU64);
+struct Progress {
+    /// Bumped by the writer for each message it takes and each frame it names: how stopping
+    /// tells a busy writer from a stalled one.
+    count: AtomicU64,
+    /// Messages the writer has taken off the queue ahead of their turn and not yet handled.
+    taken_ahead: AtomicUsize,
+}
 
 /// The process's channel (leaked, never freed); null before the first session.
 static PROCESS: AtomicPtr<Channel> = AtomicPtr::new(std::ptr::null_mut());
@@ -188,7 +193,7 @@ impl Channel {
             rx,
             pool_tx,
             pool_rx,
-            progress: Progress(AtomicU64::new(0)),
+            progress: Progress { count: AtomicU64::new(0), taken_ahead: AtomicUsize::new(0) },
         }
     }
 
@@ -223,17 +228,23 @@ impl Channel {
 
     /// Say that the writer is getting on with its work (writer side).
     pub(crate) fn note_progress(&self) {
-        self.progress.0.fetch_add(1, Ordering::Relaxed);
+        self.progress.count.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Say how many messages the writer holds taken ahead of their turn (writer side).
+    pub(crate) fn note_taken_ahead(&self, held: usize) {
+        self.progress.taken_ahead.store(held, Ordering::Relaxed);
     }
 
     /// A count that moves while the writer works.
     pub(crate) fn progress(&self) -> u64 {
-        self.progress.0.load(Ordering::Relaxed)
+        self.progress.count.load(Ordering::Relaxed)
     }
 
-    /// How many messages wait for the writer.
+    /// How many messages wait for the writer: in the queue, and those it has taken ahead of
+    /// their turn.
     pub(crate) fn queued(&self) -> usize {
-        self.rx.len()
+        self.rx.len() + self.progress.taken_ahead.load(Ordering::Relaxed)
     }
 
     /// Queue `Stop` for `session`, waiting for room while `alive` says the writer is still
@@ -394,6 +405,21 @@ mod tests {
 
     fn free() -> Msg {
         Msg::Free { session: 1, addr: 8, time: 0 }
+    }
+
+    /// Messages the writer took ahead of their turn still count as waiting for it: a stop that
+    /// gives up on the writer says they are not in the trace.
+    #[test]
+    fn messages_taken_ahead_still_count_as_queued() {
+        let channel = Channel::new(0, MIN_CAPACITY);
+        for _ in 0..5 {
+            assert!(channel.try_send(free()));
+        }
+        let taken: Vec<Msg> = (0..3).map_while(|_| channel.try_recv()).collect();
+        channel.note_taken_ahead(taken.len());
+        assert_eq!(channel.queued(), 5);
+        channel.note_taken_ahead(0);
+        assert_eq!(channel.queued(), 2);
     }
 
     #[test]

@@ -141,7 +141,11 @@ impl TraceWriter {
         loop {
             let mut received = 0;
             while received < POLL_BATCH {
-                let Some(msg) = self.names.backlog.pop_front().or_else(|| channel.try_recv()) else { break };
+                let taken_ahead = self.names.backlog.pop_front();
+                if taken_ahead.is_some() {
+                    channel.note_taken_ahead(self.names.backlog.len());
+                }
+                let Some(msg) = taken_ahead.or_else(|| channel.try_recv()) else { break };
                 received += 1;
                 if msg.session() != self.session {
                     // Sent by a thread still finishing a sample of an earlier session.
@@ -249,6 +253,8 @@ fn take_ahead(channel: &Channel, backlog: &mut VecDeque<Msg>) {
         let Some(msg) = channel.try_recv() else { break };
         backlog.push_back(msg);
     }
+    // Counted as still queued if stopping gives up on the writer.
+    channel.note_taken_ahead(backlog.len());
 }
 
 /// What names location codes.
