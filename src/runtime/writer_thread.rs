@@ -305,9 +305,15 @@ impl Names {
         self.channel.note_progress();
         let addrs: Vec<u64> = new_codes.iter().map(|code| code & ((1 << ADDRESS_BITS) - 1)).collect();
         let (channel, backlog) = (self.channel, &mut self.backlog);
+        let mut work = symbolize::work_done();
         let (locations, program_without_debug_info) = self.worker.locations(&addrs, || {
-            // Waiting for our own symbolizer, which is working: progress.
-            channel.note_progress();
+            // Waiting for our own symbolizer: progress while it gets on with its work, not
+            // while it is stuck.
+            let now = symbolize::work_done();
+            if now != work {
+                work = now;
+                channel.note_progress();
+            }
             take_ahead(channel, backlog);
         });
         if let Some(program) = program_without_debug_info {

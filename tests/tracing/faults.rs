@@ -4,13 +4,13 @@
 
 use std::hint::black_box;
 use std::os::fd::AsRawFd;
-use std::process::{Output, Stdio};
+use std::process::Stdio;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use memtrace_rs::{currently_tracing, trace_if_requested};
 
-use super::{assert_one_message, child, fifo_reader, memtrace_messages, site_freed, temp_path, Trace};
+use super::{assert_one_message, child, fifo_reader, memtrace_messages, run_within, site_freed, temp_path, Trace};
 
 /// Environment variable: the stack a `small_stack` child leaves when it allocates, in bytes.
 const STACK_LEFT_VAR: &str = "MEMTRACE_TEST_STACK_LEFT";
@@ -193,28 +193,6 @@ fn deepest(low: usize, shallow: Box<[u8; 64]>) -> usize {
     drop(block);
     drop(shallow);
     at
-}
-
-/// Run a child in `role` with `env`, killing it (and failing) past `limit`; its output and how
-/// long it ran.
-fn run_within(role: &str, env: &[(&str, &str)], limit: Duration) -> (Output, Duration) {
-    let start = Instant::now();
-    let proc = child(role, env).stderr(Stdio::piped()).spawn().unwrap();
-    let pid = proc.id() as libc::pid_t;
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || tx.send(proc.wait_with_output()));
-    match rx.recv_timeout(limit) {
-        Ok(out) => {
-            let out = out.unwrap();
-            eprintln!("--- child {role} stderr:\n{}", String::from_utf8_lossy(&out.stderr));
-            (out, start.elapsed())
-        }
-        Err(_) => {
-            // SAFETY: a signal to our own child.
-            unsafe { libc::kill(pid, libc::SIGKILL) };
-            panic!("child {role} still running after {limit:?}");
-        }
-    }
 }
 
 #[test]

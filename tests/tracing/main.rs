@@ -6,7 +6,7 @@ use std::collections::{HashMap, HashSet};
 use std::hint::black_box;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use memtrace_rs::trace::Location;
@@ -448,6 +448,28 @@ fn child(role: &str, env: &[(&str, &str)]) -> Command {
         cmd.env(k, v);
     }
     cmd
+}
+
+/// Run a child in `role` with `env`, killing it (and failing) past `limit`; its output and how
+/// long it ran.
+fn run_within(role: &str, env: &[(&str, &str)], limit: Duration) -> (Output, Duration) {
+    let start = Instant::now();
+    let proc = child(role, env).stderr(Stdio::piped()).spawn().unwrap();
+    let pid = proc.id() as libc::pid_t;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || tx.send(proc.wait_with_output()));
+    match rx.recv_timeout(limit) {
+        Ok(out) => {
+            let out = out.unwrap();
+            eprintln!("--- child {role} stderr:\n{}", String::from_utf8_lossy(&out.stderr));
+            (out, start.elapsed())
+        }
+        Err(_) => {
+            // SAFETY: a signal to our own child.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+            panic!("child {role} still running after {limit:?}");
+        }
+    }
 }
 
 fn run(role: &str, env: &[(&str, &str)]) -> Output {

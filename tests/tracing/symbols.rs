@@ -13,7 +13,9 @@ use std::time::{Duration, Instant};
 use memtrace_rs::trace::Location;
 use memtrace_rs::{start_tracing, trace_if_requested, TraceConfig};
 
-use super::{build_release_sites, memtrace_messages, release_sites_fixture, run, temp_path, Trace, SECOND_FILE_VAR};
+use super::{
+    build_release_sites, memtrace_messages, release_sites_fixture, run, run_within, temp_path, Trace, SECOND_FILE_VAR,
+};
 
 /// The child roles of this module (`child_role` hands them over).
 pub(super) fn child(role: &str) {
@@ -43,6 +45,32 @@ pub(super) fn child(role: &str) {
             unsafe { libc::dlclose(handle) };
         }
         "symbols:fork" => fork_while_symbolizing(),
+        "symbols:stuck" => {
+            // The library loaded, its file is replaced by a FIFO that nobody writes to: naming
+            // its frames opens the FIFO, which blocks, as reading from a file system that does
+            // not answer would.
+            let library = std::env::var(SECOND_FILE_VAR).unwrap();
+            let c_library = CString::new(library.as_str()).unwrap();
+            // SAFETY: a NUL-terminated path; the library (built by `build_library`) has no
+            // constructors.
+            let handle = unsafe { libc::dlopen(c_library.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+            assert!(!handle.is_null());
+            std::fs::remove_file(&library).unwrap();
+            // SAFETY: a NUL-terminated path.
+            assert_eq!(unsafe { libc::mkfifo(c_library.as_ptr(), 0o600) }, 0);
+            let path = std::env::var("MEMTRACE_FILE").unwrap();
+            let config = TraceConfig::new(path).rate(0.01).stop_timeout(Duration::from_millis(200));
+            let guard = start_tracing(config).unwrap();
+            // SAFETY: `handle` is the loaded library; its function has the type it is called with.
+            unsafe {
+                let at = libc::dlsym(handle, c"stuck_calls".as_ptr());
+                assert!(!at.is_null());
+                let calls: extern "C" fn(extern "C" fn() -> i32) -> i32 = std::mem::transmute(at);
+                black_box(calls(allocate_from_alpha));
+            }
+            let error = guard.finish().unwrap_err();
+            assert!(matches!(error.kind(), memtrace_rs::ErrorKind::WriterStalled(_)), "{error}");
+        }
         "symbols:rlimit" => {
             // Little address space left: the queue for rate 1 (7 MiB) cannot be had. (The
             // parent runs this child with one malloc arena, and blocks of 128 KiB and more are
@@ -274,6 +302,28 @@ fn libraries_loaded_while_tracing_are_named_and_unloads_forgotten() {
     assert!(from_alpha > 50 && from_beta > 50, "{from_alpha} samples from alpha, {from_beta} from beta");
     let same = std::fs::read_to_string(format!("{}.same", alpha.display())).unwrap();
     eprintln!("beta loaded at alpha's address: {}", same == "1");
+    let _ = std::fs::remove_file(&path);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A symbolizer stuck reading an object's file (a FIFO in the library's place, as a file
+/// system that does not answer) is not taken for one at work: stopping gives up on the writer
+/// after its timeout, with one message, and the program ends, where it waited for ever before.
+#[test]
+fn a_symbolizer_stuck_reading_a_file_is_given_up_at_stop() {
+    let dir = temp_path("stuck").with_extension("d");
+    std::fs::create_dir_all(&dir).unwrap();
+    let Some(library) = build_library(&dir, "stuck", false) else {
+        eprintln!("no C compiler: not checked");
+        return;
+    };
+    let path = temp_path("stuck");
+    let env = [("MEMTRACE_FILE", path.to_str().unwrap()), (SECOND_FILE_VAR, library.to_str().unwrap())];
+    let (out, _) = run_within("symbols:stuck", &env, Duration::from_secs(60));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let messages = memtrace_messages(&out);
+    assert_eq!(messages.len(), 1, "{messages:?}");
+    assert!(messages[0].contains("gave up waiting"), "{messages:?}");
     let _ = std::fs::remove_file(&path);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -370,9 +370,10 @@ fn finish(session: Session) -> Option<Result<TraceStats, Error>> {
 /// How often stopping looks at the writer's progress.
 const STALL_CHECK_INTERVAL: Duration = Duration::from_millis(20);
 
-/// Whether a writer is stalled: it has made no progress (taken no message, named no frame) for
-/// the stop timeout. A writer busy naming the frames of a large program is waited for,
-/// however long it takes; one blocked writing to a pipe nobody reads is not.
+/// Whether a writer is stalled: it has made no progress (taken no message, named no frame, and
+/// its symbolizer read nothing) for the stop timeout. A writer busy naming the frames of a
+/// large program is waited for, however long it takes; one blocked writing to a pipe nobody
+/// reads is not, nor one whose symbolizer is stuck reading a file.
 struct Stall {
     channel: &'static Channel,
     timeout: Duration,
@@ -400,8 +401,9 @@ fn give_up(session: &Session) -> WriterOutcome {
     session.abandoned.store(true, Ordering::Release);
     handoff::abandon();
     eprintln!(
-        "memtrace: the trace writer has made no progress writing {} for {:?} (a pipe or FIFO nobody reads?); gave up \
-         waiting: {} queued samples and frees, and what it had not flushed, are not in the trace",
+        "memtrace: the trace writer has made no progress writing {} for {:?} (a pipe or FIFO nobody reads, or a file \
+         system that does not answer?); gave up waiting: {} queued samples and frees, and what it had not flushed, \
+         are not in the trace",
         session.path.display(),
         session.stop_timeout,
         session.channel.queued(),

@@ -169,6 +169,9 @@ impl Dwarf {
             let unit = header.debug_info_offset().0;
             let mut entries = header.entries();
             while let Ok(Some(entry)) = entries.next() {
+                if self.index.len().is_multiple_of(super::WORK_STEP) {
+                    super::note_work();
+                }
                 let range = entry.range();
                 if range.begin < range.end {
                     self.index.push((range.begin, range.end, unit));
@@ -660,7 +663,13 @@ fn read_functions(
 ) -> Result<(Option<gimli::UnitOffset>, Option<gimli::UnitOffset>)> {
     let bytes = unit.header.range_from(from..)?.slice();
     let mut at = 0;
-    while at < bytes.len() {
+    for read in 1usize.. {
+        if at >= bytes.len() {
+            break;
+        }
+        if read.is_multiple_of(super::WORK_STEP) {
+            super::note_work();
+        }
         let entry = at;
         let code = uleb128(bytes, &mut at).ok_or(gimli::Error::UnexpectedEof(gimli::ReaderOffsetId(entry as u64)))?;
         if code == 0 {

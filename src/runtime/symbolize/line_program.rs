@@ -93,8 +93,12 @@ impl Program {
     /// Every sequence with addresses, sorted by start (as gimli's `sequences`, sorted).
     pub(super) fn sequences(&self) -> Result<Vec<Sequence>, Unreadable> {
         let mut sequences = Vec::new();
-        let (mut offset, mut start) = (0, None);
+        let (mut offset, mut start, mut rows) = (0, None, 0usize);
         self.run(0, |row, end_sequence, next| {
+            rows += 1;
+            if rows.is_multiple_of(super::WORK_STEP) {
+                super::note_work();
+            }
             if end_sequence {
                 let start = start.take().unwrap_or(0);
                 if start < row.address {

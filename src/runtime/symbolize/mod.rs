@@ -20,6 +20,7 @@ mod object_file;
 mod symbolizer;
 mod worker;
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -28,6 +29,25 @@ pub use self::symbolizer::{Options, Stats, Symbolizer};
 pub(crate) use self::worker::Worker;
 use crate::format::location_codec::{self, Location};
 pub(crate) use crate::frames::is_allocator_shim;
+
+/// Bumped as the symbolizer works (every so many entries, rows or symbols read, and at each
+/// address named): while the writer waits for names, stopping takes a moving count for
+/// progress and a still one for a symbolizer stuck (on a file system that does not answer,
+/// say), which it gives up on as it does on a writer stuck writing.
+static WORK: AtomicU64 = AtomicU64::new(0);
+
+/// How many steps of a loop over debug info or symbols go between two [`note_work`]s.
+const WORK_STEP: usize = 1 << 12;
+
+/// Say that the symbolizer is getting on with its work.
+fn note_work() {
+    WORK.fetch_add(1, Ordering::Relaxed);
+}
+
+/// A count that moves while the symbolizer works.
+pub(crate) fn work_done() -> u64 {
+    WORK.load(Ordering::Relaxed)
+}
 
 /// The symbolizer no writer is using: calibration's, handed to the first writer, and each
 /// writer's when it ends, handed to the next, so that what they parsed is parsed once per

@@ -380,7 +380,12 @@ fn table_order(a: &Symbol, b: &Symbol) -> std::cmp::Ordering {
 /// [`table_order`] (whose names are read only then: most addresses have one symbol).
 fn sorted_functions(table: &SymbolTable) -> Vec<Function> {
     let mut all = Vec::new();
-    table.for_each_function(|address, size, index| all.push(Function { address, size, index }));
+    table.for_each_function(|address, size, index| {
+        if all.len().is_multiple_of(super::WORK_STEP) {
+            super::note_work();
+        }
+        all.push(Function { address, size, index })
+    });
     all.sort_unstable_by_key(|f| f.address);
     let mut functions = Vec::with_capacity(all.len());
     for at_one_address in all.chunk_by(|a, b| a.address == b.address) {

@@ -203,7 +203,13 @@ impl<T> Drop for TracerThread<T> {
 }
 
 fn named(symbolizer: &mut Symbolizer, addrs: &[u64]) -> Answer {
-    let locations = addrs.iter().map(|&addr| super::symbolize(symbolizer, addr)).collect();
+    let locations = addrs
+        .iter()
+        .map(|&addr| {
+            super::note_work();
+            super::symbolize(symbolizer, addr)
+        })
+        .collect();
     (locations, symbolizer.take_program_without_debug_info())
 }
 
