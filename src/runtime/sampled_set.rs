@@ -1,8 +1,8 @@
 //! The set of live sampled blocks: a static, lock-free, set-associative table of addresses.
 //!
 //! `dealloc` must ask of every block "was this one sampled?". A filter answers most of the
-//! time: 2^15 8-bit counters (32 KiB), each counting the entries in the 256-byte granules of
-//! memory that map to it, and a zero counter means "not sampled" at once. Otherwise the table answers
+//! time: 2^15 8-bit counters (32 KiB), each counting the entries whose 4 KiB page of memory
+//! hashes to it, and a zero counter means "not sampled" at once. Otherwise the table answers
 //! by reading one 64-byte cache line (the address's bucket of 8 slots). Either way nothing is
 //! written, so the common case — an unsampled block — costs no lock, no shared-cache-line
 //! write and, mostly, no cache miss (reading a random line of the 2 MiB table on every free
@@ -11,17 +11,15 @@
 //! sample, which the caller counts, and undoes the increment); removing CASes `addr → 0`,
 //! then decrements the counter. An entry's counter is thus nonzero while it is in the table.
 //!
-//! The filter follows the program's own locality, not the address's bucket: a 4 KiB page's
-//! 16 granules have 16 neighbouring counters (16 bytes of one cache line, at the page's hash),
-//! and blocks freed together mostly lie on a few pages, whose counters then stay in the cache,
-//! where counters indexed by bucket scattered every free over all of the filter, which a large
-//! heap kept evicting (benches/alloc.rs has the figures). A free near a live sampled block (in
-//! its granule, or in one that maps to the same counter) reads the table for nothing, so the
-//! filter must be fine-grained: a program's live sampled blocks number its live heap × rate /
-//! 8 (about 1 250 for a 1 GB heap at 1e-5), a small share of its granules and of 2^15
-//! counters. An earlier filter of one counter per 32 buckets (2 KiB) had 70 % of its counters
-//! nonzero at that size, which the allocation benchmark showed at rate 1e-4, and one counter
-//! per page let every free on a sampled block's page through.
+//! The filter is indexed by page, not by the address's bucket, so that it follows the
+//! program's own locality: blocks freed together mostly lie on a few pages, whose counters
+//! then stay in the cache, where counters indexed by bucket scattered every free over all of
+//! the filter, which a large heap kept evicting (benches/alloc.rs has the figures). A free on
+//! a page with a sampled block live reads the table for nothing, so the filter must be
+//! fine-grained: a program's live sampled blocks number its live heap × rate / 8 (about
+//! 1 250 for a 1 GB heap at 1e-5), a small share of its pages and of 2^15 counters. An
+//! earlier filter of one counter per 32 buckets (2 KiB) had 70 % of its counters nonzero at
+//! that size, which the allocation benchmark showed at rate 1e-4.
 //!
 //! Frees pay even less until a session samples its first block (tracing at a low rate, or
 //! before the first sample): one flag, [`SAMPLED`], is read first, and while it is false it
@@ -80,7 +78,7 @@ static TABLE: Table = Table([EMPTY_BUCKET; 1 << BUCKET_BITS]);
 
 #[allow(clippy::declare_interior_mutable_const)] // Only used to initialise `FILTER`.
 const ZERO: AtomicU8 = AtomicU8::new(0);
-/// The entries of the table in the granules that map to each counter, plus the inserts into a
+/// The entries of the table on the pages that hash to each counter, plus the inserts into a
 /// full bucket and the removals in progress (and, after a [`clear`] that raced with one, one
 /// more). At most 255: an insert that would pass it is refused like one into a full bucket.
 static FILTER: [AtomicU8; 1 << BUCKET_BITS] = [ZERO; 1 << BUCKET_BITS];
@@ -110,22 +108,13 @@ fn bucket(addr: usize) -> &'static Bucket {
     &TABLE.0[bucket_index(addr)]
 }
 
-/// log2 of the bytes of memory that one filter counter covers (on its page).
-const GRANULE_BITS: u32 = 8;
-/// Granules per page: the counters of a page's granules are neighbours.
-const GRANULES_PER_PAGE_BITS: u32 = 12 - GRANULE_BITS;
-
-/// The filter index of `addr`: Fibonacci hashing of its page number picks the page's group
-/// of counters, and its granule one of them.
+/// The filter index of `addr` (Fibonacci hashing of its page number).
 #[inline(always)]
 fn filter_index(addr: usize) -> usize {
-    let addr = addr as u64;
-    let group = (addr >> 12).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - BUCKET_BITS + GRANULES_PER_PAGE_BITS);
-    let granule = (addr >> GRANULE_BITS) & ((1 << GRANULES_PER_PAGE_BITS) - 1);
-    (group << GRANULES_PER_PAGE_BITS | granule) as usize
+    (((addr as u64) >> 12).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - BUCKET_BITS)) as usize
 }
 
-/// The filter counter of `addr`'s granule.
+/// The filter counter of `addr`'s page.
 #[inline(always)]
 fn counter(addr: usize) -> &'static AtomicU8 {
     &FILTER[filter_index(addr)]
@@ -139,8 +128,8 @@ pub(crate) fn insert(addr: usize) -> bool {
     }
     let counter = counter(addr);
     // Saturating, so that a counter never wraps to 0 while it counts entries: then the
-    // insert is refused like one into a full bucket (it takes 255 live sampled blocks in the
-    // granules of one counter: blocks sampled at rates near 1 from granules that collide).
+    // insert is refused like one into a full bucket (it takes 255 live sampled blocks on the
+    // pages of one counter: 16-byte blocks sampled at rates near 1).
     if counter.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |c| c.checked_add(1)).is_err() {
         return false;
     }
@@ -186,7 +175,7 @@ fn touched_buckets() -> impl Iterator<Item = &'static Bucket> {
 }
 
 /// Whether `addr` may be a live sampled block: false before the session's first sample or
-/// when `addr`'s granule's counter is 0, which is the answer for almost every block. Reads
+/// when `addr`'s page counter is 0, which is the answer for almost every block. Reads
 /// [`SAMPLED`] and then one counter of a 32 KiB array, and writes nothing.
 #[inline(always)]
 pub(crate) fn may_contain(addr: usize) -> bool {
@@ -198,8 +187,8 @@ pub(crate) fn may_contain(addr: usize) -> bool {
 /// [`may_contain`] first.
 #[inline(never)]
 pub(crate) fn remove(addr: usize) -> bool {
-    // A block near a sampled one gets past the filter; its own bucket's page may be one no
-    // insert has written, which a read would map (see the module doc).
+    // A block on a page with a sampled one gets past the filter; its own bucket's page may be
+    // one no insert has written, which a read would map (see the module doc).
     let index = bucket_index(addr);
     if !touched(index) {
         return false;
@@ -344,28 +333,22 @@ mod tests {
         }
     }
 
-    /// One counter counts the entries in a granule, whatever their buckets; the other
-    /// granules of its page have neighbouring counters of their own.
+    /// One counter counts the entries on a page, whatever their buckets.
     #[test]
-    fn filter_counts_the_entries_of_a_granule() {
+    fn filter_counts_the_entries_of_a_page() {
         let _lock = shared();
-        let addrs = [0x6600_0000_0010, 0x6600_0000_0020, 0x6600_0000_00f0];
+        let addrs = [0x6600_0000_0010, 0x6600_0000_0020, 0x6600_0000_0ff0];
         assert!(addrs.iter().all(|&a| filter_index(a) == filter_index(addrs[0])));
-        let (first, last) = (filter_index(0x6600_0000_0000), filter_index(0x6600_0000_0ff0));
-        assert_eq!((last - first, first % 16), (15, 0), "a page's counters are 16 bytes of one cache line");
-        assert!(!may_contain(0x6600_0000_0100) || counter(0x6600_0000_0100).load(Ordering::Relaxed) != 0);
-        let next_granule = 0x6600_0000_0100;
-        let before = [addrs[0], next_granule].map(|a| counter(a).load(Ordering::Relaxed));
+        let before = counter(addrs[0]).load(Ordering::Relaxed);
         for &a in &addrs {
             assert!(insert(a));
         }
-        let during = [addrs[0], next_granule].map(|a| counter(a).load(Ordering::Relaxed));
-        assert_eq!(during, [before[0] + 3, before[1]]);
+        assert_eq!(counter(addrs[0]).load(Ordering::Relaxed), before + 3);
         for &a in &addrs {
             assert!(remove(a));
             assert!(!remove(a));
         }
-        assert_eq!(counter(addrs[0]).load(Ordering::Relaxed), before[0]);
+        assert_eq!(counter(addrs[0]).load(Ordering::Relaxed), before);
     }
 
     /// A slot filled behind the counter's back (an insert of the previous session finishing
@@ -408,19 +391,13 @@ mod tests {
         assert_empty();
     }
 
-    /// Every 16-byte block sampled in granules that map to one counter: the counter takes 255
-    /// of them and refuses the 256th, rather than wrap.
+    /// Every 16-byte block of a page sampled: the page's counter takes 255 of them and refuses
+    /// the 256th, rather than wrap.
     #[test]
-    fn a_full_counter_refuses_inserts() {
+    fn a_full_page_counter_refuses_inserts() {
         let _lock = exclusive();
         clear();
-        let target = filter_index(0x7d00_0000_0000);
-        let page: Vec<usize> = (0x7d00_0000_0000usize..)
-            .step_by(4096)
-            .filter(|&p| filter_index(p) == target)
-            .flat_map(|p| (0..16).map(move |i| p + i * 16))
-            .take(256)
-            .collect();
+        let page: Vec<usize> = (0..256).map(|i| 0x7d00_0000_0000 + i * 16).collect();
         for &a in &page[..255] {
             assert!(insert(a), "{a:#x}");
         }
@@ -556,9 +533,9 @@ mod tests {
         let addr = (0x7c00_0000_0000..).step_by(16).find(|&a| bucket_index(a) / BUCKETS_PER_PAGE == page).unwrap();
         assert!(insert(addr));
         assert!(resident(page) && touched(bucket_index(addr)));
-        // A block in the same granule gets past the filter; its bucket, on a table page
+        // A block on the same memory page gets past the filter; its bucket, on a table page
         // nothing has used, is not read.
-        let (neighbour, other) = (addr & !255..(addr & !255) + 256)
+        let (neighbour, other) = (addr & !4095..(addr & !4095) + 4096)
             .step_by(16)
             .map(|a| (a, bucket_index(a) / BUCKETS_PER_PAGE))
             .find(|&(_, p)| !touched(p * BUCKETS_PER_PAGE) && !resident(p))
