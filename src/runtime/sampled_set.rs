@@ -22,11 +22,14 @@
 //! that size, which the allocation benchmark showed at rate 1e-4.
 //!
 //! Frees pay even less until a session samples its first block (tracing at a low rate, or
-//! before the first sample): one flag, [`SAMPLED`], is read first, and while it is false it
-//! answers "not sampled" without hashing the address or reading the filter, which a large heap
-//! keeps evicting from the cache. It is written once a session (not counted up and down with
-//! every sampled event, which would make every free on every core miss the line after a sample
-//! on any thread).
+//! before the first sample) and once it stops: one flag, [`Filter::sampled`], is read first,
+//! and while it is false it answers "not sampled" without hashing the address or reading the
+//! filter, which a large heap keeps evicting from the cache. It is written once a session, by
+//! the first insert, and cleared when the session stops (not counted up and down with every
+//! sampled event, which would make every free on every core miss the line after a sample on
+//! any thread). `dealloc` reads nothing before it: the flag and the counters are one static,
+//! so that a free loads one address (a program reaches this crate's statics through its
+//! global offset table) and two bytes.
 //!
 //! The table lives in `.bss` (2^15 buckets × 64 bytes = 2 MiB), page-aligned, and only the
 //! pages of buckets that an insert has used are made resident: a short traced run that samples
@@ -46,7 +49,8 @@
 //! that orders it after that return; read-write coherence then guarantees the freeing
 //! thread's loads see the increment and the insert (or later values), so relaxed loads
 //! suffice. Only the thread freeing a block removes it, so its counter cannot drop to zero
-//! while the block is live; [`SAMPLED`] only goes back to false in [`clear`].
+//! while the block is live; [`Filter::sampled`] only goes back to false in [`clear`] and
+//! [`close`].
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 
@@ -78,19 +82,27 @@ static TABLE: Table = Table([EMPTY_BUCKET; 1 << BUCKET_BITS]);
 
 #[allow(clippy::declare_interior_mutable_const)] // Only used to initialise `FILTER`.
 const ZERO: AtomicU8 = AtomicU8::new(0);
-/// The entries of the table on the pages that hash to each counter, plus the inserts into a
-/// full bucket and the removals in progress (and, after a [`clear`] that raced with one, one
-/// more). At most 255: an insert that would pass it is refused like one into a full bucket.
-static FILTER: [AtomicU8; 1 << BUCKET_BITS] = [ZERO; 1 << BUCKET_BITS];
 
-/// Whether an entry has been added since the last [`clear`] (set before it is added): every
-/// free reads it, the first insert of a session writes it. On a cache line of its own, so
-/// that its write does not take away a line that other hot data (the filter, the sampler's
-/// statics) shares.
-static SAMPLED: Sampled = Sampled(AtomicBool::new(false));
+/// What a free reads, in one static (one address for the program to load: a program links
+/// this crate's statics through its global offset table, a load for each static a free reads).
+#[repr(C)]
+struct Filter {
+    /// Whether an entry has been added since the last [`clear`] or [`close`] (set before it is
+    /// added): every free reads it, the first insert of a session writes it. On a cache line
+    /// of its own, so that its write does not take away a line that other hot data shares,
+    /// and inserts' and removals' counter updates do not take away its line.
+    sampled: Sampled,
+    /// The entries of the table on the pages that hash to each counter, plus the inserts into
+    /// a full bucket and the removals in progress (and, after a [`clear`] that raced with one,
+    /// one more). At most 255: an insert that would pass it is refused like one into a full
+    /// bucket.
+    counters: [AtomicU8; 1 << BUCKET_BITS],
+}
 
 #[repr(align(64))]
 struct Sampled(AtomicBool);
+
+static FILTER: Filter = Filter { sampled: Sampled(AtomicBool::new(false)), counters: [ZERO; 1 << BUCKET_BITS] };
 
 #[allow(clippy::declare_interior_mutable_const)] // Only used to initialise `TOUCHED`.
 const NO_PAGES: AtomicU64 = AtomicU64::new(0);
@@ -117,7 +129,7 @@ fn filter_index(addr: usize) -> usize {
 /// The filter counter of `addr`'s page.
 #[inline(always)]
 fn counter(addr: usize) -> &'static AtomicU8 {
-    &FILTER[filter_index(addr)]
+    &FILTER.counters[filter_index(addr)]
 }
 
 /// Record `addr` as a live sampled block. Returns false (nothing recorded) when its bucket is
@@ -133,8 +145,8 @@ pub(crate) fn insert(addr: usize) -> bool {
     if counter.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |c| c.checked_add(1)).is_err() {
         return false;
     }
-    if !SAMPLED.0.load(Ordering::Relaxed) {
-        SAMPLED.0.store(true, Ordering::Relaxed);
+    if !FILTER.sampled.0.load(Ordering::Relaxed) {
+        FILTER.sampled.0.store(true, Ordering::Relaxed);
     }
     touch(bucket_index(addr));
     let inserted = bucket(addr).0.iter().any(|slot| {
@@ -176,10 +188,10 @@ fn touched_buckets() -> impl Iterator<Item = &'static Bucket> {
 
 /// Whether `addr` may be a live sampled block: false before the session's first sample or
 /// when `addr`'s page counter is 0, which is the answer for almost every block. Reads
-/// [`SAMPLED`] and then one counter of a 32 KiB array, and writes nothing.
+/// [`Filter::sampled`] and then one counter of a 32 KiB array, and writes nothing.
 #[inline(always)]
 pub(crate) fn may_contain(addr: usize) -> bool {
-    SAMPLED.0.load(Ordering::Relaxed) && counter(addr).load(Ordering::Relaxed) != 0
+    FILTER.sampled.0.load(Ordering::Relaxed) && counter(addr).load(Ordering::Relaxed) != 0
 }
 
 /// If `addr` is a live sampled block, forget it and return true. Reads the address's bucket
@@ -219,6 +231,14 @@ fn forget_one(counter: &AtomicU8) {
     let _ = counter.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |c| c.checked_sub(1));
 }
 
+/// Let frees past [`Filter::sampled`] no more, when a session stops: they need not look for
+/// its blocks any longer (a free that still finds one records nothing: no session is
+/// running). The next insert opens the gate again; one still finishing after the stop costs
+/// frees a lookup until the next session's [`clear`], nothing more.
+pub(crate) fn close() {
+    FILTER.sampled.0.store(false, Ordering::Relaxed);
+}
+
 /// Forget every entry. Called when a session starts, before anything of the new session is
 /// sampled. Reads and writes only the pages an insert has made resident (and the filter).
 ///
@@ -233,7 +253,7 @@ fn forget_one(counter: &AtomicU8) {
 /// which belongs to the previous session (the new session samples nothing before this
 /// returns): that entry may then not be found, or another entry of its counter may be missed
 /// once — a free the new trace does not show — which takes a thread preempted inside the
-/// table for the whole stop and restart of a session. The next `clear` repairs it. [`SAMPLED`]
+/// table for the whole stop and restart of a session. The next `clear` repairs it. [`Filter::sampled`]
 /// is set again if any entry is left.
 pub(crate) fn clear() {
     for slot in touched_buckets().flat_map(|bucket| &bucket.0) {
@@ -245,9 +265,9 @@ pub(crate) fn clear() {
 }
 
 /// Set each counter to the number of entries it counts (reading only the touched pages of the
-/// table), and [`SAMPLED`] to whether there is any.
+/// table), and [`Filter::sampled`] to whether there is any.
 fn recount() {
-    for counter in &FILTER {
+    for counter in &FILTER.counters {
         // Stored even when already 0: the filter (8 pages) is then resident, written before
         // a free reads it.
         counter.store(0, Ordering::Relaxed);
@@ -260,7 +280,7 @@ fn recount() {
             any = true;
         }
     }
-    SAMPLED.0.store(any, Ordering::Relaxed);
+    FILTER.sampled.0.store(any, Ordering::Relaxed);
 }
 
 #[cfg(test)]
@@ -288,7 +308,7 @@ mod tests {
         // Only the touched pages: an untouched one holds nothing, and reading it would map it
         // (see `only_pages_in_use_become_resident`).
         assert!(touched_buckets().flat_map(|b| b.0.iter()).all(|s| s.load(Ordering::Relaxed) == 0), "table not empty");
-        for (bucket, counter) in FILTER.iter().enumerate() {
+        for (bucket, counter) in FILTER.counters.iter().enumerate() {
             assert_eq!(counter.load(Ordering::Relaxed), 0, "counter of bucket {bucket}");
         }
     }
@@ -488,7 +508,8 @@ mod tests {
     }
 
     /// Until a session's first insert no free gets past the filter, whatever a counter says;
-    /// the flag stays set through removals (it is written once a session) and `clear` resets it.
+    /// the flag stays set through removals (it is written once a session), `close` resets it
+    /// and `clear` sets it to whether entries are left.
     #[test]
     fn the_filter_is_closed_until_a_block_is_sampled() {
         let _lock = exclusive();
@@ -498,14 +519,19 @@ mod tests {
         assert!(!may_contain(a), "a stale counter before any sample");
         counter(a).store(0, Ordering::Relaxed);
         assert!(insert(a) && insert(b));
-        assert!(SAMPLED.0.load(Ordering::Relaxed));
+        assert!(FILTER.sampled.0.load(Ordering::Relaxed));
         assert!(may_contain(a) && may_contain(b));
         assert!(remove(a));
         assert!(remove(b) && !remove(b));
         assert!(!may_contain(a) && !may_contain(b), "their counters are back to 0");
-        assert!(SAMPLED.0.load(Ordering::Relaxed), "set for the session");
+        assert!(FILTER.sampled.0.load(Ordering::Relaxed), "set for the session");
         clear();
-        assert!(!SAMPLED.0.load(Ordering::Relaxed), "reset by clear");
+        assert!(!FILTER.sampled.0.load(Ordering::Relaxed), "reset by clear");
+        assert!(insert(a) && may_contain(a));
+        close();
+        assert!(!may_contain(a), "closed when the session stops");
+        assert!(insert(b) && may_contain(a) && may_contain(b), "opened again by an insert");
+        assert!(remove(a) && remove(b));
         clear();
         assert_empty();
     }

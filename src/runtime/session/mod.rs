@@ -335,6 +335,7 @@ fn finish(session: Session) -> Option<Result<TraceStats, Error>> {
     }
     STATE.store(OFF, Ordering::SeqCst);
     handoff::unpublish();
+    sampled_set::close();
     let mut stall = Stall::watch(session.channel, session.stop_timeout);
     // A writer that stopped on a write error no longer drains the queue: then Stop may not
     // fit, and is not needed.
