@@ -27,7 +27,7 @@ use parking_lot::Mutex;
 
 pub use self::symbolizer::{Options, Stats, Symbolizer};
 pub(crate) use self::worker::Worker;
-use crate::format::location_codec::{self, Location};
+use crate::format::location_codec::{self, lossy_utf8, Location};
 pub(crate) use crate::frames::is_allocator_shim;
 
 /// Bumped as the symbolizer works (every so many entries, rows or symbols read, and at each
@@ -158,12 +158,6 @@ fn drop_inlined_shim(locations: &mut Vec<Location>) {
 pub fn function_names(symbolizer: &mut Symbolizer, addr: u64) -> Vec<String> {
     let frames = symbolizer.symbolize(addr);
     frames.iter().flat_map(|f| f.iter().rev()).map(|f| f.function.as_deref().unwrap_or("??").to_owned()).collect()
-}
-
-/// `bytes` as text, invalid UTF-8 replaced: `str::from_utf8`'s check first, which is much
-/// faster than `String::from_utf8_lossy`'s on the valid names and paths that debug info holds.
-fn lossy_utf8(bytes: &[u8]) -> std::borrow::Cow<'_, str> {
-    std::str::from_utf8(bytes).map_or_else(|_| String::from_utf8_lossy(bytes), std::borrow::Cow::Borrowed)
 }
 
 /// `function_names` with a symbolizer of its own, for tests and benchmarks.
