@@ -43,7 +43,10 @@
 //!   L1 data misses before (8.30 M untraced) and 8.29 M after; at rate 1e-5 the gate costs its
 //!   one load, some 4 instructions a free. (Measured with a count of the live sampled blocks;
 //!   the gate is now a flag set by a session's first sample, which every sampled event no
-//!   longer writes, and has not been measured again.) The hot paths of
+//!   longer writes.) The gate and the counters are now one static, read without `enabled()`
+//!   first: a free loads one address of the global offset table instead of three, 12
+//!   instructions instead of 16 (jaq filtering a 5.8 MB file at rate 1e-5 under cachegrind:
+//!   21–34 M fewer instructions, 0.7–1.1 % of the run). The hot paths of
 //!   `alloc` and `realloc` end in tail calls since (they saved and restored three or four
 //!   registers on every call).
 
