@@ -517,6 +517,7 @@ extern "C" fn after_fork_in_parent() {
 extern "C" fn after_fork_in_child() {
     STATE.store(OFF, Ordering::SeqCst);
     handoff::unpublish();
+    sampled_set::close();
     // `before_fork` locked SESSION in the parent on the thread that is the child's only
     // thread, and forgot the guard.
     SESSION.force_unlock();
