@@ -13,7 +13,7 @@
 
 use std::cmp::Ordering;
 
-use super::line_program::{Program, Sequence};
+use super::line_program::{Program, Sequence, Sequences};
 
 pub(super) type Reader = gimli::EndianSlice<'static, gimli::RunTimeEndian>;
 type Offset = usize;
@@ -134,11 +134,10 @@ enum Step {
 /// hundreds): entries of higher codes are read through gimli.
 const MAX_STEPS: u64 = 1 << 12;
 
-/// A unit's line program, run once to find where its sequences start.
+/// A unit's line program, and where its sequences start, as far as lookups have read.
 struct Lines {
     program: Program,
-    /// Sorted by start, empty ones left out.
-    sequences: Box<[Sequence]>,
+    sequences: Sequences,
 }
 
 /// What names an entry, in the order its attributes came.
@@ -210,7 +209,7 @@ impl Dwarf {
             .map(|u| {
                 BYTES_PER_UNIT
                     + u.functions.found.capacity() * std::mem::size_of::<(u64, u64, Offset)>()
-                    + u.lines.as_ref().map_or(0, |l| l.sequences.len() * std::mem::size_of::<Sequence>())
+                    + u.lines.as_ref().map_or(0, |l| l.sequences.found() * std::mem::size_of::<Sequence>())
             })
             .sum()
     }
@@ -526,25 +525,22 @@ impl Dwarf {
         Ok(self.units[u].comp_dir.clone().flatten())
     }
 
-    /// The unit's line program, run once to find its sequences (`None` when it has none, or
-    /// one [`Program`] cannot run).
-    fn lines(&mut self, u: usize) -> Option<&Lines> {
+    /// The unit's line program (`None` when it has none, or one [`Program`] cannot run).
+    fn lines(&mut self, u: usize) -> Option<&mut Lines> {
         if self.units[u].lines.is_none() {
             let header = self.units[u].unit.line_program.as_ref()?.header();
             let program = Program::new(header).ok()?;
-            let sequences = program.sequences().ok()?.into_boxed_slice();
-            self.units[u].lines = Some(Lines { program, sequences });
+            self.units[u].lines = Some(Lines { program, sequences: Sequences::new() });
         }
-        self.units[u].lines.as_ref()
+        self.units[u].lines.as_mut()
     }
 
     /// The file, line and column of the row that covers `probe`: the sequence's rows are run
     /// up to it.
     fn location(&mut self, u: usize, probe: u64) -> Result<Option<(Option<String>, u32, u32)>> {
         let Some(lines) = self.lines(u) else { return Ok(None) };
-        let found = lines.sequences.binary_search_by(|s| order(s.start, s.end, probe));
-        let Ok(i) = found else { return Ok(None) };
-        let Ok(Some(row)) = lines.program.row_at(&lines.sequences[i], probe) else { return Ok(None) };
+        let Ok(Some(sequence)) = lines.program.sequence_at(&mut lines.sequences, probe) else { return Ok(None) };
+        let Ok(Some(row)) = lines.program.row_at(&sequence, probe) else { return Ok(None) };
         // No column without a line.
         let line = u32::try_from(row.line).unwrap_or(0);
         let column = if line == 0 { 0 } else { row.column as u32 };
@@ -640,7 +636,7 @@ impl Ranges {
 
 /// Where the range `begin..end` lies with respect to `probe`, for a binary search of sorted
 /// ranges.
-fn order(begin: u64, end: u64, probe: u64) -> Ordering {
+pub(super) fn order(begin: u64, end: u64, probe: u64) -> Ordering {
     if probe < begin {
         Ordering::Greater
     } else if probe >= end {

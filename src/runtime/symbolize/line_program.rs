@@ -1,5 +1,5 @@
-//! Runs a unit's DWARF line program: once over all of it, to find where each of its sequences
-//! starts, then one sequence's rows up to the row that covers an address.
+//! Runs a unit's DWARF line program: once, as far as lookups need, to find where its sequences
+//! start, then one sequence's rows up to the row that covers an address.
 //!
 //! gimli's own state machine does the same, as `sequences()` and `resume_from`, but it decodes
 //! every instruction into an enum and keeps every register, and running the programs of a
@@ -15,7 +15,7 @@
 //! information): `DW_LNE_define_file` (DWARF 2 to 4, gone from 5), which adds files as the
 //! program runs, and VLIW operation indexes (`maximum_operations_per_instruction` above 1).
 
-use super::dwarf::{uleb128, Reader};
+use super::dwarf::{order, uleb128, Reader};
 
 /// The rows of one sequence start at byte `offset` of the program's instructions.
 #[derive(Clone, Copy)]
@@ -35,6 +35,26 @@ pub(super) struct Row {
     pub(super) line: u64,
     /// 0 when unknown (the left edge).
     pub(super) column: u64,
+}
+
+/// A program's sequences, read as far as lookups have needed (as gimli's `sequences`, which
+/// reads them all): for a unit of one or two lookups, part of the program.
+pub(super) struct Sequences {
+    /// In program order while `next` is `Some`; sorted by start once all are read.
+    found: Vec<Sequence>,
+    /// The offset of the instructions to read on from; `None` once all are read.
+    next: Option<usize>,
+}
+
+impl Sequences {
+    pub(super) fn new() -> Sequences {
+        Sequences { found: Vec::new(), next: Some(0) }
+    }
+
+    /// The sequences found so far.
+    pub(super) fn found(&self) -> usize {
+        self.found.capacity()
+    }
 }
 
 /// Why a program cannot be run.
@@ -90,11 +110,20 @@ impl Program {
         })
     }
 
-    /// Every sequence with addresses, sorted by start (as gimli's `sequences`, sorted).
-    pub(super) fn sequences(&self) -> Result<Vec<Sequence>, Unreadable> {
-        let mut sequences = Vec::new();
-        let (mut offset, mut start, mut rows) = (0, None, 0usize);
-        self.run(0, |row, end_sequence, next| {
+    /// The sequence that holds `probe`, if one does: the program is read on from where the
+    /// last lookup stopped (see [`Sequences`]), up to the end of the sequence that holds it.
+    pub(super) fn sequence_at(&self, sequences: &mut Sequences, probe: u64) -> Result<Option<Sequence>, Unreadable> {
+        let holds = |s: &Sequence| s.start <= probe && probe < s.end;
+        let Some(from) = sequences.next else {
+            let found = sequences.found.binary_search_by(|s| order(s.start, s.end, probe));
+            return Ok(found.ok().map(|i| sequences.found[i]));
+        };
+        if let Some(&sequence) = sequences.found.iter().find(|s| holds(s)) {
+            return Ok(Some(sequence));
+        }
+        let (found, mut hit, mut next) = (&mut sequences.found, None, None);
+        let (mut offset, mut start, mut rows) = (from, None, 0usize);
+        let ran = self.run(from, |row, end_sequence, after| {
             rows += 1;
             if rows.is_multiple_of(super::WORK_STEP) {
                 super::note_work();
@@ -102,17 +131,28 @@ impl Program {
             if end_sequence {
                 let start = start.take().unwrap_or(0);
                 if start < row.address {
-                    sequences.push(Sequence { start, end: row.address, offset });
+                    let sequence = Sequence { start, end: row.address, offset };
+                    found.push(sequence);
+                    if holds(&sequence) {
+                        (hit, next) = (Some(sequence), Some(after));
+                        return false;
+                    }
                 }
-                offset = next;
+                offset = after;
             } else if start.is_none() {
                 start = Some(row.address);
             }
             true
-        })?;
-        // Stable: sequences at one start (code the linker dropped, at 0) stay in program order.
-        sequences.sort_by_key(|s| s.start);
-        Ok(sequences)
+        });
+        // At the end (or at an error: what was read before it is kept), all are read.
+        sequences.next = next.filter(|_| ran.is_ok());
+        if sequences.next.is_none() {
+            // Stable: sequences at one start (code the linker dropped, at 0) stay in program
+            // order.
+            sequences.found.sort_by_key(|s| s.start);
+            sequences.found.shrink_to_fit();
+        }
+        ran.map(|()| hit)
     }
 
     /// The row of `sequence` that covers `probe`: the last of those at the highest address at
@@ -320,10 +360,21 @@ mod tests {
             let unit = dwarf.unit(header).unwrap();
             let Some(incomplete) = unit.line_program.clone() else { continue };
             let program = Program::new(incomplete.header()).expect("runnable");
-            let ours = program.sequences().unwrap();
             let (complete, mut theirs) = incomplete.sequences().unwrap();
             theirs.retain(|s| s.start < s.end);
+            // Each sequence found at its last address, in program order (where code the linker
+            // dropped overlaps at 0, the first that holds the address), read on as far as it.
+            let mut sequences = Sequences::new();
+            for gimlis in theirs.iter().filter(|s| s.start > 0) {
+                let last = gimlis.end - 1;
+                let first = theirs.iter().find(|s| s.start <= last && last < s.end).unwrap();
+                let found = program.sequence_at(&mut sequences, last).unwrap().expect("found");
+                assert_eq!((found.start, found.end), (first.start, first.end));
+            }
+            // An address past every sequence reads the rest.
+            assert!(program.sequence_at(&mut sequences, u64::MAX).unwrap().is_none());
             theirs.sort_by_key(|s| s.start);
+            let ours = &sequences.found;
             let ours_bounds: Vec<(u64, u64)> = ours.iter().map(|s| (s.start, s.end)).collect();
             let theirs_bounds: Vec<(u64, u64)> = theirs.iter().map(|s| (s.start, s.end)).collect();
             assert_eq!(ours_bounds, theirs_bounds);
@@ -399,7 +450,9 @@ mod tests {
         instructions.extend(END_SEQUENCE); // ends at 0x2003
         let incomplete = program_of(&instructions);
         let program = Program::new(incomplete.header()).unwrap();
-        let sequences = program.sequences().unwrap();
+        let mut read = Sequences::new();
+        assert!(program.sequence_at(&mut read, 0x1009).unwrap().is_none(), "past the first sequence");
+        let sequences = read.found;
         let bounds: Vec<(u64, u64)> = sequences.iter().map(|s| (s.start, s.end)).collect();
         assert_eq!(bounds, [(0x1002, 0x1009), (0x2000, 0x2003)]);
         let (_, gimlis) = incomplete.sequences().unwrap();
@@ -420,6 +473,6 @@ mod tests {
         instructions.extend(END_SEQUENCE);
         let incomplete = program_of(&instructions);
         let program = Program::new(incomplete.header()).unwrap();
-        assert!(program.sequences().is_err());
+        assert!(program.sequence_at(&mut Sequences::new(), 0x1000).is_err());
     }
 }
