@@ -209,7 +209,7 @@ impl Dwarf {
             .map(|u| {
                 BYTES_PER_UNIT
                     + u.functions.found.capacity() * std::mem::size_of::<(u64, u64, Offset)>()
-                    + u.lines.as_ref().map_or(0, |l| l.sequences.found() * std::mem::size_of::<Sequence>())
+                    + u.lines.as_ref().map_or(0, |l| l.sequences.capacity() * std::mem::size_of::<Sequence>())
             })
             .sum()
     }

@@ -51,8 +51,8 @@ impl Sequences {
         Sequences { found: Vec::new(), next: Some(0) }
     }
 
-    /// The sequences found so far.
-    pub(super) fn found(&self) -> usize {
+    /// How many sequences the list of those found has room for (for memory estimates).
+    pub(super) fn capacity(&self) -> usize {
         self.found.capacity()
     }
 }
