@@ -123,7 +123,8 @@ impl Filter {
     /// case-sensitive): some frame's function contains each `inside` substring, and none
     /// contains a `not_inside` one. `functions(code)` names the frames of a location code.
     /// Each clause costs one pass over the nodes, a parent before its children (whatever
-    /// the depth of the stacks), as the page's `stackMask` does.
+    /// the depth of the stacks): the page's `stackMask` rule, which tests each frame once
+    /// where this tests a node's own frames.
     pub fn passing_stacks<'a, I: Iterator<Item = &'a str>>(
         &self,
         trie: &StackTrie,

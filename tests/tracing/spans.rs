@@ -291,6 +291,8 @@ fn the_tracer_threads_starts_are_never_sampled() {
         let threads: Vec<(String, &Allocation)> =
             trace.allocs.values().filter_map(|a| Some((attribution(&trace, a).thread?, a))).collect();
         assert!(!threads.is_empty(), "session {session} sampled nothing");
+        // Every sample names its thread: none escapes the check below.
+        assert_eq!(threads.len(), trace.allocs.len(), "session {session}: samples without a thread");
         // Nor the symbols thread's (`memtrace-symbol`), started at the first sample, while
         // sampling is on. Only the program's thread allocates: any other name (a tracer
         // thread's own, or the one it inherits before it is named) is a tracer's allocation.

@@ -271,6 +271,7 @@ fn libraries_loaded_while_tracing_are_named_and_unloads_forgotten() {
     let dir = temp_path("dlopen").with_extension("d");
     std::fs::create_dir_all(&dir).unwrap();
     let (Some(alpha), Some(beta)) = (build_library(&dir, "alpha", false), build_library(&dir, "beta", true)) else {
+        assert!(std::env::var_os("CI").is_none(), "no C compiler under CI");
         eprintln!("no C compiler: not checked");
         return;
     };
@@ -314,6 +315,7 @@ fn a_symbolizer_stuck_reading_a_file_is_given_up_at_stop() {
     let dir = temp_path("stuck").with_extension("d");
     std::fs::create_dir_all(&dir).unwrap();
     let Some(library) = build_library(&dir, "stuck", false) else {
+        assert!(std::env::var_os("CI").is_none(), "no C compiler under CI");
         eprintln!("no C compiler: not checked");
         return;
     };
