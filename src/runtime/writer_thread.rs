@@ -141,11 +141,7 @@ impl TraceWriter {
         loop {
             let mut received = 0;
             while received < POLL_BATCH {
-                let taken_ahead = self.names.backlog.pop_front();
-                if taken_ahead.is_some() {
-                    channel.note_taken_ahead(self.names.backlog.len());
-                }
-                let Some(msg) = taken_ahead.or_else(|| channel.try_recv()) else { break };
+                let Some(msg) = next_message(channel, &mut self.names.backlog) else { break };
                 received += 1;
                 if msg.session() != self.session {
                     // Sent by a thread still finishing a sample of an earlier session.
@@ -257,6 +253,17 @@ fn take_ahead(channel: &Channel, backlog: &mut VecDeque<Msg>) {
     channel.note_taken_ahead(backlog.len());
 }
 
+/// The next message to handle: the oldest taken ahead, else the queue's next.
+fn next_message(channel: &Channel, backlog: &mut VecDeque<Msg>) -> Option<Msg> {
+    match backlog.pop_front() {
+        Some(msg) => {
+            channel.note_taken_ahead(backlog.len());
+            Some(msg)
+        }
+        None => channel.try_recv(),
+    }
+}
+
 /// What names location codes.
 struct Names {
     /// Told of the writer's progress as it names frames (see [`Channel::note_progress`]).
@@ -324,5 +331,31 @@ impl Names {
             );
         }
         self.cache.extend(new_codes.into_iter().zip(locations));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Messages taken ahead of their turn count as queued (for a stop that gives up on the
+    /// writer) until the writer handles them, and come before the queue's.
+    #[test]
+    fn messages_taken_ahead_count_as_queued_until_handled() {
+        let channel = Channel::new(0, 1 << 10);
+        let free = |addr| Msg::Free { session: 1, addr, time: 0 };
+        for addr in 1..=5 {
+            assert!(channel.try_send(free(addr)));
+        }
+        let mut backlog = VecDeque::new();
+        take_ahead(&channel, &mut backlog);
+        assert_eq!((backlog.len(), channel.queued()), (5, 5));
+        assert!(channel.try_send(free(6)));
+        for handled in 1..=6 {
+            let msg = next_message(&channel, &mut backlog);
+            assert!(matches!(msg, Some(Msg::Free { addr, .. }) if addr == handled), "message {handled}");
+            assert_eq!(channel.queued(), 6 - handled);
+        }
+        assert!(next_message(&channel, &mut backlog).is_none());
     }
 }
