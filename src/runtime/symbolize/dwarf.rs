@@ -104,13 +104,33 @@ struct ParsedUnit {
     lines: Option<Lines>,
     /// Read at the first file name.
     comp_dir: Option<Option<String>>,
+    /// How many lookups have searched the unit's bytes (see [`Dwarf::function_starting_at`]).
+    searches: u32,
+    /// Where a function's `DW_AT_low_pc` lies in its entry, per abbreviation that puts it at a
+    /// fixed place: worked out at the first search.
+    starts: Option<Vec<StartLayout>>,
     last_use: u64,
 }
+
+/// An abbreviation of functions whose entries hold their start address (`DW_FORM_addr`)
+/// `prefix` bytes in, all of a fixed size before it, the code's own bytes included.
+#[derive(Clone, Copy)]
+struct StartLayout {
+    code: u64,
+    prefix: usize,
+}
+
+/// How many lookups in a unit may search its bytes for their function's start address and
+/// line sequence (one scan of the unit's entries and of its line program each, a few times
+/// faster than reading them) before the unit is read as far as lookups need instead: a unit
+/// of many lookups (the standard library's, in a long run) is then read once.
+const SEARCHES_PER_UNIT: u32 = 8;
 
 /// A unit's functions with code, read only as far as lookups have needed: for a unit of a
 /// few lookups (most, in a short run), part of its entries.
 struct Functions {
-    /// (begin, end, entry), sorted by begin once all are read.
+    /// (begin, end, entry), sorted by begin once all are read (those that
+    /// [`Dwarf::function_starting_at`] found may come twice).
     found: Vec<(u64, u64, Offset)>,
     /// The entry to read on from; `None` once all are read.
     next: Option<gimli::UnitOffset>,
@@ -240,27 +260,56 @@ impl Dwarf {
         names
     }
 
+    /// The entry of the function at `probe` and the bounds of its line sequence, as searching
+    /// from `start` finds them (see [`Dwarf::function_starting_at`]), whatever the unit's
+    /// earlier lookups.
+    #[cfg(test)]
+    pub(super) fn searched(&mut self, probe: u64, start: u64) -> (Option<Offset>, Option<(u64, u64)>) {
+        let Some(u) = self.unit_at(probe).and_then(|offset| self.parsed(offset).ok()) else { return (None, None) };
+        let function = self.function_starting_at(u, start, probe).map(|f| f.0);
+        let sequence = self.lines(u).and_then(|l| l.program.sequence_starting_at(&mut l.sequences, start, probe));
+        (function, sequence.map(|s| (s.start, s.end)))
+    }
+
+    /// The entry of the function at `probe` and the bounds of its line sequence, as reading
+    /// the unit finds them.
+    #[cfg(test)]
+    pub(super) fn read(&mut self, probe: u64) -> (Option<Offset>, Option<(u64, u64)>) {
+        let Some(u) = self.unit_at(probe).and_then(|offset| self.parsed(offset).ok()) else { return (None, None) };
+        let function = self.function_at(u, probe).ok().flatten().map(|f| f.0);
+        let sequence = self.lines(u).and_then(|l| l.program.sequence_at(&mut l.sequences, probe).ok().flatten());
+        (function, sequence.map(|s| (s.start, s.end)))
+    }
+
     fn unit_at(&self, probe: u64) -> Option<Offset> {
         let i = self.index.partition_point(|r| r.0 <= probe).checked_sub(1)?;
         let (_, end, unit) = self.index[i];
         (probe < end).then_some(unit)
     }
 
-    /// The functions at `probe`, outermost first; empty when the DWARF does not say.
-    pub(super) fn frames(&mut self, probe: u64) -> Vec<Frame> {
+    /// The functions at `probe`, outermost first; empty when the DWARF does not say. `start`:
+    /// where the symbol table says the function at `probe` starts, if it does (which lets
+    /// the unit's bytes be searched rather than read; see [`Dwarf::function_starting_at`]).
+    pub(super) fn frames(&mut self, probe: u64, start: Option<u64>) -> Vec<Frame> {
         self.clock += 1;
         while self.units.len() >= MAX_PARSED_UNITS {
             let oldest = (0..self.units.len()).min_by_key(|&i| self.units[i].last_use).unwrap_or(0);
             self.units.swap_remove(oldest);
         }
         let Some(offset) = self.unit_at(probe) else { return Vec::new() };
-        self.frames_in(offset, probe).unwrap_or_default()
+        self.frames_in(offset, probe, start).unwrap_or_default()
     }
 
-    fn frames_in(&mut self, unit_offset: Offset, probe: u64) -> Result<Vec<Frame>> {
+    fn frames_in(&mut self, unit_offset: Offset, probe: u64, start: Option<u64>) -> Result<Vec<Frame>> {
         let u = self.parsed(unit_offset)?;
-        let function = self.function_at(u, probe)?;
-        let location = self.location(u, probe)?;
+        let unit = &mut self.units[u];
+        let search = start.filter(|_| unit.functions.next.is_some() && unit.searches < SEARCHES_PER_UNIT);
+        unit.searches += search.is_some() as u32;
+        let function = match search.and_then(|start| self.function_starting_at(u, start, probe)) {
+            Some(function) => Some(function),
+            None => self.function_at(u, probe)?,
+        };
+        let location = self.location(u, probe, search)?;
         let Some(function) = function else {
             return Ok(location
                 .map(|(file, line, column)| vec![Frame { name: None, file, line, column }])
@@ -304,6 +353,8 @@ impl Dwarf {
             functions: Functions { found: Vec::new(), next: Some(first_entry), steps: Vec::new() },
             lines: None,
             comp_dir: None,
+            searches: 0,
+            starts: None,
             last_use: clock,
         });
         Ok(self.units.len() - 1)
@@ -382,6 +433,81 @@ impl Dwarf {
             functions.found.shrink_to_fit();
         }
         Ok(hit)
+    }
+
+    /// The entry of the function that starts at `start` and holds `probe`, found by searching
+    /// the unit's entries for `start` rather than reading them: a function's `DW_AT_low_pc`
+    /// is the address its symbol gives, written out as bytes (`DW_FORM_addr`), and entries of
+    /// most functions' abbreviations have only fixed-size attributes before it (see
+    /// [`StartLayout`]). At each place the bytes occur, an entry of such an abbreviation
+    /// whose code is the right distance before them is read, and kept only if it is a
+    /// function that starts at `start` and holds `probe`. The first so kept is the first the
+    /// unit's entries hold (a function's entry comes before those of the calls inlined into
+    /// it, which may start at the same address). `None` when there is none (a function of
+    /// several ranges, an index into `.debug_addr`): the caller reads the entries then.
+    /// The entry found is noted as a function of the unit.
+    fn function_starting_at(&mut self, u: usize, start: u64, probe: u64) -> Option<gimli::UnitOffset> {
+        let layouts = self.start_layouts(u);
+        let unit = self.unit_ref(u);
+        let header = &unit.header;
+        let first = header.header_size();
+        let entries = header.range_from(gimli::UnitOffset(first)..).ok()?;
+        let needle = address_bytes(
+            start,
+            header.address_size(),
+            gimli::Endianity::is_big_endian(gimli::Reader::endian(&entries)),
+        )?;
+        let bytes = entries.slice();
+        let hit = memchr::memmem::find_iter(bytes, &needle).find_map(|at| {
+            layouts.iter().find_map(|layout| {
+                let entry = at.checked_sub(layout.prefix)?;
+                let mut after_code = entry;
+                if uleb128(bytes, &mut after_code) != Some(layout.code)
+                    || after_code - entry != uleb128_len(layout.code)
+                {
+                    return None;
+                }
+                let offset = gimli::UnitOffset(first + entry);
+                let ranges = function_ranges(unit, offset).ok()??;
+                (ranges.low_pc == Some(start) && ranges.contain(unit, probe).ok()?).then_some((offset, ranges))
+            })
+        });
+        let (offset, ranges) = hit?;
+        let mut found = Vec::new();
+        ranges.for_each(unit, |begin, end| found.push((begin, end, offset.0))).ok()?;
+        self.units[u].functions.found.extend(found);
+        Some(offset)
+    }
+
+    /// The unit's [`StartLayout`]s, worked out the first time.
+    fn start_layouts(&mut self, u: usize) -> Vec<StartLayout> {
+        if self.units[u].starts.is_none() {
+            let unit = &self.units[u].unit;
+            let mut layouts = Vec::new();
+            // Codes are numbered from 1 up, as compilers write them; one missing ends the list
+            // (its entries are then found by reading).
+            for code in 1..MAX_STEPS {
+                let Some(abbreviation) = unit.abbreviations.get(code) else { break };
+                if abbreviation.tag() != gimli::DW_TAG_subprogram {
+                    continue;
+                }
+                let mut prefix = uleb128_len(code);
+                for spec in abbreviation.attributes() {
+                    if spec.name() == gimli::DW_AT_low_pc {
+                        if spec.form() == gimli::DW_FORM_addr {
+                            layouts.push(StartLayout { code, prefix });
+                        }
+                        break;
+                    }
+                    match spec.size(&unit.header) {
+                        Some(size) => prefix += size,
+                        None => break,
+                    }
+                }
+            }
+            self.units[u].starts = Some(layouts);
+        }
+        self.units[u].starts.clone().unwrap_or_default()
     }
 
     /// The function's naming attributes, and the chain of inlined calls at `probe` in it,
@@ -536,10 +662,18 @@ impl Dwarf {
     }
 
     /// The file, line and column of the row that covers `probe`: the sequence's rows are run
-    /// up to it.
-    fn location(&mut self, u: usize, probe: u64) -> Result<Option<(Option<String>, u32, u32)>> {
+    /// up to it. `search`: the start of the function at `probe`, to search the program for
+    /// its sequence (see [`Program::sequence_starting_at`]) before reading it.
+    fn location(&mut self, u: usize, probe: u64, search: Option<u64>) -> Result<Option<(Option<String>, u32, u32)>> {
         let Some(lines) = self.lines(u) else { return Ok(None) };
-        let Ok(Some(sequence)) = lines.program.sequence_at(&mut lines.sequences, probe) else { return Ok(None) };
+        let searched = search.and_then(|start| lines.program.sequence_starting_at(&mut lines.sequences, start, probe));
+        let sequence = match searched {
+            Some(sequence) => sequence,
+            None => match lines.program.sequence_at(&mut lines.sequences, probe) {
+                Ok(Some(sequence)) => sequence,
+                _ => return Ok(None),
+            },
+        };
         let Ok(Some(row)) = lines.program.row_at(&sequence, probe) else { return Ok(None) };
         // No column without a line.
         let line = u32::try_from(row.line).unwrap_or(0);
@@ -746,6 +880,37 @@ pub(super) fn uleb128(bytes: &[u8], at: &mut usize) -> Option<u64> {
         }
         shift += 7;
     }
+}
+
+/// How many bytes `value` takes as an unsigned LEB128 number.
+fn uleb128_len(value: u64) -> usize {
+    (64 - value.max(1).leading_zeros() as usize).div_ceil(7)
+}
+
+/// `address` as an object of `size` bytes (4 or 8) stores it.
+pub(super) fn address_bytes(address: u64, size: u8, big_endian: bool) -> Option<Vec<u8>> {
+    let bytes = match (size, big_endian) {
+        (8, false) => address.to_le_bytes().to_vec(),
+        (8, true) => address.to_be_bytes().to_vec(),
+        (4, false) => u32::try_from(address).ok()?.to_le_bytes().to_vec(),
+        (4, true) => u32::try_from(address).ok()?.to_be_bytes().to_vec(),
+        _ => return None,
+    };
+    Some(bytes)
+}
+
+/// The ranges of the entry at `offset` if it is a function's.
+fn function_ranges(unit: gimli::UnitRef<Reader>, offset: gimli::UnitOffset) -> Result<Option<Ranges>> {
+    let mut entries = unit.entries_raw(Some(offset))?;
+    let Some(abbreviation) = entries.read_abbreviation()? else { return Ok(None) };
+    if abbreviation.tag() != gimli::DW_TAG_subprogram {
+        return Ok(None);
+    }
+    let mut ranges = Ranges::default();
+    for spec in abbreviation.attributes() {
+        ranges.note(unit, &entries.read_attribute(*spec)?)?;
+    }
+    Ok(Some(ranges))
 }
 
 /// Read an inlined call's entry: what names it, where it is called from, and its ranges.

@@ -26,6 +26,11 @@ pub(super) struct Sequence {
     offset: usize,
 }
 
+/// The most bytes of instructions before a sequence's `DW_LNE_set_address` that
+/// [`Program::sequence_starting_at`] looks back over for where the sequence starts (a few
+/// instructions set its file and column).
+const SEQUENCE_PROLOGUE: usize = 32;
+
 /// The registers of a row that a location needs.
 #[derive(Clone, Copy)]
 pub(super) struct Row {
@@ -40,7 +45,8 @@ pub(super) struct Row {
 /// A program's sequences, read as far as lookups have needed (as gimli's `sequences`, which
 /// reads them all): for a unit of one or two lookups, part of the program.
 pub(super) struct Sequences {
-    /// In program order while `next` is `Some`; sorted by start once all are read.
+    /// In program order while `next` is `Some` (but for those [`Program::sequence_starting_at`]
+    /// found, which may then come twice); sorted by start once all are read.
     found: Vec<Sequence>,
     /// The offset of the instructions to read on from; `None` once all are read.
     next: Option<usize>,
@@ -153,6 +159,46 @@ impl Program {
             sequences.found.shrink_to_fit();
         }
         ran.map(|()| hit)
+    }
+
+    /// The sequence that starts at `start` and holds `probe`, found by searching the program
+    /// for the instruction that sets the address to `start` (`DW_LNE_set_address`) rather
+    /// than reading the program up to it: a compiler that puts each function in a section of
+    /// its own starts a sequence per function, with that instruction (after a few that set
+    /// the file or column). The sequence is taken to start after the last end of a sequence
+    /// shortly before it, or at the program's start, and is kept if its first row is at
+    /// `start` (so the instruction was read as one) and it holds `probe`. `None` when there
+    /// is none (functions that share a sequence): the caller reads the program then. The
+    /// sequence found is noted in `sequences` (where reading the program notes it again).
+    pub(super) fn sequence_starting_at(&self, sequences: &mut Sequences, start: u64, probe: u64) -> Option<Sequence> {
+        let mut needle = vec![0, 1 + self.address_size, gimli::DW_LNE_set_address.0];
+        needle.extend(super::dwarf::address_bytes(start, self.address_size, self.big_endian)?);
+        let end_sequence = [0, 1, gimli::DW_LNE_end_sequence.0];
+        let sequence = memchr::memmem::find_iter(self.instructions, &needle).find_map(|at| {
+            let window = at.saturating_sub(SEQUENCE_PROLOGUE);
+            let offset = match memchr::memmem::rfind(&self.instructions[window..at], &end_sequence) {
+                Some(end) => window + end + end_sequence.len(),
+                None if window == 0 => 0,
+                None => return None,
+            };
+            let (mut first, mut sequence) = (None, None);
+            self.run(offset, |row, end_sequence, _| {
+                if !end_sequence {
+                    first = first.or(Some(row.address));
+                    return first == Some(start);
+                }
+                sequence = first.filter(|&first| first < row.address).map(|first| Sequence {
+                    start: first,
+                    end: row.address,
+                    offset,
+                });
+                false
+            })
+            .ok()?;
+            sequence.filter(|s| s.start == start && s.start <= probe && probe < s.end)
+        })?;
+        sequences.found.push(sequence);
+        Some(sequence)
     }
 
     /// The row of `sequence` that covers `probe`: the last of those at the highest address at

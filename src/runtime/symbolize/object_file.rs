@@ -54,7 +54,7 @@ pub(super) struct Loaded {
     /// The object file, or its separate debug file, when it has DWARF not yet looked at.
     dwarf_file: Option<object::File<'static>>,
     has_dwarf: bool,
-    /// The function symbols of `table`, sorted by address, one per address.
+    /// The function symbols of `table`, sorted by address.
     functions: Vec<Function>,
     table: Option<SymbolTable>,
     pub(super) base_estimate: usize,
@@ -156,17 +156,36 @@ impl Loaded {
     }
 
     fn symbol(&self, probe: u64) -> Option<Symbol> {
-        let i = self.functions.partition_point(|f| f.address <= probe).checked_sub(1)?;
-        let f = self.functions[i];
-        (probe < f.address + f.size.max(1)).then(|| self.table?.symbol((f.address, f.size, f.index)))?
+        let table = self.table.as_ref()?;
+        let mut end = self.functions.partition_point(|f| f.address <= probe);
+        // The symbols at the highest address at or below `probe`, the first in [`table_order`]
+        // of those whose names can be read; where none can, those at the address before.
+        while end > 0 {
+            let address = self.functions[end - 1].address;
+            let start = self.functions[..end].partition_point(|f| f.address < address);
+            let at_address = &self.functions[start..end];
+            end = start;
+            let chosen = match at_address {
+                [only] => table.symbol((only.address, only.size, only.index)),
+                aliases => aliases
+                    .iter()
+                    .filter_map(|f| table.symbol((f.address, f.size, f.index)))
+                    .min_by(table_order),
+            };
+            if let Some(symbol) = chosen {
+                return (probe < symbol.address + symbol.size.max(1)).then_some(symbol);
+            }
+        }
+        None
     }
 
     /// The functions at `probe` (an address in the object's own terms), outermost first: from
     /// the DWARF, the symbol table's name for the outermost one.
     pub(super) fn lookup(&mut self, probe: u64) -> Vec<RawFrame> {
+        let symbol = self.symbol(probe);
         let mut frames: Vec<RawFrame> = match self.load_dwarf() {
             Some(dwarf) => dwarf
-                .frames(probe)
+                .frames(probe, symbol.map(|s| s.address))
                 .into_iter()
                 .map(|f| RawFrame {
                     function: f.name.as_deref().map(demangle),
@@ -177,8 +196,7 @@ impl Loaded {
                 .collect(),
             None => Vec::new(),
         };
-        let symbol = self.symbol(probe).map(|s| demangle(s.name));
-        match (frames.first_mut(), symbol) {
+        match (frames.first_mut(), symbol.map(|s| demangle(s.name))) {
             (None, Some(name)) => frames.push(RawFrame { function: Some(name), file: None, line: 0, column: 0 }),
             (Some(outer), Some(name)) => match &outer.function {
                 None => outer.function = Some(name),
@@ -376,8 +394,9 @@ fn table_order(a: &Symbol, b: &Symbol) -> std::cmp::Ordering {
         .then_with(|| a.name.cmp(b.name))
 }
 
-/// `table`'s functions sorted by address, of those at one address the first in
-/// [`table_order`] (whose names are read only then: most addresses have one symbol).
+/// `table`'s functions sorted by address. Of those at one address (aliases: a few percent
+/// of a program's), the one that names it is chosen when it is looked up, by their names:
+/// read now, those names would bring much of the string table into memory.
 fn sorted_functions(table: &SymbolTable) -> Vec<Function> {
     let mut all = Vec::new();
     table.for_each_function(|address, size, index| {
@@ -387,20 +406,8 @@ fn sorted_functions(table: &SymbolTable) -> Vec<Function> {
         all.push(Function { address, size, index })
     });
     all.sort_unstable_by_key(|f| f.address);
-    let mut functions = Vec::with_capacity(all.len());
-    for at_one_address in all.chunk_by(|a, b| a.address == b.address) {
-        let chosen = match at_one_address {
-            [only] => Some(*only),
-            aliases => aliases
-                .iter()
-                .filter_map(|f| Some((*f, table.symbol((f.address, f.size, f.index))?)))
-                .min_by(|(_, a), (_, b)| table_order(a, b))
-                .map(|(f, _)| f),
-        };
-        functions.extend(chosen);
-    }
-    functions.shrink_to_fit();
-    functions
+    all.shrink_to_fit();
+    all
 }
 
 /// What [`Loaded::symbol_name`] gives for each of `probes` (addresses in the object's own
@@ -689,7 +696,7 @@ mod tests {
             .flat_map(|s| [s.size.min(9) / 2, s.size / 4, s.size / 2, s.size * 3 / 4].map(|into| s.address + into));
         for probe in probes {
             let ours: Vec<String> = dwarf
-                .frames(probe)
+                .frames(probe, loaded.symbol(probe).map(|s| s.address))
                 .into_iter()
                 .map(|f| format!("{:?} {:?}:{}:{}", f.name.as_deref().map(demangle), f.file, f.line, f.column))
                 .collect();
@@ -719,6 +726,40 @@ mod tests {
             dwarf.parsed_units()
         );
         assert!(named > 100 && inlined > 10, "{named} named, {inlined} inlined");
+    }
+
+    /// Searching a unit for a function's start address finds the entry and line sequence
+    /// that reading it finds, for most functions (of this test binary, or of
+    /// `MEMTRACE_TEST_OBJECT`), and nothing else.
+    #[test]
+    fn searching_for_a_functions_start_finds_what_reading_finds() {
+        let path = std::env::var_os("MEMTRACE_TEST_OBJECT")
+            .map(std::path::PathBuf::from)
+            .unwrap_or_else(|| std::env::current_exe().unwrap());
+        let mut loaded = Loaded::open(&path, None, &Options::default()).expect("readable");
+        let file = loaded.dwarf_file.take().expect("DWARF");
+        let mut searching = locate_dwarf(&file, &mut loaded.inflated, &mut loaded._maps).expect("a unit index");
+        let mut reading = locate_dwarf(&file, &mut loaded.inflated, &mut loaded._maps).expect("a unit index");
+        let (mut probes, mut functions, mut sequences) = (0, 0, 0);
+        for f in loaded.functions.iter().step_by(5) {
+            let probe = f.address + f.size / 2;
+            let (function, sequence) = searching.searched(probe, f.address);
+            let read = reading.read(probe);
+            probes += read.0.is_some() as usize;
+            if function.is_some() {
+                assert_eq!(function, read.0, "the function at {probe:#x}");
+                functions += 1;
+            }
+            if sequence.is_some() {
+                assert_eq!(sequence, read.1, "the sequence at {probe:#x}");
+                sequences += 1;
+            }
+            // An address the function does not start at finds nothing.
+            assert_eq!(searching.searched(probe, f.address + 1), (None, None));
+        }
+        println!("of {probes} functions, {functions} found by their start, {sequences} line sequences");
+        assert!(probes > 1000, "{probes} functions");
+        assert!(functions * 10 > probes * 9 && sequences * 10 > probes * 9, "{functions} and {sequences} of {probes}");
     }
 
     /// A C library's DWARF is read whether or not it has `.debug_aranges` (clang leaves it
