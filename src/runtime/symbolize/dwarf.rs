@@ -249,7 +249,7 @@ impl Dwarf {
     pub(super) fn names_of_functions_at(&mut self, probe: u64) -> Vec<Vec<u8>> {
         let Some(u) = self.unit_at(probe).and_then(|offset| self.parsed(offset).ok()) else { return Vec::new() };
         // No function holds the last address: this reads all the unit's functions.
-        let _ = self.function_at(u, u64::MAX);
+        let _ = self.function_at(u, u64::MAX, None);
         let holding: Vec<Offset> =
             self.units[u].functions.found.iter().filter(|f| f.0 <= probe && probe < f.1).map(|f| f.2).collect();
         let mut names = Vec::new();
@@ -276,8 +276,8 @@ impl Dwarf {
     #[cfg(test)]
     pub(super) fn read(&mut self, probe: u64) -> (Option<Offset>, Option<(u64, u64)>) {
         let Some(u) = self.unit_at(probe).and_then(|offset| self.parsed(offset).ok()) else { return (None, None) };
-        let function = self.function_at(u, probe).ok().flatten().map(|f| f.0);
-        let sequence = self.lines(u).and_then(|l| l.program.sequence_at(&mut l.sequences, probe).ok().flatten());
+        let function = self.function_at(u, probe, None).ok().flatten().map(|f| f.0);
+        let sequence = self.lines(u).and_then(|l| l.program.sequence_at(&mut l.sequences, probe, None).ok().flatten());
         (function, sequence.map(|s| (s.start, s.end)))
     }
 
@@ -302,13 +302,8 @@ impl Dwarf {
 
     fn frames_in(&mut self, unit_offset: Offset, probe: u64, start: Option<u64>) -> Result<Vec<Frame>> {
         let u = self.parsed(unit_offset)?;
-        let unit = &mut self.units[u];
-        let search = start.filter(|_| unit.functions.next.is_some() && unit.searches < SEARCHES_PER_UNIT);
-        unit.searches += search.is_some() as u32;
-        let function = match search.and_then(|start| self.function_starting_at(u, start, probe)) {
-            Some(function) => Some(function),
-            None => self.function_at(u, probe)?,
-        };
+        let search = start.filter(|_| self.units[u].searches < SEARCHES_PER_UNIT);
+        let function = self.function_at(u, probe, search)?;
         let location = self.location(u, probe, search)?;
         let Some(function) = function else {
             return Ok(location
@@ -400,9 +395,10 @@ impl Dwarf {
         gimli::UnitRef::new(&self.sections, &self.units[u].unit)
     }
 
-    /// The entry of the function whose code holds `probe`, reading the unit's functions as
-    /// far as needed.
-    fn function_at(&mut self, u: usize, probe: u64) -> Result<Option<gimli::UnitOffset>> {
+    /// The entry of the function whose code holds `probe`: one found before, else found by
+    /// searching from `search` (the function's start, see [`Dwarf::function_starting_at`]),
+    /// else reading the unit's functions as far as needed.
+    fn function_at(&mut self, u: usize, probe: u64, search: Option<u64>) -> Result<Option<gimli::UnitOffset>> {
         let contains = |&&(begin, end, _): &&(u64, u64, Offset)| begin <= probe && probe < end;
         let functions = &self.units[u].functions;
         let Some(from) = functions.next else {
@@ -419,6 +415,9 @@ impl Dwarf {
         };
         if let Some(&(_, _, entry)) = functions.found.iter().find(contains) {
             return Ok(Some(gimli::UnitOffset(entry)));
+        }
+        if let Some(function) = search.and_then(|start| self.function_starting_at(u, start, probe)) {
+            return Ok(Some(function));
         }
         let mut found = std::mem::take(&mut self.units[u].functions.found);
         let mut steps = std::mem::take(&mut self.units[u].functions.steps);
@@ -447,6 +446,7 @@ impl Dwarf {
     /// several ranges, an index into `.debug_addr`): the caller reads the entries then.
     /// The entry found is noted as a function of the unit.
     fn function_starting_at(&mut self, u: usize, start: u64, probe: u64) -> Option<gimli::UnitOffset> {
+        self.units[u].searches += 1;
         let layouts = self.start_layouts(u);
         let unit = self.unit_ref(u);
         let header = &unit.header;
@@ -666,13 +666,8 @@ impl Dwarf {
     /// its sequence (see [`Program::sequence_starting_at`]) before reading it.
     fn location(&mut self, u: usize, probe: u64, search: Option<u64>) -> Result<Option<(Option<String>, u32, u32)>> {
         let Some(lines) = self.lines(u) else { return Ok(None) };
-        let searched = search.and_then(|start| lines.program.sequence_starting_at(&mut lines.sequences, start, probe));
-        let sequence = match searched {
-            Some(sequence) => sequence,
-            None => match lines.program.sequence_at(&mut lines.sequences, probe) {
-                Ok(Some(sequence)) => sequence,
-                _ => return Ok(None),
-            },
+        let Ok(Some(sequence)) = lines.program.sequence_at(&mut lines.sequences, probe, search) else {
+            return Ok(None);
         };
         let Ok(Some(row)) = lines.program.row_at(&sequence, probe) else { return Ok(None) };
         // No column without a line.

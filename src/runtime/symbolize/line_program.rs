@@ -116,15 +116,25 @@ impl Program {
         })
     }
 
-    /// The sequence that holds `probe`, if one does: the program is read on from where the
-    /// last lookup stopped (see [`Sequences`]), up to the end of the sequence that holds it.
-    pub(super) fn sequence_at(&self, sequences: &mut Sequences, probe: u64) -> Result<Option<Sequence>, Unreadable> {
+    /// The sequence that holds `probe`, if one does: one found before, else found by
+    /// searching from `search` (the start of the function at `probe`, see
+    /// [`Program::sequence_starting_at`]), else by reading the program on from where the last
+    /// lookup stopped (see [`Sequences`]) up to the end of the sequence that holds it.
+    pub(super) fn sequence_at(
+        &self,
+        sequences: &mut Sequences,
+        probe: u64,
+        search: Option<u64>,
+    ) -> Result<Option<Sequence>, Unreadable> {
         let holds = |s: &Sequence| s.start <= probe && probe < s.end;
         let Some(from) = sequences.next else {
             let found = sequences.found.binary_search_by(|s| order(s.start, s.end, probe));
             return Ok(found.ok().map(|i| sequences.found[i]));
         };
         if let Some(&sequence) = sequences.found.iter().find(|s| holds(s)) {
+            return Ok(Some(sequence));
+        }
+        if let Some(sequence) = search.and_then(|start| self.sequence_starting_at(sequences, start, probe)) {
             return Ok(Some(sequence));
         }
         let (found, mut hit, mut next) = (&mut sequences.found, None, None);
@@ -414,11 +424,11 @@ mod tests {
             for gimlis in theirs.iter().filter(|s| s.start > 0) {
                 let last = gimlis.end - 1;
                 let first = theirs.iter().find(|s| s.start <= last && last < s.end).unwrap();
-                let found = program.sequence_at(&mut sequences, last).unwrap().expect("found");
+                let found = program.sequence_at(&mut sequences, last, None).unwrap().expect("found");
                 assert_eq!((found.start, found.end), (first.start, first.end));
             }
             // An address past every sequence reads the rest.
-            assert!(program.sequence_at(&mut sequences, u64::MAX).unwrap().is_none());
+            assert!(program.sequence_at(&mut sequences, u64::MAX, None).unwrap().is_none());
             theirs.sort_by_key(|s| s.start);
             let ours = &sequences.found;
             let ours_bounds: Vec<(u64, u64)> = ours.iter().map(|s| (s.start, s.end)).collect();
@@ -497,7 +507,7 @@ mod tests {
         let incomplete = program_of(&instructions);
         let program = Program::new(incomplete.header()).unwrap();
         let mut read = Sequences::new();
-        assert!(program.sequence_at(&mut read, 0x1009).unwrap().is_none(), "past the first sequence");
+        assert!(program.sequence_at(&mut read, 0x1009, None).unwrap().is_none(), "past the first sequence");
         let sequences = read.found;
         let bounds: Vec<(u64, u64)> = sequences.iter().map(|s| (s.start, s.end)).collect();
         assert_eq!(bounds, [(0x1002, 0x1009), (0x2000, 0x2003)]);
@@ -519,6 +529,6 @@ mod tests {
         instructions.extend(END_SEQUENCE);
         let incomplete = program_of(&instructions);
         let program = Program::new(incomplete.header()).unwrap();
-        assert!(program.sequence_at(&mut Sequences::new(), 0x1000).is_err());
+        assert!(program.sequence_at(&mut Sequences::new(), 0x1000, None).is_err());
     }
 }

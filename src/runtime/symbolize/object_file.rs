@@ -167,10 +167,9 @@ impl Loaded {
             end = start;
             let chosen = match at_address {
                 [only] => table.symbol((only.address, only.size, only.index)),
-                aliases => aliases
-                    .iter()
-                    .filter_map(|f| table.symbol((f.address, f.size, f.index)))
-                    .min_by(table_order),
+                aliases => {
+                    aliases.iter().filter_map(|f| table.symbol((f.address, f.size, f.index))).min_by(table_order)
+                }
             };
             if let Some(symbol) = chosen {
                 return (probe < symbol.address + symbol.size.max(1)).then_some(symbol);
