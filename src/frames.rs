@@ -47,8 +47,13 @@ const LIBRARY_FILES: [&str; 6] = [
 /// Whether `name` (demangled, without hash) is one of the allocation entry points that
 /// `#[global_allocator]` generates (`__rust_alloc`, or `__rustc::__rust_alloc` with full debug
 /// info), which call the global allocator's methods.
-pub(crate) fn is_allocator_shim(name: &str) -> bool {
-    SHIMS.iter().any(|shim| name == *shim || name.strip_suffix(shim).is_some_and(|path| path.ends_with("::")))
+pub(crate) fn is_allocator_shim(name: &[u8]) -> bool {
+    // As bytes (the shims' names are ASCII): the writer asks of every sample's innermost
+    // frame, whose names can be long.
+    SHIMS
+        .iter()
+        .map(|shim| shim.as_bytes())
+        .any(|shim| name == shim || name.strip_suffix(shim).is_some_and(|path| path.ends_with(b"::")))
 }
 
 /// Whether a function named `name` (demangled) is the tracer's or the global allocator's,

@@ -201,7 +201,7 @@ impl TraceWriter {
         if let [innermost, rest @ ..] = &self.codes[..] {
             let locations = self.names.locations_of(*innermost, &self.codes);
             // Outermost first: the frame's own function.
-            if !rest.is_empty() && locations.first().is_some_and(|l| symbolize::is_allocator_shim(&l.defname_str())) {
+            if !rest.is_empty() && locations.first().is_some_and(|l| symbolize::is_allocator_shim(&l.defname)) {
                 self.codes.remove(0);
             }
         }
@@ -313,7 +313,7 @@ impl Names {
         let addrs: Vec<u64> = new_codes.iter().map(|code| code & ((1 << ADDRESS_BITS) - 1)).collect();
         let (channel, backlog) = (self.channel, &mut self.backlog);
         let mut work = symbolize::work_done();
-        let (locations, program_without_debug_info) = self.worker.locations(&addrs, || {
+        let (locations, program_note) = self.worker.locations(&addrs, || {
             // Waiting for our own symbolizer: progress while it gets on with its work, not
             // while it is stuck.
             let now = symbolize::work_done();
@@ -323,12 +323,8 @@ impl Names {
             }
             take_ahead(channel, backlog);
         });
-        if let Some(program) = program_without_debug_info {
-            eprintln!(
-                "memtrace: note: {} has no debug info: its frames are named without files, lines or inlined \
-                 functions (build with debug = \"line-tables-only\" in its Cargo profile)",
-                program.display()
-            );
+        if let Some(note) = program_note {
+            eprintln!("{note}");
         }
         self.cache.extend(new_codes.into_iter().zip(locations));
     }

@@ -651,7 +651,10 @@ fn tracing_started_on_another_stack() {
 ///   LTO) into the tracer's calibration code but not into some allocating functions: either
 ///   way each site's frame is the innermost one kept, at the allocating line, with nothing of
 ///   the shim or the tracer in it, and its estimated bytes are within 10 % of the truth;
-/// - a stripped build gets one note that its stacks keep the tracer's frames.
+/// - a stripped build (no symbol table, no debug info) gets one note that its frames are
+///   unnamed, and its stacks start at the sites all the same: the tracer finds its own frames
+///   by the unwind tables, and the innermost frame of every sample, named from the symbols of
+///   the build it was stripped from, is a site's.
 ///
 /// This repository builds with frame pointers and tests in debug mode, so the program is built
 /// by cargo here, in target directories of its own (about 50 s the first time).
@@ -662,13 +665,65 @@ fn release_builds_without_frame_pointers() {
         let program = build_release_sites(&fixture, &[("LTO", lto), ("OPT_LEVEL", opt_level)]);
         check_release_sites(&fixture, &program, &format!("LTO {lto}, opt-level {opt_level}"));
     }
-    let stripped = build_release_sites(&fixture, &[("STRIP", "symbols")]);
+    // Stripped by binutils, as `strip = true` would (no symbol table, no debug info), but
+    // from a build whose twin keeps its symbols: Cargo's own stripped build differs in code.
+    let twin = build_release_sites(&fixture, &[("LTO", "off"), ("OPT_LEVEL", "3")]);
+    let stripped = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("release-sites-stripped");
+    let status = Command::new("strip").arg("--strip-all").arg("-o").arg(&stripped).arg(&twin).status();
+    if !status.as_ref().is_ok_and(|s| s.success()) {
+        assert!(std::env::var_os("CI").is_none(), "binutils' strip did not run: {status:?}");
+        eprintln!("no binutils strip here: the stripped build is not checked");
+        return;
+    }
+    check_stripped_release_sites(&stripped, &twin);
+}
+
+/// The stripped build `stripped` of the fixture, traced: see [`release_builds_without_frame_pointers`].
+fn check_stripped_release_sites(stripped: &Path, twin: &Path) {
+    use object::{Object, ObjectSection, ObjectSymbol};
+    let (stripped_data, twin_data) = (std::fs::read(stripped).unwrap(), std::fs::read(twin).unwrap());
+    let (stripped_file, twin_file) =
+        (object::File::parse(&*stripped_data).unwrap(), object::File::parse(&*twin_data).unwrap());
+    let text = |file: &object::File| file.section_by_name(".text").map(|s| (s.address(), s.data().unwrap().to_vec()));
+    assert!(text(&stripped_file).is_some() && text(&stripped_file) == text(&twin_file), "stripping moved the code");
+    assert!(stripped_file.section_by_name(".debug_info").is_none(), "the stripped build has debug info");
+    assert_eq!(stripped_file.symbols().count(), 0, "the stripped build has a symbol table");
+    let functions: Vec<(u64, u64, String)> = twin_file
+        .symbols()
+        .filter(|s| s.kind() == object::SymbolKind::Text && s.size() > 0)
+        .map(|s| (s.address(), s.size(), format!("{:#}", rustc_demangle::demangle(s.name().unwrap()))))
+        .collect();
+    let function_at =
+        |address: u64| functions.iter().find(|f| f.0 <= address && address < f.0 + f.1).map(|f| f.2.as_str());
+    let main_at = functions.iter().find(|f| f.2 == "memtrace_release_sites::main").expect("main in the twin").0;
+
     let path = temp_path("release-sites-stripped");
-    let out = Command::new(&stripped).env("MEMTRACE_FILE", &path).output().expect("run the program");
+    let out = Command::new(stripped)
+        .env("MEMTRACE_FILE", &path)
+        .env("MEMTRACE_RATE", "0.001")
+        .env("RELEASE_SITES_PRINT_MAIN", "1")
+        .output()
+        .expect("run the program");
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let messages = memtrace_messages(&out);
-    assert!(messages.len() == 1 && messages[0].contains("stripped"), "{messages:?}");
-    assert!(!Trace::read(&path).allocs.is_empty());
+    assert!(messages.len() == 1 && messages[0].contains("no symbol table"), "{messages:?}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let loaded_main = stdout.lines().find_map(|l| l.strip_prefix("main at 0x")).expect("main's address");
+    let bias = u64::from_str_radix(loaded_main, 16).unwrap() - main_at;
+    let trace = Trace::read(&path);
+    let mut at_sites = 0;
+    for a in trace.allocs.values() {
+        let innermost = *a.codes.last().unwrap();
+        let function = function_at(innermost - 1 - bias);
+        assert!(
+            function.is_some_and(|f| ["::with_capacity_site", "::boxed_site", "::aligned_site"]
+                .iter()
+                .any(|s| f.ends_with(s))),
+            "innermost frame {innermost:#x} in {function:?}"
+        );
+        at_sites += a.nsamples;
+    }
+    assert!(at_sites > 100, "{at_sites} samples");
     let _ = std::fs::remove_file(&path);
 }
 

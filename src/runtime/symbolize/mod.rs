@@ -146,7 +146,7 @@ pub fn symbolize(symbolizer: &mut Symbolizer, addr: u64) -> Arc<[Location]> {
 /// the return address is then the allocating function's call into the tracer, and the
 /// innermost kept frame the allocating function's, not the shim's (see `unwind::SHIM`).
 fn drop_inlined_shim(locations: &mut Vec<Location>) {
-    if let Some(shim) = locations.iter().position(|l| is_allocator_shim(&l.defname_str())) {
+    if let Some(shim) = locations.iter().position(|l| is_allocator_shim(&l.defname)) {
         if shim > 0 {
             locations.truncate(shim);
         }

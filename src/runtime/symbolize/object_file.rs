@@ -54,6 +54,8 @@ pub(super) struct Loaded {
     /// The object file, or its separate debug file, when it has DWARF not yet looked at.
     dwarf_file: Option<object::File<'static>>,
     has_dwarf: bool,
+    /// Whether `table` is a full symbol table (`.symtab`), not only the dynamic one.
+    static_table: bool,
     /// The function symbols of `table`, sorted by address.
     functions: Vec<Function>,
     table: Option<SymbolTable>,
@@ -84,12 +86,12 @@ impl Loaded {
             debug_file.as_ref().and_then(|d| SymbolTable::of(d, false)),
             SymbolTable::of(&file, true),
         ];
-        let (table, functions) = tables
+        let (static_table, table, functions) = tables
             .into_iter()
-            .flatten()
-            .map(|table| (Some(table), sorted_functions(&table)))
-            .find(|(_, functions)| !functions.is_empty())
-            .unwrap_or((None, Vec::new()));
+            .enumerate()
+            .filter_map(|(k, table)| Some((k < 2, Some(table?), sorted_functions(&table?))))
+            .find(|(_, _, functions)| !functions.is_empty())
+            .unwrap_or((false, None, Vec::new()));
         let separate = debug_file.is_some();
         let dwarf_file = debug_file.or(Some(file)).filter(has_dwarf);
         let mut map = map;
@@ -102,6 +104,7 @@ impl Loaded {
         Some(Loaded {
             dwarf: None,
             has_dwarf: dwarf_file.is_some(),
+            static_table,
             dwarf_file,
             functions,
             table,
@@ -139,10 +142,20 @@ impl Loaded {
         self.dwarf.as_ref().map_or(0, Dwarf::parsed_units)
     }
 
-    /// Whether names come from a symbol table alone (no DWARF): functions without files, lines
-    /// or inlined functions.
-    pub(super) fn symbols_only(&self) -> bool {
-        !self.has_dwarf && !self.functions.is_empty()
+    /// What the object's frames are named without, for want of debug info or symbols, and
+    /// what gives full names; `None` when they are named in full.
+    pub(super) fn missing_names(&self) -> Option<&'static str> {
+        match (self.has_dwarf, self.static_table) {
+            (true, _) => None,
+            (false, true) => Some(
+                "has no debug info: its frames are named without files, lines or inlined functions (build with \
+                 debug = \"line-tables-only\" in its Cargo profile)",
+            ),
+            (false, false) => Some(
+                "has no symbol table or debug info (stripped?): its frames are unnamed but for its exported \
+                 functions (build with strip = false and debug = \"line-tables-only\" in its Cargo profile)",
+            ),
+        }
     }
 
     pub(super) fn bytes(&self) -> usize {

@@ -99,9 +99,9 @@ pub struct Symbolizer {
     cache_bytes: usize,
     strings: FastSet<Arc<str>>,
     stats: Stats,
-    /// The program's path, when it was found to have symbols but no debug info and that has
-    /// not been said yet; then `Some(None)`.
-    program_without_debug_info: Option<Option<PathBuf>>,
+    /// A note that the program's frames miss names (see [`Symbolizer::take_program_note`]),
+    /// not said yet; once said, `Some(None)`.
+    program_note: Option<Option<String>>,
 }
 
 impl Default for Symbolizer {
@@ -130,7 +130,7 @@ impl Symbolizer {
             cache_bytes: 0,
             strings: FastSet::default(),
             stats: Stats::default(),
-            program_without_debug_info: None,
+            program_note: None,
         }
     }
 
@@ -145,10 +145,10 @@ impl Symbolizer {
         self.strings.clear();
     }
 
-    /// The program's path, once, if it has a symbol table but no debug info (its frames have
-    /// function names without files, lines or inlined functions).
-    pub(crate) fn take_program_without_debug_info(&mut self) -> Option<PathBuf> {
-        self.program_without_debug_info.as_mut().and_then(Option::take)
+    /// Once, if the program has no debug info or no symbol table: a note for its user that
+    /// says what its frames are named without, and what gives full names.
+    pub(crate) fn take_program_note(&mut self) -> Option<String> {
+        self.program_note.as_mut().and_then(Option::take)
     }
 
     /// What it did so far, and the memory it holds now.
@@ -333,8 +333,10 @@ impl Symbolizer {
         let object = &mut self.objects[index];
         let State::Loaded(loaded) = &mut object.state else { return None };
         // The loader lists the program first.
-        if index == 0 && loaded.symbols_only() && self.program_without_debug_info.is_none() {
-            self.program_without_debug_info = Some(Some(object.path.clone()));
+        if index == 0 && self.program_note.is_none() {
+            if let Some(missing) = loaded.missing_names() {
+                self.program_note = Some(Some(format!("memtrace: note: {} {missing}", object.path.display())));
+            }
         }
         let raw = loaded.lookup(pc.wrapping_sub(object.base));
         if raw.is_empty() {

@@ -11,7 +11,6 @@
 //! requests channel closes; it is not waited for) or its symbolizer taken back. Idle for a
 //! second, it gives back the memory naming took.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -29,9 +28,10 @@ const WAIT_SLICE: Duration = Duration::from_millis(1);
 /// moments, and a long-running program should not keep their parsed DWARF.
 const IDLE_BEFORE_RELEASE: Duration = Duration::from_secs(1);
 
-/// An answer: the locations of each address asked for, in order, and the program's path when
-/// the symbolizer just found it has no debug info.
-type Answer = (Vec<Arc<[Location]>>, Option<PathBuf>);
+/// An answer: the locations of each address asked for, in order, and a note for the program's
+/// user when the symbolizer just found that its frames miss names
+/// ([`Symbolizer::take_program_note`]).
+type Answer = (Vec<Arc<[Location]>>, Option<String>);
 
 /// The symbolizer, on its thread once an address was asked for.
 pub(crate) struct Worker {
@@ -57,7 +57,7 @@ impl Worker {
     }
 
     /// The locations of each return address of `addrs` (see [`super::symbolize`]), in order,
-    /// and the program's path if it was just found to have no debug info. `meanwhile` is
+    /// and a note if the program was just found to miss names. `meanwhile` is
     /// called every [`WAIT_SLICE`] while the answer is being worked out. A panic of the
     /// symbolizer is resumed here.
     pub(crate) fn locations(&mut self, addrs: &[u64], mut meanwhile: impl FnMut()) -> Answer {
@@ -210,7 +210,7 @@ fn named(symbolizer: &mut Symbolizer, addrs: &[u64]) -> Answer {
             super::symbolize(symbolizer, addr)
         })
         .collect();
-    (locations, symbolizer.take_program_without_debug_info())
+    (locations, symbolizer.take_program_note())
 }
 
 #[cfg(test)]

@@ -165,6 +165,9 @@ pub(crate) fn has_lock_free_table_lookup() -> bool {
     !unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"_dl_find_object".as_ptr()) }.is_null()
 }
 
+/// A calibration marker: its function, and the function's name.
+type Marker = (fn(), &'static str);
+
 /// The calibration markers, one per entry point, and their functions' names.
 const MARKERS: [(Entry, fn(), &str); 3] = [
     (Entry::Alloc, marker_alloc, "marker_alloc"),
@@ -190,13 +193,15 @@ fn capture_markers(walker: Walker) {
 /// whether every marker was found in its captures.
 fn measure_leading_frames(walkers: &[Walker]) -> Vec<bool> {
     let all = CALIBRATION.lock();
-    let captures: Vec<(&[u64], &str)> = walkers
+    let captures: Vec<(&[u64], Marker)> = walkers
         .iter()
         .flat_map(|&w| {
-            MARKERS.iter().map(move |&(entry, _, name)| (w, entry, name)).map(|(w, entry, name)| {
-                let (n, frames) = &all[w as usize][entry as usize];
-                (&frames[..*n], name)
-            })
+            MARKERS.iter().map(move |&(entry, function, name)| (w, entry, (function, name))).map(
+                |(w, entry, marker)| {
+                    let (n, frames) = &all[w as usize][entry as usize];
+                    (&frames[..*n], marker)
+                },
+            )
         })
         .collect();
     let leadings = on_a_thread_of_its_own(|| tracer_frames(&captures));
@@ -279,11 +284,14 @@ fn on_a_thread_of_its_own<R: Send>(f: impl Fn() -> R + Sync) -> R {
 const INLINE_NAMING_STACK: usize = 4 << 20;
 
 /// For each capture's `frames` (innermost first), the leading ones that are tracer or
-/// allocator machinery, given that the frame of the function named `marker` called into the
-/// global allocator. The last of them is the allocator shim's own frame, unless the shim was
+/// allocator machinery, given that the frame of the `marker` function called into the global
+/// allocator. The last of them is the allocator shim's own frame, unless the shim was
 /// inlined into the marker (as LTO may do): then it is a tracer frame, dropped by count like
-/// the others. `None` when the marker cannot be found (no symbols, or a broken frame chain).
-fn tracer_frames(captures: &[(&[u64], &str)]) -> Vec<Option<Leading>> {
+/// the others. The marker's frame is the one whose code the unwind tables say is the
+/// marker function's (or, where they cannot be read here, the one its name names), so that it
+/// is found in a program without a symbol table too. `None` when it cannot be found (a broken
+/// frame chain).
+fn tracer_frames(captures: &[(&[u64], Marker)]) -> Vec<Option<Leading>> {
     // Symbol tables name these frames: the functions the walks return into are never inlined
     // (the markers, the allocator shim, our allocator's methods), and parsing the program's
     // DWARF would cost more than everything else start-up does. The writer parses what it
@@ -308,8 +316,11 @@ fn tracer_frames(captures: &[(&[u64], &str)]) -> Vec<Option<Leading>> {
     let marker_at: Vec<Option<usize>> = captures
         .iter()
         .zip(&starts)
-        .map(|((frames, marker), &start)| {
-            names[start..start + frames.len()].iter().position(|n| n.as_ref().is_some_and(|n| n.ends_with(marker)))
+        .map(|((frames, (function, name)), &start)| {
+            let in_marker = |&ra: &u64| cfi::function_start(ra.wrapping_sub(1)) == Some(*function as usize as u64);
+            frames.iter().position(in_marker).or_else(|| {
+                names[start..start + frames.len()].iter().position(|n| n.as_ref().is_some_and(|n| n.ends_with(name)))
+            })
         })
         .collect();
     let before_marker = |k: usize| {
@@ -342,10 +353,16 @@ fn name_some(
 /// The leading tracer frames of `frames`, whose callers from `names.len()` on are the
 /// program's, given the names of the frames before.
 fn leading(frames: &[u64], names: &[Option<String>]) -> Option<Leading> {
+    if let [.., None] = names {
+        // The frame that the marker called has no name (a program without a symbol table):
+        // it is taken for the allocator shim's, which without LTO is called out of line.
+        let last = names.len() - 1;
+        return Some(Leading { tracer: last, shim: frames[last] });
+    }
     let Some(last) = names.iter().rposition(|n| n.as_ref().is_some_and(|n| crate::frames::is_tracer_frame(n))) else {
         return Some(Leading::NONE);
     };
-    Some(if names[last].as_ref().is_some_and(|n| symbolize::is_allocator_shim(n)) {
+    Some(if names[last].as_ref().is_some_and(|n| symbolize::is_allocator_shim(n.as_bytes())) {
         Leading { tracer: last, shim: frames[last] }
     } else {
         Leading { tracer: last + 1, shim: 0 }

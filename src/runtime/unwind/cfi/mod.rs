@@ -38,6 +38,7 @@ mod tables;
 mod walk;
 
 pub(crate) use cache::invalidate_if_unloaded;
+pub(crate) use tables::function_start;
 pub(crate) use walk::capture;
 
 /// Whether this target has the cached walker.

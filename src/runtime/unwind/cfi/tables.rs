@@ -1,5 +1,6 @@
-//! Reading the unwind tables: the FDE of a code address through libgcc's `_Unwind_Find_FDE`,
-//! whether the address is in a loaded object, and how many objects were unloaded.
+//! Reading the unwind tables: the FDE of a code address through libgcc's `_Unwind_Find_FDE`
+//! (its rule, and where its function starts), whether the address is in a loaded object, and
+//! how many objects were unloaded.
 
 use std::sync::atomic::Ordering;
 
@@ -45,6 +46,23 @@ pub(super) fn rule_from_tables(pc: u64) -> (Rule, bool) {
     {
         let _ = pc;
         (Rule::Unsupported, false)
+    }
+}
+
+/// The start of the function whose FDE covers `pc`; `None` when none does, or where the
+/// tables are not read.
+pub(crate) fn function_start(pc: u64) -> Option<u64> {
+    #[cfg(all(target_arch = "x86_64", target_os = "linux", target_env = "gnu"))]
+    {
+        let mut bases = EhBases { text: std::ptr::null(), data: std::ptr::null(), func: std::ptr::null() };
+        // SAFETY: `_Unwind_Find_FDE` only reads the loader's tables and writes `bases`.
+        let fde = unsafe { _Unwind_Find_FDE(pc as *const u8, &mut bases) };
+        (!fde.is_null()).then_some(bases.func as u64)
+    }
+    #[cfg(not(all(target_arch = "x86_64", target_os = "linux", target_env = "gnu")))]
+    {
+        let _ = pc;
+        None
     }
 }
 
