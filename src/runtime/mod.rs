@@ -4,6 +4,7 @@
 //!
 //! - [`state`]: whether tracing is on, the allocator entry points, frame limits, the clock;
 //! - [`sampler`]: the per-thread byte countdown that picks the sampled allocations;
+//! - [`tracer_thread`]: the tracer's own threads, never sampled, and the doorbell that wakes one;
 //! - [`sampled_set`]: the lock-free table that tells a free whether its block was sampled;
 //! - [`handoff`]: the bounded queue from application threads to the writer, with its pool of
 //!   frame buffers;
@@ -29,5 +30,6 @@ pub(crate) mod span_table;
 pub(crate) mod spans;
 pub(crate) mod state;
 pub(crate) mod symbolize;
+pub(crate) mod tracer_thread;
 pub(crate) mod unwind;
 pub(crate) mod writer_thread;

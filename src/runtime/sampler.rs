@@ -36,7 +36,7 @@
 
 use std::cell::Cell;
 use std::convert::Infallible;
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use rand_distr::{Binomial, Distribution};
 
@@ -180,7 +180,7 @@ impl ThreadState {
         self.countdown.set(left);
         self.checkpoint.set(checkpoint);
         self.rng.set(rng);
-        if self.in_tracer.get() || is_starting_tracer() {
+        if self.in_tracer.get() {
             0
         } else {
             nsamples
@@ -304,34 +304,6 @@ pub(crate) fn enter_tracer_forever() {
         t.countdown.set(i64::MAX);
         t.epoch.set(u32::MAX);
     });
-    tracer_thread_ends();
-}
-
-/// The thread (its `pthread_t`) of a writer started and not yet marked by
-/// [`enter_tracer_forever`]; 0 when none. A session does not wait for its writer to run, and
-/// what the new thread allocates before its code runs (the C library's and std's thread
-/// start) must not be sampled.
-static STARTING_TRACER: AtomicUsize = AtomicUsize::new(0);
-
-/// Say that `thread`, just spawned, is a tracer thread that has perhaps not marked itself yet.
-/// Called before sampling is turned on; [`enter_tracer_forever`] on that thread, or
-/// [`tracer_thread_ends`] as it ends, forgets it (its id may be reused by another thread).
-pub(crate) fn tracer_thread_starting(thread: libc::pthread_t) {
-    STARTING_TRACER.store(thread as usize, Ordering::Release);
-}
-
-/// Forget this thread as a starting tracer thread, if it is the one.
-pub(crate) fn tracer_thread_ends() {
-    // SAFETY: `pthread_self` has no preconditions.
-    let this = unsafe { libc::pthread_self() } as usize;
-    let _ = STARTING_TRACER.compare_exchange(this, 0, Ordering::AcqRel, Ordering::Relaxed);
-}
-
-/// Whether this thread is a tracer thread still starting (see [`tracer_thread_starting`]).
-fn is_starting_tracer() -> bool {
-    let starting = STARTING_TRACER.load(Ordering::Acquire);
-    // SAFETY: `pthread_self` has no preconditions.
-    starting != 0 && starting == unsafe { libc::pthread_self() } as usize
 }
 
 /// Make the next allocation on this thread a sample point and mark the capture it produces as
@@ -568,25 +540,6 @@ mod tests {
             assert!(!THREAD.with(|t| t.in_tracer.get()));
             THREAD.with(|t| t.countdown.set(8));
             assert!(take(8) >= 1);
-        });
-    }
-
-    #[test]
-    fn a_starting_tracer_thread_is_not_sampled() {
-        on_fresh_thread(|| {
-            configure(1.0);
-            // Put back at the end: a writer started by a session in a test running beside
-            // this one may be registered.
-            let registered = STARTING_TRACER.load(Ordering::Acquire);
-            // SAFETY: `pthread_self` has no preconditions.
-            tracer_thread_starting(unsafe { libc::pthread_self() });
-            assert_eq!(take(64), 0, "the thread is told as a tracer thread still starting");
-            tracer_thread_ends();
-            assert!(take(64) > 0, "forgotten once it ends, the thread is sampled again");
-            // Another thread's id does not hide this one.
-            tracer_thread_starting(0x1000);
-            assert!(take(64) > 0);
-            STARTING_TRACER.store(registered, Ordering::Release);
         });
     }
 

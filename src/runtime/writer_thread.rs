@@ -14,6 +14,7 @@ use super::handoff::{self, Channel, Msg};
 use super::span_table::PseudoFrames;
 use super::state::{MAX_FRAMES, OFF, STATE};
 use super::symbolize::{self, Worker};
+use super::tracer_thread::Doorbell;
 use super::unwind::cfi;
 use crate::format::error::{Error, ErrorKind};
 use crate::format::hash::FastMap;
@@ -42,6 +43,8 @@ pub(crate) const DOMAIN: u16 = 0;
 /// The writer thread's state.
 struct TraceWriter {
     writer: Writer<File>,
+    /// Rung by stopping, to end the wait between polls.
+    doorbell: Arc<Doorbell>,
     /// What names location codes (apart from `writer`, which asks it while it writes).
     names: Names,
     /// The id of this writer's session: messages of other sessions are ignored.
@@ -85,9 +88,11 @@ pub(crate) fn write_trace(
     path: &Path,
     start_time: Timestamp,
     abandoned: &AtomicBool,
+    doorbell: Arc<Doorbell>,
 ) -> WriterOutcome {
     let mut state = TraceWriter {
         writer,
+        doorbell,
         names: Names {
             channel,
             backlog: VecDeque::new(),
@@ -170,9 +175,9 @@ impl TraceWriter {
             }
             cfi::invalidate_if_unloaded();
             if received < POLL_BATCH {
-                // Parked rather than asleep: stopping unparks the writer, so that a short
-                // program does not wait out the interval at exit.
-                std::thread::park_timeout(if received > BUSY_FILL { BUSY_POLL_INTERVAL } else { POLL_INTERVAL });
+                // Waiting for the doorbell rather than asleep: stopping rings it, so that a
+                // short program does not wait out the interval at exit.
+                self.doorbell.wait(if received > BUSY_FILL { BUSY_POLL_INTERVAL } else { POLL_INTERVAL });
             }
         }
     }

@@ -19,11 +19,9 @@ use std::io::{self, Write as _};
 use std::os::fd::AsRawFd;
 use std::os::unix::ffi::OsStringExt;
 use std::os::unix::fs::OpenOptionsExt;
-use std::os::unix::thread::JoinHandleExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Once};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError};
@@ -36,6 +34,7 @@ use super::sampled_set;
 use super::sampler;
 use super::spans;
 use super::state::{currently_tracing, getpid, now_us, MAX_FRAMES, OFF, ON, STATE};
+use super::tracer_thread::{Doorbell, TracerThread};
 use super::unwind::{self, cfi, Walker};
 use super::writer_thread::{write_trace, WriterOutcome, DOMAIN};
 use crate::format::error::{Error, ErrorKind};
@@ -127,7 +126,9 @@ struct Session {
     /// The process that started it (a forked child must not touch the writer).
     pid: u32,
     channel: &'static Channel,
-    writer: JoinHandle<()>,
+    writer: TracerThread<()>,
+    /// Rung to wake the writer between its polls, when stopping.
+    doorbell: Arc<Doorbell>,
     /// Where the writer thread sends its outcome when it ends.
     outcome: Receiver<WriterOutcome>,
     /// Set when stopping gives up waiting for the writer (it then reports nothing).
@@ -276,18 +277,15 @@ fn start_writer(file: File, info: Info, config: &TraceConfig) -> Result<Session,
     let (ready_tx, ready_rx) = crossbeam_channel::bounded(1);
     let abandoned = Arc::new(AtomicBool::new(false));
     let (path, given_up) = (config.path.clone(), Arc::clone(&abandoned));
-    let writer = std::thread::Builder::new()
-        .name("memtrace-writer".into())
-        .spawn(move || {
-            sampler::enter_tracer_forever();
-            channel.fill_pool();
-            let writer = Writer::after_info_packet(file, &info).check_pid_on_flush(true);
-            let _ = ready_tx.send(());
-            let _ = outcome_tx.send(write_trace(channel, tag, writer, &path, info.start_time, &given_up));
-            sampler::tracer_thread_ends();
-        })
-        .map_err(StartError::Spawn)?;
-    sampler::tracer_thread_starting(writer.as_pthread_t());
+    let doorbell = Arc::new(Doorbell::default());
+    let rung = Arc::clone(&doorbell);
+    let writer = TracerThread::spawn(c"memtrace-writer", move || {
+        channel.fill_pool();
+        let writer = Writer::after_info_packet(file, &info).check_pid_on_flush(true);
+        let _ = ready_tx.send(());
+        let _ = outcome_tx.send(write_trace(channel, tag, writer, &path, info.start_time, &given_up, rung));
+    })
+    .map_err(StartError::Spawn)?;
     if handoff::capacity_for(config.rate) == handoff::MAX_CAPACITY {
         let _ = ready_rx.recv();
     }
@@ -296,6 +294,7 @@ fn start_writer(file: File, info: Info, config: &TraceConfig) -> Result<Session,
         pid: getpid(),
         channel,
         writer,
+        doorbell,
         outcome,
         abandoned,
         stop_timeout: config.stop_timeout,
@@ -330,7 +329,7 @@ fn stop_session(only: Option<u64>) -> Option<Result<TraceStats, Error>> {
 /// stderr. `None` in a forked child, which never touches its parent's writer.
 fn finish(session: Session) -> Option<Result<TraceStats, Error>> {
     if session.pid != getpid() {
-        std::mem::forget(session.writer);
+        session.writer.forget();
         return None;
     }
     STATE.store(OFF, Ordering::SeqCst);
@@ -340,7 +339,7 @@ fn finish(session: Session) -> Option<Result<TraceStats, Error>> {
     // A writer that stopped on a write error no longer drains the queue: then Stop may not
     // fit, and is not needed.
     session.channel.send_stop(handoff::session_tag(session.id), || !session.writer.is_finished() && !stall.stalled());
-    session.writer.thread().unpark();
+    session.doorbell.ring();
     let written = loop {
         match session.outcome.recv_timeout(STALL_CHECK_INTERVAL) {
             Ok(written) => break written,

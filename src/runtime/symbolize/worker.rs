@@ -18,7 +18,7 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 
 use super::Symbolizer;
 use crate::format::location_codec::Location;
-use crate::runtime::sampler;
+use crate::runtime::tracer_thread::TracerThread;
 
 /// How long the writer waits for an answer before it looks at its other work.
 const WAIT_SLICE: Duration = Duration::from_millis(1);
@@ -140,65 +140,6 @@ impl Worker {
             }
             State::Gone => None,
         }
-    }
-}
-
-/// A thread started with `pthread_create` itself rather than `std::thread`, so that nothing
-/// runs on it before it is marked a tracer thread: std's start of a thread allocates (its
-/// spawn hooks' thread-local), and on the thread of a running session the sampler could take
-/// that allocation for the program's. Its closure's result (or panic) is handed over through
-/// a shared slot, so that a thread never joined drops it as it ends.
-struct TracerThread<T> {
-    thread: libc::pthread_t,
-    result: Arc<parking_lot::Mutex<Option<std::thread::Result<T>>>>,
-}
-
-/// What the new thread is given: its closure and where to put the result.
-type Start<T> = (Box<dyn FnOnce() -> T + Send>, Arc<parking_lot::Mutex<Option<std::thread::Result<T>>>>);
-
-impl<T: Send + 'static> TracerThread<T> {
-    fn spawn(name: &'static std::ffi::CStr, f: impl FnOnce() -> T + Send + 'static) -> std::io::Result<Self> {
-        extern "C" fn run<T>(start: *mut libc::c_void) -> *mut libc::c_void {
-            sampler::enter_tracer_forever();
-            // SAFETY: `start` is the box `spawn` leaked for this thread, taken back once, here.
-            let (f, result) = *unsafe { Box::from_raw(start as *mut Start<T>) };
-            let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
-            *result.lock() = Some(outcome);
-            std::ptr::null_mut()
-        }
-        let result = Arc::new(parking_lot::Mutex::new(None));
-        let start: Box<Start<T>> = Box::new((Box::new(f), Arc::clone(&result)));
-        let start = Box::into_raw(start) as *mut libc::c_void;
-        let mut thread = 0;
-        // SAFETY: `run::<T>` takes `start` back; default attributes.
-        let error = unsafe { libc::pthread_create(&mut thread, std::ptr::null(), run::<T>, start) };
-        if error != 0 {
-            // SAFETY: the thread was not created: the box is still ours.
-            drop(unsafe { Box::from_raw(start as *mut Start<T>) });
-            return Err(std::io::Error::from_raw_os_error(error));
-        }
-        // SAFETY: `thread` is a live thread (not yet joined or detached); `name` is NUL-terminated
-        // (the kernel keeps 15 bytes of a name: a longer one is refused).
-        unsafe { libc::pthread_setname_np(thread, name.as_ptr()) };
-        Ok(TracerThread { thread, result })
-    }
-
-    /// Wait for the thread to end: its closure's result, or its panic.
-    fn join(self) -> std::thread::Result<T> {
-        let this = std::mem::ManuallyDrop::new(self);
-        // SAFETY: joined once (`self` is consumed and its `Drop`, which detaches, skipped).
-        unsafe { libc::pthread_join(this.thread, std::ptr::null_mut()) };
-        // SAFETY: read out of the `ManuallyDrop` once; nothing else uses `this` after.
-        let result = unsafe { std::ptr::read(&this.result) };
-        let outcome = result.lock().take();
-        outcome.unwrap_or_else(|| Err(Box::new("the tracer thread ended without a result")))
-    }
-}
-
-impl<T> Drop for TracerThread<T> {
-    fn drop(&mut self) {
-        // SAFETY: a live thread never joined: it cleans up after itself as it ends.
-        unsafe { libc::pthread_detach(self.thread) };
     }
 }
 

@@ -1,0 +1,174 @@
+//! The tracer's own threads (the writer, the symbolizer), and the doorbell that wakes one.
+//!
+//! A tracer thread is started with `pthread_create` itself rather than `std::thread`, so that
+//! nothing runs on it before it is marked a tracer thread ([`sampler::enter_tracer_forever`]):
+//! std's start of a thread allocates (its spawn hooks' thread-local), and with a session
+//! running the sampler could take that allocation for the program's. Its closure's result (or
+//! panic) is handed over through a shared slot, so that a thread never joined drops it as it
+//! ends.
+
+use std::sync::atomic::{fence, AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use parking_lot::Mutex;
+
+use super::sampler;
+
+/// A running tracer thread, detached when dropped unjoined.
+pub(crate) struct TracerThread<T> {
+    thread: libc::pthread_t,
+    result: Arc<Mutex<Option<std::thread::Result<T>>>>,
+}
+
+/// What the new thread is given: its closure and where to put the result.
+type Start<T> = (Box<dyn FnOnce() -> T + Send>, Arc<Mutex<Option<std::thread::Result<T>>>>);
+
+impl<T: Send + 'static> TracerThread<T> {
+    /// Start `f` on a new tracer thread named `name` (at most 15 bytes, as the kernel keeps).
+    pub(crate) fn spawn(
+        name: &'static std::ffi::CStr,
+        f: impl FnOnce() -> T + Send + 'static,
+    ) -> std::io::Result<Self> {
+        extern "C" fn run<T>(start: *mut libc::c_void) -> *mut libc::c_void {
+            sampler::enter_tracer_forever();
+            // SAFETY: `start` is the box `spawn` leaked for this thread, taken back once, here.
+            let (f, result) = *unsafe { Box::from_raw(start as *mut Start<T>) };
+            let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+            *result.lock() = Some(outcome);
+            std::ptr::null_mut()
+        }
+        let result = Arc::new(Mutex::new(None));
+        let start: Box<Start<T>> = Box::new((Box::new(f), Arc::clone(&result)));
+        let start = Box::into_raw(start) as *mut libc::c_void;
+        let mut thread = 0;
+        // SAFETY: `run::<T>` takes `start` back; default attributes.
+        let error = unsafe { libc::pthread_create(&mut thread, std::ptr::null(), run::<T>, start) };
+        if error != 0 {
+            // SAFETY: the thread was not created: the box is still ours.
+            drop(unsafe { Box::from_raw(start as *mut Start<T>) });
+            return Err(std::io::Error::from_raw_os_error(error));
+        }
+        // SAFETY: `thread` is a live thread (not yet joined or detached); `name` is NUL-terminated
+        // (the kernel keeps 15 bytes of a name: a longer one is refused).
+        unsafe { libc::pthread_setname_np(thread, name.as_ptr()) };
+        Ok(TracerThread { thread, result })
+    }
+
+    /// Whether the thread's closure has returned (or panicked).
+    pub(crate) fn is_finished(&self) -> bool {
+        self.result.lock().is_some()
+    }
+
+    /// Wait for the thread to end: its closure's result, or its panic.
+    pub(crate) fn join(self) -> std::thread::Result<T> {
+        let (thread, result) = self.into_parts();
+        // SAFETY: joined once: `into_parts` consumed the handle without detaching it.
+        unsafe { libc::pthread_join(thread, std::ptr::null_mut()) };
+        let outcome = result.lock().take();
+        outcome.unwrap_or_else(|| Err(Box::new("the tracer thread ended without a result")))
+    }
+
+    /// Forget the thread without detaching it: in a forked child, where it does not exist.
+    pub(crate) fn forget(self) {
+        drop(self.into_parts());
+    }
+
+    /// The thread and its result slot, the handle consumed without its `Drop`, which detaches.
+    #[allow(clippy::type_complexity)]
+    fn into_parts(self) -> (libc::pthread_t, Arc<Mutex<Option<std::thread::Result<T>>>>) {
+        let this = std::mem::ManuallyDrop::new(self);
+        // SAFETY: `result` is read out of the `ManuallyDrop` once, and `this` is not used after.
+        (this.thread, unsafe { std::ptr::read(&this.result) })
+    }
+}
+
+impl<T> Drop for TracerThread<T> {
+    fn drop(&mut self) {
+        // SAFETY: a live thread never joined: it cleans up after itself as it ends.
+        unsafe { libc::pthread_detach(self.thread) };
+    }
+}
+
+/// A wake-up for a tracer thread that sleeps between rounds of work: a ring before the wait
+/// ends the wait at once. It parks the thread (`std::thread::park_timeout`, a futex of the
+/// thread's own) rather than wait on a `parking_lot` condition variable, whose process-wide
+/// table a forked child could inherit locked by a thread of its parent.
+#[derive(Default)]
+pub(crate) struct Doorbell {
+    rung: AtomicBool,
+    /// The thread that waits, from its first wait on.
+    waiter: OnceLock<std::thread::Thread>,
+}
+
+impl Doorbell {
+    /// Wake the thread waiting, or make its next wait return at once.
+    pub(crate) fn ring(&self) {
+        self.rung.store(true, Ordering::SeqCst);
+        // Either the waiter is known here, or it sees `rung` before it parks (both sides
+        // write one of the two and then read the other, with full fences between).
+        fence(Ordering::SeqCst);
+        if let Some(waiter) = self.waiter.get() {
+            waiter.unpark();
+        }
+    }
+
+    /// Wait until the bell rings, at most `timeout` (on one thread only).
+    pub(crate) fn wait(&self, timeout: Duration) {
+        self.waiter.get_or_init(std::thread::current);
+        fence(Ordering::SeqCst);
+        if !self.rung.swap(false, Ordering::SeqCst) {
+            std::thread::park_timeout(timeout);
+            self.rung.store(false, Ordering::SeqCst);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tracer_thread_gives_its_result_or_its_panic() {
+        let thread = TracerThread::spawn(c"memtrace-test", || 7).unwrap();
+        assert_eq!(thread.join().unwrap(), 7);
+        let thread = TracerThread::spawn(c"memtrace-test", || -> u8 { panic!("in the thread") }).unwrap();
+        assert!(thread.join().is_err());
+    }
+
+    #[test]
+    fn a_tracer_thread_is_finished_once_its_closure_returns() {
+        let (go, wait) = crossbeam_channel::bounded::<()>(0);
+        let thread = TracerThread::spawn(c"memtrace-test", move || wait.recv().is_ok()).unwrap();
+        assert!(!thread.is_finished());
+        go.send(()).unwrap();
+        while !thread.is_finished() {
+            std::thread::yield_now();
+        }
+        assert!(thread.join().unwrap());
+    }
+
+    #[test]
+    fn a_ring_before_the_wait_ends_it_at_once() {
+        let bell = Arc::new(Doorbell::default());
+        bell.ring();
+        let started = std::time::Instant::now();
+        bell.wait(Duration::from_secs(60));
+        assert!(started.elapsed() < Duration::from_secs(30));
+        // A ring from another thread ends a wait under way.
+        let ringer = Arc::clone(&bell);
+        let thread = TracerThread::spawn(c"memtrace-test", move || {
+            std::thread::sleep(Duration::from_millis(20));
+            ringer.ring();
+        })
+        .unwrap();
+        let started = std::time::Instant::now();
+        bell.wait(Duration::from_secs(60));
+        assert!(started.elapsed() < Duration::from_secs(30));
+        thread.join().unwrap();
+        // Unrung, the wait times out.
+        let started = std::time::Instant::now();
+        bell.wait(Duration::from_millis(20));
+        assert!(started.elapsed() >= Duration::from_millis(20));
+    }
+}
