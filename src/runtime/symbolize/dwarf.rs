@@ -264,9 +264,9 @@ impl Dwarf {
     /// from `start` finds them (see [`Dwarf::function_starting_at`]), whatever the unit's
     /// earlier lookups.
     #[cfg(test)]
-    pub(super) fn searched(&mut self, probe: u64, start: u64) -> (Option<Offset>, Option<(u64, u64)>) {
+    pub(super) fn searched(&mut self, probe: u64, (start, size): (u64, u64)) -> (Option<Offset>, Option<(u64, u64)>) {
         let Some(u) = self.unit_at(probe).and_then(|offset| self.parsed(offset).ok()) else { return (None, None) };
-        let function = self.function_starting_at(u, start, probe).map(|f| f.0);
+        let function = self.function_starting_at(u, (start, size), probe).map(|f| f.0);
         let sequence = self.lines(u).and_then(|l| l.program.sequence_starting_at(&mut l.sequences, start, probe));
         (function, sequence.map(|s| (s.start, s.end)))
     }
@@ -287,24 +287,25 @@ impl Dwarf {
         (probe < end).then_some(unit)
     }
 
-    /// The functions at `probe`, outermost first; empty when the DWARF does not say. `start`:
-    /// where the symbol table says the function at `probe` starts, if it does (which lets
-    /// the unit's bytes be searched rather than read; see [`Dwarf::function_starting_at`]).
-    pub(super) fn frames(&mut self, probe: u64, start: Option<u64>) -> Vec<Frame> {
+    /// The functions at `probe`, outermost first; empty when the DWARF does not say.
+    /// `function`: the start and size of the function at `probe` as the symbol table gives
+    /// them, if it does (which lets the unit's bytes be searched rather than read; see
+    /// [`Dwarf::function_starting_at`]).
+    pub(super) fn frames(&mut self, probe: u64, function: Option<(u64, u64)>) -> Vec<Frame> {
         self.clock += 1;
         while self.units.len() >= MAX_PARSED_UNITS {
             let oldest = (0..self.units.len()).min_by_key(|&i| self.units[i].last_use).unwrap_or(0);
             self.units.swap_remove(oldest);
         }
         let Some(offset) = self.unit_at(probe) else { return Vec::new() };
-        self.frames_in(offset, probe, start).unwrap_or_default()
+        self.frames_in(offset, probe, function).unwrap_or_default()
     }
 
-    fn frames_in(&mut self, unit_offset: Offset, probe: u64, start: Option<u64>) -> Result<Vec<Frame>> {
+    fn frames_in(&mut self, unit_offset: Offset, probe: u64, function: Option<(u64, u64)>) -> Result<Vec<Frame>> {
         let u = self.parsed(unit_offset)?;
-        let search = start.filter(|_| self.units[u].searches < SEARCHES_PER_UNIT);
+        let search = function.filter(|_| self.units[u].searches < SEARCHES_PER_UNIT);
         let function = self.function_at(u, probe, search)?;
-        let location = self.location(u, probe, search)?;
+        let location = self.location(u, probe, search.map(|(start, _)| start))?;
         let Some(function) = function else {
             return Ok(location
                 .map(|(file, line, column)| vec![Frame { name: None, file, line, column }])
@@ -396,9 +397,9 @@ impl Dwarf {
     }
 
     /// The entry of the function whose code holds `probe`: one found before, else found by
-    /// searching from `search` (the function's start, see [`Dwarf::function_starting_at`]),
-    /// else reading the unit's functions as far as needed.
-    fn function_at(&mut self, u: usize, probe: u64, search: Option<u64>) -> Result<Option<gimli::UnitOffset>> {
+    /// searching for `search` (the function's start and size, see
+    /// [`Dwarf::function_starting_at`]), else by reading the unit's functions as far as needed.
+    fn function_at(&mut self, u: usize, probe: u64, search: Option<(u64, u64)>) -> Result<Option<gimli::UnitOffset>> {
         let contains = |&&(begin, end, _): &&(u64, u64, Offset)| begin <= probe && probe < end;
         let functions = &self.units[u].functions;
         let Some(from) = functions.next else {
@@ -416,7 +417,7 @@ impl Dwarf {
         if let Some(&(_, _, entry)) = functions.found.iter().find(contains) {
             return Ok(Some(gimli::UnitOffset(entry)));
         }
-        if let Some(function) = search.and_then(|start| self.function_starting_at(u, start, probe)) {
+        if let Some(function) = search.and_then(|function| self.function_starting_at(u, function, probe)) {
             return Ok(Some(function));
         }
         let mut found = std::mem::take(&mut self.units[u].functions.found);
@@ -434,18 +435,19 @@ impl Dwarf {
         Ok(hit)
     }
 
-    /// The entry of the function that starts at `start` and holds `probe`, found by searching
-    /// the unit's entries for `start` rather than reading them: a function's `DW_AT_low_pc`
-    /// is the address its symbol gives, written out as bytes (`DW_FORM_addr`), and entries of
-    /// most functions' abbreviations have only fixed-size attributes before it (see
-    /// [`StartLayout`]). At each place the bytes occur, an entry of such an abbreviation
-    /// whose code is the right distance before them is read, and kept only if it is a
-    /// function that starts at `start` and holds `probe`. The first so kept is the first the
-    /// unit's entries hold (a function's entry comes before those of the calls inlined into
-    /// it, which may start at the same address). `None` when there is none (a function of
-    /// several ranges, an index into `.debug_addr`): the caller reads the entries then.
-    /// The entry found is noted as a function of the unit.
-    fn function_starting_at(&mut self, u: usize, start: u64, probe: u64) -> Option<gimli::UnitOffset> {
+    /// The entry of the function `function` (its start and size, as its symbol gives them),
+    /// which holds `probe`, found by searching the unit's entries for its start address
+    /// rather than reading them: a function's `DW_AT_low_pc` is written out as bytes
+    /// (`DW_FORM_addr`), and entries of most functions' abbreviations have only fixed-size
+    /// attributes before it (see [`StartLayout`]). At each place the bytes occur, an entry of
+    /// such an abbreviation whose code is the right distance before them is read, and taken
+    /// if it is a function of that start, that holds `probe`, and (when the symbol has a size)
+    /// of that size. Bytes that only look like such an entry's code can pass too (an entry
+    /// read from the middle of another, whose start and size it then reads): so the one
+    /// taken must be the only one. `None` when there is none or more than one (aliases, a
+    /// function of several ranges, a unit whose layouts are not all known): the caller reads
+    /// the entries then. The entry found is noted as a function of the unit.
+    fn function_starting_at(&mut self, u: usize, (start, size): (u64, u64), probe: u64) -> Option<gimli::UnitOffset> {
         self.units[u].searches += 1;
         let layouts = self.start_layouts(u);
         let unit = self.unit_ref(u);
@@ -458,51 +460,65 @@ impl Dwarf {
             gimli::Endianity::is_big_endian(gimli::Reader::endian(&entries)),
         )?;
         let bytes = entries.slice();
-        let hit = memchr::memmem::find_iter(bytes, &needle).find_map(|at| {
-            layouts.iter().find_map(|layout| {
-                let entry = at.checked_sub(layout.prefix)?;
+        let mut found = None;
+        for at in memchr::memmem::find_iter(bytes, &needle) {
+            for layout in &layouts {
+                let Some(entry) = at.checked_sub(layout.prefix) else { continue };
                 let mut after_code = entry;
                 if uleb128(bytes, &mut after_code) != Some(layout.code)
                     || after_code - entry != uleb128_len(layout.code)
                 {
-                    return None;
+                    continue;
                 }
                 let offset = gimli::UnitOffset(first + entry);
-                let ranges = function_ranges(unit, offset).ok()??;
-                (ranges.low_pc == Some(start) && ranges.contain(unit, probe).ok()?).then_some((offset, ranges))
-            })
-        });
-        let (offset, ranges) = hit?;
-        let mut found = Vec::new();
-        ranges.for_each(unit, |begin, end| found.push((begin, end, offset.0))).ok()?;
-        self.units[u].functions.found.extend(found);
+                let Ok(Some(ranges)) = function_ranges(unit, offset) else { continue };
+                let mut bounds = Vec::new();
+                if ranges.for_each(unit, |begin, end| bounds.push((begin, end, offset.0))).is_err() {
+                    continue;
+                }
+                let fits = ranges.low_pc == Some(start)
+                    && bounds.iter().any(|&(begin, end, _)| begin <= probe && probe < end)
+                    && (size == 0 || bounds == [(start, start + size, offset.0)]);
+                if fits {
+                    if found.is_some() {
+                        return None;
+                    }
+                    found = Some((offset, bounds));
+                }
+            }
+        }
+        let (offset, bounds) = found?;
+        self.units[u].functions.found.extend(bounds);
         Some(offset)
     }
 
-    /// The unit's [`StartLayout`]s, worked out the first time.
+    /// The unit's [`StartLayout`]s, worked out the first time: none when an abbreviation of
+    /// functions has a start that no layout finds (after an attribute of variable size, or an
+    /// index into `.debug_addr`), whose entries a search would miss while finding a false one.
     fn start_layouts(&mut self, u: usize) -> Vec<StartLayout> {
         if self.units[u].starts.is_none() {
             let unit = &self.units[u].unit;
+            let abbreviations = gimli::Section::reader(&self.sections.debug_abbrev).slice();
+            let codes = abbreviation_codes(abbreviations, unit.header.debug_abbrev_offset().0).unwrap_or_default();
             let mut layouts = Vec::new();
-            // Codes are numbered from 1 up, as compilers write them; one missing ends the list
-            // (its entries are then found by reading).
-            for code in 1..MAX_STEPS {
-                let Some(abbreviation) = unit.abbreviations.get(code) else { break };
+            for code in codes {
+                let Some(abbreviation) = unit.abbreviations.get(code) else { continue };
                 if abbreviation.tag() != gimli::DW_TAG_subprogram {
                     continue;
                 }
-                let mut prefix = uleb128_len(code);
+                let mut prefix = Some(uleb128_len(code));
                 for spec in abbreviation.attributes() {
                     if spec.name() == gimli::DW_AT_low_pc {
-                        if spec.form() == gimli::DW_FORM_addr {
-                            layouts.push(StartLayout { code, prefix });
+                        match prefix.filter(|_| spec.form() == gimli::DW_FORM_addr) {
+                            Some(prefix) => layouts.push(StartLayout { code, prefix }),
+                            None => {
+                                self.units[u].starts = Some(Vec::new());
+                                return Vec::new();
+                            }
                         }
                         break;
                     }
-                    match spec.size(&unit.header) {
-                        Some(size) => prefix += size,
-                        None => break,
-                    }
+                    prefix = prefix.zip(spec.size(&unit.header)).map(|(p, size)| p + size);
                 }
             }
             self.units[u].starts = Some(layouts);
@@ -874,6 +890,30 @@ pub(super) fn uleb128(bytes: &[u8], at: &mut usize) -> Option<u64> {
             return Some(value);
         }
         shift += 7;
+    }
+}
+
+/// The codes of the abbreviations at `at` in `.debug_abbrev` (`abbreviations`), in order.
+fn abbreviation_codes(abbreviations: &[u8], mut at: usize) -> Option<Vec<u64>> {
+    let mut codes = Vec::new();
+    loop {
+        let code = uleb128(abbreviations, &mut at)?;
+        if code == 0 {
+            return Some(codes);
+        }
+        codes.push(code);
+        let _tag = uleb128(abbreviations, &mut at)?;
+        at += 1; // DW_CHILDREN_yes or _no
+        loop {
+            let (name, form) = (uleb128(abbreviations, &mut at)?, uleb128(abbreviations, &mut at)?);
+            if form == u64::from(gimli::DW_FORM_implicit_const.0) {
+                // Its value, a signed LEB128 number: the same bytes as an unsigned one.
+                uleb128(abbreviations, &mut at)?;
+            }
+            if (name, form) == (0, 0) {
+                break;
+            }
+        }
     }
 }
 

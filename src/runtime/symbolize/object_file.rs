@@ -197,7 +197,7 @@ impl Loaded {
         let symbol = self.symbol(probe);
         let mut frames: Vec<RawFrame> = match self.load_dwarf() {
             Some(dwarf) => dwarf
-                .frames(probe, symbol.map(|s| s.address))
+                .frames(probe, symbol.map(|s| (s.address, s.size)))
                 .into_iter()
                 .map(|f| RawFrame {
                     function: f.name.as_deref().map(demangle),
@@ -708,7 +708,7 @@ mod tests {
             .flat_map(|s| [s.size.min(9) / 2, s.size / 4, s.size / 2, s.size * 3 / 4].map(|into| s.address + into));
         for probe in probes {
             let ours: Vec<String> = dwarf
-                .frames(probe, loaded.symbol(probe).map(|s| s.address))
+                .frames(probe, loaded.symbol(probe).map(|s| (s.address, s.size)))
                 .into_iter()
                 .map(|f| format!("{:?} {:?}:{}:{}", f.name.as_deref().map(demangle), f.file, f.line, f.column))
                 .collect();
@@ -741,37 +741,63 @@ mod tests {
     }
 
     /// Searching a unit for a function's start address finds the entry and line sequence
-    /// that reading it finds, for most functions (of this test binary, or of
-    /// `MEMTRACE_TEST_OBJECT`), and nothing else.
+    /// that reading it finds, for most functions of this test binary (or of
+    /// `MEMTRACE_TEST_OBJECT`), and nothing else; and nothing else in the C library's
+    /// separate debug file where there is one, in whose units some entries' bytes look like
+    /// those of another entry of the same start.
     #[test]
     fn searching_for_a_functions_start_finds_what_reading_finds() {
         let path = std::env::var_os("MEMTRACE_TEST_OBJECT")
             .map(std::path::PathBuf::from)
             .unwrap_or_else(|| std::env::current_exe().unwrap());
-        let mut loaded = Loaded::open(&path, None, &Options::default()).expect("readable");
-        let file = loaded.dwarf_file.take().expect("DWARF");
+        let (probes, functions, sequences) = search_against_reading(&path, &Options::default());
+        assert!(probes > 1000, "{probes} functions");
+        // Rust code, with a section and so a line sequence per function (not C's).
+        assert!(functions * 10 > probes * 9 && sequences * 10 > probes * 9, "{functions} and {sequences} of {probes}");
+        let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+        let libc = maps.lines().find_map(|l| l.split_whitespace().nth(5).filter(|p| p.contains("/libc.so")));
+        match libc {
+            Some(libc) => {
+                let options = Options { separate_debug_files: true, ..Options::default() };
+                search_against_reading(Path::new(libc), &options);
+            }
+            None => println!("no C library found: only this binary checked"),
+        }
+    }
+
+    /// Compare [`Dwarf::searched`] with [`Dwarf::read`] at every 5th function of the object
+    /// at `path`: how many functions have DWARF, and how many of them, and of their line
+    /// sequences, the search finds.
+    fn search_against_reading(path: &Path, options: &Options) -> (usize, usize, usize) {
+        let mut loaded = Loaded::open(path, None, options).expect("readable");
+        let Some(file) = loaded.dwarf_file.take() else {
+            println!("{}: no DWARF", path.display());
+            return (0, 0, 0);
+        };
         let mut searching = locate_dwarf(&file, &mut loaded.inflated, &mut loaded._maps).expect("a unit index");
         let mut reading = locate_dwarf(&file, &mut loaded.inflated, &mut loaded._maps).expect("a unit index");
         let (mut probes, mut functions, mut sequences) = (0, 0, 0);
         for f in loaded.functions.iter().step_by(5) {
             let probe = f.address + f.size / 2;
-            let (function, sequence) = searching.searched(probe, f.address);
+            let (function, sequence) = searching.searched(probe, (f.address, f.size));
             let read = reading.read(probe);
             probes += read.0.is_some() as usize;
             if function.is_some() {
-                assert_eq!(function, read.0, "the function at {probe:#x}");
+                assert_eq!(function, read.0, "the function at {probe:#x} of {}", path.display());
                 functions += 1;
             }
             if sequence.is_some() {
-                assert_eq!(sequence, read.1, "the sequence at {probe:#x}");
+                assert_eq!(sequence, read.1, "the sequence at {probe:#x} of {}", path.display());
                 sequences += 1;
             }
             // An address the function does not start at finds nothing.
-            assert_eq!(searching.searched(probe, f.address + 1), (None, None));
+            assert_eq!(searching.searched(probe, (f.address + 1, f.size)), (None, None));
         }
-        println!("of {probes} functions, {functions} found by their start, {sequences} line sequences");
-        assert!(probes > 1000, "{probes} functions");
-        assert!(functions * 10 > probes * 9 && sequences * 10 > probes * 9, "{functions} and {sequences} of {probes}");
+        println!(
+            "{}: of {probes} functions, {functions} found by their start, {sequences} line sequences",
+            path.display()
+        );
+        (probes, functions, sequences)
     }
 
     /// A C library's DWARF is read whether or not it has `.debug_aranges` (clang leaves it
