@@ -1,8 +1,11 @@
 //! Names an address from an object's DWARF, reading only what that address needs: the unit
 //! that holds it (`.debug_aranges`), the entries of the one function there, the names on the
 //! chain of functions inlined at the address, and the one line-program sequence that covers
-//! it. What is kept per unit is small: its header and abbreviations, the address ranges of its
-//! functions, and where each line sequence starts; at most [`MAX_PARSED_UNITS`] units are kept.
+//! it. The function's entry and sequence are found by searching the unit's bytes for the
+//! address its symbol starts at, for a unit's first few lookups, else by reading the unit's
+//! entries and line program as far as needed. What is kept per unit is small: its header and
+//! abbreviations, the address ranges of its functions, and where each line sequence starts;
+//! at most [`MAX_PARSED_UNITS`] units are kept.
 //!
 //! addr2line, which this replaces in the runtime, keeps every line row of a unit and, per
 //! function, every inlined call with its name. For a frame of the standard library (one unit

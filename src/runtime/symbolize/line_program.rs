@@ -1,5 +1,6 @@
 //! Runs a unit's DWARF line program: once, as far as lookups need, to find where its sequences
-//! start, then one sequence's rows up to the row that covers an address.
+//! start (or a sequence is found by searching for the instruction that sets its start
+//! address), then one sequence's rows up to the row that covers an address.
 //!
 //! gimli's own state machine does the same, as `sequences()` and `resume_from`, but it decodes
 //! every instruction into an enum and keeps every register, and running the programs of a
