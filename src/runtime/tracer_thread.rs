@@ -15,6 +15,9 @@ use parking_lot::Mutex;
 
 use super::sampler;
 
+/// A tracer thread's stack: std's default for its threads.
+const STACK_SIZE: usize = 2 << 20;
+
 /// A running tracer thread, detached when dropped unjoined.
 pub(crate) struct TracerThread<T> {
     thread: libc::pthread_t,
@@ -42,8 +45,17 @@ impl<T: Send + 'static> TracerThread<T> {
         let start: Box<Start<T>> = Box::new((Box::new(f), Arc::clone(&result)));
         let start = Box::into_raw(start) as *mut libc::c_void;
         let mut thread = 0;
-        // SAFETY: `run::<T>` takes `start` back; default attributes.
-        let error = unsafe { libc::pthread_create(&mut thread, std::ptr::null(), run::<T>, start) };
+        // SAFETY: `attributes` is initialised before it is used and destroyed after; `run::<T>`
+        // takes `start` back.
+        let error = unsafe {
+            let mut attributes = std::mem::MaybeUninit::<libc::pthread_attr_t>::uninit();
+            libc::pthread_attr_init(attributes.as_mut_ptr());
+            // The stack std gives its threads, whatever `ulimit -s` says (glibc's default).
+            libc::pthread_attr_setstacksize(attributes.as_mut_ptr(), STACK_SIZE.max(libc::PTHREAD_STACK_MIN));
+            let error = libc::pthread_create(&mut thread, attributes.as_ptr(), run::<T>, start);
+            libc::pthread_attr_destroy(attributes.as_mut_ptr());
+            error
+        };
         if error != 0 {
             // SAFETY: the thread was not created: the box is still ours.
             drop(unsafe { Box::from_raw(start as *mut Start<T>) });

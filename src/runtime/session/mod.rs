@@ -263,9 +263,9 @@ static NEXT_SESSION: AtomicU64 = AtomicU64::new(1);
 /// Start the writer thread of a new session that writes the trace `info` describes to `file`,
 /// which holds its first packet. The thread fills the pool of frame buffers and makes the
 /// trace writer (a few hundred KiB of tables), off the thread that starts tracing, which does
-/// not wait for it (a new thread's first turn took milliseconds on a loaded machine): the
-/// sampler is told the thread's id, so that what it allocates before it marks itself as the
-/// tracer's is not sampled. Except where the queue is at its largest (from rate 1e-3 on) and
+/// not wait for it (a new thread's first turn took milliseconds on a loaded machine; it is a
+/// [`TracerThread`], marked the tracer's before any of its code runs, so nothing it allocates
+/// is sampled). Except where the queue is at its largest (from rate 1e-3 on) and
 /// holds less than its backlog time of samples: there sixteen threads sampling at once filled
 /// it while the new writer waited for its first turns, and the start waits until the writer
 /// is ready.

@@ -497,7 +497,9 @@ impl Dwarf {
 
     /// The unit's [`StartLayout`]s, worked out the first time: none when an abbreviation of
     /// functions has a start that no layout finds (after an attribute of variable size, or an
-    /// index into `.debug_addr`), whose entries a search would miss while finding a false one.
+    /// index into `.debug_addr`) or code in several ranges (`DW_AT_ranges`: GCC's functions
+    /// split into hot and cold parts), whose entries a search would miss while perhaps taking
+    /// a false one for them (bytes inside another entry that read as an entry of that start).
     fn start_layouts(&mut self, u: usize) -> Vec<StartLayout> {
         if self.units[u].starts.is_none() {
             let unit = &self.units[u].unit;
@@ -508,6 +510,10 @@ impl Dwarf {
                 let Some(abbreviation) = unit.abbreviations.get(code) else { continue };
                 if abbreviation.tag() != gimli::DW_TAG_subprogram {
                     continue;
+                }
+                if abbreviation.attributes().iter().any(|spec| spec.name() == gimli::DW_AT_ranges) {
+                    self.units[u].starts = Some(Vec::new());
+                    return Vec::new();
                 }
                 let mut prefix = Some(uleb128_len(code));
                 for spec in abbreviation.attributes() {

@@ -35,6 +35,9 @@ struct Symbol {
     name: &'static [u8],
 }
 
+/// How many addresses whose symbols' names cannot be read a lookup passes over.
+const UNREADABLE_NAMES_PASSED: usize = 4;
+
 /// A function of the sorted symbol table: its name is read from the table when it is looked
 /// up, so that making the table touches only the symbols, not the string table (a program's
 /// names are megabytes, which reading them all would make resident).
@@ -172,8 +175,12 @@ impl Loaded {
         let table = self.table.as_ref()?;
         let mut end = self.functions.partition_point(|f| f.address <= probe);
         // The symbols at the highest address at or below `probe`, the first in [`table_order`]
-        // of those whose names can be read; where none can, those at the address before.
-        while end > 0 {
+        // of those whose names can be read; where none can, those at the address before (a
+        // few addresses back at most: a string table so damaged is not searched through).
+        for _ in 0..UNREADABLE_NAMES_PASSED {
+            if end == 0 {
+                break;
+            }
             let address = self.functions[end - 1].address;
             let start = self.functions[..end].partition_point(|f| f.address < address);
             let at_address = &self.functions[start..end];
@@ -394,10 +401,10 @@ fn for_each_elf_function<Elf: FileHeader<Endian = Endianness>>(
     }
 }
 
-/// The order of the sorted table: by address, and among symbols at one address the one
-/// kept first: one with a size (then the longest name, then the first name in byte order:
-/// aliases of one length, `<u64 as UpperHex>::fmt` and `<usize as UpperHex>::fmt` say, are
-/// common, and the one pass must pick the one the sorted table keeps).
+/// Which of the symbols at one address names it, the least in this order: one with a size
+/// (then the longest name, then the first name in byte order: aliases of one length,
+/// `<u64 as UpperHex>::fmt` and `<usize as UpperHex>::fmt` say, are common, and the one pass
+/// must pick the one a lookup in the sorted table picks).
 fn table_order(a: &Symbol, b: &Symbol) -> std::cmp::Ordering {
     a.address
         .cmp(&b.address)
@@ -442,7 +449,7 @@ pub(super) fn symbol_names(path: &Path, loaded_build_id: Option<&[u8]>, probes: 
 /// last at or below it, if it contains it), in one pass; `None` when `table` has no function
 /// symbol (as [`sorted_functions`] would give none). Names are read only to break ties and
 /// for the symbols found, so that most of the string table is never touched (a symbol whose
-/// name cannot be read, which the sorted table leaves out, then names nothing).
+/// name cannot be read, which a lookup in the sorted table passes over, then names nothing).
 fn symbols_at(table: Option<SymbolTable>, probes: &[u64]) -> Option<Vec<Option<String>>> {
     let table = table?;
     // The distinct probes in address order (the calibration stacks share most frames).

@@ -290,7 +290,7 @@ const INLINE_NAMING_STACK: usize = 4 << 20;
 /// the others. The marker's frame is the one whose code the unwind tables say is the
 /// marker function's (or, where they cannot be read here, the one its name names), so that it
 /// is found in a program without a symbol table too. `None` when it cannot be found (a broken
-/// frame chain).
+/// frame chain, or a program without symbols where the unwind tables are not read).
 fn tracer_frames(captures: &[(&[u64], Marker)]) -> Vec<Option<Leading>> {
     // Symbol tables name these frames: the functions the walks return into are never inlined
     // (the markers, the allocator shim, our allocator's methods), and parsing the program's
