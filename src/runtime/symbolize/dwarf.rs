@@ -452,7 +452,11 @@ impl Dwarf {
     /// the entries then. The entry found is noted as a function of the unit.
     fn function_starting_at(&mut self, u: usize, (start, size): (u64, u64), probe: u64) -> Option<gimli::UnitOffset> {
         self.units[u].searches += 1;
-        let layouts = self.start_layouts(u);
+        if self.units[u].starts.is_none() {
+            let abbreviations = gimli::Section::reader(&self.sections.debug_abbrev).slice();
+            self.units[u].starts = Some(start_layouts(&self.units[u].unit, abbreviations));
+        }
+        let layouts = self.units[u].starts.as_deref().unwrap_or_default();
         let unit = self.unit_ref(u);
         let header = &unit.header;
         let first = header.header_size();
@@ -465,7 +469,7 @@ impl Dwarf {
         let bytes = entries.slice();
         let mut found = None;
         for at in memchr::memmem::find_iter(bytes, &needle) {
-            for layout in &layouts {
+            for layout in layouts {
                 let Some(entry) = at.checked_sub(layout.prefix) else { continue };
                 let mut after_code = entry;
                 if uleb128(bytes, &mut after_code) != Some(layout.code)
@@ -493,46 +497,6 @@ impl Dwarf {
         let (offset, bounds) = found?;
         self.units[u].functions.found.extend(bounds);
         Some(offset)
-    }
-
-    /// The unit's [`StartLayout`]s, worked out the first time: none when an abbreviation of
-    /// functions has a start that no layout finds (after an attribute of variable size, or an
-    /// index into `.debug_addr`) or code in several ranges (`DW_AT_ranges`: GCC's functions
-    /// split into hot and cold parts), whose entries a search would miss while perhaps taking
-    /// a false one for them (bytes inside another entry that read as an entry of that start).
-    fn start_layouts(&mut self, u: usize) -> Vec<StartLayout> {
-        if self.units[u].starts.is_none() {
-            let unit = &self.units[u].unit;
-            let abbreviations = gimli::Section::reader(&self.sections.debug_abbrev).slice();
-            let codes = abbreviation_codes(abbreviations, unit.header.debug_abbrev_offset().0).unwrap_or_default();
-            let mut layouts = Vec::new();
-            for code in codes {
-                let Some(abbreviation) = unit.abbreviations.get(code) else { continue };
-                if abbreviation.tag() != gimli::DW_TAG_subprogram {
-                    continue;
-                }
-                if abbreviation.attributes().iter().any(|spec| spec.name() == gimli::DW_AT_ranges) {
-                    self.units[u].starts = Some(Vec::new());
-                    return Vec::new();
-                }
-                let mut prefix = Some(uleb128_len(code));
-                for spec in abbreviation.attributes() {
-                    if spec.name() == gimli::DW_AT_low_pc {
-                        match prefix.filter(|_| spec.form() == gimli::DW_FORM_addr) {
-                            Some(prefix) => layouts.push(StartLayout { code, prefix }),
-                            None => {
-                                self.units[u].starts = Some(Vec::new());
-                                return Vec::new();
-                            }
-                        }
-                        break;
-                    }
-                    prefix = prefix.zip(spec.size(&unit.header)).map(|(p, size)| p + size);
-                }
-            }
-            self.units[u].starts = Some(layouts);
-        }
-        self.units[u].starts.clone().unwrap_or_default()
     }
 
     /// The function's naming attributes, and the chain of inlined calls at `probe` in it,
@@ -843,15 +807,7 @@ fn read_functions(
             at = entries.next_offset().0 - from.0;
             continue;
         }
-        let mut ranges = Ranges::default();
-        for spec in abbreviation.attributes() {
-            if matches!(spec.name(), gimli::DW_AT_low_pc | gimli::DW_AT_high_pc | gimli::DW_AT_ranges) {
-                ranges.note(unit, &entries.read_attribute(*spec)?)?;
-            } else {
-                // Names and the like: skipped by their forms' sizes, nothing decoded.
-                entries.skip_attributes(std::slice::from_ref(spec))?;
-            }
-        }
+        let ranges = read_ranges(unit, &mut entries, abbreviation)?;
         at = entries.next_offset().0 - from.0;
         let mut hit = false;
         ranges.for_each(unit, |begin, end| {
@@ -902,6 +858,34 @@ pub(super) fn uleb128(bytes: &[u8], at: &mut usize) -> Option<u64> {
     }
 }
 
+/// The [`StartLayout`]s of `unit`, whose abbreviations are in `.debug_abbrev`
+/// (`abbreviations`): none when an abbreviation of functions has a start that no layout
+/// finds (after an attribute of variable size, or an index into `.debug_addr`) or code in
+/// several ranges (`DW_AT_ranges`: GCC's functions split into hot and cold parts), whose
+/// entries a search would miss while perhaps taking a false one for them (bytes inside
+/// another entry that read as an entry of that start).
+fn start_layouts(unit: &gimli::Unit<Reader>, abbreviations: &[u8]) -> Vec<StartLayout> {
+    let codes = abbreviation_codes(abbreviations, unit.header.debug_abbrev_offset().0).unwrap_or_default();
+    let mut layouts = Vec::new();
+    for code in codes {
+        let Some(abbreviation) = unit.abbreviations.get(code) else { continue };
+        if abbreviation.tag() != gimli::DW_TAG_subprogram {
+            continue;
+        }
+        let attributes = abbreviation.attributes();
+        if attributes.iter().any(|spec| spec.name() == gimli::DW_AT_ranges) {
+            return Vec::new();
+        }
+        let Some(at) = attributes.iter().position(|spec| spec.name() == gimli::DW_AT_low_pc) else { continue };
+        let before: Option<usize> = attributes[..at].iter().map(|spec| spec.size(&unit.header)).sum();
+        match before.filter(|_| attributes[at].form() == gimli::DW_FORM_addr) {
+            Some(size) => layouts.push(StartLayout { code, prefix: uleb128_len(code) + size }),
+            None => return Vec::new(),
+        }
+    }
+    layouts
+}
+
 /// The codes of the abbreviations at `at` in `.debug_abbrev` (`abbreviations`), in order.
 fn abbreviation_codes(abbreviations: &[u8], mut at: usize) -> Option<Vec<u64>> {
     let mut codes = Vec::new();
@@ -950,11 +934,26 @@ fn function_ranges(unit: gimli::UnitRef<Reader>, offset: gimli::UnitOffset) -> R
     if abbreviation.tag() != gimli::DW_TAG_subprogram {
         return Ok(None);
     }
+    read_ranges(unit, &mut entries, abbreviation).map(Some)
+}
+
+/// The code ranges of the entry whose `abbreviation` was just read from `entries`, which are
+/// moved past its attributes.
+fn read_ranges(
+    unit: gimli::UnitRef<Reader>,
+    entries: &mut gimli::EntriesRaw<Reader>,
+    abbreviation: &gimli::Abbreviation,
+) -> Result<Ranges> {
     let mut ranges = Ranges::default();
     for spec in abbreviation.attributes() {
-        ranges.note(unit, &entries.read_attribute(*spec)?)?;
+        if matches!(spec.name(), gimli::DW_AT_low_pc | gimli::DW_AT_high_pc | gimli::DW_AT_ranges) {
+            ranges.note(unit, &entries.read_attribute(*spec)?)?;
+        } else {
+            // Names and the like: skipped by their forms' sizes, nothing decoded.
+            entries.skip_attributes(std::slice::from_ref(spec))?;
+        }
     }
-    Ok(Some(ranges))
+    Ok(ranges)
 }
 
 /// Read an inlined call's entry: what names it, where it is called from, and its ranges.

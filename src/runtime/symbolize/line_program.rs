@@ -206,7 +206,8 @@ impl Program {
                 false
             })
             .ok()?;
-            sequence.filter(|s| s.start == start && s.start <= probe && probe < s.end)
+            // Ended at its first row unless that row is at `start`.
+            sequence.filter(|s| start <= probe && probe < s.end)
         })?;
         sequences.found.push(sequence);
         Some(sequence)
