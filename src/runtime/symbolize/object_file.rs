@@ -84,15 +84,15 @@ impl Loaded {
             }
         }
         // The first of these tables with functions names them.
+        // (whether it is a full symbol table, the table)
         let tables = [
-            SymbolTable::of(&file, false),
-            debug_file.as_ref().and_then(|d| SymbolTable::of(d, false)),
-            SymbolTable::of(&file, true),
+            (true, SymbolTable::of(&file, false)),
+            (true, debug_file.as_ref().and_then(|d| SymbolTable::of(d, false))),
+            (false, SymbolTable::of(&file, true)),
         ];
         let (static_table, table, functions) = tables
             .into_iter()
-            .enumerate()
-            .filter_map(|(k, table)| Some((k < 2, Some(table?), sorted_functions(&table?))))
+            .filter_map(|(full, table)| Some((full, Some(table?), sorted_functions(&table?))))
             .find(|(_, _, functions)| !functions.is_empty())
             .unwrap_or((false, None, Vec::new()));
         let separate = debug_file.is_some();
@@ -186,10 +186,8 @@ impl Loaded {
             let at_address = &self.functions[start..end];
             end = start;
             let chosen = match at_address {
-                [only] => table.symbol((only.address, only.size, only.index)),
-                aliases => {
-                    aliases.iter().filter_map(|f| table.symbol((f.address, f.size, f.index))).min_by(table_order)
-                }
+                [only] => table.symbol(*only),
+                aliases => aliases.iter().filter_map(|&f| table.symbol(f)).min_by(table_order),
             };
             if let Some(symbol) = chosen {
                 return (probe < symbol.address + symbol.size.max(1)).then_some(symbol);
@@ -342,16 +340,16 @@ impl SymbolTable {
         })
     }
 
-    /// `f(address, size, index)` for each function symbol (defined code at a nonzero address).
-    fn for_each_function(&self, f: impl FnMut(u64, u64, usize)) {
+    /// `f` of each function symbol (defined code at a nonzero address).
+    fn for_each_function(&self, f: impl FnMut(Function)) {
         match self {
             SymbolTable::Elf32(table, endian, _) => for_each_elf_function(table, *endian, f),
             SymbolTable::Elf64(table, endian, _) => for_each_elf_function(table, *endian, f),
         }
     }
 
-    /// The symbol at `index`, if its name can be read.
-    fn symbol(&self, (address, size, index): (u64, u64, usize)) -> Option<Symbol> {
+    /// The symbol of `function`, if its name can be read.
+    fn symbol(&self, Function { address, size, index }: Function) -> Option<Symbol> {
         let index = object::SymbolIndex(index);
         let name = match self {
             SymbolTable::Elf32(table, endian, strings) => elf_name(table.symbol(index).ok()?, *endian, strings),
@@ -389,14 +387,14 @@ fn elf_name<S: object::read::elf::Sym<Endian = Endianness>>(
 fn for_each_elf_function<Elf: FileHeader<Endian = Endianness>>(
     table: &ElfSymbolTable<'static, Elf>,
     endian: Endianness,
-    mut f: impl FnMut(u64, u64, usize),
+    mut f: impl FnMut(Function),
 ) {
     for (index, s) in table.symbols().iter().enumerate() {
         let address: u64 = s.st_value(endian).into();
         // What object's `kind() == Text && is_definition()` keeps: STT_GNU_IFUNC is code, but
         // not a definition.
         if s.st_type() == object::elf::STT_FUNC && address != 0 && s.is_definition(endian, table.strings()) {
-            f(address, s.st_size(endian).into(), index);
+            f(Function { address, size: s.st_size(endian).into(), index });
         }
     }
 }
@@ -418,11 +416,11 @@ fn table_order(a: &Symbol, b: &Symbol) -> std::cmp::Ordering {
 /// read now, those names would bring much of the string table into memory.
 fn sorted_functions(table: &SymbolTable) -> Vec<Function> {
     let mut all = Vec::new();
-    table.for_each_function(|address, size, index| {
+    table.for_each_function(|function| {
         if all.len().is_multiple_of(super::WORK_STEP) {
             super::note_work();
         }
-        all.push(Function { address, size, index })
+        all.push(function)
     });
     all.sort_unstable_by_key(|f| f.address);
     all.shrink_to_fit();
@@ -458,28 +456,29 @@ fn symbols_at(table: Option<SymbolTable>, probes: &[u64]) -> Option<Vec<Option<S
     sorted.dedup();
     let highest = sorted.last().copied().unwrap_or(0);
     // For the k-th of them, the best symbol above the one before and at or below it, by
-    // address and then size: (address, size, index); and the symbols that tied with it, whose
-    // names break the tie once the pass is over.
-    let mut nearest: Vec<Option<(u64, u64, usize)>> = vec![None; sorted.len()];
-    let mut tied: Vec<(usize, (u64, u64, usize))> = Vec::new();
+    // address and then size; and the symbols that tied with it, whose names break the tie
+    // once the pass is over.
+    let mut nearest: Vec<Option<Function>> = vec![None; sorted.len()];
+    let mut tied: Vec<(usize, Function)> = Vec::new();
     let mut any = false;
-    table.for_each_function(|address, size, index| {
+    let place = |f: &Function| (f.address, f.size);
+    table.for_each_function(|function| {
         any = true;
-        if address > highest {
+        if function.address > highest {
             return;
         }
-        let k = sorted.partition_point(|&p| p < address);
+        let k = sorted.partition_point(|&p| p < function.address);
         match nearest[k] {
-            Some((a, s, _)) if (a, s) == (address, size) => tied.push((k, (address, size, index))),
-            Some((a, s, _)) if (a, s) > (address, size) => {}
-            _ => nearest[k] = Some((address, size, index)),
+            Some(best) if place(&best) == place(&function) => tied.push((k, function)),
+            Some(best) if place(&best) > place(&function) => {}
+            _ => nearest[k] = Some(function),
         }
     });
     if !any {
         return None;
     }
     for (k, candidate) in tied {
-        if let Some(best) = nearest[k].filter(|&(a, s, _)| (a, s) == (candidate.0, candidate.1)) {
+        if let Some(best) = nearest[k].filter(|best| place(best) == place(&candidate)) {
             if table.symbol(candidate).zip(table.symbol(best)).is_some_and(|(c, b)| table_order(&c, &b).is_lt()) {
                 nearest[k] = Some(candidate);
             }
@@ -487,17 +486,17 @@ fn symbols_at(table: Option<SymbolTable>, probes: &[u64]) -> Option<Vec<Option<S
     }
     // The name at each of `sorted`, each symbol's demangled once (its probes are neighbours).
     let mut names: Vec<Option<String>> = Vec::with_capacity(sorted.len());
-    let mut best: Option<(u64, u64, usize)> = None;
+    let mut best: Option<Function> = None;
     let mut named: Option<(usize, Option<String>)> = None;
     for (k, &probe) in sorted.iter().enumerate() {
         // Every symbol in an earlier slot is at a lower address than one in this slot.
         best = nearest[k].or(best);
-        let Some(found) = best.filter(|&(address, size, _)| probe < address + size.max(1)) else {
+        let Some(found) = best.filter(|f| probe < f.address + f.size.max(1)) else {
             names.push(None);
             continue;
         };
-        if named.as_ref().is_none_or(|(index, _)| *index != found.2) {
-            named = Some((found.2, table.symbol(found).map(|s| demangle(s.name))));
+        if named.as_ref().is_none_or(|(index, _)| *index != found.index) {
+            named = Some((found.index, table.symbol(found).map(|s| demangle(s.name))));
         }
         names.push(named.as_ref().and_then(|(_, name)| name.clone()));
     }
@@ -634,7 +633,7 @@ mod tests {
                 .collect();
             let elf = SymbolTable::of(&file, dynamic).unwrap();
             let mut direct = Vec::new();
-            elf.for_each_function(|a, s, i| direct.extend(elf.symbol((a, s, i)).map(|s| (s.address, s.size, s.name))));
+            elf.for_each_function(|f| direct.extend(elf.symbol(f).map(|s| (s.address, s.size, s.name))));
             generic.sort_unstable();
             direct.sort_unstable();
             assert_eq!(direct, generic, "dynamic: {dynamic}");
@@ -833,10 +832,7 @@ mod tests {
         for path in variants.iter().flatten() {
             let mut loaded = Loaded::open(path, None, &Options::default()).expect("readable");
             let table = loaded.table.expect("a symbol table");
-            let gamma = loaded
-                .functions
-                .iter()
-                .find(|f| table.symbol((f.address, f.size, f.index)).unwrap().name == b"gamma_fn");
+            let gamma = loaded.functions.iter().find(|&&f| table.symbol(f).unwrap().name == b"gamma_fn");
             let symbol = gamma.expect("gamma_fn").address;
             let frames = loaded.lookup(symbol + 1);
             let frame = frames.last().expect("a frame");
