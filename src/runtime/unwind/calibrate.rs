@@ -168,11 +168,11 @@ pub(crate) fn has_lock_free_table_lookup() -> bool {
 /// A calibration marker: its function, and the function's name.
 type Marker = (fn(), &'static str);
 
-/// The calibration markers, one per entry point, and their functions' names.
-const MARKERS: [(Entry, fn(), &str); 3] = [
-    (Entry::Alloc, marker_alloc, "marker_alloc"),
-    (Entry::AllocZeroed, marker_alloc_zeroed, "marker_alloc_zeroed"),
-    (Entry::Realloc, marker_realloc, "marker_realloc"),
+/// The calibration markers, one per entry point.
+const MARKERS: [(Entry, Marker); 3] = [
+    (Entry::Alloc, (marker_alloc, "marker_alloc")),
+    (Entry::AllocZeroed, (marker_alloc_zeroed, "marker_alloc_zeroed")),
+    (Entry::Realloc, (marker_realloc, "marker_realloc")),
 ];
 
 /// Take `walker`'s calibration captures: one forced sample from each marker.
@@ -181,7 +181,7 @@ fn capture_markers(walker: Walker) {
     CALIBRATION.lock()[w].iter_mut().for_each(|(n, _)| *n = 0);
     WALKER.store(w as u8, Ordering::Relaxed);
     STATE.store(CALIBRATING, Ordering::SeqCst);
-    for (_, marker, _) in &MARKERS {
+    for (_, (marker, _)) in &MARKERS {
         marker();
     }
     STATE.store(OFF, Ordering::SeqCst);
@@ -192,16 +192,15 @@ fn capture_markers(walker: Walker) {
 /// all of them at once (one pass over each object's symbol table). Returns, per walker,
 /// whether every marker was found in its captures.
 fn measure_leading_frames(walkers: &[Walker]) -> Vec<bool> {
-    let all = CALIBRATION.lock();
+    let guard = CALIBRATION.lock();
+    let all = &*guard;
     let captures: Vec<(&[u64], Marker)> = walkers
         .iter()
         .flat_map(|&w| {
-            MARKERS.iter().map(move |&(entry, function, name)| (w, entry, (function, name))).map(
-                |(w, entry, marker)| {
-                    let (n, frames) = &all[w as usize][entry as usize];
-                    (&frames[..*n], marker)
-                },
-            )
+            MARKERS.iter().map(move |&(entry, marker)| {
+                let (n, frames) = &all[w as usize][entry as usize];
+                (&frames[..*n], marker)
+            })
         })
         .collect();
     let leadings = on_a_thread_of_its_own(|| tracer_frames(&captures));

@@ -22,48 +22,40 @@ extern "C" {
     fn _Unwind_Find_FDE(pc: *const u8, bases: *mut EhBases) -> *const u8;
 }
 
-/// The rule for `pc` from the unwind tables, and whether it may be cached: whether `pc` is in
-/// a loaded ELF object (as far as can be told without the loader's lock).
-pub(super) fn rule_from_tables(pc: u64) -> (Rule, bool) {
+/// The FDE covering `pc` and the start of the function it covers, by `_Unwind_Find_FDE`;
+/// `None` when none does, or where the tables are not read.
+fn find_fde(pc: u64) -> Option<(*const u8, u64)> {
     #[cfg(all(target_arch = "x86_64", target_os = "linux", target_env = "gnu"))]
     {
         let mut bases = EhBases { text: std::ptr::null(), data: std::ptr::null(), func: std::ptr::null() };
         // SAFETY: `_Unwind_Find_FDE` only reads the loader's tables and writes `bases`.
         let fde = unsafe { _Unwind_Find_FDE(pc as *const u8, &mut bases) };
-        if fde.is_null() {
-            return (Rule::Unsupported, false);
-        }
-        // SAFETY: a non-null result points to an FDE in a mapped `.eh_frame` section (of a
-        // loaded object, or registered with `__register_frame`), whose CIE precedes it in the
-        // same section. It stays mapped while that code stays loaded; as for libgcc's own
-        // unwinder, a `dlclose` of it by another thread during this call (possible only if
-        // `pc` is not a live frame of this thread, i.e. a wrong rule read a stray word) is
-        // the caller's race.
-        let rule = unsafe { rule_from_fde(fde, bases.func as u64, pc) }.unwrap_or(Rule::Unsupported);
-        (rule, in_loaded_object(pc))
-    }
-    #[cfg(not(all(target_arch = "x86_64", target_os = "linux", target_env = "gnu")))]
-    {
-        let _ = pc;
-        (Rule::Unsupported, false)
-    }
-}
-
-/// The start of the function whose FDE covers `pc`; `None` when none does, or where the
-/// tables are not read.
-pub(crate) fn function_start(pc: u64) -> Option<u64> {
-    #[cfg(all(target_arch = "x86_64", target_os = "linux", target_env = "gnu"))]
-    {
-        let mut bases = EhBases { text: std::ptr::null(), data: std::ptr::null(), func: std::ptr::null() };
-        // SAFETY: `_Unwind_Find_FDE` only reads the loader's tables and writes `bases`.
-        let fde = unsafe { _Unwind_Find_FDE(pc as *const u8, &mut bases) };
-        (!fde.is_null()).then_some(bases.func as u64)
+        (!fde.is_null()).then_some((fde, bases.func as u64))
     }
     #[cfg(not(all(target_arch = "x86_64", target_os = "linux", target_env = "gnu")))]
     {
         let _ = pc;
         None
     }
+}
+
+/// The rule for `pc` from the unwind tables, and whether it may be cached: whether `pc` is in
+/// a loaded ELF object (as far as can be told without the loader's lock).
+pub(super) fn rule_from_tables(pc: u64) -> (Rule, bool) {
+    let Some((fde, function)) = find_fde(pc) else { return (Rule::Unsupported, false) };
+    // SAFETY: a found FDE is in a mapped `.eh_frame` section (of a loaded object, or
+    // registered with `__register_frame`), whose CIE precedes it in the same section. It stays
+    // mapped while that code stays loaded; as for libgcc's own unwinder, a `dlclose` of it by
+    // another thread during this call (possible only if `pc` is not a live frame of this
+    // thread, i.e. a wrong rule read a stray word) is the caller's race.
+    let rule = unsafe { rule_from_fde(fde, function, pc) }.unwrap_or(Rule::Unsupported);
+    (rule, in_loaded_object(pc))
+}
+
+/// The start of the function whose FDE covers `pc`; `None` when none does, or where the
+/// tables are not read.
+pub(crate) fn function_start(pc: u64) -> Option<u64> {
+    find_fde(pc).map(|(_, function)| function)
 }
 
 /// Whether `pc` is in an object the dynamic loader loaded, by glibc's lock-free
@@ -96,6 +88,12 @@ pub(super) fn in_loaded_object(pc: u64) -> bool {
     let find: FindObject = unsafe { std::mem::transmute::<usize, FindObject>(find) };
     // SAFETY: as above; `pc` is only compared with the loaded objects' ranges.
     unsafe { find(pc as *mut libc::c_void, &mut result) == 0 }
+}
+
+/// Elsewhere [`find_fde`] finds nothing, so this is never asked.
+#[cfg(not(all(target_arch = "x86_64", target_os = "linux", target_env = "gnu")))]
+pub(super) fn in_loaded_object(_pc: u64) -> bool {
+    false
 }
 
 #[cfg(test)]
