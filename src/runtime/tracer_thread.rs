@@ -21,11 +21,14 @@ const STACK_SIZE: usize = 2 << 20;
 /// A running tracer thread, detached when dropped unjoined.
 pub(crate) struct TracerThread<T> {
     thread: libc::pthread_t,
-    result: Arc<Mutex<Option<std::thread::Result<T>>>>,
+    result: ResultSlot<T>,
 }
 
+/// Where a tracer thread puts its closure's result, or its panic.
+type ResultSlot<T> = Arc<Mutex<Option<std::thread::Result<T>>>>;
+
 /// What the new thread is given: its closure and where to put the result.
-type Start<T> = (Box<dyn FnOnce() -> T + Send>, Arc<Mutex<Option<std::thread::Result<T>>>>);
+type Start<T> = (Box<dyn FnOnce() -> T + Send>, ResultSlot<T>);
 
 impl<T: Send + 'static> TracerThread<T> {
     /// Start `f` on a new tracer thread named `name` (at most 15 bytes, as the kernel keeps).
@@ -87,8 +90,7 @@ impl<T: Send + 'static> TracerThread<T> {
     }
 
     /// The thread and its result slot, the handle consumed without its `Drop`, which detaches.
-    #[allow(clippy::type_complexity)]
-    fn into_parts(self) -> (libc::pthread_t, Arc<Mutex<Option<std::thread::Result<T>>>>) {
+    fn into_parts(self) -> (libc::pthread_t, ResultSlot<T>) {
         let this = std::mem::ManuallyDrop::new(self);
         // SAFETY: `result` is read out of the `ManuallyDrop` once, and `this` is not used after.
         (this.thread, unsafe { std::ptr::read(&this.result) })
