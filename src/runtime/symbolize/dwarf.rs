@@ -186,6 +186,12 @@ impl Dwarf {
     /// Which unit holds which addresses: `.debug_aranges`, else (compilers that leave it
     /// out, such as clang) each unit's own ranges, which parses every unit's abbreviations.
     fn read_index(&mut self) {
+        // Room for as many ranges of 8-byte addresses as the section could hold, so that the
+        // index is not copied as it grows: each copy would be new pages, page faults while a
+        // program's first sample is named. Room never written costs no memory (and is given
+        // back below).
+        let aranges = gimli::Section::reader(&self.sections.debug_aranges).slice().len();
+        self.index.reserve_exact(aranges / 16);
         let mut headers = self.sections.debug_aranges.headers();
         while let Ok(Some(header)) = headers.next() {
             let unit = header.debug_info_offset().0;

@@ -40,12 +40,15 @@ const UNREADABLE_NAMES_PASSED: usize = 4;
 
 /// A function of the sorted symbol table: its name is read from the table when it is looked
 /// up, so that making the table touches only the symbols, not the string table (a program's
-/// names are megabytes, which reading them all would make resident).
+/// names are megabytes, which reading them all would make resident). 16 bytes: the table is
+/// made when a program's first sample is named, and each page of it is a page fault then.
 #[derive(Clone, Copy)]
 struct Function {
     address: u64,
-    size: u64,
-    index: usize,
+    /// Saturated (no function is 4 GiB).
+    size: u32,
+    /// In the symbol table (ELF relocations name symbols in 32 bits).
+    index: u32,
 }
 
 /// Parsed state of one object. The `'static` slices in `dwarf`, `dwarf_file` and `table`
@@ -350,7 +353,7 @@ impl SymbolTable {
 
     /// The symbol of `function`, if its name can be read.
     fn symbol(&self, Function { address, size, index }: Function) -> Option<Symbol> {
-        let index = object::SymbolIndex(index);
+        let (size, index) = (u64::from(size), object::SymbolIndex(index as usize));
         let name = match self {
             SymbolTable::Elf32(table, endian, strings) => elf_name(table.symbol(index).ok()?, *endian, strings),
             SymbolTable::Elf64(table, endian, strings) => elf_name(table.symbol(index).ok()?, *endian, strings),
@@ -394,7 +397,9 @@ fn for_each_elf_function<Elf: FileHeader<Endian = Endianness>>(
         // What object's `kind() == Text && is_definition()` keeps: STT_GNU_IFUNC is code, but
         // not a definition.
         if s.st_type() == object::elf::STT_FUNC && address != 0 && s.is_definition(endian, table.strings()) {
-            f(Function { address, size: s.st_size(endian).into(), index });
+            let Ok(index) = u32::try_from(index) else { break };
+            let size = u32::try_from(s.st_size(endian).into()).unwrap_or(u32::MAX);
+            f(Function { address, size, index });
         }
     }
 }
@@ -415,7 +420,11 @@ fn table_order(a: &Symbol, b: &Symbol) -> std::cmp::Ordering {
 /// of a program's), the one that names it is chosen when it is looked up, by their names:
 /// read now, those names would bring much of the string table into memory.
 fn sorted_functions(table: &SymbolTable) -> Vec<Function> {
-    let mut all = Vec::new();
+    // Counted first (the symbols are read twice, which costs less than growing the vector:
+    // each of its copies is new pages).
+    let mut count = 0;
+    table.for_each_function(|_| count += 1);
+    let mut all = Vec::with_capacity(count);
     table.for_each_function(|function| {
         if all.len().is_multiple_of(super::WORK_STEP) {
             super::note_work();
@@ -423,7 +432,6 @@ fn sorted_functions(table: &SymbolTable) -> Vec<Function> {
         all.push(function)
     });
     all.sort_unstable_by_key(|f| f.address);
-    all.shrink_to_fit();
     all
 }
 
@@ -487,11 +495,11 @@ fn symbols_at(table: Option<SymbolTable>, probes: &[u64]) -> Option<Vec<Option<S
     // The name at each of `sorted`, each symbol's demangled once (its probes are neighbours).
     let mut names: Vec<Option<String>> = Vec::with_capacity(sorted.len());
     let mut best: Option<Function> = None;
-    let mut named: Option<(usize, Option<String>)> = None;
+    let mut named: Option<(u32, Option<String>)> = None;
     for (k, &probe) in sorted.iter().enumerate() {
         // Every symbol in an earlier slot is at a lower address than one in this slot.
         best = nearest[k].or(best);
-        let Some(found) = best.filter(|f| probe < f.address + f.size.max(1)) else {
+        let Some(found) = best.filter(|f| probe < f.address + u64::from(f.size.max(1))) else {
             names.push(None);
             continue;
         };
@@ -610,6 +618,16 @@ impl Drop for Mmap {
 mod tests {
     use super::*;
 
+    /// A function of the sorted table, its size as lookups take it.
+    struct Bounds {
+        address: u64,
+        size: u64,
+    }
+
+    fn sorted_table(loaded: &Loaded) -> impl Iterator<Item = Bounds> + '_ {
+        loaded.functions.iter().map(|f| Bounds { address: f.address, size: u64::from(f.size) })
+    }
+
     fn described(frames: &[RawFrame]) -> Vec<String> {
         frames.iter().map(|f| format!("{:?} {:?}:{}:{}", f.function, f.file, f.line, f.column)).collect()
     }
@@ -648,7 +666,7 @@ mod tests {
         let path = std::env::current_exe().unwrap();
         let loaded = Loaded::open(&path, None, &Options::default()).expect("readable");
         let mut probes: Vec<u64> = vec![0, 1, u64::MAX];
-        for s in loaded.functions.iter().step_by(7) {
+        for s in sorted_table(&loaded).step_by(7) {
             probes.extend([
                 s.address,
                 s.address + s.size / 2,
@@ -707,9 +725,7 @@ mod tests {
         // Probes spread over the program's functions: a few bytes into every 7th symbol, and a
         // quarter, half and three quarters of the way in, where calls were inlined.
         let (mut named, mut inlined, mut aliases) = (0, 0, 0);
-        let probes = loaded
-            .functions
-            .iter()
+        let probes = sorted_table(&loaded)
             .step_by(7)
             .flat_map(|s| [s.size.min(9) / 2, s.size / 4, s.size / 2, s.size * 3 / 4].map(|into| s.address + into));
         for probe in probes {
@@ -783,7 +799,7 @@ mod tests {
         let mut searching = locate_dwarf(&file, &mut loaded.inflated, &mut loaded._maps).expect("a unit index");
         let mut reading = locate_dwarf(&file, &mut loaded.inflated, &mut loaded._maps).expect("a unit index");
         let (mut probes, mut functions, mut sequences) = (0, 0, 0);
-        for f in loaded.functions.iter().step_by(5) {
+        for f in sorted_table(&loaded).step_by(5) {
             let probe = f.address + f.size / 2;
             let (function, sequence) = searching.searched(probe, (f.address, f.size));
             let read = reading.read(probe);
@@ -871,7 +887,7 @@ mod tests {
     fn a_released_object_gives_back_its_memory_and_names_as_before() {
         let path = std::env::current_exe().unwrap();
         let mut loaded = Loaded::open(&path, None, &Options::default()).expect("readable");
-        let probes: Vec<u64> = loaded.functions.iter().step_by(97).map(|s| s.address + s.size / 2).collect();
+        let probes: Vec<u64> = sorted_table(&loaded).step_by(97).map(|s| s.address + s.size / 2).collect();
         let before: Vec<Vec<String>> = probes.iter().map(|&p| described(&loaded.lookup(p))).collect();
         let map = loaded._maps[0].ptr as usize;
         let (resident, parsed) = (resident_bytes_of_mapping_at(map), loaded.bytes());
@@ -891,7 +907,7 @@ mod tests {
         let path = std::env::current_exe().unwrap();
         let original = std::fs::read(&path).unwrap();
         let loaded = Loaded::open(&path, None, &Options::default()).expect("readable");
-        let probes: Vec<u64> = loaded.functions.iter().step_by(61).map(|s| s.address + s.size / 2).collect();
+        let probes: Vec<u64> = sorted_table(&loaded).step_by(61).map(|s| s.address + s.size / 2).collect();
         let file = object::File::parse(&*original).unwrap();
         let sections: Vec<(usize, usize)> =
             [".debug_info", ".debug_abbrev", ".debug_line", ".debug_aranges", ".debug_str"]
