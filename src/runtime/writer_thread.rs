@@ -318,7 +318,10 @@ impl Names {
         let addrs: Vec<u64> = new_codes.iter().map(|code| code & ((1 << ADDRESS_BITS) - 1)).collect();
         let (channel, backlog) = (self.channel, &mut self.backlog);
         let mut work = symbolize::work_done();
-        let (locations, program_note) = self.worker.locations(&addrs, || {
+        // Once sampling is off (the session stopping), nothing more is coming to take off the
+        // queue meanwhile.
+        let stopping = STATE.load(Ordering::Relaxed) == OFF;
+        let (locations, program_note) = self.worker.locations(&addrs, stopping, || {
             // Waiting for our own symbolizer: progress while it gets on with its work, not
             // while it is stuck.
             let now = symbolize::work_done();

@@ -10,6 +10,11 @@
 //! address (a run with no sample starts none) and ends when the worker is dropped (its
 //! requests channel closes; it is not waited for) or its symbolizer taken back. Idle for a
 //! second, it gives back the memory naming took.
+//!
+//! A writer whose session is stopping has nothing more coming to take off the queue: the
+//! addresses it asks for then are named on its own thread when no thread was started yet.
+//! That is a short program's common case (its first sample is named at exit, which waits for
+//! it), where starting a thread for it, then joining it, only added to the wait.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -57,15 +62,18 @@ impl Worker {
     }
 
     /// The locations of each return address of `addrs` (see [`super::symbolize`]), in order,
-    /// and a note if the program was just found to miss names. `meanwhile` is
-    /// called every [`WAIT_SLICE`] while the answer is being worked out. A panic of the
-    /// symbolizer is resumed here.
-    pub(crate) fn locations(&mut self, addrs: &[u64], mut meanwhile: impl FnMut()) -> Answer {
+    /// and a note if the program was just found to miss names. `meanwhile` is called every
+    /// [`WAIT_SLICE`] while the answer is being worked out, or after each address when they are
+    /// named on the caller's thread. `stopping`: the caller has no other work coming (then no
+    /// thread is started for this). A panic of the symbolizer is resumed here.
+    pub(crate) fn locations(&mut self, addrs: &[u64], stopping: bool, mut meanwhile: impl FnMut()) -> Answer {
         if let State::Idle(_) = self.state {
-            self.start();
+            if !stopping {
+                self.start();
+            }
         }
         match &mut self.state {
-            State::Idle(symbolizer) => named(symbolizer, addrs),
+            State::Idle(symbolizer) => named(symbolizer, addrs, meanwhile),
             State::Running { requests, answers, .. } => {
                 if requests.send(addrs.to_vec()).is_ok() {
                     loop {
@@ -82,7 +90,7 @@ impl Worker {
                         Err(panic) => std::panic::resume_unwind(panic),
                         Ok(symbolizer) => {
                             self.state = State::Idle(Box::new(symbolizer));
-                            self.locations(addrs, meanwhile)
+                            self.locations(addrs, stopping, meanwhile)
                         }
                     },
                     _ => unreachable!("the state was Running"),
@@ -90,7 +98,7 @@ impl Worker {
             }
             State::Gone => {
                 self.state = State::Idle(Box::default());
-                self.locations(addrs, meanwhile)
+                self.locations(addrs, stopping, meanwhile)
             }
         }
     }
@@ -109,7 +117,7 @@ impl Worker {
                 match requested.recv_timeout(IDLE_BEFORE_RELEASE) {
                     Ok(addrs) => {
                         named_since_release = true;
-                        if answer.send(named(&mut symbolizer, &addrs)).is_err() {
+                        if answer.send(named(&mut symbolizer, &addrs, || {})).is_err() {
                             break;
                         }
                     }
@@ -143,12 +151,14 @@ impl Worker {
     }
 }
 
-fn named(symbolizer: &mut Symbolizer, addrs: &[u64]) -> Answer {
+fn named(symbolizer: &mut Symbolizer, addrs: &[u64], mut after_each: impl FnMut()) -> Answer {
     let locations = addrs
         .iter()
         .map(|&addr| {
             super::note_work();
-            super::symbolize(symbolizer, addr)
+            let locations = super::symbolize(symbolizer, addr);
+            after_each();
+            locations
         })
         .collect();
     (locations, symbolizer.take_program_note())
@@ -169,16 +179,37 @@ mod tests {
             stats.estimated_bytes - stats.base_bytes
         };
         let mut busy = Worker::new(Symbolizer::new());
-        let named = busy.locations(&[here() + 1], || {}).0.remove(0);
+        let named = busy.locations(&[here() + 1], false, || {}).0.remove(0);
         assert!(!named.is_empty());
         let busy = busy.take_symbolizer().unwrap();
         let mut idle = Worker::new(Symbolizer::new());
-        idle.locations(&[here() + 1], || {});
+        idle.locations(&[here() + 1], false, || {});
         std::thread::sleep(IDLE_BEFORE_RELEASE * 2);
         let idle = idle.take_symbolizer().unwrap();
         assert!(parsed(&idle) < parsed(&busy), "{:?} against {:?}", idle.stats(), busy.stats());
         let mut again = Worker::new(idle);
-        assert_eq!(again.locations(&[here() + 1], || {}).0, [named]);
+        assert_eq!(again.locations(&[here() + 1], false, || {}).0, [named]);
+    }
+
+    /// A stopping writer's addresses are named on its own thread, as the worker's thread names
+    /// them, with `meanwhile` called after each; a thread already started is used.
+    #[test]
+    fn a_stopping_caller_is_answered_on_its_own_thread() {
+        fn here() -> u64 {
+            here as *const () as usize as u64
+        }
+        let addrs = [here() + 1, here() + 2];
+        let mut threaded = Worker::new(Symbolizer::new());
+        let expected = threaded.locations(&addrs, false, || {}).0;
+        assert!(matches!(threaded.state, State::Running { .. }));
+        assert_eq!(threaded.locations(&addrs, true, || {}).0, expected);
+        assert!(matches!(threaded.state, State::Running { .. }));
+        let mut calls = 0;
+        let mut stopping = Worker::new(Symbolizer::new());
+        assert_eq!(stopping.locations(&addrs, true, || calls += 1).0, expected);
+        assert!(matches!(stopping.state, State::Idle(_)), "no thread started");
+        assert_eq!(calls, addrs.len());
+        assert!(stopping.take_symbolizer().is_some());
     }
 
     /// A batch of addresses gets, in order, the answers that asking one at a time gives.
@@ -196,9 +227,10 @@ mod tests {
         let functions = [first as fn() -> u64, second, third].map(|f| f as usize as u64 + 1);
         // A repeated address, and one with no symbol among them.
         let addrs = [functions[0], functions[1], 8, functions[2], functions[0]];
-        let (batch, _) = Worker::new(Symbolizer::new()).locations(&addrs, || {});
+        let (batch, _) = Worker::new(Symbolizer::new()).locations(&addrs, false, || {});
         let mut one = Worker::new(Symbolizer::new());
-        let one_at_a_time: Vec<_> = addrs.iter().map(|addr| one.locations(&[*addr], || {}).0.remove(0)).collect();
+        let one_at_a_time: Vec<_> =
+            addrs.iter().map(|addr| one.locations(&[*addr], false, || {}).0.remove(0)).collect();
         assert_eq!(batch, one_at_a_time);
         let innermost: Vec<_> = batch.iter().map(|l| l.last().unwrap().defname_str().into_owned()).collect();
         for (name, expected) in innermost.iter().zip(["first", "second", "0x8", "third", "first"]) {
