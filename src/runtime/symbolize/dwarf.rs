@@ -1,5 +1,6 @@
 //! Names an address from an object's DWARF, reading only what that address needs: the unit
-//! that holds it (`.debug_aranges`), the entries of the one function there, the names on the
+//! that holds it (`.debug_aranges`: one pass over it for each of an object's first batches of
+//! addresses, then a sorted index of it), the entries of the one function there, the names on the
 //! chain of functions inlined at the address, and the one line-program sequence that covers
 //! it. The function's entry and sequence are found by searching the unit's bytes for the
 //! address its symbol starts at, for a unit's first few lookups, else by reading the unit's
@@ -88,10 +89,13 @@ pub(super) struct Dwarf {
     /// Its `.debug_str` is empty: strings are read from `strings`.
     sections: gimli::Dwarf<Reader>,
     strings: Strings,
-    /// (start, end, `.debug_info` offset of the unit), sorted by start.
-    index: Vec<(u64, u64, Offset)>,
-    /// The offsets of the units in `index`, sorted: made the first time a name leads to
-    /// another unit.
+    /// (start, end, `.debug_info` offset of the unit), sorted: made by the first
+    /// lookup that a pass over `.debug_aranges` did not answer ([`Dwarf::expect`]).
+    index: Option<Vec<(u64, u64, Offset)>>,
+    /// The unit of each address of the last pass over `.debug_aranges`, by address.
+    foreseen: Vec<(u64, Option<Offset>)>,
+    /// The offsets of the units `.debug_aranges` lists (else those in `index`), sorted: made
+    /// the first time a name leads to another unit.
     unit_starts: Option<Vec<Offset>>,
     /// Parsed units, in no order (indexes stay valid during one lookup).
     units: Vec<ParsedUnit>,
@@ -176,37 +180,98 @@ struct Inlined {
 }
 
 impl Dwarf {
-    /// The DWARF of `sections`, with its unit index read (`None` when it has no unit).
+    /// The DWARF of `sections`; `None` when no unit has code. Without `.debug_aranges` (some
+    /// compilers, such as clang, leave it out), the unit index is made now.
     pub(super) fn new(sections: gimli::Dwarf<Reader>, strings: Strings) -> Option<Dwarf> {
-        let mut dwarf = Dwarf { sections, strings, index: Vec::new(), unit_starts: None, units: Vec::new(), clock: 0 };
-        dwarf.read_index();
-        (!dwarf.index.is_empty()).then_some(dwarf)
+        let mut dwarf = Dwarf {
+            sections,
+            strings,
+            index: None,
+            foreseen: Vec::new(),
+            unit_starts: None,
+            units: Vec::new(),
+            clock: 0,
+        };
+        if dwarf.aranges().is_empty() {
+            (!dwarf.index().is_empty()).then_some(dwarf)
+        } else {
+            Some(dwarf)
+        }
     }
 
-    /// Which unit holds which addresses: `.debug_aranges`, else (compilers that leave it
-    /// out, such as clang) each unit's own ranges, which parses every unit's abbreviations.
-    fn read_index(&mut self) {
-        // Room for as many ranges of 8-byte addresses as the section could hold, so that the
-        // index is not copied as it grows: each copy would be new pages, page faults while a
-        // program's first sample is named. Room never written costs no memory (and is given
-        // back below).
-        let aranges = gimli::Section::reader(&self.sections.debug_aranges).slice().len();
-        self.index.reserve_exact(aranges / 16);
+    fn aranges(&self) -> &'static [u8] {
+        gimli::Section::reader(&self.sections.debug_aranges).slice()
+    }
+
+    /// Get ready to look up `sorted` (distinct addresses in increasing order): until the unit
+    /// index is made, their units are found in one pass over `.debug_aranges` (a pass costs
+    /// less than sorting a copy of it, which a short program's first batches of addresses,
+    /// named at exit, would wait for).
+    pub(super) fn expect(&mut self, sorted: &[u64]) {
+        if self.index.is_some() {
+            return;
+        }
+        // What the index would give: the greatest range starting at or below each address,
+        // if it holds it. For the k-th address, the greatest above the one before.
+        let highest = sorted.last().copied().unwrap_or(0);
+        let mut nearest: Vec<Option<(u64, u64, Offset)>> = vec![None; sorted.len()];
+        self.for_each_arange(|begin, end, unit| {
+            if begin <= highest {
+                let k = sorted.partition_point(|&p| p < begin);
+                nearest[k] = nearest[k].max(Some((begin, end, unit)));
+            }
+        });
+        let mut best = None;
+        self.foreseen = sorted
+            .iter()
+            .zip(nearest)
+            .map(|(&probe, nearest)| {
+                // Every range in an earlier slot starts below one in this slot.
+                best = nearest.or(best);
+                (probe, best.filter(|&(_, end, _)| probe < end).map(|(_, _, unit)| unit))
+            })
+            .collect();
+    }
+
+    /// `f` of each nonempty range of `.debug_aranges`, with its unit's offset.
+    fn for_each_arange(&self, mut f: impl FnMut(u64, u64, Offset)) {
         let mut headers = self.sections.debug_aranges.headers();
+        let mut read = 0usize;
         while let Ok(Some(header)) = headers.next() {
             let unit = header.debug_info_offset().0;
             let mut entries = header.entries();
             while let Ok(Some(entry)) = entries.next() {
-                if self.index.len().is_multiple_of(super::WORK_STEP) {
+                read += 1;
+                if read.is_multiple_of(super::WORK_STEP) {
                     super::note_work();
                 }
                 let range = entry.range();
                 if range.begin < range.end {
-                    self.index.push((range.begin, range.end, unit));
+                    f(range.begin, range.end, unit);
                 }
             }
         }
-        if self.index.is_empty() {
+    }
+
+    /// The unit index, made the first time.
+    fn index(&mut self) -> &[(u64, u64, Offset)] {
+        if self.index.is_none() {
+            self.index = Some(self.read_index());
+            self.foreseen = Vec::new();
+        }
+        self.index.as_deref().unwrap_or_default()
+    }
+
+    /// Which unit holds which addresses: `.debug_aranges`, else (compilers that leave it
+    /// out, such as clang) each unit's own ranges, which parses every unit's abbreviations.
+    fn read_index(&self) -> Vec<(u64, u64, Offset)> {
+        // Room for as many ranges of 8-byte addresses as the section could hold, so that the
+        // index is not copied as it grows: each copy would be new pages, page faults while a
+        // program's first sample is named. Room never written costs no memory (and is given
+        // back below).
+        let mut index = Vec::with_capacity(self.aranges().len() / 16);
+        self.for_each_arange(|begin, end, unit| index.push((begin, end, unit)));
+        if index.is_empty() {
             let mut headers = self.sections.units();
             while let Ok(Some(header)) = headers.next() {
                 let Some(offset) = header.debug_info_offset() else { continue };
@@ -214,20 +279,27 @@ impl Dwarf {
                 let Ok(mut ranges) = self.sections.unit_ranges(&unit) else { continue };
                 while let Ok(Some(range)) = ranges.next() {
                     if range.begin < range.end {
-                        self.index.push((range.begin, range.end, offset.0));
+                        index.push((range.begin, range.end, offset.0));
                     }
                 }
             }
         }
-        // By start alone (units do not overlap), cheaper than comparing whole entries: this
-        // sort is one of the costs of naming a program's first frame.
-        self.index.sort_unstable_by_key(|&(start, _, _)| start);
-        self.index.shrink_to_fit();
+        // Whole entries: of ranges that start together (those of functions the linker removed,
+        // at 0, say), a lookup takes the last, as a pass over the ranges does
+        // ([`Dwarf::expect`]).
+        index.sort_unstable();
+        index.shrink_to_fit();
+        index
+    }
+
+    #[cfg(test)]
+    pub(super) fn has_index(&self) -> bool {
+        self.index.is_some()
     }
 
     /// Estimated heap bytes of the index.
     pub(super) fn index_bytes(&self) -> usize {
-        self.index.capacity() * std::mem::size_of::<(u64, u64, Offset)>()
+        self.index.as_ref().map_or(0, |i| i.capacity() * std::mem::size_of::<(u64, u64, Offset)>())
             + self.unit_starts.as_ref().map_or(0, |u| u.capacity() * std::mem::size_of::<Offset>())
     }
 
@@ -290,9 +362,15 @@ impl Dwarf {
         (function, sequence.map(|s| (s.start, s.end)))
     }
 
-    fn unit_at(&self, probe: u64) -> Option<Offset> {
-        let i = self.index.partition_point(|r| r.0 <= probe).checked_sub(1)?;
-        let (_, end, unit) = self.index[i];
+    fn unit_at(&mut self, probe: u64) -> Option<Offset> {
+        if self.index.is_none() {
+            if let Ok(k) = self.foreseen.binary_search_by_key(&probe, |&(p, _)| p) {
+                return self.foreseen[k].1;
+            }
+        }
+        let index = self.index();
+        let i = index.partition_point(|r| r.0 <= probe).checked_sub(1)?;
+        let (_, end, unit) = index[i];
         (probe < end).then_some(unit)
     }
 
@@ -375,13 +453,10 @@ impl Dwarf {
                 // headers (units without code, which the index leaves out, are few and mostly
                 // right after one with code). Walking every header instead would bring the
                 // whole section into memory, a page per unit.
-                let starts = self.unit_starts.get_or_insert_with(|| {
-                    let mut starts: Vec<Offset> = self.index.iter().map(|&(_, _, unit)| unit).collect();
-                    starts.sort_unstable();
-                    starts.dedup();
-                    starts.shrink_to_fit();
-                    starts
-                });
+                if self.unit_starts.is_none() {
+                    self.unit_starts = Some(self.read_unit_starts());
+                }
+                let starts = self.unit_starts.as_deref().unwrap_or_default();
                 let i = starts.partition_point(|&s| s <= target.0).checked_sub(1);
                 let mut start = i.map(|i| starts[i]).ok_or(gimli::Error::NoEntryAtGivenOffset(target.0 as u64))?;
                 loop {
@@ -399,6 +474,25 @@ impl Dwarf {
         let offset =
             target.to_unit_offset(&unit.unit.header).ok_or(gimli::Error::NoEntryAtGivenOffset(target.0 as u64))?;
         Ok((u, offset))
+    }
+
+    /// The offsets of the units that `.debug_aranges` lists, sorted, from its headers alone
+    /// (not the index); without it, those of the index.
+    fn read_unit_starts(&mut self) -> Vec<Offset> {
+        let mut starts: Vec<Offset> = Vec::new();
+        if self.index.is_none() {
+            let mut headers = self.sections.debug_aranges.headers();
+            while let Ok(Some(header)) = headers.next() {
+                starts.push(header.debug_info_offset().0);
+            }
+        }
+        if starts.is_empty() {
+            starts = self.index().iter().map(|&(_, _, unit)| unit).collect();
+        }
+        starts.sort_unstable();
+        starts.dedup();
+        starts.shrink_to_fit();
+        starts
     }
 
     fn unit_ref(&self, u: usize) -> gimli::UnitRef<'_, Reader> {

@@ -38,6 +38,12 @@ struct Symbol {
 /// How many addresses whose symbols' names cannot be read a lookup passes over.
 const UNREADABLE_NAMES_PASSED: usize = 4;
 
+/// How many batches of addresses about to be looked up ([`Loaded::expect`]) an object answers
+/// with one pass over its symbol table and unit index, before it sorts them. A short program
+/// names one to a few batches, all of them at exit, while it waits: a pass costs less than
+/// sorting (and than the page faults of the sorted copies).
+const PASSES: u32 = 4;
+
 /// A function of the sorted symbol table: its name is read from the table when it is looked
 /// up, so that making the table touches only the symbols, not the string table (a program's
 /// names are megabytes, which reading them all would make resident). 16 bytes: the table is
@@ -62,10 +68,16 @@ pub(super) struct Loaded {
     has_dwarf: bool,
     /// Whether `table` is a full symbol table (`.symtab`), not only the dynamic one.
     static_table: bool,
-    /// The function symbols of `table`, sorted by address.
-    functions: Vec<Function>,
+    /// The function symbols of `table`, sorted by address: made by the first lookup that a pass
+    /// over the table did not answer ([`Loaded::expect`]).
+    functions: Option<Vec<Function>>,
+    /// How many function symbols `table` has.
+    function_count: usize,
     table: Option<SymbolTable>,
-    pub(super) base_estimate: usize,
+    /// The symbol of each address of the last pass over the table, by address.
+    foreseen: Vec<(u64, Option<Symbol>)>,
+    /// How many such passes there were (see [`PASSES`]).
+    passes: u32,
     inflated: Vec<Box<[u8]>>,
     _maps: Vec<Mmap>,
 }
@@ -93,11 +105,11 @@ impl Loaded {
             (true, debug_file.as_ref().and_then(|d| SymbolTable::of(d, false))),
             (false, SymbolTable::of(&file, true)),
         ];
-        let (static_table, table, functions) = tables
+        let (static_table, table, function_count) = tables
             .into_iter()
-            .filter_map(|(full, table)| Some((full, Some(table?), sorted_functions(&table?))))
-            .find(|(_, _, functions)| !functions.is_empty())
-            .unwrap_or((false, None, Vec::new()));
+            .filter_map(|(full, table)| Some((full, Some(table?), table?.function_count())))
+            .find(|&(_, _, count)| count > 0)
+            .unwrap_or((false, None, 0));
         let separate = debug_file.is_some();
         let dwarf_file = debug_file.or(Some(file)).filter(has_dwarf);
         let mut map = map;
@@ -106,29 +118,57 @@ impl Loaded {
             map.file = None;
         }
         maps.push(map);
-        let base_estimate = functions.capacity() * std::mem::size_of::<Function>();
         Some(Loaded {
             dwarf: None,
             has_dwarf: dwarf_file.is_some(),
             static_table,
             dwarf_file,
-            functions,
+            functions: None,
+            function_count,
             table,
-            base_estimate,
+            foreseen: Vec::new(),
+            passes: 0,
             inflated: Vec::new(),
             _maps: maps,
         })
     }
 
-    /// Locate the DWARF sections and read the unit index, once.
+    /// Locate the DWARF sections, once.
     fn load_dwarf(&mut self) -> Option<&mut Dwarf> {
         if let Some(file) = self.dwarf_file.take() {
             self.dwarf = locate_dwarf(&file, &mut self.inflated, &mut self._maps);
-            if let Some(dwarf) = &self.dwarf {
-                self.base_estimate += self.inflated.iter().map(|b| b.len()).sum::<usize>() + dwarf.index_bytes();
-            }
         }
         self.dwarf.as_mut()
+    }
+
+    /// Get ready to look up `probes` (addresses in the object's own terms, in any order): for
+    /// the object's first [`PASSES`] batches, their symbols and units are found in one pass
+    /// over its symbol table and unit index (see [`Dwarf::expect`]) instead of sorted copies.
+    /// A symbol found so has a name that can be read: where the chosen one's cannot (a
+    /// damaged string table), the address is not named from the table, where the sorted
+    /// table would try the symbols before it.
+    pub(super) fn expect(&mut self, probes: &[u64]) {
+        if self.functions.is_some() || self.passes >= PASSES {
+            return;
+        }
+        self.passes += 1;
+        let mut sorted = probes.to_vec();
+        sorted.sort_unstable();
+        sorted.dedup();
+        let symbols = self.table.as_ref().and_then(|table| symbols_at(table, &sorted));
+        let symbols = symbols.unwrap_or_else(|| vec![None; sorted.len()]);
+        self.foreseen = sorted.iter().copied().zip(symbols).collect();
+        if let Some(dwarf) = self.load_dwarf() {
+            dwarf.expect(&sorted);
+        }
+    }
+
+    /// Heap bytes of what any lookup in the object needs: the sorted symbol table and unit
+    /// index once made, inflated sections.
+    pub(super) fn base_bytes(&self) -> usize {
+        self.functions.as_ref().map_or(0, |f| f.capacity() * std::mem::size_of::<Function>())
+            + self.inflated.iter().map(|b| b.len()).sum::<usize>()
+            + self.dwarf.as_ref().map_or(0, Dwarf::index_bytes)
     }
 
     /// Give back what lookups made resident, for a while of no lookups: the parsed DWARF units
@@ -165,18 +205,26 @@ impl Loaded {
     }
 
     pub(super) fn bytes(&self) -> usize {
-        self.base_estimate + self.dwarf.as_ref().map_or(0, Dwarf::parsed_bytes)
+        self.base_bytes() + self.dwarf.as_ref().map_or(0, Dwarf::parsed_bytes)
     }
 
     /// The demangled name of the function symbol at `probe`, from the symbol table alone:
     /// no DWARF is parsed.
-    pub(super) fn symbol_name(&self, probe: u64) -> Option<String> {
+    pub(super) fn symbol_name(&mut self, probe: u64) -> Option<String> {
         self.symbol(probe).map(|s| demangle(s.name))
     }
 
-    fn symbol(&self, probe: u64) -> Option<Symbol> {
+    fn symbol(&mut self, probe: u64) -> Option<Symbol> {
         let table = self.table.as_ref()?;
-        let mut end = self.functions.partition_point(|f| f.address <= probe);
+        if self.functions.is_none() {
+            if let Ok(k) = self.foreseen.binary_search_by_key(&probe, |&(p, _)| p) {
+                return self.foreseen[k].1;
+            }
+            self.functions = Some(sorted_functions(table, self.function_count));
+            self.foreseen = Vec::new();
+        }
+        let functions = self.functions.as_deref().unwrap_or_default();
+        let mut end = functions.partition_point(|f| f.address <= probe);
         // The symbols at the highest address at or below `probe`, the first in [`table_order`]
         // of those whose names can be read; where none can, those at the address before (a
         // few addresses back at most: a string table so damaged is not searched through).
@@ -184,9 +232,9 @@ impl Loaded {
             if end == 0 {
                 break;
             }
-            let address = self.functions[end - 1].address;
-            let start = self.functions[..end].partition_point(|f| f.address < address);
-            let at_address = &self.functions[start..end];
+            let address = functions[end - 1].address;
+            let start = functions[..end].partition_point(|f| f.address < address);
+            let at_address = &functions[start..end];
             end = start;
             let chosen = match at_address {
                 [only] => table.symbol(*only),
@@ -343,6 +391,12 @@ impl SymbolTable {
         })
     }
 
+    fn function_count(&self) -> usize {
+        let mut count = 0;
+        self.for_each_function(|_| count += 1);
+        count
+    }
+
     /// `f` of each function symbol (defined code at a nonzero address).
     fn for_each_function(&self, f: impl FnMut(Function)) {
         match self {
@@ -419,11 +473,9 @@ fn table_order(a: &Symbol, b: &Symbol) -> std::cmp::Ordering {
 /// `table`'s functions sorted by address. Of those at one address (aliases: a few percent
 /// of a program's), the one that names it is chosen when it is looked up, by their names:
 /// read now, those names would bring much of the string table into memory.
-fn sorted_functions(table: &SymbolTable) -> Vec<Function> {
-    // Counted first (the symbols are read twice, which costs less than growing the vector:
-    // each of its copies is new pages).
-    let mut count = 0;
-    table.for_each_function(|_| count += 1);
+/// `count`: how many there are (made to size, the vector is never copied: each copy would be
+/// new pages).
+fn sorted_functions(table: &SymbolTable, count: usize) -> Vec<Function> {
     let mut all = Vec::with_capacity(count);
     table.for_each_function(|function| {
         if all.len().is_multiple_of(super::WORK_STEP) {
@@ -443,33 +495,47 @@ fn sorted_functions(table: &SymbolTable) -> Vec<Function> {
 /// when it first needs it.
 pub(super) fn symbol_names(path: &Path, loaded_build_id: Option<&[u8]>, probes: &[u64]) -> Vec<Option<String>> {
     let Some((map, file)) = open_object(path, loaded_build_id) else { return vec![None; probes.len()] };
-    let names = symbols_at(SymbolTable::of(&file, false), probes)
-        .or_else(|| symbols_at(SymbolTable::of(&file, true), probes))
-        .unwrap_or_else(|| vec![None; probes.len()]);
-    drop(file);
-    drop(map);
-    names
-}
-
-/// The name of the symbol of `table` that the sorted table finds for each of `probes` (the
-/// last at or below it, if it contains it), in one pass; `None` when `table` has no function
-/// symbol (as [`sorted_functions`] would give none). Names are read only to break ties and
-/// for the symbols found, so that most of the string table is never touched (a symbol whose
-/// name cannot be read, which a lookup in the sorted table passes over, then names nothing).
-fn symbols_at(table: Option<SymbolTable>, probes: &[u64]) -> Option<Vec<Option<String>>> {
-    let table = table?;
-    // The distinct probes in address order (the calibration stacks share most frames).
     let mut sorted = probes.to_vec();
     sorted.sort_unstable();
     sorted.dedup();
+    let symbols = [SymbolTable::of(&file, false), SymbolTable::of(&file, true)]
+        .into_iter()
+        .flatten()
+        .find_map(|table| symbols_at(&table, &sorted))
+        .unwrap_or_else(|| vec![None; sorted.len()]);
+    // Each symbol demangled once: its probes are neighbours.
+    let mut names: Vec<Option<String>> = Vec::with_capacity(sorted.len());
+    let mut last: Option<(Symbol, Option<String>)> = None;
+    for symbol in symbols {
+        let name = symbol.map(|symbol| match &last {
+            Some((named, name)) if (named.address, named.name) == (symbol.address, symbol.name) => name.clone(),
+            _ => {
+                let name = Some(demangle(symbol.name));
+                last = Some((symbol, name.clone()));
+                name
+            }
+        });
+        names.push(name.flatten());
+    }
+    drop(file);
+    drop(map);
+    probes.iter().map(|p| sorted.binary_search(p).ok().and_then(|k| names[k].clone())).collect()
+}
+
+/// The symbol of `table` that the sorted table finds for each of `sorted` (distinct
+/// addresses in increasing order: the last at or below it, if it contains it), in one pass.
+/// Names are read only to break ties and for the symbols found, so that most of the string
+/// table is never touched (a symbol whose name cannot be read, which a lookup in the sorted
+/// table passes over, then gives none). `None` when `table` has no function symbol.
+fn symbols_at(table: &SymbolTable, sorted: &[u64]) -> Option<Vec<Option<Symbol>>> {
     let highest = sorted.last().copied().unwrap_or(0);
     // For the k-th of them, the best symbol above the one before and at or below it, by
     // address and then size; and the symbols that tied with it, whose names break the tie
     // once the pass is over.
     let mut nearest: Vec<Option<Function>> = vec![None; sorted.len()];
     let mut tied: Vec<(usize, Function)> = Vec::new();
-    let mut any = false;
     let place = |f: &Function| (f.address, f.size);
+    let mut any = false;
     table.for_each_function(|function| {
         any = true;
         if function.address > highest {
@@ -492,26 +558,24 @@ fn symbols_at(table: Option<SymbolTable>, probes: &[u64]) -> Option<Vec<Option<S
             }
         }
     }
-    // The name at each of `sorted`, each symbol's demangled once (its probes are neighbours).
-    let mut names: Vec<Option<String>> = Vec::with_capacity(sorted.len());
+    let mut symbols: Vec<Option<Symbol>> = Vec::with_capacity(sorted.len());
     let mut best: Option<Function> = None;
-    let mut named: Option<(u32, Option<String>)> = None;
+    let mut found: Option<(u32, Option<Symbol>)> = None;
     for (k, &probe) in sorted.iter().enumerate() {
         // Every symbol in an earlier slot is at a lower address than one in this slot.
         best = nearest[k].or(best);
-        let Some(found) = best.filter(|f| probe < f.address + u64::from(f.size.max(1))) else {
-            names.push(None);
+        let Some(function) = best.filter(|f| probe < f.address + u64::from(f.size.max(1))) else {
+            symbols.push(None);
             continue;
         };
-        if named.as_ref().is_none_or(|(index, _)| *index != found.index) {
-            named = Some((found.index, table.symbol(found).map(|s| demangle(s.name))));
+        if found.as_ref().is_none_or(|(index, _)| *index != function.index) {
+            found = Some((function.index, table.symbol(function)));
         }
-        names.push(named.as_ref().and_then(|(_, name)| name.clone()));
+        symbols.push(found.and_then(|(_, symbol)| symbol));
     }
-    Some(probes.iter().map(|p| sorted.binary_search(p).ok().and_then(|k| names[k].clone())).collect())
+    Some(symbols)
 }
 
-/// A Rust symbol demangled in `{:#}` form (no hash); anything else as it is.
 pub(super) fn demangle(name: &[u8]) -> String {
     let name = super::lossy_utf8(name);
     match rustc_demangle::try_demangle(&name) {
@@ -624,12 +688,46 @@ mod tests {
         size: u64,
     }
 
-    fn sorted_table(loaded: &Loaded) -> impl Iterator<Item = Bounds> + '_ {
-        loaded.functions.iter().map(|f| Bounds { address: f.address, size: u64::from(f.size) })
+    /// The sorted table of `loaded`'s functions (made now if it was not).
+    fn sorted_table(loaded: &mut Loaded) -> Vec<Bounds> {
+        loaded.symbol(0);
+        let functions = loaded.functions.as_deref().expect("the sorted table");
+        functions.iter().map(|f| Bounds { address: f.address, size: u64::from(f.size) }).collect()
     }
 
     fn described(frames: &[RawFrame]) -> Vec<String> {
         frames.iter().map(|f| format!("{:?} {:?}:{}:{}", f.function, f.file, f.line, f.column)).collect()
+    }
+
+    /// The first batches of addresses, looked up after one pass over the symbol table and
+    /// unit index each ([`Loaded::expect`]), are named as the sorted tables name them, which
+    /// are made only after [`PASSES`] batches.
+    #[test]
+    fn foreseen_batches_are_named_as_the_sorted_tables_name_them() {
+        let path = std::env::current_exe().unwrap();
+        let mut sorted = Loaded::open(&path, None, &Options::default()).expect("readable");
+        let mut probes: Vec<u64> = vec![0, 1, u64::MAX];
+        for s in sorted_table(&mut sorted).into_iter().step_by(41) {
+            probes.extend([s.address, s.address + s.size / 2, s.address + s.size]);
+        }
+        let named = |loaded: &mut Loaded, probe| described(&loaded.lookup(probe));
+        let expected: Vec<Vec<String>> = probes.iter().map(|&p| named(&mut sorted, p)).collect();
+        let with_lines = expected.iter().filter(|e| e.last().is_some_and(|f| !f.contains(" None:"))).count();
+        assert!(with_lines > probes.len() / 2, "{with_lines} of {} probes have lines", probes.len());
+        let mut foreseeing = Loaded::open(&path, None, &Options::default()).expect("readable");
+        let batches: Vec<(usize, &[u64])> =
+            probes.chunks(probes.len() / (PASSES as usize + 1) + 1).enumerate().collect();
+        for &(batch, addrs) in &batches {
+            // In the order a stack gives them, not sorted.
+            let addrs: Vec<u64> = addrs.iter().rev().copied().collect();
+            foreseeing.expect(&addrs);
+            let first = batch * batches[0].1.len();
+            for (k, &probe) in addrs.iter().rev().enumerate() {
+                assert_eq!(named(&mut foreseeing, probe), expected[first + k], "{probe:#x} in batch {batch}");
+            }
+            let made = (foreseeing.functions.is_some(), foreseeing.dwarf.as_ref().is_some_and(Dwarf::has_index));
+            assert_eq!(made, if batch < PASSES as usize { (false, false) } else { (true, true) }, "batch {batch}");
+        }
     }
 
     /// Reading the ELF symbol table directly keeps the symbols that object's
@@ -664,9 +762,9 @@ mod tests {
     #[test]
     fn one_pass_over_the_symbol_table_names_as_the_sorted_table_does() {
         let path = std::env::current_exe().unwrap();
-        let loaded = Loaded::open(&path, None, &Options::default()).expect("readable");
+        let mut loaded = Loaded::open(&path, None, &Options::default()).expect("readable");
         let mut probes: Vec<u64> = vec![0, 1, u64::MAX];
-        for s in sorted_table(&loaded).step_by(7) {
+        for s in sorted_table(&mut loaded).into_iter().step_by(7) {
             probes.extend([
                 s.address,
                 s.address + s.size / 2,
@@ -725,7 +823,8 @@ mod tests {
         // Probes spread over the program's functions: a few bytes into every 7th symbol, and a
         // quarter, half and three quarters of the way in, where calls were inlined.
         let (mut named, mut inlined, mut aliases) = (0, 0, 0);
-        let probes = sorted_table(&loaded)
+        let probes = sorted_table(&mut loaded)
+            .into_iter()
             .step_by(7)
             .flat_map(|s| [s.size.min(9) / 2, s.size / 4, s.size / 2, s.size * 3 / 4].map(|into| s.address + into));
         for probe in probes {
@@ -799,7 +898,7 @@ mod tests {
         let mut searching = locate_dwarf(&file, &mut loaded.inflated, &mut loaded._maps).expect("a unit index");
         let mut reading = locate_dwarf(&file, &mut loaded.inflated, &mut loaded._maps).expect("a unit index");
         let (mut probes, mut functions, mut sequences) = (0, 0, 0);
-        for f in sorted_table(&loaded).step_by(5) {
+        for f in sorted_table(&mut loaded).into_iter().step_by(5) {
             let probe = f.address + f.size / 2;
             let (function, sequence) = searching.searched(probe, (f.address, f.size));
             let read = reading.read(probe);
@@ -848,7 +947,9 @@ mod tests {
         for path in variants.iter().flatten() {
             let mut loaded = Loaded::open(path, None, &Options::default()).expect("readable");
             let table = loaded.table.expect("a symbol table");
-            let gamma = loaded.functions.iter().find(|&&f| table.symbol(f).unwrap().name == b"gamma_fn");
+            loaded.symbol(0);
+            let functions = loaded.functions.as_deref().expect("the sorted table");
+            let gamma = functions.iter().find(|&&f| table.symbol(f).unwrap().name == b"gamma_fn");
             let symbol = gamma.expect("gamma_fn").address;
             let frames = loaded.lookup(symbol + 1);
             let frame = frames.last().expect("a frame");
@@ -887,7 +988,8 @@ mod tests {
     fn a_released_object_gives_back_its_memory_and_names_as_before() {
         let path = std::env::current_exe().unwrap();
         let mut loaded = Loaded::open(&path, None, &Options::default()).expect("readable");
-        let probes: Vec<u64> = sorted_table(&loaded).step_by(97).map(|s| s.address + s.size / 2).collect();
+        let probes: Vec<u64> =
+            sorted_table(&mut loaded).into_iter().step_by(97).map(|s| s.address + s.size / 2).collect();
         let before: Vec<Vec<String>> = probes.iter().map(|&p| described(&loaded.lookup(p))).collect();
         let map = loaded._maps[0].ptr as usize;
         let (resident, parsed) = (resident_bytes_of_mapping_at(map), loaded.bytes());
@@ -906,8 +1008,9 @@ mod tests {
     fn damaged_dwarf_never_panics() {
         let path = std::env::current_exe().unwrap();
         let original = std::fs::read(&path).unwrap();
-        let loaded = Loaded::open(&path, None, &Options::default()).expect("readable");
-        let probes: Vec<u64> = sorted_table(&loaded).step_by(61).map(|s| s.address + s.size / 2).collect();
+        let mut loaded = Loaded::open(&path, None, &Options::default()).expect("readable");
+        let probes: Vec<u64> =
+            sorted_table(&mut loaded).into_iter().step_by(61).map(|s| s.address + s.size / 2).collect();
         let file = object::File::parse(&*original).unwrap();
         let sections: Vec<(usize, usize)> =
             [".debug_info", ".debug_abbrev", ".debug_line", ".debug_aranges", ".debug_str"]

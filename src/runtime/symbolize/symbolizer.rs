@@ -154,7 +154,7 @@ impl Symbolizer {
     /// What it did so far, and the memory it holds now.
     pub fn stats(&self) -> Stats {
         let base_bytes = self.objects.iter().max_by_key(|o| o.last_use).map_or(0, |o| match &o.state {
-            State::Loaded(l) => l.base_estimate,
+            State::Loaded(l) => l.base_bytes(),
             _ => 0,
         });
         Stats { estimated_bytes: self.estimated_bytes(), base_bytes, ..self.stats.clone() }
@@ -203,6 +203,29 @@ impl Symbolizer {
         frames
     }
 
+    /// Get ready to look up `return_addresses` (a batch about to be asked for): objects
+    /// opened now look them up in one pass over their symbol table and unit index rather
+    /// than sorted copies, for their first few batches (see `Loaded::expect`).
+    pub fn expect(&mut self, return_addresses: &[u64]) {
+        self.refresh_if_changed();
+        let mut located: Vec<(usize, u64)> = return_addresses
+            .iter()
+            .filter_map(|&ra| ra.checked_sub(1))
+            .filter(|pc| !self.cache.contains_key(pc))
+            .filter_map(|pc| Some((self.find_object(pc)?, pc)))
+            .collect();
+        located.sort_unstable();
+        for objects in located.chunk_by(|a, b| a.0 == b.0) {
+            let index = objects[0].0;
+            self.load(index);
+            let object = &mut self.objects[index];
+            if let State::Loaded(loaded) = &mut object.state {
+                let probes: Vec<u64> = objects.iter().map(|&(_, pc)| pc.wrapping_sub(object.base)).collect();
+                loaded.expect(&probes);
+            }
+        }
+    }
+
     /// The names of the function symbols containing the code at each of `return_addresses`,
     /// from the objects' symbol tables alone (no DWARF is parsed, no inlined function is seen,
     /// nothing is cached): cheap enough for start-up. An object not yet opened is read in one
@@ -219,13 +242,13 @@ impl Symbolizer {
         indexes.dedup();
         let mut names = vec![None; return_addresses.len()];
         for index in indexes {
-            let object = &self.objects[index];
+            let object = &mut self.objects[index];
             let (at, probes): (Vec<usize>, Vec<u64>) = located
                 .iter()
                 .enumerate()
                 .filter_map(|(k, l)| l.filter(|&(i, _)| i == index).map(|(_, pc)| (k, pc.wrapping_sub(object.base))))
                 .unzip();
-            let found = match &object.state {
+            let found = match &mut object.state {
                 State::Loaded(loaded) => probes.iter().map(|&probe| loaded.symbol_name(probe)).collect(),
                 State::NotLoaded => object_file::symbol_names(&object.path, object.build_id.as_deref(), &probes),
                 State::Failed => continue,
@@ -373,7 +396,7 @@ impl Symbolizer {
     fn enforce_budget(&mut self, current: usize) {
         let budget = self.options.memory_budget;
         let base = |objects: &[Object]| match &objects[current].state {
-            State::Loaded(l) => l.base_estimate,
+            State::Loaded(l) => l.base_bytes(),
             _ => 0,
         };
         while self.estimated_bytes() - base(&self.objects) > budget {

@@ -152,6 +152,7 @@ impl Worker {
 }
 
 fn named(symbolizer: &mut Symbolizer, addrs: &[u64], mut after_each: impl FnMut()) -> Answer {
+    symbolizer.expect(addrs);
     let locations = addrs
         .iter()
         .map(|&addr| {
