@@ -71,8 +71,6 @@ pub(super) struct Loaded {
     /// The function symbols of `table`, sorted by address: made by the first lookup that a pass
     /// over the table did not answer ([`Loaded::expect`]).
     functions: Option<Vec<Function>>,
-    /// How many function symbols `table` has.
-    function_count: usize,
     table: Option<SymbolTable>,
     /// The symbol of each address of the last pass over the table, by address.
     foreseen: Vec<(u64, Option<Symbol>)>,
@@ -105,11 +103,10 @@ impl Loaded {
             (true, debug_file.as_ref().and_then(|d| SymbolTable::of(d, false))),
             (false, SymbolTable::of(&file, true)),
         ];
-        let (static_table, table, function_count) = tables
+        let (static_table, table) = tables
             .into_iter()
-            .filter_map(|(full, table)| Some((full, Some(table?), table?.function_count())))
-            .find(|&(_, _, count)| count > 0)
-            .unwrap_or((false, None, 0));
+            .find_map(|(full, table)| Some((full, Some(table.filter(SymbolTable::has_function)?))))
+            .unwrap_or((false, None));
         let separate = debug_file.is_some();
         let dwarf_file = debug_file.or(Some(file)).filter(has_dwarf);
         let mut map = map;
@@ -124,7 +121,6 @@ impl Loaded {
             static_table,
             dwarf_file,
             functions: None,
-            function_count,
             table,
             foreseen: Vec::new(),
             passes: 0,
@@ -220,7 +216,7 @@ impl Loaded {
             if let Ok(k) = self.foreseen.binary_search_by_key(&probe, |&(p, _)| p) {
                 return self.foreseen[k].1;
             }
-            self.functions = Some(sorted_functions(table, self.function_count));
+            self.functions = Some(sorted_functions(table));
             self.foreseen = Vec::new();
         }
         let functions = self.functions.as_deref().unwrap_or_default();
@@ -391,17 +387,19 @@ impl SymbolTable {
         })
     }
 
-    fn function_count(&self) -> usize {
-        let mut count = 0;
-        self.for_each_function(|_| count += 1);
-        count
+    /// Whether it has a function symbol (found without reading the table through).
+    fn has_function(&self) -> bool {
+        match self {
+            SymbolTable::Elf32(table, endian, _) => elf_functions(table, *endian).next().is_some(),
+            SymbolTable::Elf64(table, endian, _) => elf_functions(table, *endian).next().is_some(),
+        }
     }
 
     /// `f` of each function symbol (defined code at a nonzero address).
     fn for_each_function(&self, f: impl FnMut(Function)) {
         match self {
-            SymbolTable::Elf32(table, endian, _) => for_each_elf_function(table, *endian, f),
-            SymbolTable::Elf64(table, endian, _) => for_each_elf_function(table, *endian, f),
+            SymbolTable::Elf32(table, endian, _) => elf_functions(table, *endian).for_each(f),
+            SymbolTable::Elf64(table, endian, _) => elf_functions(table, *endian).for_each(f),
         }
     }
 
@@ -441,21 +439,25 @@ fn elf_name<S: object::read::elf::Sym<Endian = Endianness>>(
     Some(&rest[..rest.iter().position(|&b| b == 0)?])
 }
 
-fn for_each_elf_function<Elf: FileHeader<Endian = Endianness>>(
-    table: &ElfSymbolTable<'static, Elf>,
+fn elf_functions<'a, Elf: FileHeader<Endian = Endianness>>(
+    table: &'a ElfSymbolTable<'static, Elf>,
     endian: Endianness,
-    mut f: impl FnMut(Function),
-) {
-    for (index, s) in table.symbols().iter().enumerate() {
-        let address: u64 = s.st_value(endian).into();
-        // What object's `kind() == Text && is_definition()` keeps: STT_GNU_IFUNC is code, but
-        // not a definition.
-        if s.st_type() == object::elf::STT_FUNC && address != 0 && s.is_definition(endian, table.strings()) {
-            let Ok(index) = u32::try_from(index) else { break };
+) -> impl Iterator<Item = Function> + 'a {
+    table
+        .symbols()
+        .iter()
+        .enumerate()
+        .map_while(move |(index, s)| {
+            let address: u64 = s.st_value(endian).into();
+            // What object's `kind() == Text && is_definition()` keeps: STT_GNU_IFUNC is code, but
+            // not a definition.
+            let function =
+                s.st_type() == object::elf::STT_FUNC && address != 0 && s.is_definition(endian, table.strings());
+            let index = u32::try_from(index).ok()?;
             let size = u32::try_from(s.st_size(endian).into()).unwrap_or(u32::MAX);
-            f(Function { address, size, index });
-        }
-    }
+            Some(function.then_some(Function { address, size, index }))
+        })
+        .flatten()
 }
 
 /// Which of the symbols at one address names it, the least in this order: one with a size
@@ -473,9 +475,11 @@ fn table_order(a: &Symbol, b: &Symbol) -> std::cmp::Ordering {
 /// `table`'s functions sorted by address. Of those at one address (aliases: a few percent
 /// of a program's), the one that names it is chosen when it is looked up, by their names:
 /// read now, those names would bring much of the string table into memory.
-/// `count`: how many there are (made to size, the vector is never copied: each copy would be
-/// new pages).
-fn sorted_functions(table: &SymbolTable, count: usize) -> Vec<Function> {
+fn sorted_functions(table: &SymbolTable) -> Vec<Function> {
+    // Counted first (the symbols are read twice, which costs less than growing the vector:
+    // each of its copies is new pages).
+    let mut count = 0;
+    table.for_each_function(|_| count += 1);
     let mut all = Vec::with_capacity(count);
     table.for_each_function(|function| {
         if all.len().is_multiple_of(super::WORK_STEP) {
