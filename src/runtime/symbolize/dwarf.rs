@@ -866,12 +866,10 @@ fn for_each_arange(section: &'static [u8], endian: gimli::RunTimeEndian, mut f: 
         let tuple = (2 * usize::from(encoding.address_size)).max(1);
         let first = set + (length_size + 2 + word_size + 2).next_multiple_of(tuple);
         let tuples = section.get(first..set + length_size + header.length());
+        let big_endian = gimli::Endianity::is_big_endian(endian);
         match (encoding.address_size, tuples) {
-            (4 | 8, Some(tuples)) => {
-                aranges_of_set(tuples, encoding.address_size, gimli::Endianity::is_big_endian(endian), |begin, end| {
-                    each(begin, end, unit)
-                })
-            }
+            (4, Some(tuples)) => aranges_of_set::<4>(tuples, big_endian, |begin, end| each(begin, end, unit)),
+            (8, Some(tuples)) => aranges_of_set::<8>(tuples, big_endian, |begin, end| each(begin, end, unit)),
             _ => {
                 let mut entries = header.entries();
                 while let Ok(Some(entry)) = entries.next() {
@@ -886,21 +884,21 @@ fn for_each_arange(section: &'static [u8], endian: gimli::RunTimeEndian, mut f: 
 /// `.debug_aranges`, as gimli's [`gimli::ArangeEntryIter`] gives them: (0, 0) tuples (meant to
 /// end the set, but linkers leave them where they drop a function) and tombstones (the two
 /// highest addresses) are passed over, and a range past the highest address ends the set.
-fn aranges_of_set(tuples: &[u8], address_size: u8, big_endian: bool, mut f: impl FnMut(u64, u64)) {
-    let size = usize::from(address_size);
-    let highest = u64::MAX >> (64 - 8 * size);
+/// `SIZE`: the address size, 4 or 8 (a constant, so that reading an address is one load).
+fn aranges_of_set<const SIZE: usize>(tuples: &[u8], big_endian: bool, mut f: impl FnMut(u64, u64)) {
+    let highest = u64::MAX >> (64 - 8 * SIZE);
     let read = |bytes: &[u8]| {
         let mut word = [0u8; 8];
         if big_endian {
-            word[8 - size..].copy_from_slice(bytes);
+            word[8 - SIZE..].copy_from_slice(bytes);
             u64::from_be_bytes(word)
         } else {
-            word[..size].copy_from_slice(bytes);
+            word[..SIZE].copy_from_slice(bytes);
             u64::from_le_bytes(word)
         }
     };
-    for tuple in tuples.chunks_exact(2 * size) {
-        let (begin, length) = (read(&tuple[..size]), read(&tuple[size..]));
+    for tuple in tuples.chunks_exact(2 * SIZE) {
+        let (begin, length) = (read(&tuple[..SIZE]), read(&tuple[SIZE..]));
         if (begin, length) == (0, 0) || begin >= highest - 1 {
             continue;
         }
