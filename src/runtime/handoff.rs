@@ -4,9 +4,9 @@
 //!
 //! Application threads never wait here, and in the steady state never allocate: the queue is
 //! a crossbeam array channel allocated when tracing first starts, and frame buffers come from
-//! a pool that each writer fills up to [`INITIAL_POOL`] buffers as it starts (a new buffer is allocated,
-//! inside the tracer, when the pool is empty; the writer gives it back to the pool, up to
-//! [`POOL_SIZE`], and frees the surplus). Memory
+//! a pool that each writer fills up to [`INITIAL_POOL`] buffers, most of them after its first
+//! wait (a new buffer is allocated, inside the tracer, when the pool is empty; the writer
+//! gives it back to the pool, up to [`POOL_SIZE`], and frees the surplus). Memory
 //! allocated on an application thread lands in that thread's malloc arena, and the blocks of
 //! an unbounded channel, freed by the writer up to a poll interval later, kept chunks of the
 //! arena pinned: glibc then trimmed and re-grew the arenas differently, and the program paid
@@ -57,10 +57,12 @@ const BACKLOG_SECONDS: f64 = 0.125;
 /// allocation benchmark, and each new buffer was a `calloc` on the sampled path and a
 /// cross-thread `free` in the writer.
 pub(crate) const POOL_SIZE: usize = 2048;
-/// Frame buffers the pool is filled with when a writer starts (256 KiB); it grows to
-/// [`POOL_SIZE`] on demand (a buffer allocated on the sampled path when the pool is empty
-/// joins the pool when the writer gives it back).
-const INITIAL_POOL: usize = 256;
+/// Frame buffers the pool is filled with by a writer (256 KiB), [`STARTING_POOL`] of them as
+/// it starts and the rest after its first wait (a short program's stop then does not wait
+/// for their page faults); it grows to [`POOL_SIZE`] on demand (a buffer allocated on the
+/// sampled path when the pool is empty joins the pool when the writer gives it back).
+pub(crate) const INITIAL_POOL: usize = 256;
+pub(crate) const STARTING_POOL: usize = 32;
 
 /// The queue capacity for sampling `rate`: an eighth of a second of samples of a program allocating
 /// [`SIZED_FOR_BYTES_PER_SECOND`], a power of two in [`MIN_CAPACITY`]..=[`MAX_CAPACITY`]. At
@@ -197,12 +199,11 @@ impl Channel {
         }
     }
 
-    /// Fill the pool of frame buffers up to [`INITIAL_POOL`], as far as memory allows. Called
-    /// by each writer as it starts, so that the buffers are allocated off the thread that
-    /// starts tracing (256 KiB of first-touched pages; the sampled path allocates its own
-    /// until they are there).
-    pub(crate) fn fill_pool(&self) {
-        for frames in (self.pool_rx.len()..INITIAL_POOL).map_while(|_| new_frames()) {
+    /// Fill the pool of frame buffers up to `buffers`, as far as memory allows. Called by the
+    /// writer, so that the buffers are allocated off the thread that starts tracing (a KiB of
+    /// first-touched memory each; the sampled path allocates its own until they are there).
+    pub(crate) fn fill_pool(&self, buffers: usize) {
+        for frames in (self.pool_rx.len()..buffers).map_while(|_| new_frames()) {
             let _ = self.pool_tx.try_send(frames);
         }
     }
@@ -410,7 +411,7 @@ mod tests {
     #[test]
     fn a_full_queue_refuses_without_waiting_and_keeps_frame_buffers() {
         let channel = Channel::new(0, MIN_CAPACITY);
-        channel.fill_pool();
+        channel.fill_pool(INITIAL_POOL);
         assert!(channel.try_send(alloc(channel.frames_for_alloc().unwrap())));
         for _ in 1..MIN_CAPACITY {
             assert!(channel.try_send(free()));
@@ -425,7 +426,7 @@ mod tests {
     #[test]
     fn allocs_stop_at_the_limit_once_the_pool_is_empty() {
         let channel = Channel::new(0, MIN_CAPACITY);
-        channel.fill_pool();
+        channel.fill_pool(INITIAL_POOL);
         assert_eq!(channel.pool_rx.len(), INITIAL_POOL);
         let mut sent = 0;
         while channel.tx.len() < channel.alloc_limit {

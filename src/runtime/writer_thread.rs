@@ -143,6 +143,8 @@ impl TraceWriter {
     fn run(&mut self) -> crate::Result<()> {
         let channel = self.names.channel;
         let mut next_flush = Instant::now() + FLUSH_INTERVAL;
+        // The pool has its starting buffers ([`handoff::STARTING_POOL`]).
+        let mut pool_filled = false;
         loop {
             let mut received = 0;
             while received < POLL_BATCH {
@@ -178,6 +180,10 @@ impl TraceWriter {
                 // Waiting for the doorbell rather than asleep: stopping rings it, so that a
                 // short program does not wait out the interval at exit.
                 self.doorbell.wait(if received > BUSY_FILL { BUSY_POLL_INTERVAL } else { POLL_INTERVAL });
+                if !pool_filled && STATE.load(Ordering::Relaxed) != OFF {
+                    pool_filled = true;
+                    channel.fill_pool(handoff::INITIAL_POOL);
+                }
             }
         }
     }

@@ -261,8 +261,8 @@ const NAME_START_UP_FRAMES_FROM_RATE: f64 = 2.5e-4;
 static NEXT_SESSION: AtomicU64 = AtomicU64::new(1);
 
 /// Start the writer thread of a new session that writes the trace `info` describes to `file`,
-/// which holds its first packet. The thread fills the pool of frame buffers and makes the
-/// trace writer (a few hundred KiB of tables), off the thread that starts tracing, which does
+/// which holds its first packet. The thread puts the first frame buffers in the pool and makes
+/// the trace writer (a few hundred KiB of tables), off the thread that starts tracing, which does
 /// not wait for it (a new thread's first turn took milliseconds on a loaded machine; it is a
 /// [`TracerThread`], marked the tracer's before any of its code runs, so nothing it allocates
 /// is sampled). Except where the queue is at its largest (from rate 1e-3 on) and
@@ -280,7 +280,7 @@ fn start_writer(file: File, info: Info, config: &TraceConfig) -> Result<Session,
     let doorbell = Arc::new(Doorbell::default());
     let rung = Arc::clone(&doorbell);
     let writer = TracerThread::spawn(c"memtrace-writer", move || {
-        channel.fill_pool();
+        channel.fill_pool(handoff::STARTING_POOL);
         let writer = Writer::after_info_packet(file, &info).check_pid_on_flush(true);
         let _ = ready_tx.send(());
         let _ = outcome_tx.send(write_trace(channel, tag, writer, &path, info.start_time, &given_up, rung));
