@@ -1,5 +1,7 @@
 //! Naming new addresses: the symbolizer that the writer's symbols thread runs, from cold (a
-//! new symbolizer: object opened, its units parsed as addresses need them) and from its cache,
+//! new symbolizer: object opened, its units parsed as addresses need them), from cold with the
+//! addresses announced first (as the writer announces a sample's: looked up after one pass
+//! over the symbol table and unit index, not sorted copies of them) and from its cache,
 //! against addr2line's context of the whole object, on the same addresses of this benchmark's
 //! own binary (a release build with `debug = "line-tables-only"`, Rust's standard library
 //! included), in one table.
@@ -35,6 +37,16 @@ fn main() {
             std::hint::black_box(symbolizer.symbolize_pc(pc));
         }
     });
+    // As the writer names a sample's new addresses: announced first, then looked up after one
+    // pass over the symbol table and unit index, without sorting them.
+    let return_addresses: Vec<u64> = runtime.iter().map(|&pc| pc + 1).collect();
+    let cold_batch = median(rounds, || {
+        let mut symbolizer = Symbolizer::new();
+        symbolizer.expect(&return_addresses);
+        for &pc in &runtime {
+            std::hint::black_box(symbolizer.symbolize_pc(pc));
+        }
+    });
     let mut warm_symbolizer = Symbolizer::new();
     for &pc in &runtime {
         warm_symbolizer.symbolize_pc(pc);
@@ -65,6 +77,7 @@ fn main() {
     for (name, time) in [
         ("addr2line, context of the whole object (baseline)", addr2line),
         ("symbolizer, cold", cold),
+        ("symbolizer, cold, the addresses announced (one pass)", cold_batch),
         ("symbolizer, cached", warm),
     ] {
         println!(
