@@ -139,10 +139,9 @@ impl Loaded {
 
     /// Get ready to look up `probes` (addresses in the object's own terms, in any order): for
     /// the object's first [`PASSES`] batches, their symbols and units are found in one pass
-    /// over its symbol table and unit index (see [`Dwarf::expect`]) instead of sorted copies.
-    /// A symbol found so has a name that can be read: where the chosen one's cannot (a
-    /// damaged string table), the address is not named from the table, where the sorted
-    /// table would try the symbols before it.
+    /// over its symbol table and unit index (see [`Dwarf::expect`]) instead of sorted copies,
+    /// with the answers the sorted copies give (an address whose symbol the pass cannot tell,
+    /// for a name it cannot read, makes the sorted table when it is looked up).
     pub(super) fn expect(&mut self, probes: &[u64]) {
         if self.functions.is_some() || self.passes >= PASSES {
             return;
@@ -152,8 +151,9 @@ impl Loaded {
         sorted.sort_unstable();
         sorted.dedup();
         let symbols = self.table.as_ref().and_then(|table| symbols_at(table, &sorted));
-        let symbols = symbols.unwrap_or_else(|| vec![None; sorted.len()]);
-        self.foreseen = sorted.iter().copied().zip(symbols).collect();
+        let symbols = symbols.unwrap_or_else(|| vec![Some(None); sorted.len()]);
+        // An address the pass could not decide is left to the sorted table.
+        self.foreseen = sorted.iter().zip(symbols).filter_map(|(&probe, symbol)| Some((probe, symbol?))).collect();
         if let Some(dwarf) = self.load_dwarf() {
             dwarf.expect(&sorted);
         }
@@ -201,7 +201,9 @@ impl Loaded {
     }
 
     pub(super) fn bytes(&self) -> usize {
-        self.base_bytes() + self.dwarf.as_ref().map_or(0, Dwarf::parsed_bytes)
+        self.base_bytes()
+            + self.foreseen.capacity() * std::mem::size_of::<(u64, Option<Symbol>)>()
+            + self.dwarf.as_ref().map_or(0, Dwarf::parsed_bytes)
     }
 
     /// The demangled name of the function symbol at `probe`, from the symbol table alone:
@@ -237,7 +239,7 @@ impl Loaded {
                 aliases => aliases.iter().filter_map(|&f| table.symbol(f)).min_by(table_order),
             };
             if let Some(symbol) = chosen {
-                return (probe < symbol.address + symbol.size.max(1)).then_some(symbol);
+                return (probe < symbol.address.saturating_add(symbol.size.max(1))).then_some(symbol);
             }
         }
         None
@@ -282,7 +284,7 @@ impl Loaded {
 }
 
 /// The DWARF sections of `file`, borrowed from its mapping (one of `maps`; inflated into
-/// `inflated` when compressed), with their unit index read. `.debug_str` is read through
+/// `inflated` when compressed). `.debug_str` is read through
 /// its file when it is stored there uncompressed (see [`Strings`]).
 fn locate_dwarf(file: &object::File<'static>, inflated: &mut Vec<Box<[u8]>>, maps: &mut [Mmap]) -> Option<Dwarf> {
     let endian = if file.is_little_endian() { gimli::RunTimeEndian::Little } else { gimli::RunTimeEndian::Big };
@@ -510,7 +512,7 @@ pub(super) fn symbol_names(path: &Path, loaded_build_id: Option<&[u8]>, probes: 
     // Each symbol demangled once: its probes are neighbours.
     let mut names: Vec<Option<String>> = Vec::with_capacity(sorted.len());
     let mut last: Option<(Symbol, Option<String>)> = None;
-    for symbol in symbols {
+    for symbol in symbols.into_iter().map(Option::flatten) {
         let name = symbol.map(|symbol| match &last {
             Some((named, name)) if (named.address, named.name) == (symbol.address, symbol.name) => name.clone(),
             _ => {
@@ -527,21 +529,29 @@ pub(super) fn symbol_names(path: &Path, loaded_build_id: Option<&[u8]>, probes: 
 }
 
 /// The symbol of `table` that the sorted table finds for each of `sorted` (distinct
-/// addresses in increasing order: the last at or below it, if it contains it), in one pass.
-/// Names are read only to break ties and for the symbols found, so that most of the string
-/// table is never touched (a symbol whose name cannot be read, which a lookup in the sorted
-/// table passes over, then gives none). `None` when `table` has no function symbol.
-fn symbols_at(table: &SymbolTable, sorted: &[u64]) -> Option<Vec<Option<Symbol>>> {
+/// addresses in increasing order: the last at or below it, if it contains it), in one pass:
+/// `Some(None)` where there is none. Names are read only to break ties and for the symbols
+/// found, so that most of the string table is never touched. `None` for an address where a
+/// name that would decide cannot be read (a damaged string table: a lookup in the sorted
+/// table passes over such symbols to those before them, which one pass cannot). `None` when
+/// `table` has no function symbol.
+fn symbols_at(table: &SymbolTable, sorted: &[u64]) -> Option<Vec<Option<Option<Symbol>>>> {
     let highest = sorted.last().copied().unwrap_or(0);
     // For the k-th of them, the best symbol above the one before and at or below it, by
     // address and then size; and the symbols that tied with it, whose names break the tie
-    // once the pass is over.
+    // once the pass is over (or leave it undecided, `undecided[k]`).
     let mut nearest: Vec<Option<Function>> = vec![None; sorted.len()];
+    let mut undecided = vec![false; sorted.len()];
     let mut tied: Vec<(usize, Function)> = Vec::new();
     let place = |f: &Function| (f.address, f.size);
     let mut any = false;
+    let mut read = 0usize;
     table.for_each_function(|function| {
         any = true;
+        read += 1;
+        if read.is_multiple_of(super::WORK_STEP) {
+            super::note_work();
+        }
         if function.address > highest {
             return;
         }
@@ -557,29 +567,35 @@ fn symbols_at(table: &SymbolTable, sorted: &[u64]) -> Option<Vec<Option<Symbol>>
     }
     for (k, candidate) in tied {
         if let Some(best) = nearest[k].filter(|best| place(best) == place(&candidate)) {
-            if table.symbol(candidate).zip(table.symbol(best)).is_some_and(|(c, b)| table_order(&c, &b).is_lt()) {
-                nearest[k] = Some(candidate);
+            match table.symbol(candidate).zip(table.symbol(best)) {
+                Some((c, b)) if table_order(&c, &b).is_lt() => nearest[k] = Some(candidate),
+                Some(_) => {}
+                None => undecided[k] = true,
             }
         }
     }
-    let mut symbols: Vec<Option<Symbol>> = Vec::with_capacity(sorted.len());
-    let mut best: Option<Function> = None;
+    let mut symbols = Vec::with_capacity(sorted.len());
+    let mut best: Option<(Function, bool)> = None;
     let mut found: Option<(u32, Option<Symbol>)> = None;
     for (k, &probe) in sorted.iter().enumerate() {
         // Every symbol in an earlier slot is at a lower address than one in this slot.
-        best = nearest[k].or(best);
-        let Some(function) = best.filter(|f| probe < f.address + u64::from(f.size.max(1))) else {
-            symbols.push(None);
+        best = nearest[k].map(|f| (f, undecided[k])).or(best);
+        let Some((function, undecided)) =
+            best.filter(|(f, _)| probe < f.address.saturating_add(u64::from(f.size.max(1))))
+        else {
+            symbols.push(Some(None));
             continue;
         };
         if found.as_ref().is_none_or(|(index, _)| *index != function.index) {
             found = Some((function.index, table.symbol(function)));
         }
-        symbols.push(found.and_then(|(_, symbol)| symbol));
+        let symbol = found.and_then(|(_, symbol)| symbol);
+        symbols.push(symbol.filter(|_| !undecided).map(Some));
     }
     Some(symbols)
 }
 
+/// A Rust symbol demangled in `{:#}` form (no hash); anything else as it is.
 pub(super) fn demangle(name: &[u8]) -> String {
     let name = super::lossy_utf8(name);
     match rustc_demangle::try_demangle(&name) {
@@ -1017,7 +1033,7 @@ mod tests {
             sorted_table(&mut loaded).into_iter().step_by(61).map(|s| s.address + s.size / 2).collect();
         let file = object::File::parse(&*original).unwrap();
         let sections: Vec<(usize, usize)> =
-            [".debug_info", ".debug_abbrev", ".debug_line", ".debug_aranges", ".debug_str"]
+            [".debug_info", ".debug_abbrev", ".debug_line", ".debug_aranges", ".debug_str", ".symtab", ".strtab"]
                 .iter()
                 .filter_map(|name| file.section_by_name(name)?.file_range())
                 .map(|(offset, size)| (offset as usize, size as usize))
@@ -1043,6 +1059,11 @@ mod tests {
             let damaged = dir.join(format!("variant-{variant}"));
             std::fs::write(&damaged, &bytes).unwrap();
             let mut loaded = Loaded::open(&damaged, None, &Options::default()).expect("readable");
+            // Half the variants are looked up after one pass over the tables, half from
+            // sorted ones.
+            if variant % 2 == 0 {
+                loaded.expect(&probes);
+            }
             let with_lines = probes.iter().filter(|&&p| loaded.lookup(p).iter().any(|f| f.line != 0)).count();
             with_lines_in_all += with_lines;
             println!("variant {variant}: {with_lines} of {} probes with lines", probes.len());
