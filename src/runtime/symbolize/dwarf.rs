@@ -94,8 +94,8 @@ pub(super) struct Dwarf {
     index: Option<Vec<(u64, u64, Offset)>>,
     /// The unit of each address of the last pass over `.debug_aranges`, by address.
     foreseen: Vec<(u64, Option<Offset>)>,
-    /// The offsets of the units `.debug_aranges` lists (else those in `index`), sorted: made
-    /// the first time a name leads to another unit.
+    /// The offsets of the units in `index` (or that it would hold), sorted: made the first
+    /// time a name leads to another unit.
     unit_starts: Option<Vec<Offset>>,
     /// Parsed units, in no order (indexes stay valid during one lookup).
     units: Vec<ParsedUnit>,
@@ -180,8 +180,8 @@ struct Inlined {
 }
 
 impl Dwarf {
-    /// The DWARF of `sections`; `None` when no unit has code. Without `.debug_aranges` (some
-    /// compilers, such as clang, leave it out), the unit index is made now.
+    /// The DWARF of `sections`. Without `.debug_aranges` (some compilers, such as clang, leave
+    /// it out), the unit index is made now, and `None` when no unit has code.
     pub(super) fn new(sections: gimli::Dwarf<Reader>, strings: Strings) -> Option<Dwarf> {
         let mut dwarf = Dwarf {
             sections,
@@ -208,29 +208,15 @@ impl Dwarf {
     /// less than sorting a copy of it, which a short program's first batches of addresses,
     /// named at exit, would wait for).
     pub(super) fn expect(&mut self, sorted: &[u64]) {
-        if self.index.is_some() {
+        if self.index.is_some() || sorted.is_empty() {
             return;
         }
-        // What the index would give: the greatest range starting at or below each address,
-        // if it holds it. For the k-th address, the greatest above the one before.
-        let highest = sorted.last().copied().unwrap_or(0);
-        let mut nearest: Vec<Option<(u64, u64, Offset)>> = vec![None; sorted.len()];
-        self.for_each_arange(|begin, end, unit| {
-            if begin <= highest {
-                let k = sorted.partition_point(|&p| p < begin);
-                nearest[k] = nearest[k].max(Some((begin, end, unit)));
-            }
-        });
-        let mut best = None;
-        self.foreseen = sorted
-            .iter()
-            .zip(nearest)
-            .map(|(&probe, nearest)| {
-                // Every range in an earlier slot starts below one in this slot.
-                best = nearest.or(best);
-                (probe, best.filter(|&(_, end, _)| probe < end).map(|(_, _, unit)| unit))
-            })
-            .collect();
+        match units_at(sorted, |f| self.for_each_arange(f)) {
+            Some(units) => self.foreseen = sorted.iter().copied().zip(units).collect(),
+            // Nothing to read in `.debug_aranges` (all tombstones, say): the index is the
+            // units' own ranges.
+            None => drop(self.index()),
+        }
     }
 
     /// `f` of each nonempty range of `.debug_aranges`, with its unit's offset.
@@ -289,16 +275,18 @@ impl Dwarf {
             + self.unit_starts.as_ref().map_or(0, |u| u.capacity() * std::mem::size_of::<Offset>())
     }
 
-    /// Estimated heap bytes of the parsed units.
+    /// Estimated heap bytes of the parsed units (and of the last pass's answers).
     pub(super) fn parsed_bytes(&self) -> usize {
-        self.units
-            .iter()
-            .map(|u| {
-                BYTES_PER_UNIT
-                    + u.functions.found.capacity() * std::mem::size_of::<(u64, u64, Offset)>()
-                    + u.lines.as_ref().map_or(0, |l| l.sequences.capacity() * std::mem::size_of::<Sequence>())
-            })
-            .sum()
+        self.foreseen.capacity() * std::mem::size_of::<(u64, Option<Offset>)>()
+            + self
+                .units
+                .iter()
+                .map(|u| {
+                    BYTES_PER_UNIT
+                        + u.functions.found.capacity() * std::mem::size_of::<(u64, u64, Offset)>()
+                        + u.lines.as_ref().map_or(0, |l| l.sequences.capacity() * std::mem::size_of::<Sequence>())
+                })
+                .sum::<usize>()
     }
 
     /// Drop every parsed unit (the index is kept).
@@ -354,10 +342,7 @@ impl Dwarf {
                 return self.foreseen[k].1;
             }
         }
-        let index = self.index();
-        let i = index.partition_point(|r| r.0 <= probe).checked_sub(1)?;
-        let (_, end, unit) = index[i];
-        (probe < end).then_some(unit)
+        unit_in(self.index(), probe)
     }
 
     /// The functions at `probe`, outermost first; empty when the DWARF does not say.
@@ -462,15 +447,16 @@ impl Dwarf {
         Ok((u, offset))
     }
 
-    /// The offsets of the units that `.debug_aranges` lists, sorted, from its headers alone
-    /// (not the index); without it, those of the index.
+    /// The offsets of the units in the index, sorted: from a pass over `.debug_aranges` when
+    /// the index is not made (the same units: those with a range there).
     fn read_unit_starts(&mut self) -> Vec<Offset> {
         let mut starts: Vec<Offset> = Vec::new();
         if self.index.is_none() {
-            let mut headers = self.sections.debug_aranges.headers();
-            while let Ok(Some(header)) = headers.next() {
-                starts.push(header.debug_info_offset().0);
-            }
+            self.for_each_arange(|_, _, unit| {
+                if starts.last() != Some(&unit) {
+                    starts.push(unit);
+                }
+            });
         }
         if starts.is_empty() {
             starts = self.index().iter().map(|&(_, _, unit)| unit).collect();
@@ -836,6 +822,41 @@ impl Ranges {
         self.for_each(unit, |begin, end| hit |= begin <= probe && probe < end)?;
         Ok(hit)
     }
+}
+
+/// The unit of `probe` in `index` (sorted ranges): that of the greatest range starting at or
+/// below it, if it holds it.
+fn unit_in(index: &[(u64, u64, Offset)], probe: u64) -> Option<Offset> {
+    let i = index.partition_point(|r| r.0 <= probe).checked_sub(1)?;
+    let (_, end, unit) = index[i];
+    (probe < end).then_some(unit)
+}
+
+/// What [`unit_in`] gives for each of `sorted` (distinct addresses in increasing order) in the
+/// index of the ranges `for_each_range` gives, in one pass over them; `None` when there are
+/// none.
+fn units_at(
+    sorted: &[u64],
+    for_each_range: impl FnOnce(&mut dyn FnMut(u64, u64, Offset)),
+) -> Option<Vec<Option<Offset>>> {
+    // For the k-th address, the greatest range above the one before and at or below it.
+    let highest = sorted.last().copied().unwrap_or(0);
+    let mut nearest: Vec<Option<(u64, u64, Offset)>> = vec![None; sorted.len()];
+    let mut any = false;
+    for_each_range(&mut |begin, end, unit| {
+        any = true;
+        if begin <= highest && !sorted.is_empty() {
+            let k = sorted.partition_point(|&p| p < begin);
+            nearest[k] = nearest[k].max(Some((begin, end, unit)));
+        }
+    });
+    let mut best = None;
+    let units = sorted.iter().zip(nearest).map(|(&probe, nearest)| {
+        // Every range in an earlier slot starts below one in this slot.
+        best = nearest.or(best);
+        best.filter(|&(_, end, _)| probe < end).map(|(_, _, unit)| unit)
+    });
+    any.then(|| units.collect())
 }
 
 /// `f` of each nonempty range of the `.debug_aranges` section `section`, with its unit's
@@ -1275,6 +1296,24 @@ mod tests {
     }
 
     proptest! {
+        /// One pass over any ranges (overlapping, starting together, at 0) gives each address
+        /// the unit that a lookup in their sorted index gives.
+        #[test]
+        fn a_pass_over_the_ranges_finds_the_indexs_units(
+            ranges in proptest::collection::vec((0..64u64, 1..16u64, 0..8usize), 0..40),
+            probes in proptest::collection::vec(0..96u64, 0..24),
+        ) {
+            let mut index: Vec<(u64, u64, Offset)> = ranges.iter().map(|&(begin, length, unit)| (begin, begin + length, unit)).collect();
+            index.sort_unstable();
+            let mut sorted = probes.clone();
+            sorted.sort_unstable();
+            sorted.dedup();
+            let units = units_at(&sorted, |f| ranges.iter().for_each(|&(begin, length, unit)| f(begin, begin + length, unit)));
+            prop_assert_eq!(units.is_some(), !ranges.is_empty());
+            let expected: Vec<Option<Offset>> = sorted.iter().map(|&p| unit_in(&index, p)).collect();
+            prop_assert_eq!(units.unwrap_or_else(|| vec![None; sorted.len()]), expected);
+        }
+
         /// Sets of any tuples, damaged or not, give gimli's ranges.
         #[test]
         fn the_ranges_of_any_section_are_gimlis((section, big) in section()) {
