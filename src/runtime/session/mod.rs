@@ -34,6 +34,7 @@ use super::sampled_set;
 use super::sampler;
 use super::spans;
 use super::state::{currently_tracing, getpid, now_us, MAX_FRAMES, OFF, ON, STATE};
+use super::symbolize;
 use super::tracer_thread::{Doorbell, TracerThread};
 use super::unwind::{self, cfi, Walker};
 use super::writer_thread::{write_trace, WriterOutcome, DOMAIN};
@@ -374,19 +375,21 @@ const STALL_CHECK_INTERVAL: Duration = Duration::from_millis(20);
 /// its symbolizer read nothing) for the stop timeout. A writer busy naming the frames of a
 /// large program is waited for, however long it takes; one blocked writing to a pipe nobody
 /// reads is not, nor one whose symbolizer is stuck reading a file.
+/// Its symbolizer's work is counted apart from the channel's progress, which the writer notes
+/// only between the addresses it names on its own thread (when stopping; see `Worker`).
 struct Stall {
     channel: &'static Channel,
     timeout: Duration,
-    last_progress: (u64, Instant),
+    last_progress: ((u64, u64), Instant),
 }
 
 impl Stall {
     fn watch(channel: &'static Channel, timeout: Duration) -> Stall {
-        Stall { channel, timeout, last_progress: (channel.progress(), Instant::now()) }
+        Stall { channel, timeout, last_progress: ((channel.progress(), symbolize::work_done()), Instant::now()) }
     }
 
     fn stalled(&mut self) -> bool {
-        let (progress, now) = (self.channel.progress(), Instant::now());
+        let (progress, now) = ((self.channel.progress(), symbolize::work_done()), Instant::now());
         if progress != self.last_progress.0 {
             self.last_progress = (progress, now);
         }
