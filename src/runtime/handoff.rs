@@ -62,6 +62,7 @@ pub(crate) const POOL_SIZE: usize = 2048;
 /// for their page faults); it grows to [`POOL_SIZE`] on demand (a buffer allocated on the
 /// sampled path when the pool is empty joins the pool when the writer gives it back).
 pub(crate) const INITIAL_POOL: usize = 256;
+/// Frame buffers a writer puts in the pool as it starts (32 KiB).
 pub(crate) const STARTING_POOL: usize = 32;
 
 /// The queue capacity for sampling `rate`: an eighth of a second of samples of a program allocating

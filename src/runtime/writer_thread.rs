@@ -180,10 +180,11 @@ impl TraceWriter {
                 // Waiting for the doorbell rather than asleep: stopping rings it, so that a
                 // short program does not wait out the interval at exit.
                 self.doorbell.wait(if received > BUSY_FILL { BUSY_POLL_INTERVAL } else { POLL_INTERVAL });
-                if !pool_filled && STATE.load(Ordering::Relaxed) != OFF {
-                    pool_filled = true;
-                    channel.fill_pool(handoff::INITIAL_POOL);
-                }
+            }
+            // After the first wait, or the first full batch of a writer with no time to wait.
+            if !pool_filled && STATE.load(Ordering::Relaxed) != OFF {
+                pool_filled = true;
+                channel.fill_pool(handoff::INITIAL_POOL);
             }
         }
     }
