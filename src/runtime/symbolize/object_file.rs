@@ -715,6 +715,21 @@ mod tests {
         functions.iter().map(|f| Bounds { address: f.address, size: u64::from(f.size) }).collect()
     }
 
+    /// Addresses in and around every `step`-th function of `loaded`'s sorted table: its first
+    /// byte, its middle, its last, the byte past it; and 0, 1 and the highest address.
+    fn around_functions(loaded: &mut Loaded, step: usize) -> Vec<u64> {
+        let mut probes: Vec<u64> = vec![0, 1, u64::MAX];
+        for s in sorted_table(loaded).into_iter().step_by(step) {
+            probes.extend([
+                s.address,
+                s.address + s.size / 2,
+                (s.address + s.size).saturating_sub(1),
+                s.address + s.size,
+            ]);
+        }
+        probes
+    }
+
     fn described(frames: &[RawFrame]) -> Vec<String> {
         frames.iter().map(|f| format!("{:?} {:?}:{}:{}", f.function, f.file, f.line, f.column)).collect()
     }
@@ -726,10 +741,7 @@ mod tests {
     fn foreseen_batches_are_named_as_the_sorted_tables_name_them() {
         let path = std::env::current_exe().unwrap();
         let mut sorted = Loaded::open(&path, None, &Options::default()).expect("readable");
-        let mut probes: Vec<u64> = vec![0, 1, u64::MAX];
-        for s in sorted_table(&mut sorted).into_iter().step_by(41) {
-            probes.extend([s.address, s.address + s.size / 2, s.address + s.size]);
-        }
+        let probes = around_functions(&mut sorted, 41);
         let named = |loaded: &mut Loaded, probe| described(&loaded.lookup(probe));
         let expected: Vec<Vec<String>> = probes.iter().map(|&p| named(&mut sorted, p)).collect();
         let with_lines = expected.iter().filter(|e| e.last().is_some_and(|f| !f.contains(" None:"))).count();
@@ -783,15 +795,7 @@ mod tests {
     fn one_pass_over_the_symbol_table_names_as_the_sorted_table_does() {
         let path = std::env::current_exe().unwrap();
         let mut loaded = Loaded::open(&path, None, &Options::default()).expect("readable");
-        let mut probes: Vec<u64> = vec![0, 1, u64::MAX];
-        for s in sorted_table(&mut loaded).into_iter().step_by(7) {
-            probes.extend([
-                s.address,
-                s.address + s.size / 2,
-                (s.address + s.size).saturating_sub(1),
-                s.address + s.size,
-            ]);
-        }
+        let mut probes = around_functions(&mut loaded, 7);
         // Unsorted, with repeats, as a capture's frames are.
         probes.reverse();
         probes.extend_from_within(..10);
