@@ -208,8 +208,19 @@ impl Loaded {
 
     /// The demangled name of the function symbol at `probe`, from the symbol table alone:
     /// no DWARF is parsed.
+    #[cfg(test)]
     pub(super) fn symbol_name(&mut self, probe: u64) -> Option<String> {
         self.symbol(probe).map(|s| demangle(s.name))
+    }
+
+    /// [`Loaded::symbol_name`] of each of `probes`: from the sorted table when it is made,
+    /// else from one pass over the table (which calibration, on the program's thread, would
+    /// otherwise wait for the sorted table's making).
+    pub(super) fn symbol_names(&mut self, probes: &[u64]) -> Vec<Option<String>> {
+        match (&self.functions, &self.table) {
+            (None, Some(table)) => names_at(table, probes).unwrap_or_else(|| vec![None; probes.len()]),
+            _ => probes.iter().map(|&probe| self.symbol(probe).map(|s| demangle(s.name))).collect(),
+        }
     }
 
     fn symbol(&mut self, probe: u64) -> Option<Symbol> {
@@ -501,14 +512,23 @@ fn sorted_functions(table: &SymbolTable) -> Vec<Function> {
 /// when it first needs it.
 pub(super) fn symbol_names(path: &Path, loaded_build_id: Option<&[u8]>, probes: &[u64]) -> Vec<Option<String>> {
     let Some((map, file)) = open_object(path, loaded_build_id) else { return vec![None; probes.len()] };
+    let names = [SymbolTable::of(&file, false), SymbolTable::of(&file, true)]
+        .into_iter()
+        .flatten()
+        .find_map(|table| names_at(&table, probes))
+        .unwrap_or_else(|| vec![None; probes.len()]);
+    drop(file);
+    drop(map);
+    names
+}
+
+/// The demangled name of the symbol of `table` at each of `probes`, from one pass over it
+/// ([`symbols_at`]; none where it cannot tell); `None` when `table` has no function symbol.
+fn names_at(table: &SymbolTable, probes: &[u64]) -> Option<Vec<Option<String>>> {
     let mut sorted = probes.to_vec();
     sorted.sort_unstable();
     sorted.dedup();
-    let symbols = [SymbolTable::of(&file, false), SymbolTable::of(&file, true)]
-        .into_iter()
-        .flatten()
-        .find_map(|table| symbols_at(&table, &sorted))
-        .unwrap_or_else(|| vec![None; sorted.len()]);
+    let symbols = symbols_at(table, &sorted)?;
     // Each symbol demangled once: its probes are neighbours.
     let mut names: Vec<Option<String>> = Vec::with_capacity(sorted.len());
     let mut last: Option<(Symbol, Option<String>)> = None;
@@ -523,9 +543,7 @@ pub(super) fn symbol_names(path: &Path, loaded_build_id: Option<&[u8]>, probes: 
         });
         names.push(name.flatten());
     }
-    drop(file);
-    drop(map);
-    probes.iter().map(|p| sorted.binary_search(p).ok().and_then(|k| names[k].clone())).collect()
+    Some(probes.iter().map(|p| sorted.binary_search(p).ok().and_then(|k| names[k].clone())).collect())
 }
 
 /// The symbol of `table` that the sorted table finds for each of `sorted` (distinct
@@ -804,6 +822,11 @@ mod tests {
         for ((probe, a), b) in probes.iter().zip(&one_pass).zip(&sorted) {
             assert_eq!(a, b, "at {probe:#x}");
         }
+        // An opened object not yet sorted names them in one pass too, and stays unsorted.
+        let mut opened = Loaded::open(&path, None, &Options::default()).expect("readable");
+        assert_eq!(opened.symbol_names(&probes), sorted);
+        assert!(opened.functions.is_none(), "no sorted table made");
+        assert_eq!(loaded.symbol_names(&probes), sorted, "from the sorted table");
         assert!(sorted.iter().filter(|n| n.is_some()).count() > probes.len() / 2, "most probes are named");
         assert!(sorted.iter().any(Option::is_none), "some probes are outside every symbol");
     }

@@ -249,7 +249,7 @@ impl Symbolizer {
                 .filter_map(|(k, l)| l.filter(|&(i, _)| i == index).map(|(_, pc)| (k, pc.wrapping_sub(object.base))))
                 .unzip();
             let found = match &mut object.state {
-                State::Loaded(loaded) => probes.iter().map(|&probe| loaded.symbol_name(probe)).collect(),
+                State::Loaded(loaded) => loaded.symbol_names(&probes),
                 State::NotLoaded => object_file::symbol_names(&object.path, object.build_id.as_deref(), &probes),
                 State::Failed => continue,
             };
