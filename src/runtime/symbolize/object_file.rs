@@ -213,9 +213,10 @@ impl Loaded {
         self.symbol(probe).map(|s| demangle(s.name))
     }
 
-    /// [`Loaded::symbol_name`] of each of `probes`: from the sorted table when it is made,
-    /// else from one pass over the table (which calibration, on the program's thread, would
-    /// otherwise wait for the sorted table's making).
+    /// The demangled name of the function symbol at each of `probes`, from the symbol table
+    /// alone (no DWARF is parsed): from the sorted table when it is made, else from one pass
+    /// over the table (calibration, on the program's thread, would otherwise wait for the
+    /// sorted table's making).
     pub(super) fn symbol_names(&mut self, probes: &[u64]) -> Vec<Option<String>> {
         match (&self.functions, &self.table) {
             (None, Some(table)) => names_at(table, probes).unwrap_or_else(|| vec![None; probes.len()]),
@@ -504,7 +505,7 @@ fn sorted_functions(table: &SymbolTable) -> Vec<Function> {
     all
 }
 
-/// What [`Loaded::symbol_name`] gives for each of `probes` (addresses in the object's own
+/// What [`Loaded::symbol_names`] gives for `probes` (addresses in the object's own
 /// terms) in the object file at `path`, from one pass over its symbol table rather than a
 /// sorted copy of it (symbol tables only: no DWARF, no separate debug file). For start-up
 /// calibration, which names a few frames: collecting and sorting a program's whole table is
