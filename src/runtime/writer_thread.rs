@@ -278,7 +278,8 @@ fn next_message(channel: &Channel, backlog: &mut VecDeque<Msg>) -> Option<Msg> {
 
 /// What names location codes.
 struct Names {
-    /// Told of the writer's progress as it names frames (see [`Channel::note_progress`]).
+    /// Told of the writer's progress as it starts naming frames (see
+    /// [`Channel::note_progress`]), and where messages are taken ahead while it waits.
     channel: &'static Channel,
     /// Messages taken off the queue ahead of their turn (see [`take_ahead`]), handled before
     /// the queue's.
@@ -324,20 +325,10 @@ impl Names {
         self.channel.note_progress();
         let addrs: Vec<u64> = new_codes.iter().map(|code| code & ((1 << ADDRESS_BITS) - 1)).collect();
         let (channel, backlog) = (self.channel, &mut self.backlog);
-        let mut work = symbolize::work_done();
         // Once sampling is off (the session stopping), nothing more is coming to take off the
-        // queue meanwhile.
+        // queue meanwhile. (A stop watches the symbolizer's own work count for its progress.)
         let stopping = STATE.load(Ordering::Relaxed) == OFF;
-        let (locations, program_note) = self.worker.locations(&addrs, stopping, || {
-            // Waiting for our own symbolizer: progress while it gets on with its work, not
-            // while it is stuck.
-            let now = symbolize::work_done();
-            if now != work {
-                work = now;
-                channel.note_progress();
-            }
-            take_ahead(channel, backlog);
-        });
+        let (locations, program_note) = self.worker.locations(&addrs, stopping, || take_ahead(channel, backlog));
         if let Some(note) = program_note {
             eprintln!("{note}");
         }

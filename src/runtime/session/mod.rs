@@ -374,9 +374,10 @@ const STALL_CHECK_INTERVAL: Duration = Duration::from_millis(20);
 /// Whether a writer is stalled: it has made no progress (taken no message, named no frame, and
 /// its symbolizer read nothing) for the stop timeout. A writer busy naming the frames of a
 /// large program is waited for, however long it takes; one blocked writing to a pipe nobody
-/// reads is not, nor one whose symbolizer is stuck reading a file.
-/// Its symbolizer's work is counted apart from the channel's progress, which the writer notes
-/// only between the addresses it names on its own thread (when stopping; see `Worker`).
+/// reads is not, nor one whose symbolizer is stuck reading a file. The symbolizer's work
+/// ([`symbolize::work_done`]) is watched beside the channel's progress: the writer waits for
+/// its symbolizer's answers, or names a stopping session's addresses itself, without taking
+/// messages.
 struct Stall {
     channel: &'static Channel,
     timeout: Duration,
