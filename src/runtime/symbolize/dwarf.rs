@@ -875,6 +875,7 @@ fn for_each_arange(section: &'static [u8], endian: gimli::RunTimeEndian, mut f: 
             f(begin, end, unit);
         }
     };
+    let big_endian = gimli::Endianity::is_big_endian(endian);
     let mut headers = gimli::DebugAranges::new(section, endian).headers();
     while let Ok(Some(header)) = headers.next() {
         let unit = header.debug_info_offset().0;
@@ -887,7 +888,6 @@ fn for_each_arange(section: &'static [u8], endian: gimli::RunTimeEndian, mut f: 
         let tuple = (2 * usize::from(encoding.address_size)).max(1);
         let first = set + (length_size + 2 + word_size + 2).next_multiple_of(tuple);
         let tuples = section.get(first..set + length_size + header.length());
-        let big_endian = gimli::Endianity::is_big_endian(endian);
         match (encoding.address_size, tuples) {
             (4, Some(tuples)) => aranges_of_set::<4>(tuples, big_endian, |begin, end| each(begin, end, unit)),
             (8, Some(tuples)) => aranges_of_set::<8>(tuples, big_endian, |begin, end| each(begin, end, unit)),

@@ -727,11 +727,15 @@ mod tests {
         size: u64,
     }
 
-    /// The sorted table of `loaded`'s functions (made now if it was not).
-    fn sorted_table(loaded: &mut Loaded) -> Vec<Bounds> {
+    /// `loaded`'s sorted table of functions, made now if it was not.
+    fn functions(loaded: &mut Loaded) -> &[Function] {
         loaded.symbol(0);
-        let functions = loaded.functions.as_deref().expect("the sorted table");
-        functions.iter().map(|f| Bounds { address: f.address, size: u64::from(f.size) }).collect()
+        loaded.functions.as_deref().expect("the sorted table")
+    }
+
+    /// The sorted table of `loaded`'s functions, their sizes as lookups take them.
+    fn sorted_table(loaded: &mut Loaded) -> Vec<Bounds> {
+        functions(loaded).iter().map(|f| Bounds { address: f.address, size: u64::from(f.size) }).collect()
     }
 
     /// Addresses in and around every `step`-th function of `loaded`'s sorted table: its first
@@ -995,9 +999,7 @@ mod tests {
         for path in variants.iter().flatten() {
             let mut loaded = Loaded::open(path, None, &Options::default()).expect("readable");
             let table = loaded.table.expect("a symbol table");
-            loaded.symbol(0);
-            let functions = loaded.functions.as_deref().expect("the sorted table");
-            let gamma = functions.iter().find(|&&f| table.symbol(f).unwrap().name == b"gamma_fn");
+            let gamma = functions(&mut loaded).iter().find(|&&f| table.symbol(f).unwrap().name == b"gamma_fn");
             let symbol = gamma.expect("gamma_fn").address;
             let frames = loaded.lookup(symbol + 1);
             let frame = frames.last().expect("a frame");
