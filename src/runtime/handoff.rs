@@ -25,6 +25,11 @@
 //! each thread that read the length just before another filled it: a few thousand of the
 //! slots kept for frees.
 //!
+//! The writer polls the queue rather than block on it (a receiver blocked in the queue would
+//! make every send a futex wake-up), with one exception: a session's first alloc sample rings
+//! the writer's doorbell ([`Channel::ring_at_first_sample`]), so that a short program's
+//! frames are named while it still runs, not after it stopped and waits for them.
+//!
 //! Sessions share the queue. Every message carries its session's id, and the writer ignores
 //! the messages of other sessions (sent by a thread that was still finishing a sample when
 //! its session stopped); a new session also starts by draining what an earlier one left. A
@@ -32,11 +37,13 @@
 //! half-way through a send when the process forked.
 
 use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
 
 use crossbeam_channel::{Receiver, Sender, TrySendError};
 
 use crate::format::trace::Timestamp;
 use crate::runtime::state::MAX_FRAMES;
+use crate::runtime::tracer_thread::Doorbell;
 
 /// A thread's kernel name: at most 15 bytes, padded with NULs.
 pub(crate) type KernelName = [u8; 16];
@@ -161,6 +168,9 @@ pub(crate) struct Channel {
     /// Recycled frame buffers (a bounded, lock-free array queue).
     pool_tx: Sender<Frames>,
     pool_rx: Receiver<Frames>,
+    /// The doorbell the next alloc sample rings, put there by a writer with no sample yet: an
+    /// `Arc` given up by `Arc::into_raw`, which whoever swaps it out owns; null otherwise.
+    first_sample_bell: AtomicPtr<Doorbell>,
     /// What the writer says of its work, on a cache line of its own, away from the fields the
     /// sampled path reads.
     progress: Progress,
@@ -196,6 +206,7 @@ impl Channel {
             rx,
             pool_tx,
             pool_rx,
+            first_sample_bell: AtomicPtr::new(std::ptr::null_mut()),
             progress: Progress { count: AtomicU64::new(0), taken_ahead: AtomicUsize::new(0) },
         }
     }
@@ -219,6 +230,41 @@ impl Channel {
                 false
             }
         }
+    }
+
+    /// Have the next alloc sample sent ring `bell` (writer side, as it starts), in place of
+    /// any bell an earlier writer left.
+    pub(crate) fn ring_at_first_sample(&self, bell: Arc<Doorbell>) {
+        self.swap_first_sample_bell(Arc::into_raw(bell).cast_mut());
+    }
+
+    /// Take back the bell of [`Channel::ring_at_first_sample`] if no sample rang it (writer
+    /// side, as it ends).
+    pub(crate) fn no_first_sample_bell(&self) {
+        self.swap_first_sample_bell(std::ptr::null_mut());
+    }
+
+    /// Say that an alloc sample was just queued (sampled side): the first of a session rings
+    /// the writer's bell. Only a load of a field that is written once a session otherwise.
+    #[inline]
+    pub(crate) fn sample_sent(&self) {
+        if !self.first_sample_bell.load(Ordering::Relaxed).is_null() {
+            self.ring_first_sample_bell();
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn ring_first_sample_bell(&self) {
+        // SAFETY: a non-null pointer swapped out of the field is an `Arc` that is now ours.
+        if let Some(bell) = unsafe { take_bell(self.first_sample_bell.swap(std::ptr::null_mut(), Ordering::AcqRel)) } {
+            bell.ring();
+        }
+    }
+
+    fn swap_first_sample_bell(&self, new: *mut Doorbell) {
+        // SAFETY: as in `ring_first_sample_bell`; dropped here.
+        drop(unsafe { take_bell(self.first_sample_bell.swap(new, Ordering::AcqRel)) });
     }
 
     /// The next message, if any (writer side).
@@ -294,6 +340,15 @@ impl Channel {
             self.recycle(frames);
         }
     }
+}
+
+/// The doorbell `ptr` (if not null), owned from here on.
+///
+/// # Safety
+/// `ptr` is null or comes from `Arc::into_raw` and no one else owns it.
+unsafe fn take_bell(ptr: *mut Doorbell) -> Option<Arc<Doorbell>> {
+    // SAFETY: under the caller's contract.
+    (!ptr.is_null()).then(|| unsafe { Arc::from_raw(ptr) })
 }
 
 /// Why an alloc sample gets no frame buffer (and is dropped).
@@ -422,6 +477,33 @@ mod tests {
         assert_eq!(channel.pool_rx.len(), pooled, "the refused message's buffer went back to the pool");
         assert!(!channel.try_send(free()));
         assert!(matches!(channel.try_recv(), Some(Msg::Alloc { session: 1, .. })));
+    }
+
+    /// The first alloc sample after a writer put its bell out rings it, once, and gives the
+    /// bell's share back; a writer that ends takes its bell back.
+    #[test]
+    fn the_first_sample_rings_the_writers_bell() {
+        let channel = Channel::new(0, MIN_CAPACITY);
+        let bell = Arc::new(Doorbell::default());
+        channel.ring_at_first_sample(Arc::clone(&bell));
+        assert_eq!(Arc::strong_count(&bell), 2);
+        let waiter = {
+            let bell = Arc::clone(&bell);
+            std::thread::spawn(move || {
+                let waiting = std::time::Instant::now();
+                bell.wait(std::time::Duration::from_secs(600));
+                waiting.elapsed()
+            })
+        };
+        channel.sample_sent();
+        assert!(waiter.join().unwrap() < std::time::Duration::from_secs(600), "woken by the ring");
+        assert_eq!(Arc::strong_count(&bell), 1, "the channel's share was dropped");
+        channel.sample_sent();
+        channel.ring_at_first_sample(Arc::clone(&bell));
+        channel.ring_at_first_sample(Arc::clone(&bell));
+        assert_eq!(Arc::strong_count(&bell), 2, "a bell put out again replaces the one there");
+        channel.no_first_sample_bell();
+        assert_eq!(Arc::strong_count(&bell), 1);
     }
 
     #[test]

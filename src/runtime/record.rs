@@ -3,9 +3,10 @@
 //!
 //! A sampled allocation takes a pooled frame buffer, notes the block in the sampled-block
 //! table, captures its stack, appends its spans and thread (`spans`) and queues an alloc
-//! message for the writer (after its thread's kernel name, the first time in a session); a
-//! free of a sampled block queues a free message. Nothing here blocks, takes a lock or (in the
-//! steady state) allocates. The queue bound, the table and a thread's stack are the only
+//! message for the writer (after its thread's kernel name, the first time in a session; the
+//! session's first alloc message also wakes the writer, see `handoff`); a free of a sampled
+//! block queues a free message. Nothing here blocks, takes a lock or (in the steady state)
+//! allocates. The queue bound, the table and a thread's stack are the only
 //! places a sample can be lost (a sample on a thread too close to the end of its stack for a
 //! capture is dropped, not allowed to overflow it); every loss is counted here and reported
 //! when the session ends.
@@ -126,7 +127,9 @@ fn record_alloc(addr: usize, size: usize, nsamples: u64, entry: Entry, calibrati
     }
     let length = (size as u64).div_ceil(WORD_BYTES);
     let nframes = nframes as u16;
-    if !channel.try_send(Msg::Alloc { session, nframes, addr, time: now_us(), length, nsamples, frames }) {
+    if channel.try_send(Msg::Alloc { session, nframes, addr, time: now_us(), length, nsamples, frames }) {
+        channel.sample_sent();
+    } else {
         sampled_set::remove(addr);
         DROPPED_QUEUE.fetch_add(1, Ordering::Relaxed);
     }

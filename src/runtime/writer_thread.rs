@@ -120,6 +120,8 @@ pub(crate) fn write_trace(
         spare = state.names.worker.take_symbolizer();
         result.and_then(|()| state.writer.close().map(drop))
     }));
+    // Also after a panic: the bell holds the writer's thread.
+    channel.no_first_sample_bell();
     if let Some(symbolizer) = spare {
         symbolize::put_spare(symbolizer);
     }
@@ -139,12 +141,15 @@ pub(crate) fn write_trace(
 
 impl TraceWriter {
     /// Poll the queue rather than block on it: a receiver blocked in the queue would make
-    /// every sampled allocation pay a futex wake-up (a system call) on its send.
+    /// every sampled allocation pay a futex wake-up (a system call) on its send. Only the
+    /// session's first sample rings the doorbell, so that its frames are named while a short
+    /// program runs on (rather than at its stop, which waits for them).
     fn run(&mut self) -> crate::Result<()> {
         let channel = self.names.channel;
+        channel.ring_at_first_sample(Arc::clone(&self.doorbell));
         let mut next_flush = Instant::now() + FLUSH_INTERVAL;
         // The pool has its starting buffers ([`handoff::STARTING_POOL`]).
-        let mut pool_filled = false;
+        let (mut pool_filled, mut waited) = (false, false);
         loop {
             let mut received = 0;
             while received < POLL_BATCH {
@@ -176,15 +181,18 @@ impl TraceWriter {
                 next_flush = now + FLUSH_INTERVAL;
             }
             cfi::invalidate_if_unloaded();
+            // After the first wait (and the round it ended, which may have a first sample to
+            // name while the program runs), or the first full batch of a writer with no time
+            // to wait; not for a session stopping.
+            if !pool_filled && (waited || received == POLL_BATCH) && STATE.load(Ordering::Relaxed) != OFF {
+                pool_filled = true;
+                channel.fill_pool(handoff::INITIAL_POOL);
+            }
             if received < POLL_BATCH {
                 // Waiting for the doorbell rather than asleep: stopping rings it, so that a
                 // short program does not wait out the interval at exit.
                 self.doorbell.wait(if received > BUSY_FILL { BUSY_POLL_INTERVAL } else { POLL_INTERVAL });
-            }
-            // After the first wait, or the first full batch of a writer with no time to wait.
-            if !pool_filled && STATE.load(Ordering::Relaxed) != OFF {
-                pool_filled = true;
-                channel.fill_pool(handoff::INITIAL_POOL);
+                waited = true;
             }
         }
     }
