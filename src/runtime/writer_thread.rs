@@ -180,6 +180,7 @@ impl TraceWriter {
                 }
                 next_flush = now + FLUSH_INTERVAL;
             }
+            self.names.worker.release_if_idle(now);
             cfi::invalidate_if_unloaded();
             // After the first wait (and the round it ended, which may have a first sample to
             // name while the program runs), or the first full batch of a writer with no time

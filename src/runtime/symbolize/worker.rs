@@ -1,29 +1,35 @@
-//! The writer's symbolizer on a thread of its own, so that the writer keeps taking samples off
-//! the queue while a frame is named: naming the first frame of a compilation unit parses the
-//! unit, which takes milliseconds, and hundreds of them for a large unit of an unoptimised
-//! build, while a program at a high rate fills the queue in less.
+//! The writer's symbolizer, on the writer's thread at first and then on a thread of its own,
+//! so that the writer keeps taking samples off the queue while a frame is named: naming the
+//! first frame of a compilation unit parses the unit, which takes milliseconds, and hundreds
+//! of them for a large unit of an unoptimised build, while a program at a high rate fills the
+//! queue in less.
+//!
+//! The first [`NAMING_ON_CALLER`] of naming are done on the writer's thread, between which it
+//! takes the queue into its backlog after each address. That is all a short program needs
+//! (its first samples are named as it runs and at its stop, which waits for them), and a
+//! thread for it only added to the wait: its start, a first turn that came up to 1.4 ms later
+//! on a 2-core VM, a wake-up for each answer and one to join it. A writer whose session is
+//! stopping has nothing more coming to take off the queue, and never starts the thread.
 //!
 //! The writer asks for all the new addresses of a sample in one request, which the thread
 //! answers in one message: each round trip costs both threads context switches, more than
 //! naming an address of a unit already parsed. It waits for the answer in short slices, doing
-//! its other work in between ([`Worker::locations`]). The thread is started at the first
-//! address (a run with no sample starts none) and ends when the worker is dropped (its
-//! requests channel closes; it is not waited for) or its symbolizer taken back. Idle for a
-//! second, it gives back the memory naming took.
-//!
-//! A writer whose session is stopping has nothing more coming to take off the queue: the
-//! addresses it asks for then are named on its own thread when no thread was started yet.
-//! That is a short program's common case (its first sample is named at exit, which waits for
-//! it), where starting a thread for it, then joining it, only added to the wait.
+//! its other work in between ([`Worker::locations`]). The thread ends when the worker is
+//! dropped (its requests channel closes; it is not waited for) or its symbolizer taken back.
+//! A second without an address to name, the symbolizer gives back the memory naming took:
+//! the thread sees to it, or the writer ([`Worker::release_if_idle`]) before there is one.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 
 use super::Symbolizer;
 use crate::format::location_codec::Location;
 use crate::runtime::tracer_thread::TracerThread;
+
+/// How long naming may take on the writer's thread, in all, before a thread is started for it.
+const NAMING_ON_CALLER: Duration = Duration::from_millis(20);
 
 /// How long the writer waits for an answer before it looks at its other work.
 const WAIT_SLICE: Duration = Duration::from_millis(1);
@@ -38,13 +44,18 @@ const IDLE_BEFORE_RELEASE: Duration = Duration::from_secs(1);
 /// ([`Symbolizer::take_program_note`]).
 type Answer = (Vec<Arc<[Location]>>, Option<String>);
 
-/// The symbolizer, on its thread once an address was asked for.
+/// The symbolizer, on the caller's thread and then on its own.
 pub(crate) struct Worker {
     state: State,
+    /// Naming done on the caller's thread so far, and how much may be before a thread starts.
+    on_caller: Duration,
+    on_caller_budget: Duration,
+    /// When addresses were last named on the caller's thread, if not released since.
+    named_on_caller: Option<Instant>,
 }
 
 enum State {
-    /// No thread yet (or none could be started: then addresses are named on the caller's).
+    /// No thread yet (or none could be started): addresses are named on the caller's.
     Idle(Box<Symbolizer>),
     Running {
         requests: Sender<Vec<u64>>,
@@ -58,22 +69,38 @@ enum State {
 impl Worker {
     /// A worker that will name addresses with `symbolizer`.
     pub(crate) fn new(symbolizer: Symbolizer) -> Worker {
-        Worker { state: State::Idle(Box::new(symbolizer)) }
+        Worker::with_budget(symbolizer, NAMING_ON_CALLER)
+    }
+
+    fn with_budget(symbolizer: Symbolizer, on_caller_budget: Duration) -> Worker {
+        Worker {
+            state: State::Idle(Box::new(symbolizer)),
+            on_caller: Duration::ZERO,
+            on_caller_budget,
+            named_on_caller: None,
+        }
     }
 
     /// The locations of each return address of `addrs` (see [`super::symbolize`]), in order,
     /// and a note if the program was just found to miss names. `meanwhile` is called every
-    /// [`WAIT_SLICE`] while the answer is being worked out, or after each address when they are
-    /// named on the caller's thread. `stopping`: the caller has no other work coming (then no
+    /// [`WAIT_SLICE`] while the answer is being worked out on the thread, or after each address
+    /// named on the caller's. `stopping`: the caller has no other work coming (then no
     /// thread is started for this). A panic of the symbolizer is resumed here.
     pub(crate) fn locations(&mut self, addrs: &[u64], stopping: bool, mut meanwhile: impl FnMut()) -> Answer {
         if let State::Idle(_) = self.state {
-            if !stopping {
+            if !stopping && self.on_caller >= self.on_caller_budget {
                 self.start();
             }
         }
         match &mut self.state {
-            State::Idle(symbolizer) => named(symbolizer, addrs, meanwhile),
+            State::Idle(symbolizer) => {
+                let began = Instant::now();
+                let answer = named(symbolizer, addrs, meanwhile);
+                let now = Instant::now();
+                self.on_caller += now - began;
+                self.named_on_caller = Some(now);
+                answer
+            }
             State::Running { requests, answers, .. } => {
                 if requests.send(addrs.to_vec()).is_ok() {
                     loop {
@@ -99,6 +126,17 @@ impl Worker {
             State::Gone => {
                 self.state = State::Idle(Box::default());
                 self.locations(addrs, stopping, meanwhile)
+            }
+        }
+    }
+
+    /// Give back the memory naming on the caller's thread took, once it has named nothing for
+    /// a second at `now` (the thread, once started, sees to its own).
+    pub(crate) fn release_if_idle(&mut self, now: Instant) {
+        if let (State::Idle(symbolizer), Some(last)) = (&mut self.state, self.named_on_caller) {
+            if now.saturating_duration_since(last) >= IDLE_BEFORE_RELEASE {
+                symbolizer.release();
+                self.named_on_caller = None;
             }
         }
     }
@@ -169,7 +207,8 @@ fn named(symbolizer: &mut Symbolizer, addrs: &[u64], mut after_each: impl FnMut(
 mod tests {
     use super::*;
 
-    /// The thread, a while without addresses, gives back the parsed DWARF.
+    /// A worker a second without addresses gives back the parsed DWARF: its thread by itself,
+    /// the caller's when told the time.
     #[test]
     fn an_idle_worker_releases_what_naming_parsed() {
         fn here() -> u64 {
@@ -179,38 +218,52 @@ mod tests {
             let stats = symbolizer.stats();
             stats.estimated_bytes - stats.base_bytes
         };
-        let mut busy = Worker::new(Symbolizer::new());
+        let threaded = || Worker::with_budget(Symbolizer::new(), Duration::ZERO);
+        let mut busy = threaded();
         let named = busy.locations(&[here() + 1], false, || {}).0.remove(0);
         assert!(!named.is_empty());
         let busy = busy.take_symbolizer().unwrap();
-        let mut idle = Worker::new(Symbolizer::new());
+        let mut idle = threaded();
         idle.locations(&[here() + 1], false, || {});
         std::thread::sleep(IDLE_BEFORE_RELEASE * 2);
         let idle = idle.take_symbolizer().unwrap();
         assert!(parsed(&idle) < parsed(&busy), "{:?} against {:?}", idle.stats(), busy.stats());
-        let mut again = Worker::new(idle);
-        assert_eq!(again.locations(&[here() + 1], false, || {}).0, [named]);
+        let mut again = Worker::with_budget(idle, Duration::ZERO);
+        assert_eq!(again.locations(&[here() + 1], false, || {}).0, [named.clone()]);
+        let mut on_caller = Worker::new(Symbolizer::new());
+        assert_eq!(on_caller.locations(&[here() + 1], false, || {}).0, [named]);
+        let State::Idle(symbolizer) = &on_caller.state else { panic!("named on the caller's thread") };
+        let before = parsed(symbolizer);
+        assert_eq!(before, parsed(&busy));
+        let named_at = on_caller.named_on_caller.unwrap();
+        on_caller.release_if_idle(named_at + IDLE_BEFORE_RELEASE / 2);
+        assert!(matches!(&on_caller.state, State::Idle(s) if parsed(s) == before), "not idle long enough");
+        on_caller.release_if_idle(named_at + IDLE_BEFORE_RELEASE);
+        assert!(matches!(&on_caller.state, State::Idle(s) if parsed(s) < before));
     }
 
-    /// A stopping writer's addresses are named on its own thread, as the worker's thread names
-    /// them, with `meanwhile` called after each; a thread already started is used.
+    /// Addresses are named on the caller's thread, with `meanwhile` called after each, until
+    /// naming there has taken its budget; then on a thread, with the same answers. A stopping
+    /// caller starts no thread, and uses one already started.
     #[test]
-    fn a_stopping_caller_is_answered_on_its_own_thread() {
+    fn naming_moves_to_a_thread_after_the_callers_budget() {
         fn here() -> u64 {
             here as *const () as usize as u64
         }
         let addrs = [here() + 1, here() + 2];
-        let mut threaded = Worker::new(Symbolizer::new());
-        let expected = threaded.locations(&addrs, false, || {}).0;
-        assert!(matches!(threaded.state, State::Running { .. }));
-        assert_eq!(threaded.locations(&addrs, true, || {}).0, expected);
-        assert!(matches!(threaded.state, State::Running { .. }));
         let mut calls = 0;
-        let mut stopping = Worker::new(Symbolizer::new());
-        assert_eq!(stopping.locations(&addrs, true, || calls += 1).0, expected);
-        assert!(matches!(stopping.state, State::Idle(_)), "no thread started");
+        let mut worker = Worker::with_budget(Symbolizer::new(), Duration::from_nanos(1));
+        let expected = worker.locations(&addrs, false, || calls += 1).0;
         assert_eq!(calls, addrs.len());
-        assert!(stopping.take_symbolizer().is_some());
+        assert!(matches!(worker.state, State::Idle(_)), "no thread started within the budget");
+        assert!(worker.on_caller > Duration::ZERO);
+        assert_eq!(worker.locations(&addrs, true, || {}).0, expected);
+        assert!(matches!(worker.state, State::Idle(_)), "a stopping caller starts no thread");
+        assert_eq!(worker.locations(&addrs, false, || {}).0, expected);
+        assert!(matches!(worker.state, State::Running { .. }), "the budget spent");
+        assert_eq!(worker.locations(&addrs, true, || {}).0, expected);
+        assert!(matches!(worker.state, State::Running { .. }));
+        assert!(worker.take_symbolizer().is_some());
     }
 
     /// A batch of addresses gets, in order, the answers that asking one at a time gives.
