@@ -26,7 +26,7 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 
 use super::Symbolizer;
 use crate::format::location_codec::Location;
-use crate::runtime::tracer_thread::TracerThread;
+use crate::runtime::tracer_thread::{self, TracerThread};
 
 /// How long naming may take on the writer's thread, in all, before a thread is started for it.
 const NAMING_ON_CALLER: Duration = Duration::from_millis(20);
@@ -52,6 +52,8 @@ pub(crate) struct Worker {
     on_caller_budget: Duration,
     /// When addresses were last named on the caller's thread, if not released since.
     named_on_caller: Option<Instant>,
+    /// Whether the caller's malloc arena was grown for naming ([`tracer_thread::grow_arena`]).
+    arena_grown: bool,
 }
 
 enum State {
@@ -78,6 +80,7 @@ impl Worker {
             on_caller: Duration::ZERO,
             on_caller_budget,
             named_on_caller: None,
+            arena_grown: false,
         }
     }
 
@@ -94,6 +97,9 @@ impl Worker {
         }
         match &mut self.state {
             State::Idle(symbolizer) => {
+                if !std::mem::replace(&mut self.arena_grown, true) {
+                    tracer_thread::grow_arena();
+                }
                 let began = Instant::now();
                 let answer = named(symbolizer, addrs, meanwhile);
                 let now = Instant::now();
@@ -150,6 +156,7 @@ impl Worker {
         let given = Arc::clone(&slot);
         let spawned = TracerThread::spawn(c"memtrace-symbol", move || {
             let mut symbolizer = given.lock().take().unwrap_or_default();
+            tracer_thread::grow_arena();
             let mut named_since_release = false;
             loop {
                 match requested.recv_timeout(IDLE_BEFORE_RELEASE) {
@@ -229,7 +236,7 @@ mod tests {
         let idle = idle.take_symbolizer().unwrap();
         assert!(parsed(&idle) < parsed(&busy), "{:?} against {:?}", idle.stats(), busy.stats());
         let mut again = Worker::with_budget(idle, Duration::ZERO);
-        assert_eq!(again.locations(&[here() + 1], false, || {}).0, [named.clone()]);
+        assert_eq!(again.locations(&[here() + 1], false, || {}).0, std::slice::from_ref(&named));
         let mut on_caller = Worker::new(Symbolizer::new());
         assert_eq!(on_caller.locations(&[here() + 1], false, || {}).0, [named]);
         let State::Idle(symbolizer) = &on_caller.state else { panic!("named on the caller's thread") };
