@@ -1,11 +1,15 @@
 //! The writer's symbolizer, on the writer's thread at first and then on a thread of its own,
 //! so that the writer keeps taking samples off the queue while a frame is named: naming the
-//! first frame of a compilation unit parses the unit, which takes milliseconds, and hundreds
-//! of them for a large unit of an unoptimised build, while a program at a high rate fills the
+//! first frame of a compilation unit parses the unit, which takes milliseconds, and tens of
+//! them for a large unit of an unoptimised build, while a program at a high rate fills the
 //! queue in less.
 //!
-//! The first [`NAMING_ON_CALLER`] of naming are done on the writer's thread, between which it
-//! takes the queue into its backlog after each address. That is all a short program needs
+//! The first [`NAMING_ON_CALLER`] of naming are done on the writer's thread, which takes the
+//! queue into its backlog after each address; a request the budget runs out in has the rest
+//! of its addresses named on the thread. One address is not interrupted: it stops the
+//! draining of the queue for as long as it takes (the longest measured, 84 ms, in an
+//! unoptimised build of jaq: README "Benchmarks"), which the queue, sized for 0.125 s of a
+//! program allocating 8 GB/s, absorbs. That is all a short program needs
 //! (its first samples are named as it runs and at its stop, which waits for them), and a
 //! thread for it only added to the wait: its start, a first turn that came up to 1.4 ms later
 //! on a 2-core VM, a wake-up for each answer and one to join it. A writer whose session is
@@ -101,11 +105,19 @@ impl Worker {
                     tracer_thread::grow_arena();
                 }
                 let began = Instant::now();
-                let answer = named(symbolizer, addrs, meanwhile);
+                // Not past the budget, unless no thread could be started for the rest.
+                let left = self.on_caller_budget.checked_sub(self.on_caller).filter(|_| !stopping);
+                let (mut locations, note) = named(symbolizer, addrs, &mut meanwhile, left.map(|left| began + left));
                 let now = Instant::now();
                 self.on_caller += now - began;
                 self.named_on_caller = Some(now);
-                answer
+                if locations.len() < addrs.len() {
+                    // The budget ran out part-way: the rest on the thread.
+                    let (rest, later_note) = self.locations(&addrs[locations.len()..], stopping, meanwhile);
+                    locations.extend(rest);
+                    return (locations, note.or(later_note));
+                }
+                (locations, note)
             }
             State::Running { requests, answers, .. } => {
                 if requests.send(addrs.to_vec()).is_ok() {
@@ -162,7 +174,7 @@ impl Worker {
                 match requested.recv_timeout(IDLE_BEFORE_RELEASE) {
                     Ok(addrs) => {
                         named_since_release = true;
-                        if answer.send(named(&mut symbolizer, &addrs, || {})).is_err() {
+                        if answer.send(named(&mut symbolizer, &addrs, || {}, None)).is_err() {
                             break;
                         }
                     }
@@ -196,17 +208,24 @@ impl Worker {
     }
 }
 
-fn named(symbolizer: &mut Symbolizer, addrs: &[u64], mut after_each: impl FnMut()) -> Answer {
+/// The locations of `addrs`, with `after_each` called after each address; only of those
+/// named before `deadline` (at least the first) when there is one.
+fn named(
+    symbolizer: &mut Symbolizer,
+    addrs: &[u64],
+    mut after_each: impl FnMut(),
+    deadline: Option<Instant>,
+) -> Answer {
     symbolizer.expect(addrs);
-    let locations = addrs
-        .iter()
-        .map(|&addr| {
-            super::note_work();
-            let locations = super::symbolize(symbolizer, addr);
-            after_each();
-            locations
-        })
-        .collect();
+    let mut locations = Vec::with_capacity(addrs.len());
+    for &addr in addrs {
+        if !locations.is_empty() && deadline.is_some_and(|deadline| Instant::now() >= deadline) {
+            break;
+        }
+        super::note_work();
+        locations.push(super::symbolize(symbolizer, addr));
+        after_each();
+    }
     (locations, symbolizer.take_program_note())
 }
 
@@ -250,27 +269,32 @@ mod tests {
     }
 
     /// Addresses are named on the caller's thread, with `meanwhile` called after each, until
-    /// naming there has taken its budget; then on a thread, with the same answers. A stopping
-    /// caller starts no thread, and uses one already started.
+    /// naming there has taken its budget, then on a thread (the rest of a request the budget
+    /// ran out in too), with the same answers. A stopping caller starts no thread, and uses
+    /// one already started.
     #[test]
     fn naming_moves_to_a_thread_after_the_callers_budget() {
         fn here() -> u64 {
             here as *const () as usize as u64
         }
-        let addrs = [here() + 1, here() + 2];
+        let addrs = [here() + 1, here() + 2, here() + 3];
         let mut calls = 0;
-        let mut worker = Worker::with_budget(Symbolizer::new(), Duration::from_nanos(1));
-        let expected = worker.locations(&addrs, false, || calls += 1).0;
+        let mut roomy = Worker::with_budget(Symbolizer::new(), Duration::from_secs(3600));
+        let expected = roomy.locations(&addrs, false, || calls += 1).0;
         assert_eq!(calls, addrs.len());
-        assert!(matches!(worker.state, State::Idle(_)), "no thread started within the budget");
-        assert!(worker.on_caller > Duration::ZERO);
-        assert_eq!(worker.locations(&addrs, true, || {}).0, expected);
-        assert!(matches!(worker.state, State::Idle(_)), "a stopping caller starts no thread");
-        assert_eq!(worker.locations(&addrs, false, || {}).0, expected);
-        assert!(matches!(worker.state, State::Running { .. }), "the budget spent");
-        assert_eq!(worker.locations(&addrs, true, || {}).0, expected);
-        assert!(matches!(worker.state, State::Running { .. }));
-        assert!(worker.take_symbolizer().is_some());
+        assert!(matches!(roomy.state, State::Idle(_)), "no thread started within the budget");
+        assert!(roomy.on_caller > Duration::ZERO);
+        let mut stopping = Worker::with_budget(Symbolizer::new(), Duration::from_nanos(1));
+        assert_eq!(stopping.locations(&addrs, true, || {}).0, expected);
+        assert_eq!(stopping.locations(&addrs, true, || {}).0, expected);
+        assert!(matches!(stopping.state, State::Idle(_)), "a stopping caller starts no thread");
+        let (mut calls, mut tight) = (0, Worker::with_budget(Symbolizer::new(), Duration::from_nanos(1)));
+        assert_eq!(tight.locations(&addrs, false, || calls += 1).0, expected);
+        assert!(matches!(tight.state, State::Running { .. }), "the budget spent part-way");
+        assert!(calls >= 1, "the first address named on the caller's thread");
+        assert_eq!(tight.locations(&addrs, true, || {}).0, expected);
+        assert!(matches!(tight.state, State::Running { .. }));
+        assert!(tight.take_symbolizer().is_some());
     }
 
     /// A batch of addresses gets, in order, the answers that asking one at a time gives.
