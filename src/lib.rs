@@ -63,4 +63,16 @@ pub mod __internals {
     pub fn panic_in_next_sample() {
         crate::runtime::allocator::PANIC_IN_NEXT_SAMPLE.store(true, std::sync::atomic::Ordering::Relaxed);
     }
+    /// Make the writer threads of later sessions wait an hour between their polls of the
+    /// queue, so that only their doorbell wakes them (debug builds only).
+    #[cfg(debug_assertions)]
+    pub fn writer_waits_for_its_doorbell() {
+        crate::runtime::writer_thread::WAIT_FOR_DOORBELL.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+    /// A count that moves as the running session's writer takes messages and names frames
+    /// (debug builds only).
+    #[cfg(debug_assertions)]
+    pub fn writer_progress() -> u64 {
+        crate::runtime::handoff::writer_progress()
+    }
 }

@@ -4,8 +4,8 @@
 //!
 //! Application threads never wait here, and in the steady state never allocate: the queue is
 //! a crossbeam array channel allocated when tracing first starts, and frame buffers come from
-//! a pool that each writer fills up to [`INITIAL_POOL`] buffers, most of them after its first
-//! wait (a new buffer is allocated, inside the tracer, when the pool is empty; the writer
+//! a pool that each writer fills up to [`INITIAL_POOL`] buffers, most of them after the round
+//! that follows its first wait (a new buffer is allocated, inside the tracer, when the pool is empty; the writer
 //! gives it back to the pool, up to [`POOL_SIZE`], and frees the surplus). Memory
 //! allocated on an application thread lands in that thread's malloc arena, and the blocks of
 //! an unbounded channel, freed by the writer up to a poll interval later, kept chunks of the
@@ -65,8 +65,9 @@ const BACKLOG_SECONDS: f64 = 0.125;
 /// cross-thread `free` in the writer.
 pub(crate) const POOL_SIZE: usize = 2048;
 /// Frame buffers the pool is filled with by a writer (256 KiB), [`STARTING_POOL`] of them as
-/// it starts and the rest after its first wait (a short program's stop then does not wait
-/// for their page faults); it grows to [`POOL_SIZE`] on demand (a buffer allocated on the
+/// it starts and the rest after the round that follows its first wait (a short program's
+/// stop then does not wait for their page faults, nor its first sample's naming, which that
+/// round does); it grows to [`POOL_SIZE`] on demand (a buffer allocated on the
 /// sampled path when the pool is empty joins the pool when the writer gives it back).
 pub(crate) const INITIAL_POOL: usize = 256;
 /// Frame buffers a writer puts in the pool as it starts (32 KiB).
@@ -168,9 +169,13 @@ pub(crate) struct Channel {
     /// Recycled frame buffers (a bounded, lock-free array queue).
     pool_tx: Sender<Frames>,
     pool_rx: Receiver<Frames>,
-    /// The doorbell the next alloc sample rings, put there by a writer with no sample yet: an
-    /// `Arc` given up by `Arc::into_raw`, which whoever swaps it out owns; null otherwise.
+    /// The doorbell the next alloc sample of session [`Channel::first_sample_session`] rings,
+    /// put there by its writer with no sample yet: an `Arc` given up by `Arc::into_raw`, which
+    /// whoever swaps it out owns; null otherwise.
     first_sample_bell: AtomicPtr<Doorbell>,
+    /// The session whose writer put the bell there (a thread still sending a sample of an
+    /// earlier session leaves it alone).
+    first_sample_session: AtomicU32,
     /// What the writer says of its work, on a cache line of its own, away from the fields the
     /// sampled path reads.
     progress: Progress,
@@ -207,6 +212,7 @@ impl Channel {
             pool_tx,
             pool_rx,
             first_sample_bell: AtomicPtr::new(std::ptr::null_mut()),
+            first_sample_session: AtomicU32::new(0),
             progress: Progress { count: AtomicU64::new(0), taken_ahead: AtomicUsize::new(0) },
         }
     }
@@ -232,9 +238,11 @@ impl Channel {
         }
     }
 
-    /// Have the next alloc sample sent ring `bell` (writer side, as it starts), in place of
-    /// any bell an earlier writer left.
-    pub(crate) fn ring_at_first_sample(&self, bell: Arc<Doorbell>) {
+    /// Have the next alloc sample that `session` sends ring `bell` (writer side, as it
+    /// starts), in place of any bell an earlier writer left.
+    pub(crate) fn ring_at_first_sample(&self, bell: Arc<Doorbell>, session: u32) {
+        self.first_sample_session.store(session, Ordering::Relaxed);
+        // Released by the swap: a sender that sees the bell sees its session.
         self.swap_first_sample_bell(Arc::into_raw(bell).cast_mut());
     }
 
@@ -244,20 +252,29 @@ impl Channel {
         self.swap_first_sample_bell(std::ptr::null_mut());
     }
 
-    /// Say that an alloc sample was just queued (sampled side): the first of a session rings
-    /// the writer's bell. Only a load of a field that is written once a session otherwise.
+    /// Say that an alloc sample of `session` was just queued (sampled side): the session's
+    /// first rings its writer's bell. Otherwise only a load of a field written at a session's
+    /// start and end.
     #[inline]
-    pub(crate) fn sample_sent(&self) {
-        if !self.first_sample_bell.load(Ordering::Relaxed).is_null() {
-            self.ring_first_sample_bell();
+    pub(crate) fn sample_sent(&self, session: u32) {
+        let bell = self.first_sample_bell.load(Ordering::Acquire);
+        if !bell.is_null() {
+            self.ring_first_sample_bell(bell, session);
         }
     }
 
     #[cold]
     #[inline(never)]
-    fn ring_first_sample_bell(&self) {
+    fn ring_first_sample_bell(&self, bell: *mut Doorbell, session: u32) {
+        if self.first_sample_session.load(Ordering::Relaxed) != session {
+            return;
+        }
+        // Only the bell seen with the session: one put out since (by a session started after
+        // this one stopped) is not this sample's to ring.
+        let taken =
+            self.first_sample_bell.compare_exchange(bell, std::ptr::null_mut(), Ordering::AcqRel, Ordering::Relaxed);
         // SAFETY: a non-null pointer swapped out of the field is an `Arc` that is now ours.
-        if let Some(bell) = unsafe { take_bell(self.first_sample_bell.swap(std::ptr::null_mut(), Ordering::AcqRel)) } {
+        if let Some(bell) = unsafe { take_bell(taken.unwrap_or(std::ptr::null_mut())) } {
             bell.ring();
         }
     }
@@ -426,6 +443,12 @@ pub(crate) fn abandon() {
     PROCESS.store(std::ptr::null_mut(), Ordering::Release);
 }
 
+/// How far the running session's writer has got ([`Channel::progress`]), 0 without one.
+#[cfg(debug_assertions)]
+pub(crate) fn writer_progress() -> u64 {
+    current().map_or(0, |(channel, _)| channel.progress())
+}
+
 /// Let the sampled path send messages tagged `session` (the session is running).
 pub(crate) fn publish(session: u32) {
     RUNNING.store(session, Ordering::Release);
@@ -485,22 +508,24 @@ mod tests {
     fn the_first_sample_rings_the_writers_bell() {
         let channel = Channel::new(0, MIN_CAPACITY);
         let bell = Arc::new(Doorbell::default());
-        channel.ring_at_first_sample(Arc::clone(&bell));
+        channel.ring_at_first_sample(Arc::clone(&bell), 1);
         assert_eq!(Arc::strong_count(&bell), 2);
+        channel.sample_sent(2);
+        assert_eq!(Arc::strong_count(&bell), 2, "another session's sample leaves the bell alone");
         let waiter = {
             let bell = Arc::clone(&bell);
             std::thread::spawn(move || {
                 let waiting = std::time::Instant::now();
-                bell.wait(std::time::Duration::from_secs(600));
+                bell.wait(std::time::Duration::from_secs(60));
                 waiting.elapsed()
             })
         };
-        channel.sample_sent();
-        assert!(waiter.join().unwrap() < std::time::Duration::from_secs(600), "woken by the ring");
+        channel.sample_sent(1);
+        assert!(waiter.join().unwrap() < std::time::Duration::from_secs(60), "woken by the ring");
         assert_eq!(Arc::strong_count(&bell), 1, "the channel's share was dropped");
-        channel.sample_sent();
-        channel.ring_at_first_sample(Arc::clone(&bell));
-        channel.ring_at_first_sample(Arc::clone(&bell));
+        channel.sample_sent(1);
+        channel.ring_at_first_sample(Arc::clone(&bell), 1);
+        channel.ring_at_first_sample(Arc::clone(&bell), 1);
         assert_eq!(Arc::strong_count(&bell), 2, "a bell put out again replaces the one there");
         channel.no_first_sample_bell();
         assert_eq!(Arc::strong_count(&bell), 1);

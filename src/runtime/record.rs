@@ -128,7 +128,7 @@ fn record_alloc(addr: usize, size: usize, nsamples: u64, entry: Entry, calibrati
     let length = (size as u64).div_ceil(WORD_BYTES);
     let nframes = nframes as u16;
     if channel.try_send(Msg::Alloc { session, nframes, addr, time: now_us(), length, nsamples, frames }) {
-        channel.sample_sent();
+        channel.sample_sent(session);
     } else {
         sampled_set::remove(addr);
         DROPPED_QUEUE.fetch_add(1, Ordering::Relaxed);

@@ -29,6 +29,10 @@ const POLL_INTERVAL: Duration = Duration::from_millis(10);
 /// sleep (a burst of samples): neither the bounded queue nor the pool of frame buffers (which
 /// the writer refills) may run out.
 const BUSY_POLL_INTERVAL: Duration = Duration::from_millis(1);
+/// The test hook behind `__internals::writer_waits_for_its_doorbell` (debug builds only): the
+/// writer's waits last an hour, so that only its doorbell ends them.
+#[cfg(debug_assertions)]
+pub(crate) static WAIT_FOR_DOORBELL: AtomicBool = AtomicBool::new(false);
 /// Messages received in one round beyond which the writer sleeps [`BUSY_POLL_INTERVAL`]: about
 /// a quarter of the frame-buffer pool taken (allocs and frees come in pairs).
 const BUSY_FILL: usize = handoff::POOL_SIZE / 2;
@@ -43,7 +47,7 @@ pub(crate) const DOMAIN: u16 = 0;
 /// The writer thread's state.
 struct TraceWriter {
     writer: Writer<File>,
-    /// Rung by stopping, to end the wait between polls.
+    /// Rung by stopping and by the session's first sample, to end the wait between polls.
     doorbell: Arc<Doorbell>,
     /// What names location codes (apart from `writer`, which asks it while it writes).
     names: Names,
@@ -146,7 +150,7 @@ impl TraceWriter {
     /// program runs on (rather than at its stop, which waits for them).
     fn run(&mut self) -> crate::Result<()> {
         let channel = self.names.channel;
-        channel.ring_at_first_sample(Arc::clone(&self.doorbell));
+        channel.ring_at_first_sample(Arc::clone(&self.doorbell), self.session);
         let mut next_flush = Instant::now() + FLUSH_INTERVAL;
         // The pool has its starting buffers ([`handoff::STARTING_POOL`]).
         let (mut pool_filled, mut waited) = (false, false);
@@ -191,8 +195,13 @@ impl TraceWriter {
             }
             if received < POLL_BATCH {
                 // Waiting for the doorbell rather than asleep: stopping rings it, so that a
-                // short program does not wait out the interval at exit.
-                self.doorbell.wait(if received > BUSY_FILL { BUSY_POLL_INTERVAL } else { POLL_INTERVAL });
+                // short program does not wait out the interval at exit, and so does the
+                // session's first sample.
+                let interval = if received > BUSY_FILL { BUSY_POLL_INTERVAL } else { POLL_INTERVAL };
+                #[cfg(debug_assertions)]
+                let interval =
+                    if WAIT_FOR_DOORBELL.load(Ordering::Relaxed) { Duration::from_secs(3600) } else { interval };
+                self.doorbell.wait(interval);
                 waited = true;
             }
         }
@@ -261,10 +270,11 @@ impl TraceWriter {
 const BACKLOG_LIMIT: usize = 1 << 15;
 
 /// Take what the queue holds into `backlog` (up to [`BACKLOG_LIMIT`]): done while the writer
-/// waits for a frame's name, which may take milliseconds of parsing debug info (hundreds for
-/// a large unit of an unoptimised build), so that the queue does not fill up and samples get
+/// waits for frames' names, which may take milliseconds of parsing debug info (tens for a
+/// large unit of an unoptimised build), so that the queue does not fill up and samples get
 /// dropped meanwhile; a burst of new frames, at the start of a run above all, is absorbed by
-/// the writer's memory instead.
+/// the writer's memory instead. Called every slice of the wait for the symbols thread, and
+/// between addresses while the writer names them itself (see `symbolize::worker`).
 fn take_ahead(channel: &Channel, backlog: &mut VecDeque<Msg>) {
     while backlog.len() < BACKLOG_LIMIT {
         let Some(msg) = channel.try_recv() else { break };
@@ -293,7 +303,8 @@ struct Names {
     /// Messages taken off the queue ahead of their turn (see [`take_ahead`]), handled before
     /// the queue's.
     backlog: VecDeque<Msg>,
-    /// Names frame addresses, lazily and within its memory budget, on its own thread.
+    /// Names frame addresses, lazily and within its memory budget: on the writer's thread at
+    /// first, then on its own.
     worker: Worker,
     /// The locations of each location code written.
     cache: FastMap<u64, Arc<[Location]>>,

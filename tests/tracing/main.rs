@@ -264,6 +264,26 @@ fn child_role() {
             panic!("deliberate panic");
         }
         #[cfg(debug_assertions)]
+        "first_sample_wakes_writer" => {
+            use memtrace_rs::__internals::{writer_progress, writer_waits_for_its_doorbell};
+            writer_waits_for_its_doorbell();
+            let guard = trace_if_requested();
+            assert!(guard.is_some());
+            // The writer's first round over, it waits (an hour).
+            std::thread::sleep(Duration::from_millis(300));
+            let before = writer_progress();
+            // 32 Mi words at the default rate: some 33 samples expected, none with odds of
+            // e^-33 (never touched, so never resident).
+            let block: Vec<u64> = black_box(Vec::with_capacity(32 << 20));
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while writer_progress() == before && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            assert!(writer_progress() > before, "the writer slept through the session's first sample");
+            drop(block);
+            drop(guard);
+        }
+        #[cfg(debug_assertions)]
         "panic_in_sample" => {
             let _guard = trace_if_requested();
             memtrace_rs::__internals::panic_in_next_sample();
@@ -1148,6 +1168,19 @@ fn panic_flushes_the_trace() {
     let freed: Vec<_> = trace.at_site("::site_freed").collect();
     assert!(freed.len() > 10);
     assert!(freed.iter().all(|(id, _)| trace.collected.contains(id)));
+    let _ = std::fs::remove_file(&path);
+}
+
+/// A session's first sample wakes the writer (told here to wait an hour between its polls):
+/// a short program's frames are named while it runs.
+#[cfg(debug_assertions)]
+#[test]
+fn the_first_sample_wakes_the_writer() {
+    let path = temp_path("first-sample");
+    let (out, _) =
+        run_within("first_sample_wakes_writer", &[("MEMTRACE_FILE", path.to_str().unwrap())], Duration::from_secs(60));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(!Trace::read(&path).allocs.is_empty());
     let _ = std::fs::remove_file(&path);
 }
 

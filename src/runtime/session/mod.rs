@@ -376,8 +376,8 @@ const STALL_CHECK_INTERVAL: Duration = Duration::from_millis(20);
 /// large program is waited for, however long it takes; one blocked writing to a pipe nobody
 /// reads is not, nor one whose symbolizer is stuck reading a file. The symbolizer's work
 /// ([`symbolize::work_done`]) is watched beside the channel's progress: the writer waits for
-/// its symbolizer's answers, or names a stopping session's addresses itself, without taking
-/// messages.
+/// its symbolizer's answers, or names addresses itself, without taking messages (it takes
+/// them only between addresses).
 struct Stall {
     channel: &'static Channel,
     timeout: Duration,

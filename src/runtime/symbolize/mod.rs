@@ -4,8 +4,9 @@
 //! state kept under a memory budget), with no process-wide lock (fork-safe), and aware of
 //! objects loaded and unloaded while tracing.
 //!
-//! Runs on the writer's symbols thread ([`Worker`]), and at start-up for calibration (symbol
-//! tables only), never inside an allocation: symbolizing parses debug info and allocates.
+//! Runs on the writer's thread and then its symbols thread ([`Worker`]), and at start-up for
+//! calibration (symbol tables only), never inside an allocation: symbolizing parses debug
+//! info and allocates.
 //!
 //! Every address we capture is a return address (the instruction after a call), including
 //! the innermost one kept: it is the return address of the call into the global allocator (or,

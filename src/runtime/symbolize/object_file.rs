@@ -509,8 +509,8 @@ fn sorted_functions(table: &SymbolTable) -> Vec<Function> {
 /// terms) in the object file at `path`, from one pass over its symbol table rather than a
 /// sorted copy of it (symbol tables only: no DWARF, no separate debug file). For start-up
 /// calibration, which names a few frames: collecting and sorting a program's whole table is
-/// most of what naming them would cost, and the writer's symbols thread builds that table
-/// when it first needs it.
+/// most of what naming them would cost, and the writer's symbolizer builds that table when it
+/// first needs it.
 pub(super) fn symbol_names(path: &Path, loaded_build_id: Option<&[u8]>, probes: &[u64]) -> Vec<Option<String>> {
     let Some((map, file)) = open_object(path, loaded_build_id) else { return vec![None; probes.len()] };
     let names = [SymbolTable::of(&file, false), SymbolTable::of(&file, true)]
