@@ -119,17 +119,23 @@ const ARENA_BLOCKS: usize = 4;
 pub(crate) fn grow_arena() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     {
+        use std::alloc::{alloc, dealloc, Layout};
+        // Through the global allocator, so that an inner allocator other than glibc's is
+        // left to itself (at worst a few wasted calls), not given a glibc arena it never uses.
         // The first allocation of a thread makes its arena: the blocks come from that.
-        // SAFETY: malloc and free of blocks of our own, never used; `black_box` keeps the
-        // compiler from eliding the pairs.
-        unsafe { libc::free(std::hint::black_box(libc::malloc(16))) };
-        let blocks = [(); ARENA_BLOCKS].map(|()| {
-            // SAFETY: as above.
-            std::hint::black_box(unsafe { libc::malloc(ARENA_BLOCK) })
-        });
-        for block in blocks {
-            // SAFETY: as above (null is allowed).
-            unsafe { libc::free(block) };
+        let first = Layout::new::<u64>();
+        let block = Layout::from_size_align(ARENA_BLOCK, 16).expect("a valid layout");
+        // SAFETY: blocks of our own with these layouts, never used, each freed once if it was
+        // allocated; `black_box` keeps the compiler from eliding the pairs.
+        unsafe {
+            let one = std::hint::black_box(alloc(first));
+            if !one.is_null() {
+                dealloc(one, first);
+            }
+            let blocks = [(); ARENA_BLOCKS].map(|()| std::hint::black_box(alloc(block)));
+            for grown in blocks.into_iter().filter(|b| !b.is_null()) {
+                dealloc(grown, block);
+            }
         }
     }
 }
