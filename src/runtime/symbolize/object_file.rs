@@ -15,7 +15,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
 use object::elf::{FileHeader32, FileHeader64};
-use object::read::elf::{FileHeader, Sym as _, SymbolTable as ElfSymbolTable};
+use object::read::elf::{FileHeader, SymbolTable as ElfSymbolTable};
 use object::{Endianness, Object as _, ObjectSection as _};
 
 use super::dwarf::{Dwarf, Strings};
@@ -413,6 +413,13 @@ impl SymbolTable {
     fn for_each_function(&self, f: impl FnMut(Function)) {
         match self {
             SymbolTable::Elf32(table, endian, _) => elf_functions(table, *endian).for_each(f),
+            SymbolTable::Elf64(table, Endianness::Little, _) => {
+                let bytes = object::pod::bytes_of_slice(table.symbols());
+                match object::pod::slice_from_all_bytes::<object::elf::Sym64<object::LittleEndian>>(bytes) {
+                    Ok(symbols) => functions_of(symbols, object::LittleEndian, table.strings()).for_each(f),
+                    Err(()) => elf_functions(table, Endianness::Little).for_each(f),
+                }
+            }
             SymbolTable::Elf64(table, endian, _) => elf_functions(table, *endian).for_each(f),
         }
     }
@@ -457,16 +464,26 @@ fn elf_functions<'a, Elf: FileHeader<Endian = Endianness>>(
     table: &'a ElfSymbolTable<'static, Elf>,
     endian: Endianness,
 ) -> impl Iterator<Item = Function> + 'a {
-    table
-        .symbols()
+    functions_of(table.symbols(), endian, table.strings())
+}
+
+/// The function symbols of `symbols` (see [`SymbolTable::for_each_function`]). Generic over
+/// the byte order, so that a table read as little-endian (the common case, given its own type
+/// by `for_each_function`) reads each field with a plain load rather than a check of the
+/// file's byte order (README, "Benchmarks").
+fn functions_of<'a, S: object::read::elf::Sym>(
+    symbols: &'a [S],
+    endian: S::Endian,
+    strings: object::read::StringTable<'static>,
+) -> impl Iterator<Item = Function> + 'a {
+    symbols
         .iter()
         .enumerate()
         .map_while(move |(index, s)| {
             let address: u64 = s.st_value(endian).into();
             // What object's `kind() == Text && is_definition()` keeps: STT_GNU_IFUNC is code, but
             // not a definition.
-            let function =
-                s.st_type() == object::elf::STT_FUNC && address != 0 && s.is_definition(endian, table.strings());
+            let function = s.st_type() == object::elf::STT_FUNC && address != 0 && s.is_definition(endian, strings);
             let index = u32::try_from(index).ok()?;
             let size = u32::try_from(s.st_size(endian).into()).unwrap_or(u32::MAX);
             Some(function.then_some(Function { address, size, index }))
