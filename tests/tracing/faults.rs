@@ -31,13 +31,18 @@ pub(crate) fn child_role(role: &str) -> bool {
             drop(guard);
         }
         "busy_stop" => {
-            // Every allocation sampled, from fresh code (its unit parsed at the first sample),
-            // then a stop with a timeout far shorter than the writer needs to drain the queue.
+            // Every allocation sampled, then a stop with a timeout far shorter than the writer
+            // needs to name the frames of the last samples and write them. The session's first
+            // sample wakes the writer, which then goes back to its polls: the samples of the
+            // sites below, made within a few of them, leave most of their 1 024 new frames to
+            // name at the stop.
+            let sites = busy_sites();
             let path = std::env::var("MEMTRACE_FILE").unwrap();
             let config = memtrace_rs::TraceConfig::new(path).rate(1.0).stop_timeout(Duration::from_millis(1));
             let guard = memtrace_rs::start_tracing(config).unwrap();
-            let blocks: Vec<Box<[u64; 4]>> =
-                (0..BUSY_STOP_BLOCKS).map(|i| black_box(Box::new([i as u64; 4]))).collect();
+            drop(black_box(Box::new(0u8)));
+            std::thread::sleep(Duration::from_millis(50));
+            let blocks: Vec<Box<[u64; 4]>> = sites.iter().cycle().take(BUSY_STOP_BLOCKS).map(|site| site()).collect();
             let stopping = Instant::now();
             let stats = guard.finish().expect("the writer, busy but working, was waited for");
             // Else the test did not test the wait past the timeout.
@@ -226,7 +231,28 @@ fn a_fifo_nobody_reads_is_reported_and_ignored() {
 }
 
 /// The blocks the `busy_stop` child allocates, each sampled.
-const BUSY_STOP_BLOCKS: usize = 2000;
+const BUSY_STOP_BLOCKS: usize = 2048;
+
+/// An allocation site of its own for each `N`: a frame address that the writer names anew.
+#[inline(never)]
+fn busy_site<const N: u64>() -> Box<[u64; 4]> {
+    black_box(Box::new([N; 4]))
+}
+
+/// 1 024 allocation sites, each of distinct code.
+fn busy_sites() -> Vec<fn() -> Box<[u64; 4]>> {
+    let mut sites: Vec<fn() -> Box<[u64; 4]>> = Vec::with_capacity(1024);
+    macro_rules! push {
+        ($a:literal; $($b:literal)*) => { $( sites.push(busy_site::<{ $a * 32 + $b }>); )* };
+    }
+    macro_rules! row {
+        ($($a:literal)*) => {
+            $( push!($a; 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31); )*
+        };
+    }
+    row!(0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31);
+    sites
+}
 
 /// A stop timeout (1 ms) far shorter than the writer needs to drain a queue of samples: the
 /// writer, busy naming frames and writing, is waited for, and the trace has every sample.
