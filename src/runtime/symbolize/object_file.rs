@@ -14,9 +14,9 @@ use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
-use object::elf::{FileHeader32, FileHeader64};
+use object::elf::{FileHeader32, FileHeader64, Sym64};
 use object::read::elf::{FileHeader, SymbolTable as ElfSymbolTable};
-use object::{Endianness, Object as _, ObjectSection as _};
+use object::{Endianness, LittleEndian, Object as _, ObjectSection as _};
 
 use super::dwarf::{Dwarf, Strings};
 use super::symbolizer::Options;
@@ -413,14 +413,16 @@ impl SymbolTable {
     fn for_each_function(&self, f: impl FnMut(Function)) {
         match self {
             SymbolTable::Elf32(table, endian, _) => elf_functions(table, *endian).for_each(f),
-            SymbolTable::Elf64(table, Endianness::Little, _) => {
-                let bytes = object::pod::bytes_of_slice(table.symbols());
-                match object::pod::slice_from_all_bytes::<object::elf::Sym64<object::LittleEndian>>(bytes) {
-                    Ok(symbols) => functions_of(symbols, object::LittleEndian, table.strings()).for_each(f),
-                    Err(()) => elf_functions(table, Endianness::Little).for_each(f),
+            SymbolTable::Elf64(table, endian, _) => {
+                // The same bytes as symbols of a little-endian type (their layouts are one).
+                let little = (*endian == Endianness::Little)
+                    .then(|| object::pod::bytes_of_slice(table.symbols()))
+                    .and_then(|bytes| object::pod::slice_from_all_bytes::<Sym64<LittleEndian>>(bytes).ok());
+                match little {
+                    Some(symbols) => functions_of(symbols, LittleEndian, table.strings()).for_each(f),
+                    None => elf_functions(table, *endian).for_each(f),
                 }
             }
-            SymbolTable::Elf64(table, endian, _) => elf_functions(table, *endian).for_each(f),
         }
     }
 
