@@ -6,14 +6,14 @@
 //!
 //! The first [`NAMING_ON_CALLER`] of naming are done on the writer's thread, which takes the
 //! queue into its backlog after each address; a request the budget runs out in has the rest
-//! of its addresses named on the thread. One address is not interrupted: it stops the
-//! draining of the queue for as long as it takes (the longest measured, 84 ms, in an
-//! unoptimised build of jaq: README "Benchmarks"), which the queue, sized for 0.125 s of a
-//! program allocating 8 GB/s, absorbs. That is all a short program needs
-//! (its first samples are named as it runs and at its stop, which waits for them), and a
-//! thread for it only added to the wait: its start, a first turn that came up to 1.4 ms later
-//! on a 2-core VM, a wake-up for each answer and one to join it. A writer whose session is
-//! stopping has nothing more coming to take off the queue, and never starts the thread.
+//! of its addresses named on the thread. That is all a short program needs (its first samples
+//! are named as it runs and at its stop, which waits for them), and a thread for it only
+//! added to the wait: its start, a first turn that can come a millisecond later, a wake-up for
+//! each answer and one to join it (README, "Benchmarks"). One address is not interrupted: it
+//! stops the draining of the queue for as long as it takes (tens of milliseconds at most in
+//! an unoptimised build, as measured there), which the queue, sized for 0.125 s of a program
+//! allocating 8 GB/s, absorbs. A writer whose session is stopping has nothing more coming to
+//! take off the queue, and never starts the thread.
 //!
 //! The writer asks for all the new addresses of a sample in one request, which the thread
 //! answers in one message: each round trip costs both threads context switches, more than
