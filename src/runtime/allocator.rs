@@ -184,6 +184,13 @@ impl Drop for AbortOnUnwind {
 #[cfg(debug_assertions)]
 pub(crate) static PANIC_IN_NEXT_SAMPLE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
+/// The address of [`record_alloc`]: in every capture of a sampled allocation, the frame after
+/// its own is the out-of-line half of the allocator method that was called, the last of the
+/// tracer's frames (see `unwind::calibrate`).
+pub(crate) fn record_alloc_address() -> u64 {
+    record_alloc as *const () as u64
+}
+
 /// Record a sampled block (never recurses into sampling; aborts if it panics).
 #[cold]
 #[inline(never)]

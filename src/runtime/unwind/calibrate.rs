@@ -3,10 +3,11 @@
 //! walker a session should use.
 //!
 //! The captures must be taken on the thread that starts tracing, but little else is: they go
-//! straight into a static table, not onto that thread's stack, and naming their frames (from
-//! symbol tables alone, no DWARF: cheap, but reading an object file takes tens of KiB of
-//! stack in unoptimised builds) runs on a thread of its own, so that a thread with a small
-//! stack can start tracing.
+//! straight into a static table, not onto that thread's stack. Which of their frames are the
+//! tracer's is read from the unwind tables (the functions the frames are in) where they settle
+//! it, as in optimised builds; else the frames are named (from symbol tables alone, no DWARF:
+//! cheap, but reading an object file takes tens of KiB of stack in unoptimised builds) on a
+//! thread of its own, so that a thread with a small stack can start tracing.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -16,9 +17,9 @@ use super::capture::WALKER;
 use super::choice::{Unwinder, Walker};
 use super::leading::{Leading, SHIM, SKIP};
 use super::{cfi, frame_pointers};
-use crate::runtime::sampler;
 use crate::runtime::state::{Entry, CALIBRATING, MAX_FRAMES, OFF, STATE};
 use crate::runtime::symbolize;
+use crate::runtime::{allocator, sampler};
 
 /// Calibration found no sample of its own: allocations do not reach a `MemtraceAllocator`.
 #[derive(Debug)]
@@ -188,9 +189,9 @@ fn capture_markers(walker: Walker) {
     WALKER.store(Walker::Libgcc as u8, Ordering::Relaxed);
 }
 
-/// Measure [`SKIP`] and [`SHIM`] of each of `walkers` from its captures, naming the frames of
-/// all of them at once (one pass over each object's symbol table). Returns, per walker,
-/// whether every marker was found in its captures.
+/// Measure [`SKIP`] and [`SHIM`] of each of `walkers` from its captures: from the unwind
+/// tables, else naming the frames of all of them at once (one pass over each object's symbol
+/// table). Returns, per walker, whether every marker was found in its captures.
 fn measure_leading_frames(walkers: &[Walker]) -> Vec<bool> {
     let guard = CALIBRATION.lock();
     let all = &*guard;
@@ -203,7 +204,9 @@ fn measure_leading_frames(walkers: &[Walker]) -> Vec<bool> {
             })
         })
         .collect();
-    let leadings = on_a_thread_of_its_own(|| tracer_frames(&captures));
+    // Names only where the unwind tables leave it open (on a thread of its own if need be).
+    let leadings = tracer_frames_from_unwind_tables(&captures)
+        .unwrap_or_else(|| on_a_thread_of_its_own(|| tracer_frames(&captures)));
     let mut found = vec![true; walkers.len()];
     for (k, leading) in leadings.into_iter().enumerate() {
         let (w, entry) = (walkers[k / MARKERS.len()] as usize, MARKERS[k % MARKERS.len()].0 as usize);
@@ -335,6 +338,32 @@ fn tracer_frames(captures: &[(&[u64], Marker)]) -> Vec<Option<Leading>> {
         .collect()
 }
 
+/// [`tracer_frames`] without naming a frame, where the unwind tables settle it: each capture's
+/// marker frame is found by its function's start, and the frame before it is the allocator
+/// method's out-of-line half (the one that called `record_alloc`), so that the marker called
+/// straight into it: the shim and the method's hot path tail-call their way there, as in an
+/// optimised build. Every frame before the marker's is then the tracer's and none is the
+/// shim's, which is what the names would say. `None` when a capture needs names: frames
+/// between the half and the marker (an unoptimised build's shim, `__rust_alloc` and
+/// `alloc::alloc::alloc`, told apart only by name), or, in a capture without the marker, a
+/// frame the tables do not know (whose name might be the marker's).
+fn tracer_frames_from_unwind_tables(captures: &[(&[u64], Marker)]) -> Option<Vec<Option<Leading>>> {
+    let record_alloc = allocator::record_alloc_address();
+    let function = |ra: u64| cfi::function_start(ra.wrapping_sub(1));
+    captures
+        .iter()
+        .map(|&(frames, (marker, _))| {
+            match frames.iter().position(|&ra| function(ra) == Some(marker as usize as u64)) {
+                Some(at) if at >= 2 && function(frames[at - 2]) == Some(record_alloc) => {
+                    Some(Some(Leading { tracer: at, shim: 0 }))
+                }
+                Some(_) => None,
+                None => frames.iter().all(|&ra| function(ra).is_some()).then_some(None),
+            }
+        })
+        .collect()
+}
+
 /// Name the `frames` that `wanted` picks (by index) into `names`, in one batch.
 fn name_some(
     symbolizer: &mut symbolize::Symbolizer,
@@ -426,6 +455,40 @@ mod tests {
         let mut parts = version.split('.').map(|p| p.parse::<u32>().unwrap());
         let (major, minor) = (parts.next().unwrap(), parts.next().unwrap());
         assert_eq!(has_lock_free_table_lookup(), (major, minor) >= (2, 35), "glibc {version}");
+    }
+
+    /// The unwind tables settle a capture whose marker called the allocator method's
+    /// out-of-line half (that called `record_alloc`) straight away, and one without the marker
+    /// whose frames they all know; they leave to names a capture with frames between the half
+    /// and the marker, or one without the marker and with a frame they do not know.
+    #[test]
+    fn the_unwind_tables_settle_a_marker_that_called_the_tracer_straight_away() {
+        if !cfi::SUPPORTED {
+            return;
+        }
+        // Return addresses just past the functions' starts: each in its own function.
+        let ra = |function: u64| function + 1;
+        let (record_alloc, marker) = (ra(allocator::record_alloc_address()), ra(marker_alloc as *const () as u64));
+        let half = ra(settle as *const () as u64);
+        let glue = ra(leading as *const () as u64);
+        let caller = ra(calibrate as *const () as u64);
+        let settled = |frames: &[u64]| {
+            tracer_frames_from_unwind_tables(&[(frames, MARKERS[0].1)])
+                .map(|leadings| leadings[0].map(|leading| (leading.tracer, leading.shim)))
+        };
+        assert_eq!(settled(&[glue, record_alloc, half, marker, caller]), Some(Some((3, 0))));
+        assert_eq!(settled(&[record_alloc, half, marker]), Some(Some((2, 0))));
+        assert_eq!(
+            settled(&[record_alloc, half, glue, marker, caller]),
+            None,
+            "a frame between the half and the marker"
+        );
+        assert_eq!(settled(&[half, marker]), None, "no record_alloc frame");
+        assert_eq!(settled(&[record_alloc, half, caller]), Some(None), "no marker, every frame known");
+        assert_eq!(settled(&[record_alloc, 0x10, caller]), None, "no marker, a frame the tables do not know");
+        // One capture that needs names: all of them are named.
+        let captures = [(&[record_alloc, half, marker][..], MARKERS[0].1), (&[half, glue, marker][..], MARKERS[0].1)];
+        assert!(tracer_frames_from_unwind_tables(&captures).is_none());
     }
 
     #[test]
