@@ -94,13 +94,16 @@ pub(crate) fn write_trace(
     abandoned: &AtomicBool,
     doorbell: Arc<Doorbell>,
 ) -> WriterOutcome {
+    let mut symbolizer = symbolize::take_spare(symbolize::options_from_env());
+    // Before a first sample waits for it (calibration lists them only when it names frames).
+    symbolizer.refresh_if_changed();
     let mut state = TraceWriter {
         writer,
         doorbell,
         names: Names {
             channel,
             backlog: VecDeque::new(),
-            worker: Worker::new(symbolize::take_spare(symbolize::options_from_env())),
+            worker: Worker::new(symbolizer),
             cache: FastMap::default(),
             pseudo: PseudoFrames::default(),
         },

@@ -280,7 +280,9 @@ impl Symbolizer {
         (start <= pc && pc < end).then_some(index)
     }
 
-    fn refresh_if_changed(&mut self) {
+    /// List the loaded objects, if not listed yet or if the loader has loaded or unloaded any
+    /// since.
+    pub(crate) fn refresh_if_changed(&mut self) {
         if !self.scanned {
             self.rescan();
             return;
