@@ -94,16 +94,13 @@ pub(crate) fn write_trace(
     abandoned: &AtomicBool,
     doorbell: Arc<Doorbell>,
 ) -> WriterOutcome {
-    let mut symbolizer = symbolize::take_spare(symbolize::options_from_env());
-    // Before a first sample waits for it (calibration lists them only when it names frames).
-    symbolizer.refresh_if_changed();
     let mut state = TraceWriter {
         writer,
         doorbell,
         names: Names {
             channel,
             backlog: VecDeque::new(),
-            worker: Worker::new(symbolizer),
+            worker: Worker::new(symbolize::take_spare(symbolize::options_from_env())),
             cache: FastMap::default(),
             pseudo: PseudoFrames::default(),
         },

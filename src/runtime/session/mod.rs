@@ -4,10 +4,11 @@
 //!
 //! # Threads and ordering
 //! Application threads never wait for the writer (see `record` and `handoff`). Starting a
-//! session calibrates the stack capture (`unwind::calibrate`), checks that the trace's first
-//! packet can be written, opens (never waiting for a FIFO's reader) and locks the file,
-//! writes that packet, starts the writer thread and only then turns sampling on; a start that
-//! fails removes the file if it created it. Stopping turns sampling off, sends the writer a
+//! session starts the writer thread, which gets ready meanwhile, calibrates the stack capture
+//! (`unwind::calibrate`), checks that the trace's first packet can be written, opens (never
+//! waiting for a FIFO's reader) and locks the file, writes that packet, hands the file to the
+//! writer and only then turns sampling on; a start that fails removes the file if it created
+//! it, and ends the writer thread. Stopping turns sampling off, sends the writer a
 //! stop message after everything queued, and waits for it at most the session's stop
 //! timeout: a writer blocked longer (on a pipe nobody reads) is left behind with its channel,
 //! and the program goes on.
@@ -24,7 +25,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Once};
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, RecvTimeoutError};
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 
 use self::lock::ForkSafeLock;
 use super::config::{config_from_env, valid_rate, StartError, TraceConfig, FILE_VAR, UPSTREAM_FILE_VAR};
@@ -203,6 +204,8 @@ pub fn start_tracing(config: TraceConfig) -> Result<TraceGuard, StartError> {
     }
     // Rules cached by an earlier session may be for code unloaded since.
     cfi::invalidate_if_unloaded();
+    // Gets ready on its own while the calibration runs on this thread.
+    let writer = spawn_writer(&config)?;
     let walker =
         unwind::calibrate(config.unwinder).map_err(|unwind::NotGlobalAllocator| StartError::NotGlobalAllocator)?;
     if config.rate >= NAME_START_UP_FRAMES_FROM_RATE {
@@ -230,7 +233,7 @@ pub fn start_tracing(config: TraceConfig) -> Result<TraceGuard, StartError> {
     let session = file
         .write_all(first_packet.as_bytes())
         .map_err(|e| write_error(e.into()))
-        .and_then(|()| start_writer(file, info, &config))
+        .map(|()| writer.start(file, info))
         .inspect_err(|_| {
             if created {
                 let _ = std::fs::remove_file(&config.path);
@@ -261,36 +264,57 @@ const NAME_START_UP_FRAMES_FROM_RATE: f64 = 2.5e-4;
 /// Session ids, so that a guard only stops its own session.
 static NEXT_SESSION: AtomicU64 = AtomicU64::new(1);
 
-/// Start the writer thread of a new session that writes the trace `info` describes to `file`,
-/// which holds its first packet. The thread puts the first frame buffers in the pool and makes
-/// the trace writer (a few hundred KiB of tables), off the thread that starts tracing, which does
-/// not wait for it (a new thread's first turn took milliseconds on a loaded machine; it is a
-/// [`TracerThread`], marked the tracer's before any of its code runs, so nothing it allocates
-/// is sampled). Except where the queue is at its largest (from rate 1e-3 on) and
-/// holds less than its backlog time of samples: there sixteen threads sampling at once filled
-/// it while the new writer waited for its first turns, and the start waits until the writer
-/// is ready.
-fn start_writer(file: File, info: Info, config: &TraceConfig) -> Result<Session, StartError> {
+/// The writer thread of a session being started, spawned before the calibration: it puts the
+/// first frame buffers in the pool and gets its symbolizer ready for a first sample (see
+/// [`Symbolizer::prepare`](crate::runtime::symbolize::Symbolizer::prepare)) while the
+/// calibration runs, then waits for the trace file, which by then holds its first packet, and
+/// the trace's description ([`PendingWriter::start`]). Dropped instead (the start failed),
+/// it ends, and is waited for: a failed start leaves no thread behind.
+///
+/// The thread is off the thread that starts tracing, which does not wait for it (a new
+/// thread's first turn took milliseconds on a loaded machine; it is a [`TracerThread`], marked
+/// the tracer's before any of its code runs, so nothing it allocates is sampled). Except where
+/// the queue is at its largest (from rate 1e-3 on) and holds less than its backlog time of
+/// samples: there sixteen threads sampling at once filled it while the new writer waited for
+/// its first turns, and the start waits until the writer is ready.
+struct PendingWriter {
+    setup: Option<Sender<(File, Info)>>,
+    /// Where the thread says it is ready, if the start waits for that.
+    ready: Option<Receiver<()>>,
+    /// The session, until it starts.
+    session: Option<Session>,
+}
+
+/// Start the writer thread of a new session (see [`PendingWriter`]).
+fn spawn_writer(config: &TraceConfig) -> Result<PendingWriter, StartError> {
     let id = NEXT_SESSION.fetch_add(1, Ordering::Relaxed);
     let tag = handoff::session_tag(id);
     let channel = handoff::open(getpid(), config.rate);
     let (outcome_tx, outcome) = crossbeam_channel::bounded(1);
-    let (ready_tx, ready_rx) = crossbeam_channel::bounded(1);
+    let (ready_tx, ready) = crossbeam_channel::bounded(1);
+    let (setup, setup_rx) = crossbeam_channel::bounded::<(File, Info)>(1);
     let abandoned = Arc::new(AtomicBool::new(false));
     let (path, given_up) = (config.path.clone(), Arc::clone(&abandoned));
     let doorbell = Arc::new(Doorbell::default());
     let rung = Arc::clone(&doorbell);
+    // Ready in the spare symbolizer, which the writer takes when it starts writing. Not at the
+    // rates where the start names the start-up frames with the spare meanwhile. (Calibration
+    // naming frames at the same time gets a fresh one: then one of the two is kept.)
+    let prepare = config.rate < NAME_START_UP_FRAMES_FROM_RATE;
     let writer = TracerThread::spawn(c"memtrace-writer", move || {
         channel.fill_pool(handoff::STARTING_POOL);
+        if prepare {
+            let mut symbolizer = symbolize::take_spare(symbolize::options_from_env());
+            symbolizer.prepare();
+            symbolize::put_spare(symbolizer);
+        }
+        let Ok((file, info)) = setup_rx.recv() else { return };
         let writer = Writer::after_info_packet(file, &info).check_pid_on_flush(true);
         let _ = ready_tx.send(());
         let _ = outcome_tx.send(write_trace(channel, tag, writer, &path, info.start_time, &given_up, rung));
     })
     .map_err(StartError::Spawn)?;
-    if handoff::capacity_for(config.rate) == handoff::MAX_CAPACITY {
-        let _ = ready_rx.recv();
-    }
-    Ok(Session {
+    let session = Session {
         id,
         pid: getpid(),
         channel,
@@ -300,7 +324,33 @@ fn start_writer(file: File, info: Info, config: &TraceConfig) -> Result<Session,
         abandoned,
         stop_timeout: config.stop_timeout,
         path: config.path.clone(),
-    })
+    };
+    let ready = (handoff::capacity_for(config.rate) == handoff::MAX_CAPACITY).then_some(ready);
+    Ok(PendingWriter { setup: Some(setup), ready, session: Some(session) })
+}
+
+impl PendingWriter {
+    /// Have the writer write the trace `info` describes to `file`: the session, running.
+    fn start(mut self, file: File, info: Info) -> Session {
+        // Sent into room kept for it: the thread takes it, or has ended (a panic).
+        if let Some(setup) = self.setup.take() {
+            let _ = setup.send((file, info));
+        }
+        if let Some(ready) = self.ready.take() {
+            let _ = ready.recv();
+        }
+        self.session.take().expect("a pending writer starts once")
+    }
+}
+
+impl Drop for PendingWriter {
+    fn drop(&mut self) {
+        if let Some(session) = self.session.take() {
+            // No setup coming: the thread ends once it is ready.
+            drop(self.setup.take());
+            let _ = session.writer.join();
+        }
+    }
 }
 
 /// Stop the running trace, if any, and flush it. Blocks still alive are not reported as

@@ -280,9 +280,16 @@ impl Symbolizer {
         (start <= pc && pc < end).then_some(index)
     }
 
-    /// List the loaded objects, if not listed yet or if the loader has loaded or unloaded any
-    /// since.
-    pub(crate) fn refresh_if_changed(&mut self) {
+    /// Get ready for a first address before it comes: list the loaded objects and open the
+    /// program's (the loader lists it first), where most frames are.
+    pub(crate) fn prepare(&mut self) {
+        self.refresh_if_changed();
+        if !self.objects.is_empty() {
+            self.load(0);
+        }
+    }
+
+    fn refresh_if_changed(&mut self) {
         if !self.scanned {
             self.rescan();
             return;
