@@ -280,13 +280,20 @@ impl Symbolizer {
         (start <= pc && pc < end).then_some(index)
     }
 
-    /// Get ready for a first address before it comes: list the loaded objects and open the
-    /// program's (the loader lists it first), where most frames are.
+    /// Get ready for a first address before it comes: list the loaded objects and open those
+    /// that hold a thread's outermost frames, and most of its others: the program (the loader
+    /// lists it first) and the C library.
     pub(crate) fn prepare(&mut self) {
         self.refresh_if_changed();
-        if !self.objects.is_empty() {
-            self.load(0);
+        let objects = self.objects.len();
+        let c_library = self.find_object(libc::exit as *const () as u64);
+        for index in [Some(0), c_library].into_iter().flatten().filter(|&index| index < objects) {
+            self.load(index);
         }
+        // The search of a unit's entries (memchr's) probes the CPU's features on its first call:
+        // tens of µs in a virtual machine, where each probe traps.
+        #[cfg(target_arch = "x86_64")]
+        std::hint::black_box(std::is_x86_feature_detected!("avx2"));
     }
 
     fn refresh_if_changed(&mut self) {
