@@ -69,6 +69,11 @@ pub mod __internals {
     pub fn writer_waits_for_its_doorbell() {
         crate::runtime::writer_thread::WAIT_FOR_DOORBELL.store(true, std::sync::atomic::Ordering::Relaxed);
     }
+    /// Whether the unwind tables settled the calibration's captures in this process, and gave
+    /// what naming their frames gives (for tests of release builds).
+    pub fn calibration_settled_by_unwind_tables() -> bool {
+        crate::runtime::unwind::calibrate::settled_by_unwind_tables()
+    }
     /// A count that moves as the running session's writer takes messages and names frames
     /// (debug builds only).
     #[cfg(debug_assertions)]

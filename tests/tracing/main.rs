@@ -671,6 +671,8 @@ fn tracing_started_on_another_stack() {
 ///   LTO) into the tracer's calibration code but not into some allocating functions: either
 ///   way each site's frame is the innermost one kept, at the allocating line, with nothing of
 ///   the shim or the tracer in it, and its estimated bytes are within 10 % of the truth;
+/// - the tracer tells its own frames in their stacks from the unwind tables, without naming
+///   them, and what it finds is what naming them finds;
 /// - a stripped build (no symbol table, no debug info) gets one note that its frames are
 ///   unnamed, and its stacks start at the sites all the same: the tracer finds its own frames
 ///   by the unwind tables, and the innermost frame of every sample, named from the symbols of
@@ -796,9 +798,12 @@ fn check_release_sites(fixture: &Path, program: &Path, build: &str) {
             .env("MEMTRACE_FILE", &path)
             .env("MEMTRACE_RATE", "0.01")
             .env("MEMTRACE_UNWINDER", unwinder)
+            .env("RELEASE_SITES_PRINT_CALIBRATION", "1")
             .output()
             .expect("run the program");
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(stdout.contains("settled by the unwind tables: true"), "{build}: {stdout}");
         let messages = memtrace_messages(&out);
         assert_eq!(messages.len(), notes, "{build}: {messages:?}");
         assert!(messages.iter().all(|m| m.contains("using DWARF unwinding")), "{messages:?}");

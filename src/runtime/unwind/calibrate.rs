@@ -52,11 +52,13 @@ pub(crate) fn calibration_slot(entry: Entry) -> MappedMutexGuard<'static, Captur
 /// frame kept is the code that called into the global allocator.
 ///
 /// A forced sample is taken from an `#[inline(never)]` marker function per entry point; the
-/// frames below the marker are resolved once, and everything up to the last one that is ours
-/// (`memtrace_rs::`, `backtrace::`, `__rust_alloc`, `__rg_`, `_Unwind_`, ...) is skipped: a
-/// count of frames ([`SKIP`]), then the allocator shim's frame if it is at the address where
-/// calibration saw it ([`SHIM`]; an optimised build may inline the shim into the allocating
-/// function, whose frame must be kept, and whose locations the writer trims of the shim's).
+/// frames below the marker are the tracer's and the allocator machinery's, and everything up
+/// to the last one that is ours (`memtrace_rs::`, `backtrace::`, `__rust_alloc`, `__rg_`,
+/// `_Unwind_`, ...) is skipped: a count of frames ([`SKIP`]), then the allocator shim's frame
+/// if it is at the address where calibration saw it ([`SHIM`]; an optimised build may inline
+/// the shim into the allocating function, whose frame must be kept, and whose locations the
+/// writer trims of the shim's). Which frames are ours is read from the unwind tables where
+/// they settle it, else from the frames' names.
 /// This also warms up the walkers before any real sample is taken. Called with the tracer's
 /// session lock held and tracing off.
 ///
@@ -229,7 +231,7 @@ fn settle(walker: Walker, found: bool) -> bool {
         Walker::Libgcc => {
             if !found {
                 eprintln!(
-                    "memtrace: note: the tracer cannot find its own functions by name (a stripped program?); \
+                    "memtrace: note: the tracer cannot find its own functions (a stripped program?); \
                      sampled stacks will start with its frames"
                 );
             }
@@ -319,8 +321,7 @@ fn tracer_frames(captures: &[(&[u64], Marker)]) -> Vec<Option<Leading>> {
         .iter()
         .zip(&starts)
         .map(|((frames, (function, name)), &start)| {
-            let in_marker = |&ra: &u64| cfi::function_start(ra.wrapping_sub(1)) == Some(*function as usize as u64);
-            frames.iter().position(in_marker).or_else(|| {
+            marker_frame(frames, *function).or_else(|| {
                 names[start..start + frames.len()].iter().position(|n| n.as_ref().is_some_and(|n| n.ends_with(name)))
             })
         })
@@ -338,28 +339,61 @@ fn tracer_frames(captures: &[(&[u64], Marker)]) -> Vec<Option<Leading>> {
         .collect()
 }
 
+/// Whether [`tracer_frames_from_unwind_tables`] settles the calibration captures taken so far
+/// (of every walker calibrated), with what [`tracer_frames`] gives them: see
+/// `__internals::calibration_settled_by_unwind_tables`. Inside the tracer: naming allocates,
+/// which a running session must not sample.
+pub(crate) fn settled_by_unwind_tables() -> bool {
+    sampler::in_tracer(settled_by_unwind_tables_here).unwrap_or(false)
+}
+
+fn settled_by_unwind_tables_here() -> bool {
+    let all = CALIBRATION.lock();
+    let captures: Vec<(&[u64], Marker)> = all
+        .iter()
+        .flat_map(|walker| walker.iter().zip(MARKERS).map(|((n, frames), (_, marker))| (&frames[..*n], marker)))
+        .filter(|(frames, _)| !frames.is_empty())
+        .collect();
+    let pairs = |leadings: Vec<Option<Leading>>| -> Vec<Option<(usize, u64)>> {
+        leadings.into_iter().map(|l| l.map(|l| (l.tracer, l.shim))).collect()
+    };
+    !captures.is_empty()
+        && tracer_frames_from_unwind_tables(&captures).map(pairs) == Some(pairs(tracer_frames(&captures)))
+}
+
+/// The index of the frame of `frames` (return addresses, innermost first) whose code the
+/// unwind tables say is `marker`'s.
+fn marker_frame(frames: &[u64], marker: fn()) -> Option<usize> {
+    frames.iter().position(|&ra| cfi::function_start(ra.wrapping_sub(1)) == Some(marker as usize as u64))
+}
+
 /// [`tracer_frames`] without naming a frame, where the unwind tables settle it: each capture's
 /// marker frame is found by its function's start, and the frame before it is the allocator
 /// method's out-of-line half (the one that called `record_alloc`), so that the marker called
 /// straight into it: the shim and the method's hot path tail-call their way there, as in an
 /// optimised build. Every frame before the marker's is then the tracer's and none is the
-/// shim's, which is what the names would say. `None` when a capture needs names: frames
-/// between the half and the marker (an unoptimised build's shim, `__rust_alloc` and
-/// `alloc::alloc::alloc`, told apart only by name), or, in a capture without the marker, a
-/// frame the tables do not know (whose name might be the marker's).
+/// shim's, as the names say (where there are names: a stripped program's frame there, unnamed,
+/// would be taken for the shim's; dropped either way). A capture without the marker's frame
+/// has none that its name would show, since the tables know the markers' functions by the
+/// addresses they start at (checked first: a build whose function addresses are not those
+/// the tables give, such as jump tables for control-flow integrity, is left to names). `None`
+/// when a capture needs names: frames between the half and the marker (an unoptimised build's
+/// shim, `__rust_alloc` and `alloc::alloc::alloc`, told apart only by name).
 fn tracer_frames_from_unwind_tables(captures: &[(&[u64], Marker)]) -> Option<Vec<Option<Leading>>> {
     let record_alloc = allocator::record_alloc_address();
     let function = |ra: u64| cfi::function_start(ra.wrapping_sub(1));
+    let starts_where_the_tables_say = |f: u64| function(f + 1) == Some(f);
+    if !MARKERS.iter().all(|&(_, (marker, _))| starts_where_the_tables_say(marker as usize as u64)) {
+        return None;
+    }
     captures
         .iter()
-        .map(|&(frames, (marker, _))| {
-            match frames.iter().position(|&ra| function(ra) == Some(marker as usize as u64)) {
-                Some(at) if at >= 2 && function(frames[at - 2]) == Some(record_alloc) => {
-                    Some(Some(Leading { tracer: at, shim: 0 }))
-                }
-                Some(_) => None,
-                None => frames.iter().all(|&ra| function(ra).is_some()).then_some(None),
+        .map(|&(frames, (marker, _))| match marker_frame(frames, marker) {
+            Some(at) if at >= 2 && function(frames[at - 2]) == Some(record_alloc) => {
+                Some(Some(Leading { tracer: at, shim: 0 }))
             }
+            Some(_) => None,
+            None => Some(None),
         })
         .collect()
 }
@@ -458,9 +492,8 @@ mod tests {
     }
 
     /// The unwind tables settle a capture whose marker called the allocator method's
-    /// out-of-line half (that called `record_alloc`) straight away, and one without the marker
-    /// whose frames they all know; they leave to names a capture with frames between the half
-    /// and the marker, or one without the marker and with a frame they do not know.
+    /// out-of-line half (that called `record_alloc`) straight away, and one without the
+    /// marker; they leave to names a capture with frames between the half and the marker.
     #[test]
     fn the_unwind_tables_settle_a_marker_that_called_the_tracer_straight_away() {
         if !cfi::SUPPORTED {
@@ -484,8 +517,8 @@ mod tests {
             "a frame between the half and the marker"
         );
         assert_eq!(settled(&[half, marker]), None, "no record_alloc frame");
-        assert_eq!(settled(&[record_alloc, half, caller]), Some(None), "no marker, every frame known");
-        assert_eq!(settled(&[record_alloc, 0x10, caller]), None, "no marker, a frame the tables do not know");
+        assert_eq!(settled(&[record_alloc, half, caller]), Some(None), "no marker");
+        assert_eq!(settled(&[record_alloc, 0x10, caller]), Some(None), "no marker, a frame the tables do not know");
         // One capture that needs names: all of them are named.
         let captures = [(&[record_alloc, half, marker][..], MARKERS[0].1), (&[half, glue, marker][..], MARKERS[0].1)];
         assert!(tracer_frames_from_unwind_tables(&captures).is_none());
