@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use super::handoff::{self, Channel, Msg};
 use super::span_table::PseudoFrames;
 use super::state::{MAX_FRAMES, OFF, STATE};
-use super::symbolize::{self, Worker};
+use super::symbolize::{self, Symbolizer, Worker};
 use super::tracer_thread::Doorbell;
 use super::unwind::cfi;
 use crate::format::error::{Error, ErrorKind};
@@ -82,25 +82,27 @@ impl WriterOutcome {
     }
 }
 
-/// The writer thread's body: record messages until `Stop`, then close the trace. A write
-/// error stops tracing with one message on stderr (none in a forked child, nor once the
-/// session has `abandoned` this writer: stopping gave up waiting for it, and reported it).
+/// The writer thread's body: record messages until `Stop`, naming their frames with
+/// `symbolizer` (kept as the spare one when done), then close the trace. A write error stops
+/// tracing with one message on stderr (none in a forked child, nor once the session has
+/// `abandoned` this writer: stopping gave up waiting for it, and reported it).
 pub(crate) fn write_trace(
     channel: &'static Channel,
     session: u32,
     writer: Writer<File>,
+    symbolizer: Symbolizer,
     path: &Path,
-    start_time: Timestamp,
     abandoned: &AtomicBool,
     doorbell: Arc<Doorbell>,
 ) -> WriterOutcome {
+    let start_time = writer.start_time();
     let mut state = TraceWriter {
         writer,
         doorbell,
         names: Names {
             channel,
             backlog: VecDeque::new(),
-            worker: Worker::new(symbolize::take_spare(symbolize::options_from_env())),
+            worker: Worker::new(symbolizer),
             cache: FastMap::default(),
             pseudo: PseudoFrames::default(),
         },

@@ -155,6 +155,11 @@ impl<W: Write> Writer<W> {
         Writer { output, start_time: info.start_time, domains: vec![first], current: 0, dirty: false }
     }
 
+    /// The trace's start time (its info's): no event is earlier.
+    pub(crate) fn start_time(&self) -> Timestamp {
+        self.start_time
+    }
+
     /// Make every flush first check that the current process is still the one whose pid
     /// is in the trace info, and fail with [`ErrorKind::PidChanged`] (writing nothing)
     /// otherwise. A forked child then never writes into its parent's trace.

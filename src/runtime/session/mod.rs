@@ -4,11 +4,11 @@
 //!
 //! # Threads and ordering
 //! Application threads never wait for the writer (see `record` and `handoff`). Starting a
-//! session starts the writer thread, which gets ready meanwhile, calibrates the stack capture
-//! (`unwind::calibrate`), checks that the trace's first packet can be written, opens (never
-//! waiting for a FIFO's reader) and locks the file, writes that packet, hands the file to the
-//! writer and only then turns sampling on; a start that fails removes the file if it created
-//! it, and ends the writer thread. Stopping turns sampling off, sends the writer a
+//! session starts the writer thread first, to get ready while the starting thread goes on: it
+//! calibrates the stack capture (`unwind::calibrate`), checks that the trace's first packet
+//! can be written, opens (never waiting for a FIFO's reader) and locks the file, writes that
+//! packet, hands the file to the writer and only then turns sampling on; a start that fails
+//! removes the file if it created it, and ends the writer thread. Stopping turns sampling off, sends the writer a
 //! stop message after everything queued, and waits for it at most the session's stop
 //! timeout: a writer blocked longer (on a pipe nobody reads) is left behind with its channel,
 //! and the program goes on.
@@ -204,11 +204,12 @@ pub fn start_tracing(config: TraceConfig) -> Result<TraceGuard, StartError> {
     }
     // Rules cached by an earlier session may be for code unloaded since.
     cfi::invalidate_if_unloaded();
+    let name_start_up_frames = config.rate >= NAME_START_UP_FRAMES_FROM_RATE;
     // Gets ready on its own while the calibration runs on this thread.
-    let writer = spawn_writer(&config)?;
+    let writer = spawn_writer(&config, !name_start_up_frames)?;
     let walker =
         unwind::calibrate(config.unwinder).map_err(|unwind::NotGlobalAllocator| StartError::NotGlobalAllocator)?;
-    if config.rate >= NAME_START_UP_FRAMES_FROM_RATE {
+    if name_start_up_frames {
         // At the highest rates the writer's backlog fills in less time than the writer takes
         // to parse the debug info of the first frames: name the start-up frames now.
         unwind::name_start_up_frames();
@@ -265,11 +266,11 @@ const NAME_START_UP_FRAMES_FROM_RATE: f64 = 2.5e-4;
 static NEXT_SESSION: AtomicU64 = AtomicU64::new(1);
 
 /// The writer thread of a session being started, spawned before the calibration: it puts the
-/// first frame buffers in the pool and gets its symbolizer ready for a first sample (see
-/// [`Symbolizer::prepare`](crate::runtime::symbolize::Symbolizer::prepare)) while the
-/// calibration runs, then waits for the trace file, which by then holds its first packet, and
-/// the trace's description ([`PendingWriter::start`]). Dropped instead (the start failed),
-/// it ends, and is waited for: a failed start leaves no thread behind.
+/// first frame buffers in the pool and takes the spare symbolizer and gets it ready for a
+/// first sample (see [`Symbolizer::prepare`](crate::runtime::symbolize::Symbolizer::prepare))
+/// while the calibration runs, then waits for the trace file, which by then holds its first
+/// packet, and the trace's description ([`PendingWriter::start`]). Dropped instead (the start
+/// failed), it ends, and is waited for: a failed start leaves no thread behind.
 ///
 /// The thread is off the thread that starts tracing, which does not wait for it (a new
 /// thread's first turn took milliseconds on a loaded machine; it is a [`TracerThread`], marked
@@ -278,6 +279,7 @@ static NEXT_SESSION: AtomicU64 = AtomicU64::new(1);
 /// samples: there sixteen threads sampling at once filled it while the new writer waited for
 /// its first turns, and the start waits until the writer is ready.
 struct PendingWriter {
+    /// Where the thread is sent the file and the trace's description.
     setup: Option<Sender<(File, Info)>>,
     /// Where the thread says it is ready, if the start waits for that.
     ready: Option<Receiver<()>>,
@@ -285,8 +287,10 @@ struct PendingWriter {
     session: Option<Session>,
 }
 
-/// Start the writer thread of a new session (see [`PendingWriter`]).
-fn spawn_writer(config: &TraceConfig) -> Result<PendingWriter, StartError> {
+/// Start the writer thread of a new session (see [`PendingWriter`]); `prepare`: whether it
+/// takes the spare symbolizer at once, rather than once it is sent the file (the start may
+/// name the start-up frames with it meanwhile).
+fn spawn_writer(config: &TraceConfig, prepare: bool) -> Result<PendingWriter, StartError> {
     let id = NEXT_SESSION.fetch_add(1, Ordering::Relaxed);
     let tag = handoff::session_tag(id);
     let channel = handoff::open(getpid(), config.rate);
@@ -297,21 +301,26 @@ fn spawn_writer(config: &TraceConfig) -> Result<PendingWriter, StartError> {
     let (path, given_up) = (config.path.clone(), Arc::clone(&abandoned));
     let doorbell = Arc::new(Doorbell::default());
     let rung = Arc::clone(&doorbell);
-    // Ready in the spare symbolizer, which the writer takes when it starts writing. Not at the
-    // rates where the start names the start-up frames with the spare meanwhile. (Calibration
-    // naming frames at the same time gets a fresh one: then one of the two is kept.)
-    let prepare = config.rate < NAME_START_UP_FRAMES_FROM_RATE;
     let writer = TracerThread::spawn(c"memtrace-writer", move || {
         channel.fill_pool(handoff::STARTING_POOL);
-        if prepare {
-            let mut symbolizer = symbolize::take_spare(symbolize::options_from_env());
-            symbolizer.prepare();
-            symbolize::put_spare(symbolizer);
-        }
-        let Ok((file, info)) = setup_rx.recv() else { return };
+        let options = symbolize::options_from_env();
+        // (Calibration naming frames meanwhile makes a symbolizer of its own.)
+        let prepared = prepare.then(|| {
+            let mut symbolizer = symbolize::take_spare(options.clone());
+            // Nothing here may panic past this: the session's sampling would start with nobody
+            // draining the queue.
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| symbolizer.prepare())).ok().map(|()| symbolizer)
+        });
+        let Ok((file, info)) = setup_rx.recv() else {
+            if let Some(symbolizer) = prepared.flatten() {
+                symbolize::put_spare(symbolizer);
+            }
+            return;
+        };
+        let symbolizer = prepared.flatten().unwrap_or_else(|| symbolize::take_spare(options));
         let writer = Writer::after_info_packet(file, &info).check_pid_on_flush(true);
         let _ = ready_tx.send(());
-        let _ = outcome_tx.send(write_trace(channel, tag, writer, &path, info.start_time, &given_up, rung));
+        let _ = outcome_tx.send(write_trace(channel, tag, writer, symbolizer, &path, &given_up, rung));
     })
     .map_err(StartError::Spawn)?;
     let session = Session {
