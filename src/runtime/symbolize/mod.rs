@@ -50,9 +50,9 @@ pub(crate) fn work_done() -> u64 {
     WORK.load(Ordering::Relaxed)
 }
 
-/// The symbolizer no writer is using: calibration's, handed to the first writer, and each
-/// writer's when it ends, handed to the next, so that what they parsed is parsed once per
-/// process (within the budget). Only ever `try_lock`ed: a child forked while another thread
+/// The symbolizer no writer is using: each writer's when it ends, handed to the next (and
+/// before a process's first writer, the one calibration named frames with, if it did), so
+/// that what they parsed is parsed once per process (within the budget). Only ever `try_lock`ed: a child forked while another thread
 /// held it makes a new symbolizer instead of waiting.
 static SPARE: Mutex<Option<Symbolizer>> = parking_lot::const_mutex(None);
 

@@ -11,7 +11,8 @@
 //!   build-id, device+inode); an object that is gone takes its parsed state and its cached
 //!   answers with it, so code loaded later at the same addresses gets its own names.
 //! * An object's file is parsed ([`object_file`]) the first time an
-//!   address in it is asked for.
+//!   address in it is asked for, or before, when the writer gets ready for its first sample
+//!   ([`Symbolizer::prepare`]: the program's and the C library's).
 //! * Parsed state is estimated and kept under [`Options::memory_budget`] by dropping the parsed
 //!   state of idle objects, least recently used first, then the current object's parsed units,
 //!   then the answer cache (see [`Symbolizer::enforce_budget`]). Not counted: the mapped files
@@ -285,9 +286,10 @@ impl Symbolizer {
     /// lists it first) and the C library.
     pub(crate) fn prepare(&mut self) {
         self.refresh_if_changed();
-        let objects = self.objects.len();
+        let program = (!self.objects.is_empty()).then_some(0);
+        // (In a program that is not position-independent, `exit`'s address is its own.)
         let c_library = self.find_object(libc::exit as *const () as u64);
-        for index in [Some(0), c_library].into_iter().flatten().filter(|&index| index < objects) {
+        for index in [program, c_library].into_iter().flatten() {
             self.load(index);
         }
         // The search of a unit's entries (memchr's) probes the CPU's features on its first call:
