@@ -83,9 +83,10 @@ impl WriterOutcome {
 }
 
 /// The writer thread's body: record messages until `Stop`, naming their frames with
-/// `symbolizer` (kept as the spare one when done), then close the trace. A write error stops
-/// tracing with one message on stderr (none in a forked child, nor once the session has
-/// `abandoned` this writer: stopping gave up waiting for it, and reported it).
+/// `symbolizer` (kept as the spare one when done, unless naming panicked), then close the
+/// trace. A write error stops tracing with one message on stderr (none in a forked child, nor
+/// once the session has `abandoned` this writer: stopping gave up waiting for it, and
+/// reported it).
 pub(crate) fn write_trace(
     channel: &'static Channel,
     session: u32,

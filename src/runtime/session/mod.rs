@@ -4,11 +4,11 @@
 //!
 //! # Threads and ordering
 //! Application threads never wait for the writer (see `record` and `handoff`). Starting a
-//! session starts the writer thread first, to get ready while the starting thread goes on: it
-//! calibrates the stack capture (`unwind::calibrate`), checks that the trace's first packet
-//! can be written, opens (never waiting for a FIFO's reader) and locks the file, writes that
-//! packet, hands the file to the writer and only then turns sampling on; a start that fails
-//! removes the file if it created it, and ends the writer thread. Stopping turns sampling off, sends the writer a
+//! session starts the writer thread first, which gets ready meanwhile; the starting thread
+//! then calibrates the stack capture (`unwind::calibrate`), checks that the trace's first
+//! packet can be written, opens (never waiting for a FIFO's reader) and locks the file,
+//! writes that packet, hands the file to the writer and only then turns sampling on. A start
+//! that fails removes the file if it created it, and ends the writer thread. Stopping turns sampling off, sends the writer a
 //! stop message after everything queued, and waits for it at most the session's stop
 //! timeout: a writer blocked longer (on a pipe nobody reads) is left behind with its channel,
 //! and the program goes on.
@@ -304,7 +304,8 @@ fn spawn_writer(config: &TraceConfig, prepare: bool) -> Result<PendingWriter, St
     let writer = TracerThread::spawn(c"memtrace-writer", move || {
         channel.fill_pool(handoff::STARTING_POOL);
         let options = symbolize::options_from_env();
-        // (Calibration naming frames meanwhile makes a symbolizer of its own.)
+        // (Calibration naming frames meanwhile, if it finds the slot empty, makes one of its
+        // own, which this one replaces in the slot when the writer is done.)
         let prepared = prepare.then(|| {
             let mut symbolizer = symbolize::take_spare(options.clone());
             // Nothing here may panic past this: the session's sampling would start with nobody

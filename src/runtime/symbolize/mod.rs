@@ -50,10 +50,11 @@ pub(crate) fn work_done() -> u64 {
     WORK.load(Ordering::Relaxed)
 }
 
-/// The symbolizer no writer is using: each writer's when it ends, handed to the next (and
-/// before a process's first writer, the one calibration named frames with, if it did), so
-/// that what they parsed is parsed once per process (within the budget). Only ever `try_lock`ed: a child forked while another thread
-/// held it makes a new symbolizer instead of waiting.
+/// The symbolizer no writer is using: each writer's when it ends, handed to the next (and,
+/// where calibration names frames, the one it named them with, unless the writer took the
+/// slot's first), so that what they parsed is parsed once per process (within the budget).
+/// Only ever `try_lock`ed: a child forked while another thread held it makes a new symbolizer
+/// instead of waiting.
 static SPARE: Mutex<Option<Symbolizer>> = parking_lot::const_mutex(None);
 
 /// The spare symbolizer, or a new one with `options` when there is none (or it is in use).

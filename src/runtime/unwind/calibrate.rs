@@ -376,10 +376,16 @@ fn marker_frame(frames: &[u64], marker: fn()) -> Option<usize> {
 /// would be taken for the shim's; dropped either way). A capture without the marker's frame
 /// has none that its name would show, since the tables know the markers' functions by the
 /// addresses they start at (checked first: a build whose function addresses are not those
-/// the tables give, such as jump tables for control-flow integrity, is left to names). `None`
+/// the tables give, such as jump tables for control-flow integrity, is left to names), and a
+/// marker, a small function, is one entry of the tables (code split off it, a `.cold` part,
+/// would be named apart too). `None`
 /// when a capture needs names: frames between the half and the marker (an unoptimised build's
 /// shim, `__rust_alloc` and `alloc::alloc::alloc`, told apart only by name).
 fn tracer_frames_from_unwind_tables(captures: &[(&[u64], Marker)]) -> Option<Vec<Option<Leading>>> {
+    // Nothing to settle (every walker calibrated by an earlier session), whatever the tables.
+    if captures.is_empty() {
+        return Some(Vec::new());
+    }
     let record_alloc = allocator::record_alloc_address();
     let function = |ra: u64| cfi::function_start(ra.wrapping_sub(1));
     let starts_where_the_tables_say = |f: u64| function(f + 1) == Some(f);
