@@ -304,6 +304,12 @@ fn child_role() {
             assert!(!currently_tracing());
             assert!(std::env::var_os("MEMTRACE_FILE").is_none(), "variable not cleared");
             site_freed();
+            // A failed start has joined its writer thread, which the kernel may list for a
+            // moment longer as it ends.
+            let end = Instant::now() + Duration::from_secs(2);
+            while writer_threads() > 0 && Instant::now() < end {
+                std::thread::sleep(Duration::from_millis(1));
+            }
             assert!(writer_threads() == 0, "a writer thread is running");
         }
         "write_error" => {
