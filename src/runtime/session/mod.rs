@@ -8,10 +8,10 @@
 //! then calibrates the stack capture (`unwind::calibrate`), checks that the trace's first
 //! packet can be written, opens (never waiting for a FIFO's reader) and locks the file,
 //! writes that packet, hands the file to the writer and only then turns sampling on. A start
-//! that fails removes the file if it created it, and ends the writer thread. Stopping turns sampling off, sends the writer a
-//! stop message after everything queued, and waits for it at most the session's stop
-//! timeout: a writer blocked longer (on a pipe nobody reads) is left behind with its channel,
-//! and the program goes on.
+//! that fails removes the file if it created it, and ends the writer thread. Stopping turns
+//! sampling off, sends the writer a stop message after everything queued, and waits for it at
+//! most the session's stop timeout: a writer blocked longer (on a pipe nobody reads) is left
+//! behind with its channel, and the program goes on.
 
 mod lock;
 
@@ -306,19 +306,23 @@ fn spawn_writer(config: &TraceConfig, prepare: bool) -> Result<PendingWriter, St
         let options = symbolize::options_from_env();
         // (Calibration naming frames meanwhile, if it finds the slot empty, makes one of its
         // own, which this one replaces in the slot when the writer is done.)
-        let prepared = prepare.then(|| {
-            let mut symbolizer = symbolize::take_spare(options.clone());
-            // Nothing here may panic past this: the session's sampling would start with nobody
-            // draining the queue.
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| symbolizer.prepare())).ok().map(|()| symbolizer)
-        });
+        let prepared = prepare
+            .then(|| {
+                let mut symbolizer = symbolize::take_spare(options.clone());
+                // Nothing here may panic past this: the session's sampling would start with
+                // nobody draining the queue.
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| symbolizer.prepare()))
+                    .ok()
+                    .map(|()| symbolizer)
+            })
+            .flatten();
         let Ok((file, info)) = setup_rx.recv() else {
-            if let Some(symbolizer) = prepared.flatten() {
+            if let Some(symbolizer) = prepared {
                 symbolize::put_spare(symbolizer);
             }
             return;
         };
-        let symbolizer = prepared.flatten().unwrap_or_else(|| symbolize::take_spare(options));
+        let symbolizer = prepared.unwrap_or_else(|| symbolize::take_spare(options));
         let writer = Writer::after_info_packet(file, &info).check_pid_on_flush(true);
         let _ = ready_tx.send(());
         let _ = outcome_tx.send(write_trace(channel, tag, writer, symbolizer, &path, &given_up, rung));

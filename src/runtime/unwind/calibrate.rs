@@ -195,17 +195,8 @@ fn capture_markers(walker: Walker) {
 /// tables, else naming the frames of all of them at once (one pass over each object's symbol
 /// table). Returns, per walker, whether every marker was found in its captures.
 fn measure_leading_frames(walkers: &[Walker]) -> Vec<bool> {
-    let guard = CALIBRATION.lock();
-    let all = &*guard;
-    let captures: Vec<(&[u64], Marker)> = walkers
-        .iter()
-        .flat_map(|&w| {
-            MARKERS.iter().map(move |&(entry, marker)| {
-                let (n, frames) = &all[w as usize][entry as usize];
-                (&frames[..*n], marker)
-            })
-        })
-        .collect();
+    let all = CALIBRATION.lock();
+    let captures = marker_captures(&all, walkers);
     // Names only where the unwind tables leave it open (on a thread of its own if need be).
     let leadings = tracer_frames_from_unwind_tables(&captures)
         .unwrap_or_else(|| on_a_thread_of_its_own(|| tracer_frames(&captures)));
@@ -218,6 +209,19 @@ fn measure_leading_frames(walkers: &[Walker]) -> Vec<bool> {
         SHIM[w][entry].store(leading.shim, Ordering::Relaxed);
     }
     found
+}
+
+/// The captures of `walkers`, each with its marker: a walker's in the order of [`MARKERS`].
+fn marker_captures<'a>(all: &'a [[Capture; 3]; 3], walkers: &[Walker]) -> Vec<(&'a [u64], Marker)> {
+    walkers
+        .iter()
+        .flat_map(|&w| {
+            MARKERS.iter().map(move |&(entry, marker)| {
+                let (n, frames) = &all[w as usize][entry as usize];
+                (&frames[..*n], marker)
+            })
+        })
+        .collect()
 }
 
 /// Settle whether `walker`, just calibrated, is usable: libgcc always; frame pointers when
@@ -349,11 +353,8 @@ pub(crate) fn settled_by_unwind_tables() -> bool {
 
 fn settled_by_unwind_tables_here() -> bool {
     let all = CALIBRATION.lock();
-    let captures: Vec<(&[u64], Marker)> = all
-        .iter()
-        .flat_map(|walker| walker.iter().zip(MARKERS).map(|((n, frames), (_, marker))| (&frames[..*n], marker)))
-        .filter(|(frames, _)| !frames.is_empty())
-        .collect();
+    let mut captures = marker_captures(&all, &Walker::ALL);
+    captures.retain(|(frames, _)| !frames.is_empty());
     let pairs = |leadings: Vec<Option<Leading>>| -> Vec<Option<(usize, u64)>> {
         leadings.into_iter().map(|l| l.map(|l| (l.tracer, l.shim))).collect()
     };
@@ -378,9 +379,9 @@ fn marker_frame(frames: &[u64], marker: fn()) -> Option<usize> {
 /// addresses they start at (checked first: a build whose function addresses are not those
 /// the tables give, such as jump tables for control-flow integrity, is left to names), and a
 /// marker, a small function, is one entry of the tables (code split off it, a `.cold` part,
-/// would be named apart too). `None`
-/// when a capture needs names: frames between the half and the marker (an unoptimised build's
-/// shim, `__rust_alloc` and `alloc::alloc::alloc`, told apart only by name).
+/// would be named apart too). `None` when a capture needs names: frames between the half and
+/// the marker (an unoptimised build's shim, `__rust_alloc` and `alloc::alloc::alloc`, told
+/// apart only by name).
 fn tracer_frames_from_unwind_tables(captures: &[(&[u64], Marker)]) -> Option<Vec<Option<Leading>>> {
     // Nothing to settle (every walker calibrated by an earlier session), whatever the tables.
     if captures.is_empty() {
@@ -388,8 +389,10 @@ fn tracer_frames_from_unwind_tables(captures: &[(&[u64], Marker)]) -> Option<Vec
     }
     let record_alloc = allocator::record_alloc_address();
     let function = |ra: u64| cfi::function_start(ra.wrapping_sub(1));
-    let starts_where_the_tables_say = |f: u64| function(f + 1) == Some(f);
-    if !MARKERS.iter().all(|&(_, (marker, _))| starts_where_the_tables_say(marker as usize as u64)) {
+    if !MARKERS
+        .iter()
+        .all(|&(_, (marker, _))| cfi::function_start(marker as usize as u64) == Some(marker as usize as u64))
+    {
         return None;
     }
     captures
