@@ -17,9 +17,8 @@ const CACHE_SIZE: usize = 1 << 14;
 const BUCKET_MASK: u64 = CACHE_SIZE as u64 - 1;
 /// [`BUCKET_MASK`] for indexing: masking proves indexes in range, so no bounds checks.
 const MASK: usize = CACHE_SIZE - 1;
-/// A zeroed cache table, allocated zeroed on the heap: `Box::new([0; CACHE_SIZE])` builds the
-/// array on the stack first in unoptimised builds (the writer's three took 288 KiB of the
-/// stack of the thread that starts tracing).
+/// A zeroed cache table of the reader, allocated zeroed on the heap: `Box::new([0; CACHE_SIZE])`
+/// builds the array on the stack first in unoptimised builds.
 fn zeroed_cache<T: Copy + Default>() -> Box<[T; CACHE_SIZE]> {
     vec![T::default(); CACHE_SIZE].into_boxed_slice().try_into().unwrap_or_else(|_| unreachable!())
 }
@@ -50,12 +49,80 @@ fn hash2(code: u64) -> usize {
 
 /// Encoder state for writing backtraces: one per writer domain.
 pub struct Writer {
-    code: Box<[u64; CACHE_SIZE]>,
-    next: Box<[u16; CACHE_SIZE]>,
+    buckets: Buckets,
+    verify_ix: u16,
+}
+
+/// Buckets per [`Page`] of the writer's cache.
+const PAGE_BUCKETS: usize = 64;
+
+/// The writer's cache, in pages of [`PAGE_BUCKETS`] buckets allocated at their first write:
+/// a bucket never written reads as empty (code, date and prediction 0, as in upstream's zeroed
+/// arrays). A short program's first backtraces touch a few dozen buckets spread by the hashes
+/// over the whole cache: three zeroed arrays (288 KiB) took a page fault for most buckets read
+/// and another for most written, where the pages here come from the heap a dozen at a time.
+struct Buckets {
+    pages: Box<[Option<Box<Page>>; CACHE_SIZE / PAGE_BUCKETS]>,
+}
+
+/// [`PAGE_BUCKETS`] buckets of the writer's cache.
+struct Page {
+    code: [u64; PAGE_BUCKETS],
     /// Id of the allocation that last inserted or hit each bucket; the older of a code's
     /// two buckets is evicted on a miss.
-    date: Box<[u64; CACHE_SIZE]>,
-    verify_ix: u16,
+    date: [u64; PAGE_BUCKETS],
+    /// The bucket predicted to follow each bucket.
+    next: [u16; PAGE_BUCKETS],
+}
+
+impl Buckets {
+    fn new() -> Buckets {
+        Buckets { pages: Box::new([const { None }; CACHE_SIZE / PAGE_BUCKETS]) }
+    }
+
+    #[inline]
+    fn page(&self, bucket: usize) -> Option<&Page> {
+        self.pages[(bucket & MASK) / PAGE_BUCKETS].as_deref()
+    }
+
+    #[inline]
+    fn page_mut(&mut self, bucket: usize) -> &mut Page {
+        self.pages[(bucket & MASK) / PAGE_BUCKETS].get_or_insert_with(|| {
+            Box::new(Page { code: [0; PAGE_BUCKETS], date: [0; PAGE_BUCKETS], next: [0; PAGE_BUCKETS] })
+        })
+    }
+
+    #[inline]
+    fn code(&self, bucket: usize) -> u64 {
+        self.page(bucket).map_or(0, |p| p.code[bucket % PAGE_BUCKETS])
+    }
+
+    #[inline]
+    fn date(&self, bucket: usize) -> u64 {
+        self.page(bucket).map_or(0, |p| p.date[bucket % PAGE_BUCKETS])
+    }
+
+    #[inline]
+    fn next(&self, bucket: usize) -> u16 {
+        self.page(bucket).map_or(0, |p| p.next[bucket % PAGE_BUCKETS])
+    }
+
+    /// Note a use of `bucket` by allocation `date`, holding `code`.
+    #[inline]
+    fn put(&mut self, bucket: usize, code: u64, date: u64) {
+        let page = self.page_mut(bucket);
+        (page.code[bucket % PAGE_BUCKETS], page.date[bucket % PAGE_BUCKETS]) = (code, date);
+    }
+
+    #[inline]
+    fn set_date(&mut self, bucket: usize, date: u64) {
+        self.page_mut(bucket).date[bucket % PAGE_BUCKETS] = date;
+    }
+
+    #[inline]
+    fn set_next(&mut self, bucket: usize, next: u16) {
+        self.page_mut(bucket).next[bucket % PAGE_BUCKETS] = next;
+    }
 }
 
 impl Default for Writer {
@@ -76,7 +143,7 @@ impl Writer {
 
     /// A new encoder with an empty cache.
     pub fn new() -> Writer {
-        Writer { code: zeroed_cache(), next: zeroed_cache(), date: zeroed_cache(), verify_ix: FIRST_VERIFY_INDEX }
+        Writer { buckets: Buckets::new(), verify_ix: FIRST_VERIFY_INDEX }
     }
 
     /// Encode the frames `callstack[callstack_pos .. callstack_pos + callstack_len]`, from
@@ -105,16 +172,16 @@ impl Writer {
         'lookup: while remaining > callstack_pos && buf.position() <= limit {
             let x = callstack[remaining - 1];
             let (h1, h2) = (hash1(x), hash2(x));
-            let mut hit = if self.code[h1] == x {
+            let buckets = &mut self.buckets;
+            let mut hit = if buckets.code(h1) == x {
                 h1
-            } else if self.code[h2] == x {
+            } else if buckets.code(h2) == x {
                 h2
             } else {
                 log_new_location(remaining - 1);
-                let b = if self.date[h1] < self.date[h2] { h1 } else { h2 };
-                self.code[b] = x;
-                self.date[b] = alloc_id;
-                self.next[prev] = b as u16;
+                let b = if buckets.date(h1) < buckets.date(h2) { h1 } else { h2 };
+                buckets.put(b, x, alloc_id);
+                buckets.set_next(prev, b as u16);
                 buf.put_u16((b as u16) << 2 | TAG_MISS);
                 buf.put_u64(x);
                 count += 1;
@@ -124,8 +191,8 @@ impl Writer {
             };
             // A hit on `hit`, then a run of correctly predicted frames.
             loop {
-                self.date[hit] = alloc_id;
-                self.next[prev] = hit as u16;
+                buckets.set_date(hit, alloc_id);
+                buckets.set_next(prev, hit as u16);
                 prev = hit;
                 count += 1;
                 remaining -= 1;
@@ -135,8 +202,8 @@ impl Writer {
                         put_hit(buf, hit, predicted);
                         return count;
                     }
-                    let q = self.next[prev] as usize;
-                    if self.code[q] != callstack[remaining - 1] {
+                    let q = buckets.next(prev) as usize;
+                    if buckets.code(q) != callstack[remaining - 1] {
                         put_hit(buf, hit, predicted);
                         continue 'lookup;
                     }
@@ -160,8 +227,8 @@ impl Writer {
         let ix = self.verify_ix as usize;
         self.verify_ix = (self.verify_ix + VERIFY_STRIDE) & BUCKET_MASK as u16;
         buf.put_u16(ix as u16);
-        buf.put_u16(self.next[ix]);
-        buf.put_u64(self.code[ix]);
+        buf.put_u16(self.buckets.next(ix));
+        buf.put_u64(self.buckets.code(ix));
     }
 
     /// Write verifier fields that ask the reader to check nothing.
