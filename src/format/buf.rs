@@ -1,45 +1,50 @@
 //! Byte cursors for the trace's primitive encodings (FORMAT.md §1), and the crate's one byte
 //! reader: the unwinder parses DWARF call-frame information with [`ReadCursor`] too.
 //!
-//! [`WriteBuf`] is a fixed-size output buffer with a write position; it never grows, and a
-//! write that does not fit sets a sticky overflow flag instead of panicking, so the writer
-//! can check once per event. [`ReadCursor`] walks a byte slice; every read is bounds-checked
+//! [`WriteBuf`] is a fixed-size output buffer with a write position; it never grows past its
+//! capacity, and a write that does not fit sets a sticky overflow flag instead of panicking,
+//! so the writer can check once per event. [`ReadCursor`] walks a byte slice; every read is bounds-checked
 //! and running out of bytes is an [`Error`] carrying the absolute offset in the file.
 
 use crate::format::error::{Error, ErrorKind, Result};
 
 /// A fixed-capacity little-endian output buffer (upstream `Buf.Write`).
+///
+/// Its storage is allocated whole but not written until used (not zeroed), so that memory
+/// no packet reaches costs nothing: a short trace's packets fill a page or two of the
+/// writer's 32 KiB buffers, whose zeroing took the writer a page fault per page as it started.
 #[derive(Debug, Clone)]
 pub struct WriteBuf {
-    bytes: Box<[u8]>,
-    pos: usize,
+    /// The bytes written so far: never longer than `capacity`, so that it never reallocates.
+    bytes: Vec<u8>,
+    capacity: usize,
     overflowed: bool,
 }
 
 impl WriteBuf {
     /// A buffer of exactly `capacity` bytes, empty.
     pub fn with_capacity(capacity: usize) -> WriteBuf {
-        WriteBuf { bytes: vec![0; capacity].into_boxed_slice(), pos: 0, overflowed: false }
+        WriteBuf { bytes: Vec::with_capacity(capacity), capacity, overflowed: false }
     }
 
     /// The bytes written so far.
     pub fn as_bytes(&self) -> &[u8] {
-        &self.bytes[..self.pos]
+        &self.bytes
     }
 
     /// The write position (number of bytes written).
     pub fn position(&self) -> usize {
-        self.pos
+        self.bytes.len()
     }
 
     /// Bytes that can still be written.
     pub fn remaining(&self) -> usize {
-        self.bytes.len() - self.pos
+        self.capacity - self.bytes.len()
     }
 
     /// The buffer's fixed size.
     pub fn capacity(&self) -> usize {
-        self.bytes.len()
+        self.capacity
     }
 
     /// True once any write did not fit (the bytes of that write were not stored).
@@ -49,19 +54,17 @@ impl WriteBuf {
 
     /// Forget everything written, keeping the storage.
     pub fn clear(&mut self) {
-        self.pos = 0;
+        self.bytes.clear();
         self.overflowed = false;
     }
 
     /// Append raw bytes.
     #[inline]
     pub fn put_bytes(&mut self, data: &[u8]) {
-        match self.bytes.get_mut(self.pos..self.pos + data.len()) {
-            Some(dst) => {
-                dst.copy_from_slice(data);
-                self.pos += data.len();
-            }
-            None => self.overflowed = true,
+        if data.len() <= self.remaining() {
+            self.bytes.extend_from_slice(data);
+        } else {
+            self.overflowed = true;
         }
     }
 
@@ -120,9 +123,9 @@ impl WriteBuf {
 
     /// Reserve `n` bytes to be patched later; returns their position.
     pub fn reserve(&mut self, n: usize) -> usize {
-        let at = self.pos;
+        let at = self.bytes.len();
         if self.remaining() >= n {
-            self.pos += n;
+            self.bytes.resize(at + n, 0);
         } else {
             self.overflowed = true;
         }
@@ -130,9 +133,9 @@ impl WriteBuf {
     }
 
     fn patch(&mut self, at: usize, data: &[u8]) {
-        match self.bytes.get_mut(at..at + data.len()) {
-            Some(dst) if at + data.len() <= self.pos => dst.copy_from_slice(data),
-            _ => self.overflowed = true,
+        match self.bytes.get_mut(at..at.saturating_add(data.len())) {
+            Some(dst) => dst.copy_from_slice(data),
+            None => self.overflowed = true,
         }
     }
 
