@@ -28,8 +28,8 @@ pub(crate) struct TracerThread<T> {
 /// Where a tracer thread puts its closure's result, or its panic.
 type ResultSlot<T> = Arc<Mutex<Option<std::thread::Result<T>>>>;
 
-/// What the new thread is given: its closure and where to put the result.
-type Start<T> = (Box<dyn FnOnce() -> T + Send>, ResultSlot<T>);
+/// What the new thread is given: its name, its closure and where to put the result.
+type Start<T> = (&'static std::ffi::CStr, Box<dyn FnOnce() -> T + Send>, ResultSlot<T>);
 
 impl<T: Send + 'static> TracerThread<T> {
     /// Start `f` on a new tracer thread named `name` (at most 15 bytes, as the kernel keeps).
@@ -40,13 +40,18 @@ impl<T: Send + 'static> TracerThread<T> {
         extern "C" fn run<T>(start: *mut libc::c_void) -> *mut libc::c_void {
             sampler::enter_tracer_forever();
             // SAFETY: `start` is the box `spawn` leaked for this thread, taken back once, here.
-            let (f, result) = *unsafe { Box::from_raw(start as *mut Start<T>) };
+            let (name, f, result) = *unsafe { Box::from_raw(start as *mut Start<T>) };
+            // Named by itself (a `prctl`): naming another thread writes its file in `/proc`,
+            // three system calls more on the thread that starts tracing. `name` is
+            // NUL-terminated; the kernel keeps 15 bytes of a name, and refuses a longer one.
+            // SAFETY: this thread is live.
+            unsafe { libc::pthread_setname_np(libc::pthread_self(), name.as_ptr()) };
             let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
             *result.lock() = Some(outcome);
             std::ptr::null_mut()
         }
         let result = Arc::new(Mutex::new(None));
-        let start: Box<Start<T>> = Box::new((Box::new(f), Arc::clone(&result)));
+        let start: Box<Start<T>> = Box::new((name, Box::new(f), Arc::clone(&result)));
         let start = Box::into_raw(start) as *mut libc::c_void;
         let mut thread = 0;
         // SAFETY: `attributes` is initialised before it is used and destroyed after; `run::<T>`
@@ -65,9 +70,6 @@ impl<T: Send + 'static> TracerThread<T> {
             drop(unsafe { Box::from_raw(start as *mut Start<T>) });
             return Err(std::io::Error::from_raw_os_error(error));
         }
-        // SAFETY: `thread` is a live thread (not yet joined or detached); `name` is NUL-terminated
-        // (the kernel keeps 15 bytes of a name: a longer one is refused).
-        unsafe { libc::pthread_setname_np(thread, name.as_ptr()) };
         Ok(TracerThread { thread, result })
     }
 
