@@ -8,7 +8,7 @@
 //! anywhere. The first time the walk meets an address, it finds the address's FDE with
 //! libgcc's `_Unwind_Find_FDE` (the lookup libgcc's unwinder makes for every frame: lock-free
 //! with glibc ≥ 2.35), runs the CIE's and the FDE's call-frame instructions up to the address
-//! and keeps the resulting [`Rule`](rule::Rule) in a static table (64 KiB in use at first,
+//! and keeps the resulting [`Rule`](rule::Rule) in a static table (one page in use at first,
 //! doubling up to 1 MiB as evictions show that a program's stacks need more). Every later
 //! sample through that address reads the table: no loader, no lock, no allocation. Each table
 //! slot is a sequence lock (readers never wait: a slot being written reads as a miss).
