@@ -2,6 +2,7 @@
 //! segments and build-ids, and the loader's counters of loads and unloads.
 
 use std::ffi::{CStr, OsStr};
+use std::ops::Range;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
@@ -42,33 +43,87 @@ pub(super) fn loader_counters() -> Option<(u64, u64)> {
     out
 }
 
-/// What the loader says of one object, copied out of its callback.
+/// What the loader says of one object: ranges of [`Reports`]' vectors.
+#[derive(Clone)]
 struct Reported {
-    /// Empty for the main program (and the vDSO on older loaders).
-    name: Vec<u8>,
+    /// Of `Reports::bytes`; empty for the main program (and the vDSO on older loaders).
+    name: Range<usize>,
     base: u64,
+    /// Of `Reports::segments`.
+    segments: Range<usize>,
+    /// Of `Reports::bytes`.
+    build_id: Option<Range<usize>>,
+}
+
+/// What the loader says of the objects, copied out of its callback into room reserved before
+/// it: the callback runs under the loader's lock and never allocates. An allocator that takes a
+/// lock of its own and then the loader's (a `malloc` interposed to unwind every call, such as
+/// heaptrack's, whose unwinder asks `dl_iterate_phdr`) would otherwise deadlock against the
+/// program's thread, holding that lock while it waits for the loader's.
+struct Reports {
+    objects: Vec<Reported>,
+    bytes: Vec<u8>,
     segments: Vec<(u64, u64)>,
-    build_id: Option<Vec<u8>>,
+    counters: Option<(u64, u64)>,
+    /// An object did not fit in the room reserved: the scan is made again with more.
+    full: bool,
+}
+
+impl Reports {
+    /// Room for `objects` objects with names and segments of a usual size.
+    fn with_room(objects: usize) -> Reports {
+        Reports {
+            objects: Vec::with_capacity(objects),
+            bytes: Vec::with_capacity(objects * 256),
+            segments: Vec::with_capacity(objects * 8),
+            counters: None,
+            full: false,
+        }
+    }
+
+    /// Note one object if it fits in the room left, without allocating; false if it does not.
+    fn note(
+        &mut self,
+        name: &[u8],
+        base: u64,
+        loads: impl Iterator<Item = (u64, u64)> + Clone,
+        build_id: &[u8],
+    ) -> bool {
+        let room = |len: usize, capacity: usize| capacity - len;
+        if self.objects.len() == self.objects.capacity()
+            || room(self.bytes.len(), self.bytes.capacity()) < name.len() + build_id.len()
+            || room(self.segments.len(), self.segments.capacity()) < loads.clone().count()
+        {
+            return false;
+        }
+        let mut copy = |bytes: &[u8]| {
+            let start = self.bytes.len();
+            self.bytes.extend_from_slice(bytes);
+            start..self.bytes.len()
+        };
+        let (name, id) = (copy(name), copy(build_id));
+        let first_segment = self.segments.len();
+        self.segments.extend(loads);
+        let segments = first_segment..self.segments.len();
+        self.objects.push(Reported { name, base, segments, build_id: (!id.is_empty()).then_some(id) });
+        true
+    }
 }
 
 /// The loaded objects with a file (the vDSO has none), and the loader's counters. Files are
 /// looked at only after the loader's lock is released.
 pub(super) fn scan_objects() -> (Vec<Scanned>, Option<(u64, u64)>) {
-    struct Acc {
-        objects: Vec<Reported>,
-        counters: Option<(u64, u64)>,
-    }
     unsafe extern "C" fn each(
         info: *mut libc::dl_phdr_info,
         size: libc::size_t,
         data: *mut libc::c_void,
     ) -> libc::c_int {
-        // SAFETY: `data` is the `Acc` passed below, borrowed for the call; the loader passes a
-        // valid `info` (fields up to `size` bytes), whose name is null or NUL-terminated and
+        // SAFETY: `data` is the `Reports` passed below, borrowed for the call; the loader passes
+        // a valid `info` (fields up to `size` bytes), whose name is null or NUL-terminated and
         // whose program headers are `dlpi_phnum` entries, all valid during the call.
-        let (acc, info) = unsafe { (&mut *(data as *mut Acc), &*info) };
-        if size >= COUNTERS_END && acc.objects.is_empty() {
-            acc.counters = Some((info.dlpi_adds, info.dlpi_subs));
+        let (reports, info) = unsafe { (&mut *(data as *mut Reports), &*info) };
+        if size >= COUNTERS_END && reports.objects.is_empty() {
+            reports.counters = Some((info.dlpi_adds, info.dlpi_subs));
         }
         let name = if info.dlpi_name.is_null() {
             &[][..]
@@ -83,46 +138,67 @@ pub(super) fn scan_objects() -> (Vec<Scanned>, Option<(u64, u64)>) {
             unsafe { std::slice::from_raw_parts(info.dlpi_phdr, info.dlpi_phnum as usize) }
         };
         let base = info.dlpi_addr;
-        let mut segments = Vec::new();
-        let mut build_id = None;
-        for ph in phdrs {
+        let loads = phdrs.iter().filter(|ph| ph.p_type == libc::PT_LOAD && ph.p_memsz > 0).map(|ph| {
             let start = base.wrapping_add(ph.p_vaddr);
-            if ph.p_type == libc::PT_LOAD && ph.p_memsz > 0 {
-                segments.push((start, start.wrapping_add(ph.p_memsz)));
-            } else if ph.p_type == libc::PT_NOTE && build_id.is_none() {
+            (start, start.wrapping_add(ph.p_memsz))
+        });
+        let build_id = phdrs
+            .iter()
+            .filter(|ph| ph.p_type == libc::PT_NOTE)
+            .find_map(|ph| {
                 // SAFETY: a note segment is mapped (notes are in a loaded segment) while the
                 // object is loaded, which it is during the callback.
-                let notes = unsafe { std::slice::from_raw_parts(start as *const u8, ph.p_memsz as usize) };
-                build_id = gnu_build_id(notes, ph.p_align);
-            }
+                let notes = unsafe {
+                    std::slice::from_raw_parts(base.wrapping_add(ph.p_vaddr) as *const u8, ph.p_memsz as usize)
+                };
+                gnu_build_id(notes, ph.p_align)
+            })
+            .unwrap_or_default();
+        if reports.note(name, base, loads, build_id) {
+            0
+        } else {
+            reports.full = true;
+            1
         }
-        acc.objects.push(Reported { name: name.to_vec(), base, segments, build_id });
-        0
     }
-    let mut acc = Acc { objects: Vec::new(), counters: None };
-    // SAFETY: the callback reads only what the loader passes it and writes `acc`, which
-    // outlives the call.
-    unsafe { libc::dl_iterate_phdr(Some(each), &mut acc as *mut Acc as *mut libc::c_void) };
-    let objects = acc
+    let mut room = 64;
+    let reports = loop {
+        let mut reports = Reports::with_room(room);
+        // SAFETY: the callback reads only what the loader passes it and writes `reports`,
+        // which outlives the call.
+        unsafe { libc::dl_iterate_phdr(Some(each), &mut reports as *mut Reports as *mut libc::c_void) };
+        if !reports.full {
+            break reports;
+        }
+        room *= 4;
+    };
+    let objects = reports
         .objects
-        .into_iter()
+        .iter()
         .enumerate()
         .filter_map(|(i, r)| {
-            let path = match (i, r.name.is_empty()) {
-                (_, false) => PathBuf::from(OsStr::from_bytes(&r.name)),
+            let name = &reports.bytes[r.name.clone()];
+            let path = match (i, name.is_empty()) {
+                (_, false) => PathBuf::from(OsStr::from_bytes(name)),
                 (0, true) => std::fs::read_link("/proc/self/exe").ok()?,
                 // The vDSO on older loaders: no file.
                 _ => return None,
             };
             let file_id = std::fs::metadata(&path).ok().map(|m| (m.dev(), m.ino()));
-            Some(Scanned { path, base: r.base, segments: r.segments, build_id: r.build_id, file_id })
+            Some(Scanned {
+                path,
+                base: r.base,
+                segments: reports.segments[r.segments.clone()].to_vec(),
+                build_id: r.build_id.clone().map(|id| reports.bytes[id].to_vec()),
+                file_id,
+            })
         })
         .collect();
-    (objects, acc.counters)
+    (objects, reports.counters)
 }
 
 /// The NT_GNU_BUILD_ID descriptor in a note segment.
-fn gnu_build_id(mut notes: &[u8], align: u64) -> Option<Vec<u8>> {
+fn gnu_build_id(mut notes: &[u8], align: u64) -> Option<&[u8]> {
     let align = if align == 8 { 8 } else { 4 };
     let up = |n: usize| (n + align - 1) & !(align - 1);
     while notes.len() >= 12 {
@@ -135,7 +211,7 @@ fn gnu_build_id(mut notes: &[u8], align: u64) -> Option<Vec<u8>> {
             return None;
         }
         if kind == 3 && &notes[12..name_end] == b"GNU\0" {
-            return Some(notes[desc_start..desc_end].to_vec());
+            return Some(&notes[desc_start..desc_end]);
         }
         notes = &notes[(12 + up(namesz) + up(descsz)).min(notes.len())..];
     }
