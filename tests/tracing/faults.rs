@@ -1,6 +1,7 @@
 //! Faults an adversarial run found (issue #12), each in a child process under a time limit: a
 //! failing huge allocation, a FIFO nobody reads, a reader that stops reading, a thread close
-//! to its stack limit, a start that fails after choosing its file.
+//! to its stack limit, a start that fails after choosing its file; and a program traced under
+//! heaptrack, whose `malloc` unwinds every call.
 
 use std::hint::black_box;
 use std::os::fd::AsRawFd;
@@ -11,6 +12,11 @@ use std::time::{Duration, Instant};
 use memtrace_rs::{currently_tracing, trace_if_requested};
 
 use super::{assert_one_message, child, fifo_reader, memtrace_messages, run_within, site_freed, temp_path, Trace};
+
+/// Environment variable: where a `restarts` child writes its traces.
+const DIR_VAR: &str = "MEMTRACE_TEST_DIR";
+/// The sessions a `restarts` child traces, one after the other.
+const RESTARTS: usize = 2;
 
 /// Environment variable: the stack a `small_stack` child leaves when it allocates, in bytes.
 const STACK_LEFT_VAR: &str = "MEMTRACE_TEST_STACK_LEFT";
@@ -51,6 +57,32 @@ pub(crate) fn child_role(role: &str) -> bool {
             let lost = stats.dropped_writer_behind + stats.dropped_table_full + stats.dropped_no_memory;
             assert_eq!(lost, 0, "{stats:?}");
             drop(blocks);
+        }
+        "restarts" => {
+            let dir = std::path::PathBuf::from(std::env::var_os(DIR_VAR).unwrap());
+            // Threads allocating at sites new to heaptrack's unwinder (each of its cache misses
+            // asks the loader) while the sessions start.
+            let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let threads: Vec<_> = (0..2)
+                .map(|_| {
+                    let stop = std::sync::Arc::clone(&stop);
+                    std::thread::spawn(move || {
+                        let sites = busy_sites();
+                        while !stop.load(Ordering::Relaxed) {
+                            sites.iter().for_each(|site| drop(black_box(site())));
+                        }
+                    })
+                })
+                .collect();
+            for round in 0..RESTARTS {
+                // The default rate, at which the writer gets ready while the start calibrates.
+                let config = memtrace_rs::TraceConfig::new(dir.join(format!("{round}.ctf")));
+                let guard = memtrace_rs::start_tracing(config).unwrap();
+                site_freed();
+                guard.finish().unwrap();
+            }
+            stop.store(true, Ordering::Relaxed);
+            threads.into_iter().for_each(|t| t.join().unwrap());
         }
         "stalled" | "stalled_exit" => {
             let guard = trace_if_requested();
@@ -228,6 +260,60 @@ fn a_fifo_nobody_reads_is_reported_and_ignored() {
     assert!(out.status.success());
     assert_one_message(&out, "is a FIFO that no process is reading");
     let _ = std::fs::remove_file(&fifo);
+}
+
+/// heaptrack (Debian's package) runs a program with a `malloc` of its own that unwinds the
+/// stack of every call with libunwind, under a lock of its own, and libunwind asks the loader
+/// for the objects (`dl_iterate_phdr`, under the loader's lock). The writer thread scanned the
+/// loaded objects when a session started and allocated in the loader's callback, under the
+/// loader's lock, while the program's thread allocated (calibrating): each held the lock the
+/// other waited for, and a `jaq -n 1` traced under heaptrack hung at its start.
+#[test]
+fn a_program_traced_under_heaptrack_runs_to_its_end() {
+    let found = std::env::var_os("PATH")
+        .and_then(|path| std::env::split_paths(&path).map(|dir| dir.join("heaptrack")).find(|p| p.is_file()));
+    let Some(heaptrack) = found else {
+        assert!(std::env::var_os("CI").is_none(), "heaptrack is not installed under CI");
+        println!("heaptrack is not installed: not checked");
+        return;
+    };
+    // The race is the first start's: a few programs, each starting twice.
+    for run in 0..4 {
+        let dir = tempfile::tempdir().unwrap();
+        let traced = child("restarts", &[(DIR_VAR, dir.path().to_str().unwrap())]);
+        let mut cmd = std::process::Command::new(&heaptrack);
+        cmd.arg("-o").arg(dir.path().join("heaptrack")).arg(traced.get_program()).args(traced.get_args());
+        for (var, value) in traced.get_envs() {
+            match value {
+                Some(value) => cmd.env(var, value),
+                None => cmd.env_remove(var),
+            };
+        }
+        // A group of its own, so that a deadlocked child is killed with heaptrack's script.
+        let mut proc = std::os::unix::process::CommandExt::process_group(&mut cmd, 0)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let limit = Instant::now() + Duration::from_secs(60);
+        let status = loop {
+            if let Some(status) = proc.try_wait().unwrap() {
+                break status;
+            }
+            if Instant::now() > limit {
+                // SAFETY: a signal to the process group of our own child.
+                unsafe { libc::kill(-(proc.id() as libc::pid_t), libc::SIGKILL) };
+                let _ = proc.wait();
+                panic!("run {run}: the traced program under heaptrack still ran after 60 s (deadlocked)");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        assert!(status.success(), "run {run}: {status:?}");
+        let traces: Vec<Trace> =
+            (0..RESTARTS).map(|round| Trace::read(&dir.path().join(format!("{round}.ctf")))).collect();
+        assert!(traces.iter().all(|trace| trace.warnings.is_empty()), "run {run}: a trace has warnings");
+        assert!(traces.iter().any(|trace| !trace.allocs.is_empty()), "run {run}: nothing sampled");
+    }
 }
 
 /// The blocks the `busy_stop` child allocates, each sampled.
