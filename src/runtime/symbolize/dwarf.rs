@@ -17,6 +17,7 @@
 
 use std::cmp::Ordering;
 
+use super::line_header::Header;
 use super::line_program::{Program, Sequence, Sequences};
 
 pub(super) type Reader = gimli::EndianSlice<'static, gimli::RunTimeEndian>;
@@ -106,8 +107,11 @@ struct ParsedUnit {
     offset: Offset,
     /// One past the unit's last byte in `.debug_info`.
     end: Offset,
+    /// Made without its line program (see [`unit_without_lines`]).
     unit: gimli::Unit<Reader>,
     functions: Functions,
+    /// Where its line program is in `.debug_line`, if it has one.
+    line_program: Option<Offset>,
     lines: Option<Lines>,
     /// Read at the first file name.
     comp_dir: Option<Option<String>>,
@@ -161,10 +165,12 @@ enum Step {
 /// hundreds): entries of higher codes are read through gimli.
 const MAX_STEPS: u64 = 1 << 12;
 
-/// A unit's line program, and where its sequences start, as far as lookups have read.
+/// A unit's line program, its files, and where its sequences start, as far as lookups have
+/// read.
 struct Lines {
     program: Program,
     sequences: Sequences,
+    header: Header,
 }
 
 /// What names an entry, in the order its attributes came.
@@ -399,12 +405,13 @@ impl Dwarf {
         let header = self.sections.debug_info.header_from_offset(gimli::DebugInfoOffset(offset))?;
         let end = offset + header.length_including_self();
         let first_entry = gimli::UnitOffset(header.header_size());
-        let unit = self.sections.unit(header)?;
+        let (unit, line_program) = unit_without_lines(&self.sections, header)?;
         self.units.push(ParsedUnit {
             offset,
             end,
             unit,
             functions: Functions { found: Vec::new(), next: Some(first_entry), steps: Vec::new() },
+            line_program,
             lines: None,
             comp_dir: None,
             searches: 0,
@@ -715,9 +722,11 @@ impl Dwarf {
     /// The unit's line program (`None` when it has none, or one [`Program`] cannot run).
     fn lines(&mut self, u: usize) -> Option<&mut Lines> {
         if self.units[u].lines.is_none() {
-            let header = self.units[u].unit.line_program.as_ref()?.header();
-            let program = Program::new(header).ok()?;
-            self.units[u].lines = Some(Lines { program, sequences: Sequences::new() });
+            let debug_line = *gimli::Section::reader(&self.sections.debug_line);
+            let address_size = self.units[u].unit.header.address_size();
+            let header = Header::parse(debug_line, self.units[u].line_program?, address_size).ok()?;
+            let program = Program::new(&header).ok()?;
+            self.units[u].lines = Some(Lines { program, sequences: Sequences::new(), header });
         }
         self.units[u].lines.as_mut()
     }
@@ -740,20 +749,18 @@ impl Dwarf {
     /// The path of the line program's file `index`, as addr2line renders it.
     fn file_name(&mut self, u: usize, index: u64) -> Result<Option<String>> {
         let comp_dir = self.comp_dir(u)?;
-        let Some(program) = &self.units[u].unit.line_program else { return Ok(None) };
-        let header = program.header();
-        let Some(file) = header.file(index) else {
+        let Some(lines) = self.lines(u) else { return Ok(None) };
+        let Some(file) = lines.header.file(index)? else {
             // DWARF 4 numbers files from 1: addr2line gives file 0 an empty name.
             return Ok((index == 0).then(String::new));
         };
+        let directory = lines.header.directory(file.directory)?;
         let text = |value| self.string(u, value).map(|s| super::lossy_utf8(&s).into_owned());
         let mut path = comp_dir.unwrap_or_default();
-        if file.directory_index() != 0 {
-            if let Some(directory) = file.directory(header) {
-                path_push(&mut path, &text(directory)?);
-            }
+        if let Some(directory) = directory {
+            path_push(&mut path, &text(directory)?);
         }
-        path_push(&mut path, &text(file.path_name())?);
+        path_push(&mut path, &text(file.path)?);
         Ok(Some(path))
     }
 }
@@ -932,6 +939,67 @@ fn aranges_of_set<const SIZE: usize>(tuples: &[u8], big_endian: bool, mut f: imp
 
 /// Where the range `begin..end` lies with respect to `probe`, for a binary search of sorted
 /// ranges.
+/// The unit that `header` starts, as gimli's `Dwarf::unit` makes it but without its line
+/// program (`Unit::line_program` is `None`), and where that program is: gimli parses the
+/// program's header, every file of it, whenever it makes a unit, where naming reads the header
+/// itself and only the files it names ([`Header`]). The root entry's attributes are read as
+/// gimli reads them (`Unit::new_with_abbreviations`); its name and directory are left out,
+/// for [`Dwarf::comp_dir`] reads the directory itself from `.debug_str`.
+fn unit_without_lines(
+    sections: &gimli::Dwarf<Reader>,
+    header: gimli::UnitHeader<Reader>,
+) -> Result<(gimli::Unit<Reader>, Option<Offset>)> {
+    let abbreviations = sections.abbreviations(&header)?;
+    let encoding = header.encoding();
+    let mut unit = gimli::Unit {
+        str_offsets_base: gimli::DebugStrOffsetsBase::default_for_encoding_and_file(encoding, sections.file_type),
+        addr_base: gimli::DebugAddrBase(0),
+        loclists_base: gimli::DebugLocListsBase::default_for_encoding_and_file(encoding, sections.file_type),
+        rnglists_base: gimli::DebugRngListsBase::default_for_encoding_and_file(encoding, sections.file_type),
+        dwo_id: match header.type_() {
+            gimli::UnitType::Skeleton(id) | gimli::UnitType::SplitCompilation(id) => Some(id),
+            _ => None,
+        },
+        abbreviations,
+        name: None,
+        comp_dir: None,
+        low_pc: 0,
+        line_program: None,
+        header,
+    };
+    let (mut line_program, mut low_pc) = (None, None);
+    let mut entries = unit.header.entries_raw(&unit.abbreviations, None)?;
+    let root = entries.read_abbreviation()?.ok_or(gimli::Error::MissingUnitDie)?;
+    for spec in root.attributes() {
+        let attribute = entries.read_attribute(*spec)?;
+        match (attribute.name(), attribute.value()) {
+            (gimli::DW_AT_low_pc, value) => low_pc = Some(value),
+            (gimli::DW_AT_stmt_list, gimli::AttributeValue::DebugLineRef(offset)) => line_program = Some(offset.0),
+            (gimli::DW_AT_str_offsets_base, gimli::AttributeValue::DebugStrOffsetsBase(base)) => {
+                unit.str_offsets_base = base
+            }
+            (gimli::DW_AT_addr_base | gimli::DW_AT_GNU_addr_base, gimli::AttributeValue::DebugAddrBase(base)) => {
+                unit.addr_base = base
+            }
+            (gimli::DW_AT_loclists_base, gimli::AttributeValue::DebugLocListsBase(base)) => unit.loclists_base = base,
+            (
+                gimli::DW_AT_rnglists_base | gimli::DW_AT_GNU_ranges_base,
+                gimli::AttributeValue::DebugRngListsBase(base),
+            ) => unit.rnglists_base = base,
+            (gimli::DW_AT_GNU_dwo_id, gimli::AttributeValue::DwoId(id)) if unit.dwo_id.is_none() => {
+                unit.dwo_id = Some(id)
+            }
+            _ => {}
+        }
+    }
+    if let Some(value) = low_pc {
+        if let Some(address) = sections.attr_address(&unit, value)? {
+            unit.low_pc = address;
+        }
+    }
+    Ok((unit, line_program))
+}
+
 pub(super) fn order(begin: u64, end: u64, probe: u64) -> Ordering {
     if probe < begin {
         Ordering::Greater
@@ -1219,14 +1287,8 @@ mod tests {
     /// debug file where there is one, are gimli's.
     #[test]
     fn the_ranges_of_real_objects_are_gimlis() {
-        let mut paths = vec![std::env::current_exe().unwrap()];
-        paths.extend(
-            std::fs::read_dir("/usr/lib/debug/.build-id").into_iter().flatten().flatten().flat_map(|dir| {
-                std::fs::read_dir(dir.path()).into_iter().flatten().flatten().map(|f| f.path()).take(2)
-            }),
-        );
         let mut checked = 0;
-        for path in paths.iter().take(40) {
+        for path in &super::super::test_objects() {
             let Ok(data) = std::fs::read(path) else { continue };
             let data: &'static [u8] = Box::leak(data.into_boxed_slice());
             let Ok(file) = object::File::parse(data) else { continue };

@@ -16,7 +16,8 @@
 //! information): `DW_LNE_define_file` (DWARF 2 to 4, gone from 5), which adds files as the
 //! program runs, and VLIW operation indexes (`maximum_operations_per_instruction` above 1).
 
-use super::dwarf::{order, uleb128, Reader};
+use super::dwarf::{order, uleb128};
+use super::line_header::Header;
 
 /// The rows of one sequence start at byte `offset` of the program's instructions.
 #[derive(Clone, Copy)]
@@ -87,28 +88,28 @@ pub(super) struct Program {
 
 impl Program {
     /// The program that `header` starts.
-    pub(super) fn new(header: &gimli::LineProgramHeader<Reader>) -> Result<Program, Unreadable> {
-        let (opcode_base, line_range) = (header.opcode_base(), header.line_range());
-        let address_size = header.address_size();
-        if header.maximum_operations_per_instruction() != 1 || line_range == 0 || !matches!(address_size, 4 | 8) {
+    pub(super) fn new(header: &Header) -> Result<Program, Unreadable> {
+        let (opcode_base, line_range) = (header.opcode_base, header.line_range);
+        let address_size = header.address_size;
+        if header.maximum_operations_per_instruction != 1 || line_range == 0 || !matches!(address_size, 4 | 8) {
             return Err(Unreadable);
         }
-        let min_length = u64::from(header.minimum_instruction_length());
+        let min_length = u64::from(header.minimum_instruction_length);
         let mut special = Box::new([(0, 0); 256]);
         for opcode in opcode_base..=255 {
             let adjusted = opcode - opcode_base;
             special[usize::from(opcode)] = (
                 min_length * u64::from(adjusted / line_range),
-                i64::from(header.line_base()) + i64::from(adjusted % line_range),
+                i64::from(header.line_base) + i64::from(adjusted % line_range),
             );
         }
         let mask = u64::MAX >> (64 - 8 * u32::from(address_size));
-        let instructions = header.raw_program_buf();
+        let instructions = header.instructions;
         Ok(Program {
             instructions: instructions.slice(),
             big_endian: gimli::Endianity::is_big_endian(gimli::Reader::endian(&instructions)),
             opcode_base,
-            standard_lengths: header.standard_opcode_lengths().slice(),
+            standard_lengths: header.standard_opcode_lengths,
             special,
             const_add_pc: min_length * u64::from((255 - opcode_base) / line_range),
             min_length,
@@ -395,6 +396,9 @@ impl Bytes {
 
 #[cfg(test)]
 mod tests {
+    use gimli::Section as _;
+
+    use super::super::dwarf::Reader;
     use super::*;
 
     /// The sequences and rows of every unit of this test binary, as gimli's state machine
@@ -417,7 +421,8 @@ mod tests {
         while let Some(header) = headers.next().unwrap() {
             let unit = dwarf.unit(header).unwrap();
             let Some(incomplete) = unit.line_program.clone() else { continue };
-            let program = Program::new(incomplete.header()).expect("runnable");
+            let header = Header::parse(*dwarf.debug_line.reader(), incomplete.header().offset().0, 8).unwrap();
+            let program = Program::new(&header).expect("runnable");
             let (complete, mut theirs) = incomplete.sequences().unwrap();
             theirs.retain(|s| s.start < s.end);
             // Each sequence found at its last address, in program order (where code the linker
@@ -467,8 +472,9 @@ mod tests {
         assert!(units > 10 && rows > 1000, "{units} units, {rows} rows");
     }
 
-    /// A DWARF 4 line program of `instructions`, with one file, as a compiler lays it out.
-    fn program_of(instructions: &[u8]) -> gimli::IncompleteLineProgram<Reader> {
+    /// A DWARF 4 line program of `instructions`, with one file, as a compiler lays it out: ours,
+    /// and gimli's.
+    fn program_of(instructions: &[u8]) -> (Program, gimli::IncompleteLineProgram<Reader>) {
         let mut header = vec![1, 1, 1, (-5i8) as u8, 14, 13, 0, 1, 1, 1, 1, 0, 0, 0, 1, 0, 0, 1];
         header.extend_from_slice(b"\0a.rs\0\0\0\0\0");
         let mut unit = vec![4, 0];
@@ -479,7 +485,8 @@ mod tests {
         section.extend(unit);
         let section: &'static [u8] = Box::leak(section.into_boxed_slice());
         let debug_line = gimli::DebugLine::new(section, gimli::RunTimeEndian::Little);
-        debug_line.program(gimli::DebugLineOffset(0), 8, None, None).unwrap()
+        let header = Header::parse(*debug_line.reader(), 0, 8).unwrap();
+        (Program::new(&header).unwrap(), debug_line.program(gimli::DebugLineOffset(0), 8, None, None).unwrap())
     }
 
     fn set_address(address: u64) -> Vec<u8> {
@@ -506,8 +513,7 @@ mod tests {
         instructions.extend([3, 9, 1]); // advance_line 9, copy: 0x2000 line 10
         instructions.extend([2, 3]);
         instructions.extend(END_SEQUENCE); // ends at 0x2003
-        let incomplete = program_of(&instructions);
-        let program = Program::new(incomplete.header()).unwrap();
+        let (program, incomplete) = program_of(&instructions);
         let mut read = Sequences::new();
         assert!(program.sequence_at(&mut read, 0x1009, None).unwrap().is_none(), "past the first sequence");
         let sequences = read.found;
@@ -529,8 +535,7 @@ mod tests {
         instructions.extend([0, 9, 3, b'b', b'.', b'r', b's', 0, 0, 0, 0]);
         instructions.extend([1]);
         instructions.extend(END_SEQUENCE);
-        let incomplete = program_of(&instructions);
-        let program = Program::new(incomplete.header()).unwrap();
+        let (program, _) = program_of(&instructions);
         assert!(program.sequence_at(&mut Sequences::new(), 0x1000, None).is_err());
     }
 }

@@ -15,6 +15,7 @@
 //! [`Symbolizer::symbolize`] looks up `addr − 1`, inside the call instruction.
 
 mod dwarf;
+mod line_header;
 mod line_program;
 mod loaded_objects;
 mod object_file;
@@ -165,6 +166,22 @@ pub fn function_names(symbolizer: &mut Symbolizer, addr: u64) -> Vec<String> {
 /// `function_names` with a symbolizer of its own, for tests and benchmarks.
 pub fn function_names_once(addr: u64) -> Vec<String> {
     function_names(&mut Symbolizer::new(), addr)
+}
+
+/// Objects with DWARF for the tests to read: this test binary (DWARF 4 from rustc) and a few
+/// dozen separate debug files under `/usr/lib/debug` where there are some (DWARF 5 from GCC).
+#[cfg(test)]
+fn test_objects() -> Vec<std::path::PathBuf> {
+    let mut paths = vec![std::env::current_exe().unwrap()];
+    paths.extend(
+        std::fs::read_dir("/usr/lib/debug/.build-id")
+            .into_iter()
+            .flatten()
+            .flatten()
+            .flat_map(|dir| std::fs::read_dir(dir.path()).into_iter().flatten().flatten().map(|f| f.path()).take(2))
+            .take(40),
+    );
+    paths
 }
 
 #[cfg(test)]

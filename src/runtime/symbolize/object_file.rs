@@ -318,7 +318,11 @@ fn locate_dwarf(file: &object::File<'static>, inflated: &mut Vec<Box<[u8]>>, map
 }
 
 /// A section's bytes: borrowed from the mapping, or inflated into `inflated` when compressed.
-fn section_data(file: &object::File<'static>, name: &str, inflated: &mut Vec<Box<[u8]>>) -> Option<&'static [u8]> {
+pub(super) fn section_data(
+    file: &object::File<'static>,
+    name: &str,
+    inflated: &mut Vec<Box<[u8]>>,
+) -> Option<&'static [u8]> {
     // object also finds GNU `.zdebug_*` sections for `.debug_*` names.
     let section = file.section_by_name(name)?;
     let compressed = section.compressed_data().ok()?;
