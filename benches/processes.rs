@@ -22,7 +22,15 @@
 //!
 //! Figures from `wait4`'s resource usage of each child: user + system CPU, and the peak
 //! resident set (`ru_maxrss`). On a machine shared with other work, read the ratios, not the
-//! times.
+//! times. Besides the ratio of the medians, each row gives the median and quartiles of the
+//! rounds' own ratios (each traced run against the untraced run of its round): the speed of
+//! a virtual machine drifts by several percent from one run to the next, and the quartiles
+//! show how far.
+//!
+//! A short program samples nothing in some of its traced runs, whose stop has no frames to
+//! name: `jaq -n 1` at the default rate takes a sample in about half of them. Its traced runs
+//! are also counted apart by whether their trace holds a sample, in rows of their own against
+//! the untraced runs' median.
 
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
@@ -45,6 +53,12 @@ struct Run {
     wall: Duration,
     cpu: Duration,
     max_rss_kib: u64,
+}
+
+/// A traced run's figures, with whether its trace holds a sample.
+struct TracedRun {
+    run: Run,
+    sampled: bool,
 }
 
 /// A program to measure.
@@ -103,8 +117,11 @@ fn main() {
     }
     programs.retain(|p| filter.is_empty() || filter.iter().any(|f| p.name.contains(f.as_str())));
 
-    println!("| program | rounds | untraced wall / CPU / peak RSS | traced wall / CPU / peak RSS | ratio wall / CPU / RSS | added wall / CPU / RSS |");
-    println!("|---|---|---|---|---|---|");
+    println!(
+        "| program | rounds | untraced wall / CPU / peak RSS | traced wall / CPU / peak RSS | ratio wall / CPU / RSS \
+         | rounds' wall ratios: median (quartiles) | added wall / CPU / RSS |"
+    );
+    println!("|---|---|---|---|---|---|---|");
     for program in &programs {
         let trace = scratch.join("trace.ctf");
         let (mut off, mut on) = (Vec::new(), Vec::new());
@@ -112,33 +129,89 @@ fn main() {
         for round in 0..=rounds {
             let plain = measure(program, None);
             let traced = measure(program, Some(&trace));
+            let sampled = sampled(&trace);
             if round > 0 {
                 off.push(plain);
-                on.push(traced);
+                on.push(TracedRun { run: traced, sampled });
             }
         }
-        let (a, b) = (median(&off), median(&on));
-        let ms = |d: Duration| d.as_secs_f64() * 1e3;
-        let mib = |kib: u64| kib as f64 / 1024.0;
-        println!(
-            "| {} | {rounds} | {:.1} ms / {:.1} ms / {:.1} MiB | {:.1} ms / {:.1} ms / {:.1} MiB | {:.3} / {:.3} / {:.2} | {:+.1} ms / {:+.1} ms / {:+.1} MiB |",
-            program.name,
-            ms(a.wall),
-            ms(a.cpu),
-            mib(a.max_rss_kib),
-            ms(b.wall),
-            ms(b.cpu),
-            mib(b.max_rss_kib),
-            b.wall.as_secs_f64() / a.wall.as_secs_f64(),
-            b.cpu.as_secs_f64() / a.cpu.as_secs_f64().max(1e-9),
-            b.max_rss_kib as f64 / a.max_rss_kib as f64,
-            ms(b.wall) - ms(a.wall),
-            ms(b.cpu) - ms(a.cpu),
-            mib(b.max_rss_kib) - mib(a.max_rss_kib),
-        );
+        let all: Vec<(Run, Run)> = off.iter().copied().zip(on.iter().map(|t| t.run)).collect();
+        print_row(&program.name, &all);
+        // A short program's traced runs with and without a sample, if it has both.
+        if on.iter().any(|t| t.sampled) && on.iter().any(|t| !t.sampled) && program.name.contains("short") {
+            for (sampled, label) in [(true, "with a sample"), (false, "without a sample")] {
+                let pairs: Vec<(Run, Run)> =
+                    off.iter().zip(&on).filter(|(_, t)| t.sampled == sampled).map(|(&a, t)| (a, t.run)).collect();
+                // Against the median of every untraced run, not only those of the same rounds.
+                let untraced = median(&off);
+                print_split_row(&format!("{}, traced runs {label}", program.name), &pairs, untraced);
+            }
+        }
         let _ = std::fs::remove_file(&trace);
     }
     let _ = std::fs::remove_dir_all(&scratch);
+}
+
+/// Whether the trace at `path` holds an allocation.
+fn sampled(path: &Path) -> bool {
+    let Ok(mut reader) = memtrace_rs::trace::Reader::open(path) else { return false };
+    while let Ok(Some(event)) = reader.next_event() {
+        if matches!(event.kind, memtrace_rs::trace::EventKind::Alloc(_)) {
+            return true;
+        }
+    }
+    false
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+fn mib(kib: u64) -> f64 {
+    kib as f64 / 1024.0
+}
+
+/// The row of a program's (untraced, traced) pairs, one a round.
+fn print_row(name: &str, pairs: &[(Run, Run)]) {
+    let untraced = median(&pairs.iter().map(|p| p.0).collect::<Vec<_>>());
+    let ratios = quartiles(pairs.iter().map(|(a, b)| b.wall.as_secs_f64() / a.wall.as_secs_f64()).collect());
+    print_figures(name, &pairs.len().to_string(), untraced, pairs, Some(ratios));
+}
+
+/// The row of some of a short program's traced runs, against the median `untraced` run of all
+/// the rounds.
+fn print_split_row(name: &str, pairs: &[(Run, Run)], untraced: Run) {
+    print_figures(name, &format!("{} of the rounds", pairs.len()), untraced, pairs, None);
+}
+
+/// One row of the table: the medians of `untraced` and of the traced runs of `pairs`, their
+/// ratios and differences, and the quartiles of the rounds' own ratios if given.
+fn print_figures(name: &str, rounds: &str, untraced: Run, pairs: &[(Run, Run)], ratios: Option<(f64, f64, f64)>) {
+    let (a, b) = (untraced, median(&pairs.iter().map(|p| p.1).collect::<Vec<_>>()));
+    let ratios = ratios.map_or(String::new(), |(q1, mid, q3)| format!("{mid:.3} ({q1:.3}–{q3:.3})"));
+    println!(
+        "| {name} | {rounds} | {:.1} ms / {:.1} ms / {:.1} MiB | {:.1} ms / {:.1} ms / {:.1} MiB | {:.3} / {:.3} / {:.2} \
+         | {ratios} | {:+.1} ms / {:+.1} ms / {:+.1} MiB |",
+        ms(a.wall),
+        ms(a.cpu),
+        mib(a.max_rss_kib),
+        ms(b.wall),
+        ms(b.cpu),
+        mib(b.max_rss_kib),
+        b.wall.as_secs_f64() / a.wall.as_secs_f64(),
+        b.cpu.as_secs_f64() / a.cpu.as_secs_f64().max(1e-9),
+        b.max_rss_kib as f64 / a.max_rss_kib as f64,
+        ms(b.wall) - ms(a.wall),
+        ms(b.cpu) - ms(a.cpu),
+        mib(b.max_rss_kib) - mib(a.max_rss_kib),
+    );
+}
+
+/// The first quartile, median and third quartile of `values`.
+fn quartiles(mut values: Vec<f64>) -> (f64, f64, f64) {
+    values.sort_by(f64::total_cmp);
+    let at = |q: usize| values[(values.len() - 1) * q / 4];
+    (at(1), at(2), at(3))
 }
 
 /// The short program: start tracing if asked, allocate a few hundred blocks, exit.
