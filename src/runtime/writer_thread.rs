@@ -106,6 +106,7 @@ pub(crate) fn write_trace(
             worker: Worker::new(symbolizer),
             cache: FastMap::default(),
             pseudo: PseudoFrames::default(),
+            tag: 0,
         },
         session,
         ids: FastMap::default(),
@@ -228,6 +229,7 @@ impl TraceWriter {
             self.names.cache.clear();
         }
         let tag = (self.epoch % (1 << (64 - ADDRESS_BITS))) << ADDRESS_BITS;
+        self.names.tag = tag;
         self.codes.clear();
         // Pseudo-frames (span and thread names, tagged at the top) are codes of their own.
         self.codes.extend(frames.iter().map(|&frame| if frame >> ADDRESS_BITS == 0 { frame | tag } else { frame }));
@@ -272,6 +274,10 @@ impl TraceWriter {
 /// Messages the writer may take off the queue ahead of their turn, beyond those it holds.
 const BACKLOG_LIMIT: usize = 1 << 15;
 
+/// Of the samples taken ahead, those whose new frames are named with those of the sample being
+/// written, in one request (see [`Names::name_new`]).
+const NAMED_AHEAD: usize = 16;
+
 /// Take what the queue holds into `backlog` (up to [`BACKLOG_LIMIT`]): done while the writer
 /// waits for frames' names, which may take milliseconds of parsing debug info (tens for a
 /// large unit of an unoptimised build), so that the queue does not fill up and samples get
@@ -313,6 +319,8 @@ struct Names {
     cache: FastMap<u64, Arc<[Location]>>,
     /// The names of span and thread pseudo-frames.
     pseudo: PseudoFrames,
+    /// The tag of the frame addresses' location codes (see [`TraceWriter::set_codes`]).
+    tag: u64,
 }
 
 impl Names {
@@ -330,7 +338,11 @@ impl Names {
     }
 
     /// Work out the locations of those of `codes` not named yet: a pseudo-frame's name, or the
-    /// code address's source locations, asked of the worker for all the addresses at once.
+    /// code address's source locations, asked of the worker for all the addresses at once,
+    /// with the new frame addresses of the first [`NAMED_AHEAD`] samples queued behind (taken
+    /// ahead now): each request costs a pass over the tables of each object its addresses are
+    /// in (for an object's first few), and samples that wait together (a short program's, at
+    /// its stop) are named in one.
     fn name_new(&mut self, codes: impl IntoIterator<Item = u64>) {
         let mut new_codes = Vec::new();
         for code in codes {
@@ -345,6 +357,23 @@ impl Names {
         if new_codes.is_empty() {
             return;
         }
+        take_ahead(self.channel, &mut self.backlog);
+        let ahead = self
+            .backlog
+            .iter()
+            .filter_map(|msg| match msg {
+                Msg::Alloc { frames, nframes, .. } => Some(&frames[..usize::from(*nframes).min(MAX_FRAMES)]),
+                _ => None,
+            })
+            .take(NAMED_AHEAD)
+            .flatten()
+            // Addresses only: a pseudo-frame is named as its own sample is written.
+            .filter(|&&frame| frame >> ADDRESS_BITS == 0)
+            .map(|&frame| frame | self.tag);
+        let ahead: Vec<u64> = ahead.filter(|code| !self.cache.contains_key(code)).collect();
+        new_codes.extend(ahead);
+        new_codes.sort_unstable();
+        new_codes.dedup();
         self.channel.note_progress();
         let addrs: Vec<u64> = new_codes.iter().map(|code| code & ((1 << ADDRESS_BITS) - 1)).collect();
         let (channel, backlog) = (self.channel, &mut self.backlog);
@@ -382,5 +411,35 @@ mod tests {
             assert_eq!(channel.queued(), 6 - handled);
         }
         assert!(next_message(&channel, &mut backlog).is_none());
+    }
+
+    /// The new frames of the samples queued behind a sample are named with its own, in one
+    /// request, and the samples stay queued, to be written in their turn.
+    #[test]
+    fn the_frames_of_queued_samples_are_named_with_the_sample_before_them() {
+        let channel: &'static Channel = Box::leak(Box::new(Channel::new(0, 1 << 10)));
+        let mut names = Names {
+            channel,
+            backlog: VecDeque::new(),
+            worker: Worker::new(Symbolizer::new()),
+            cache: FastMap::default(),
+            pseudo: PseudoFrames::default(),
+            tag: 0,
+        };
+        // Return addresses in this test binary's code.
+        let first = messages_taken_ahead_count_as_queued_until_handled as *const () as u64 + 1;
+        let queued = next_message as *const () as u64 + 1;
+        let mut frames: handoff::Frames = Box::new([0; MAX_FRAMES]);
+        frames[..2].copy_from_slice(&[queued, first]);
+        let sample = Msg::Alloc { session: 1, nframes: 2, addr: 0x1000, time: 0, length: 1, nsamples: 1, frames };
+        assert!(channel.try_send(sample));
+        let named = names.locations_of(first, &[first]);
+        assert!(
+            named.iter().any(|l| String::from_utf8_lossy(&l.defname).contains("messages_taken_ahead")),
+            "{named:?}"
+        );
+        let ahead = names.cache.get(&queued).expect("the queued sample's frame named with the first");
+        assert!(ahead.iter().any(|l| String::from_utf8_lossy(&l.defname).contains("next_message")), "{ahead:?}");
+        assert_eq!(names.backlog.len(), 1, "the queued sample is still to be written");
     }
 }
