@@ -255,12 +255,14 @@ fn allocate_blocks() -> i32 {
     blocks.len() as i32
 }
 
+// Of different code (their results differ), so that an optimised build does not fold them
+// into one function of one name.
 extern "C" fn allocate_from_alpha() -> i32 {
-    black_box(allocate_blocks())
+    black_box(allocate_blocks()) + 1
 }
 
 extern "C" fn allocate_from_beta() -> i32 {
-    black_box(allocate_blocks())
+    black_box(allocate_blocks()) + 2
 }
 
 /// A library loaded after tracing started is named (with its file and line, from its DWARF);

@@ -947,7 +947,8 @@ mod tests {
             .map(std::path::PathBuf::from)
             .unwrap_or_else(|| std::env::current_exe().unwrap());
         let (probes, functions, sequences) = search_against_reading(&path, &Options::default());
-        assert!(probes > 1000, "{probes} functions");
+        // (A release build of this test binary has some 700 at every 5th.)
+        assert!(probes > 500, "{probes} functions");
         // Rust code, with a section and so a line sequence per function (not C's).
         assert!(functions * 10 > probes * 9 && sequences * 10 > probes * 9, "{functions} and {sequences} of {probes}");
         let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
