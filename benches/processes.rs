@@ -11,8 +11,8 @@
 //! (this harness itself, started as a child that traces, allocates a few hundred blocks and
 //! exits: the fixed cost of tracing), and, when `benches/thirdparty/build-jaq.sh` has built
 //! them, jaq (a jq clone from crates.io, with memtrace-rs as its global allocator) built with
-//! `debug = "line-tables-only"` and with `debug = 1`, run short (`jaq -n 1`) and filtering a
-//! generated 16 MB JSON file. `MEMTRACE_BENCH_THIRDPARTY` names another directory of jaq
+//! `debug = "line-tables-only"` and with `debug = 1` over the system allocator, and over
+//! mimalloc as jaq ships, run short (`jaq -n 1`) and filtering a generated 16 MB JSON file. `MEMTRACE_BENCH_THIRDPARTY` names another directory of jaq
 //! builds (say, built against an earlier version of this crate), and arguments select
 //! programs by name (`cargo bench --bench processes -- jaq`).
 //! Traced runs use the default rate (`MEMTRACE_RATE` unset; `MEMTRACE_BENCH_RATE` sets
@@ -93,7 +93,11 @@ fn main() {
         .map(PathBuf::from)
         .unwrap_or_else(|| repo.join("target/thirdparty"));
     let input = scratch.join("input.json");
-    for (build, label) in [("jaq-line-tables-only", "debug = \"line-tables-only\""), ("jaq-debug-1", "debug = 1")] {
+    for (build, label) in [
+        ("jaq-line-tables-only", "debug = \"line-tables-only\""),
+        ("jaq-debug-1", "debug = 1"),
+        ("jaq-mimalloc", "over mimalloc (as jaq ships), line tables"),
+    ] {
         let jaq = thirdparty.join(build).join("release/jaq");
         if !jaq.exists() {
             eprintln!("{} missing: run benches/thirdparty/build-jaq.sh for jaq's rows", jaq.display());
