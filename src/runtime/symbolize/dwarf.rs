@@ -750,11 +750,12 @@ impl Dwarf {
     fn file_name(&mut self, u: usize, index: u64) -> Result<Option<String>> {
         let comp_dir = self.comp_dir(u)?;
         let Some(lines) = self.lines(u) else { return Ok(None) };
-        let Some(file) = lines.header.file(index)? else {
+        // A damaged table costs the frame its file, not its function's name.
+        let Ok(Some(file)) = lines.header.file(index) else {
             // DWARF 4 numbers files from 1: addr2line gives file 0 an empty name.
             return Ok((index == 0).then(String::new));
         };
-        let directory = lines.header.directory(file.directory)?;
+        let directory = lines.header.directory(file.directory).ok().flatten();
         let text = |value| self.string(u, value).map(|s| super::lossy_utf8(&s).into_owned());
         let mut path = comp_dir.unwrap_or_default();
         if let Some(directory) = directory {
