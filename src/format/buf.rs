@@ -3,8 +3,9 @@
 //!
 //! [`WriteBuf`] is a fixed-size output buffer with a write position; it never grows past its
 //! capacity, and a write that does not fit sets a sticky overflow flag instead of panicking,
-//! so the writer can check once per event. [`ReadCursor`] walks a byte slice; every read is bounds-checked
-//! and running out of bytes is an [`Error`] carrying the absolute offset in the file.
+//! so the writer can check once per event. [`ReadCursor`] walks a byte slice; every read is
+//! bounds-checked and running out of bytes is an [`Error`] carrying the absolute offset in the
+//! file.
 
 use crate::format::error::{Error, ErrorKind, Result};
 

@@ -938,8 +938,6 @@ fn aranges_of_set<const SIZE: usize>(tuples: &[u8], big_endian: bool, mut f: imp
     }
 }
 
-/// Where the range `begin..end` lies with respect to `probe`, for a binary search of sorted
-/// ranges.
 /// The unit that `header` starts, as gimli's `Dwarf::unit` makes it but without its line
 /// program (`Unit::line_program` is `None`), and where that program is: gimli parses the
 /// program's header, every file of it, whenever it makes a unit, where naming reads the header
@@ -1001,6 +999,8 @@ fn unit_without_lines(
     Ok((unit, line_program))
 }
 
+/// Where the range `begin..end` lies with respect to `probe`, for a binary search of sorted
+/// ranges.
 pub(super) fn order(begin: u64, end: u64, probe: u64) -> Ordering {
     if probe < begin {
         Ordering::Greater
