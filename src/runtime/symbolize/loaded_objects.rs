@@ -44,7 +44,6 @@ pub(super) fn loader_counters() -> Option<(u64, u64)> {
 }
 
 /// What the loader says of one object: ranges of [`Reports`]' vectors.
-#[derive(Clone)]
 struct Reported {
     /// Of `Reports::bytes`; empty for the main program (and the vDSO on older loaders).
     name: Range<usize>,
@@ -89,10 +88,9 @@ impl Reports {
         loads: impl Iterator<Item = (u64, u64)> + Clone,
         build_id: &[u8],
     ) -> bool {
-        let room = |len: usize, capacity: usize| capacity - len;
-        if self.objects.len() == self.objects.capacity()
-            || room(self.bytes.len(), self.bytes.capacity()) < name.len() + build_id.len()
-            || room(self.segments.len(), self.segments.capacity()) < loads.clone().count()
+        if self.objects.spare_capacity_mut().is_empty()
+            || self.bytes.spare_capacity_mut().len() < name.len() + build_id.len()
+            || self.segments.spare_capacity_mut().len() < loads.clone().count()
         {
             return false;
         }
@@ -110,9 +108,18 @@ impl Reports {
     }
 }
 
+/// Room for this many objects at a first scan (a Rust program loads a handful).
+const ROOM: usize = 64;
+
 /// The loaded objects with a file (the vDSO has none), and the loader's counters. Files are
 /// looked at only after the loader's lock is released.
 pub(super) fn scan_objects() -> (Vec<Scanned>, Option<(u64, u64)>) {
+    scan_with_room(ROOM)
+}
+
+/// [`scan_objects`], with room for `room` objects at first (and 4 times more at each scan the
+/// objects did not fit in).
+fn scan_with_room(mut room: usize) -> (Vec<Scanned>, Option<(u64, u64)>) {
     unsafe extern "C" fn each(
         info: *mut libc::dl_phdr_info,
         size: libc::size_t,
@@ -161,7 +168,6 @@ pub(super) fn scan_objects() -> (Vec<Scanned>, Option<(u64, u64)>) {
             1
         }
     }
-    let mut room = 64;
     let reports = loop {
         let mut reports = Reports::with_room(room);
         // SAFETY: the callback reads only what the loader passes it and writes `reports`,
@@ -216,4 +222,24 @@ fn gnu_build_id(mut notes: &[u8], align: u64) -> Option<&[u8]> {
         notes = &notes[(12 + up(namesz) + up(descsz)).min(notes.len())..];
     }
     None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A scan whose first room holds one object makes room and scans again: it finds the
+    /// objects, segments and build-ids a roomy scan finds.
+    #[test]
+    fn a_scan_that_runs_out_of_room_scans_again() {
+        let describe = |(objects, counters): (Vec<Scanned>, Option<(u64, u64)>)| {
+            let objects: Vec<_> =
+                objects.into_iter().map(|o| (o.path, o.base, o.segments, o.build_id, o.file_id)).collect();
+            (objects, counters)
+        };
+        let (roomy, tight) = (describe(scan_with_room(ROOM)), describe(scan_with_room(1)));
+        assert!(roomy.0.len() > 1, "{} objects", roomy.0.len());
+        assert!(roomy.0.iter().any(|o| o.3.is_some()), "no build-id read");
+        assert_eq!(tight, roomy);
+    }
 }
