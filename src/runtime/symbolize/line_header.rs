@@ -28,7 +28,6 @@ pub(super) struct Header {
     /// The program's instructions.
     pub(super) instructions: Reader,
     version: u16,
-    format: gimli::Format,
     directories: Table,
     files: Table,
 }
@@ -39,6 +38,8 @@ struct Table {
     /// From the first entry to the end of the header.
     entries: Reader,
     layout: Layout,
+    /// Whether the program is 32- or 64-bit DWARF (the size of its section offsets).
+    format: gimli::Format,
     /// The offset of each entry in `entries`.
     starts: Option<Vec<u32>>,
 }
@@ -101,13 +102,14 @@ impl Header {
         let standard_opcode_lengths = header.split(usize::from(opcode_base) - 1)?.slice();
         // The directories are indexed on the way to the files.
         let (directories, files) = if version >= 5 {
-            let mut directories = Table::described(&mut header)?;
-            header = directories.index(format)?;
-            (directories, Table::described(&mut header)?)
+            let mut directories = Table::described(&mut header, format)?;
+            header = directories.index()?;
+            (directories, Table::described(&mut header, format)?)
         } else {
-            let mut directories = Table { entries: header, layout: Layout::Fixed { file: false }, starts: None };
-            header = directories.index(format)?;
-            (directories, Table { entries: header, layout: Layout::Fixed { file: true }, starts: None })
+            let fixed = |entries, file| Table { entries, layout: Layout::Fixed { file }, format, starts: None };
+            let mut directories = fixed(header, false);
+            header = directories.index()?;
+            (directories, fixed(header, true))
         };
         Ok(Header {
             address_size,
@@ -119,7 +121,6 @@ impl Header {
             standard_opcode_lengths,
             instructions: unit,
             version,
-            format,
             directories,
             files,
         })
@@ -133,7 +134,7 @@ impl Header {
             (false, 0) => return Ok(None),
             (false, index) => index - 1,
         };
-        self.files.entry(index, self.format)
+        self.files.entry(index)
     }
 
     /// The path of directory `index`, but for directory 0, the unit's own directory, which
@@ -144,14 +145,14 @@ impl Header {
             (true, index) => index,
             (false, index) => index - 1,
         };
-        Ok(self.directories.entry(index, self.format)?.map(|entry| entry.path))
+        Ok(self.directories.entry(index)?.map(|entry| entry.path))
     }
 }
 
 impl Table {
     /// A DWARF 5 table at `input`: its entry format and count, then its entries (`input` is
     /// left at the entries).
-    fn described(input: &mut Reader) -> Result<Table> {
+    fn described(input: &mut Reader, format: gimli::Format) -> Result<Table> {
         let fields_start = *input;
         let pairs = input.read_u8()?;
         let mut paths = 0;
@@ -166,11 +167,11 @@ impl Table {
         fields.skip(1)?;
         let fields = fields.split(gimli::Reader::offset_from(&*input, &fields))?;
         let count = input.read_uleb128()?;
-        Ok(Table { entries: *input, layout: Layout::Described { fields, count }, starts: None })
+        Ok(Table { entries: *input, layout: Layout::Described { fields, count }, format, starts: None })
     }
 
     /// Note where each entry starts; the input after the table.
-    fn index(&mut self, format: gimli::Format) -> Result<Reader> {
+    fn index(&mut self) -> Result<Reader> {
         let mut input = self.entries;
         let mut starts = Vec::new();
         loop {
@@ -189,26 +190,26 @@ impl Table {
             let at = u32::try_from(gimli::Reader::offset_from(&input, &self.entries))
                 .map_err(|_| gimli::Error::UnsupportedOffset)?;
             starts.push(at);
-            self.read(&mut input, format)?;
+            self.read(&mut input)?;
         }
         self.starts = Some(starts);
         Ok(input)
     }
 
     /// Entry `index`, if the table has one.
-    fn entry(&mut self, index: u64, format: gimli::Format) -> Result<Option<Entry>> {
+    fn entry(&mut self, index: u64) -> Result<Option<Entry>> {
         if self.starts.is_none() {
-            self.index(format)?;
+            self.index()?;
         }
         let starts = self.starts.as_deref().unwrap_or_default();
         let Some(&start) = usize::try_from(index).ok().and_then(|i| starts.get(i)) else { return Ok(None) };
         let mut input = self.entries;
         input.skip(start as usize)?;
-        self.read(&mut input, format).map(Some)
+        self.read(&mut input).map(Some)
     }
 
     /// The entry at `input`, which is moved past it.
-    fn read(&self, input: &mut Reader, format: gimli::Format) -> Result<Entry> {
+    fn read(&self, input: &mut Reader) -> Result<Entry> {
         match self.layout {
             Layout::Fixed { file } => {
                 let path = gimli::AttributeValue::String(input.read_null_terminated_slice()?);
@@ -227,7 +228,7 @@ impl Table {
                 while !fields.is_empty() {
                     let content = fields.read_uleb128()?;
                     let form = gimli::DwForm(fields.read_uleb128_u16()?);
-                    let value = value(input, form, format)?;
+                    let value = value(input, form, self.format)?;
                     if content == u64::from(gimli::DW_LNCT_path.0) {
                         path = Some(value);
                     } else if content == u64::from(gimli::DW_LNCT_directory_index.0) {
