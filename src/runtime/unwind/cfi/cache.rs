@@ -239,11 +239,43 @@ mod tests {
 
     const PAGE: usize = 4096;
 
-    /// A cache of a test's own, new.
-    fn fresh() -> Box<Cache> {
-        // SAFETY: a `Cache` is atomics only, for which all-zero bytes are valid values (and
-        // a new cache's).
-        unsafe { Box::<Cache>::new_zeroed().assume_init() }
+    /// A cache of a test's own, new, in a mapping of its own: no page of it is resident until
+    /// used (an allocation this aligned would be zeroed by writing it).
+    struct Fresh(*mut libc::c_void);
+
+    fn fresh() -> Fresh {
+        // SAFETY: a new private anonymous mapping, which nothing else refers to.
+        let map = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                std::mem::size_of::<Cache>(),
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(map, libc::MAP_FAILED);
+        Fresh(map)
+    }
+
+    // SAFETY: a `Fresh` only gives out its `Cache`, whose fields are atomics, as `CACHE`'s are.
+    unsafe impl Sync for Fresh {}
+
+    impl std::ops::Deref for Fresh {
+        type Target = Cache;
+        fn deref(&self) -> &Cache {
+            // SAFETY: the mapping is page-aligned, as large as a `Cache` and all zero when new,
+            // which is a valid, new `Cache` (atomics only); it lives as long as `self`.
+            unsafe { &*(self.0 as *const Cache) }
+        }
+    }
+
+    impl Drop for Fresh {
+        fn drop(&mut self) {
+            // SAFETY: the mapping `fresh` made, no longer borrowed.
+            unsafe { libc::munmap(self.0, std::mem::size_of::<Cache>()) };
+        }
     }
 
     /// `n` distinct code addresses of this program whose rules may be cached, with the rules.
@@ -287,23 +319,7 @@ mod tests {
         if !SUPPORTED {
             return;
         }
-        // Mapped rather than `fresh`: an allocation this aligned is zeroed by writing it.
-        let size = std::mem::size_of::<Cache>();
-        // SAFETY: a new private anonymous mapping, all zero: a valid, new `Cache` (atomics
-        // only), page-aligned, used only below and unmapped at the end.
-        let map = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                size,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        assert_ne!(map, libc::MAP_FAILED);
-        // SAFETY: as above.
-        let cache = unsafe { &*(map as *const Cache) };
+        let cache = fresh();
         let addresses = code_addresses(300);
         let fill = |addresses: &[(u64, Rule)]| {
             for &(pc, rule) in addresses {
@@ -313,14 +329,12 @@ mod tests {
         };
         fill(&addresses[..40]);
         assert_eq!(cache.set_bits(), START_SET_BITS);
-        assert_eq!(resident_pages(cache), (1, 1));
+        assert_eq!(resident_pages(&cache), (1, 1));
         fill(&addresses[40..]);
-        let (resident, in_use) = resident_pages(cache);
+        let (resident, in_use) = resident_pages(&cache);
         println!("300 addresses: {} sets in use, {resident} of their {in_use} pages resident", 1 << cache.set_bits());
         assert!((START_SET_BITS + 1..=START_SET_BITS + 3).contains(&cache.set_bits()), "{}", cache.set_bits());
         assert!(resident <= in_use, "{resident} pages resident, {in_use} in use");
-        // SAFETY: the mapping made above, no longer used.
-        unsafe { libc::munmap(map, size) };
     }
 
     /// The process's cache, however the walks of this process's tests grew it, is resident
