@@ -11,7 +11,9 @@ use std::time::{Duration, Instant};
 
 use memtrace_rs::{currently_tracing, trace_if_requested};
 
-use super::{assert_one_message, child, fifo_reader, memtrace_messages, run_within, site_freed, temp_path, Trace};
+use super::{
+    assert_one_message, child, fifo_reader, memtrace_messages, output_within, run_within, site_freed, temp_path, Trace,
+};
 
 /// Environment variable: where a `restarts` child writes its traces.
 const DIR_VAR: &str = "MEMTRACE_TEST_DIR";
@@ -289,26 +291,9 @@ fn a_program_traced_under_heaptrack_runs_to_its_end() {
                 None => cmd.env_remove(var),
             };
         }
-        // A group of its own, so that a deadlocked child is killed with heaptrack's script.
-        let mut proc = std::os::unix::process::CommandExt::process_group(&mut cmd, 0)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let limit = Instant::now() + Duration::from_secs(60);
-        let status = loop {
-            if let Some(status) = proc.try_wait().unwrap() {
-                break status;
-            }
-            if Instant::now() > limit {
-                // SAFETY: a signal to the process group of our own child.
-                unsafe { libc::kill(-(proc.id() as libc::pid_t), libc::SIGKILL) };
-                let _ = proc.wait();
-                panic!("run {run}: the traced program under heaptrack still ran after 60 s (deadlocked)");
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        };
-        assert!(status.success(), "run {run}: {status:?}");
+        cmd.stdout(Stdio::null());
+        let (out, _) = output_within(cmd, &format!("restarts under heaptrack, run {run}"), Duration::from_secs(60));
+        assert!(out.status.success(), "run {run}: {:?}", out.status);
         let traces: Vec<Trace> =
             (0..RESTARTS).map(|round| Trace::read(&dir.path().join(format!("{round}.ctf")))).collect();
         assert!(traces.iter().all(|trace| trace.warnings.is_empty()), "run {run}: a trace has warnings");

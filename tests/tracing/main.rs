@@ -479,21 +479,32 @@ fn child(role: &str, env: &[(&str, &str)]) -> Command {
 /// Run a child in `role` with `env`, killing it (and failing) past `limit`; its output and how
 /// long it ran.
 fn run_within(role: &str, env: &[(&str, &str)], limit: Duration) -> (Output, Duration) {
+    output_within(child(role, env), role, limit)
+}
+
+/// Run `cmd` (`what` it runs, for messages) with its stderr captured, in a process group of its
+/// own, and kill the group (and fail) past `limit`: a child that hangs is killed with whatever
+/// it started (a wrapper's child, a fork). Its output and how long it ran.
+fn output_within(mut cmd: Command, what: &str, limit: Duration) -> (Output, Duration) {
     let start = Instant::now();
-    let proc = child(role, env).stderr(Stdio::piped()).spawn().unwrap();
-    let pid = proc.id() as libc::pid_t;
+    let proc = std::os::unix::process::CommandExt::process_group(&mut cmd, 0)
+        .stdin(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let group = proc.id() as libc::pid_t;
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || tx.send(proc.wait_with_output()));
     match rx.recv_timeout(limit) {
         Ok(out) => {
             let out = out.unwrap();
-            eprintln!("--- child {role} stderr:\n{}", String::from_utf8_lossy(&out.stderr));
+            eprintln!("--- child {what} stderr:\n{}", String::from_utf8_lossy(&out.stderr));
             (out, start.elapsed())
         }
         Err(_) => {
-            // SAFETY: a signal to our own child.
-            unsafe { libc::kill(pid, libc::SIGKILL) };
-            panic!("child {role} still running after {limit:?}");
+            // SAFETY: a signal to the process group of our own child.
+            unsafe { libc::kill(-group, libc::SIGKILL) };
+            panic!("child {what} still running after {limit:?}");
         }
     }
 }
