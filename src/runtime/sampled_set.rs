@@ -256,6 +256,14 @@ pub(crate) fn close() {
 /// table for the whole stop and restart of a session. The next `clear` repairs it. [`Filter::sampled`]
 /// is set again if any entry is left.
 pub(crate) fn clear() {
+    if touched_buckets().next().is_none() {
+        // No insert has made a page resident, so none left an entry or a count (but a
+        // straggler racing with this, as above): nothing to wipe or recount. Nor are the
+        // counters written here, on the thread that starts tracing: the session's writer makes
+        // them resident ([`make_filter_resident`]).
+        FILTER.sampled.0.store(false, Ordering::Relaxed);
+        return;
+    }
     for slot in touched_buckets().flat_map(|bucket| &bucket.0) {
         if slot.load(Ordering::Relaxed) != 0 {
             slot.store(0, Ordering::Relaxed);
@@ -264,12 +272,24 @@ pub(crate) fn clear() {
     recount();
 }
 
+/// Write every page of the filter's counters, each with an update that changes nothing (so it
+/// may run beside inserts and removals): a free past [`Filter::sampled`] then reads a resident
+/// page, not the shared zero page that a later insert's write would fault out again (see the
+/// module doc). A session's writer thread calls it as it starts, off the program's threads and,
+/// in the common case, before the session's first sample opens the filter.
+pub(crate) fn make_filter_resident() {
+    let counters = &FILTER.counters;
+    let to_page = (PAGE_BYTES - counters.as_ptr() as usize % PAGE_BYTES) % PAGE_BYTES;
+    for counter in std::iter::once(0).chain((to_page..counters.len()).step_by(PAGE_BYTES)).map(|i| &counters[i]) {
+        counter.fetch_or(0, Ordering::Relaxed);
+    }
+}
+
 /// Set each counter to the number of entries it counts (reading only the touched pages of the
 /// table), and [`Filter::sampled`] to whether there is any.
 fn recount() {
     for counter in &FILTER.counters {
-        // Stored even when already 0: the filter (8 pages) is then resident, written before
-        // a free reads it.
+        // Stored 0 or not: the filter is resident (see `make_filter_resident`).
         counter.store(0, Ordering::Relaxed);
     }
     let mut any = false;
@@ -536,14 +556,62 @@ mod tests {
         assert_empty();
     }
 
-    /// Whether the table's page `page` is resident (`mincore`).
+    /// Whether the table's page `page` is resident.
     fn resident(page: usize) -> bool {
+        resident_at(&TABLE.0[page * BUCKETS_PER_PAGE] as *const Bucket as usize)
+    }
+
+    /// Whether the page of the static at `addr` is resident (`mincore`).
+    fn resident_at(addr: usize) -> bool {
         let mut flag = 0u8;
-        let addr = &TABLE.0[page * BUCKETS_PER_PAGE] as *const Bucket as *mut libc::c_void;
-        // SAFETY: `addr` is the page-aligned start of one page of `TABLE`, and `flag` has room
-        // for that one page's answer.
-        assert_eq!(unsafe { libc::mincore(addr, PAGE_BYTES, &mut flag) }, 0);
+        let page = (addr & !(PAGE_BYTES - 1)) as *mut libc::c_void;
+        // SAFETY: `page` is the page-aligned start of a page of this crate's statics, and
+        // `flag` has room for that one page's answer.
+        assert_eq!(unsafe { libc::mincore(page, PAGE_BYTES, &mut flag) }, 0);
         flag & 1 != 0
+    }
+
+    /// Making the filter resident changes no count, and leaves every page of it resident.
+    #[test]
+    fn making_the_filter_resident_changes_no_count() {
+        let _lock = exclusive();
+        let addrs = [0x7b00_0000_0000, 0x7b00_0000_0010, 0x7b00_0040_0000];
+        assert!(addrs.iter().all(|&a| insert(a)));
+        let counts = || FILTER.counters.iter().map(|c| c.load(Ordering::Relaxed)).collect::<Vec<u8>>();
+        let before = counts();
+        assert!(before.iter().any(|&c| c != 0));
+        make_filter_resident();
+        assert_eq!(counts(), before);
+        let start = FILTER.counters.as_ptr() as usize;
+        let end = start + FILTER.counters.len();
+        for page in (start & !(PAGE_BYTES - 1)..end).step_by(PAGE_BYTES) {
+            assert!(resident_at(page), "the filter's page at {page:#x}");
+        }
+        assert!(addrs.iter().all(|&a| remove(a)));
+        clear();
+        assert_empty();
+    }
+
+    /// A session's start writes nothing when no insert ever used the table: it leaves the
+    /// filter to the writer ([`make_filter_resident`]).
+    #[test]
+    fn a_clear_with_nothing_to_clear_writes_nothing() {
+        let _lock = exclusive();
+        clear();
+        // Only the pages marked touched are wiped by a clear: with none marked, it returns at
+        // once, even with a count left behind (a straggler of an earlier session, say).
+        let saved: Vec<u64> = TOUCHED.iter().map(|w| w.swap(0, Ordering::Relaxed)).collect();
+        let a = 0x7b10_0000_0000;
+        counter(a).store(1, Ordering::Relaxed);
+        clear();
+        let left = counter(a).swap(0, Ordering::Relaxed);
+        for (word, bits) in TOUCHED.iter().zip(saved) {
+            word.fetch_or(bits, Ordering::Relaxed);
+        }
+        assert_eq!(left, 1, "the filter was recounted");
+        assert!(!FILTER.sampled.0.load(Ordering::Relaxed));
+        clear();
+        assert_empty();
     }
 
     /// Only the pages an insert used become resident: `clear` neither reads nor writes the

@@ -303,6 +303,7 @@ fn spawn_writer(config: &TraceConfig, prepare: bool) -> Result<PendingWriter, St
     let rung = Arc::clone(&doorbell);
     let writer = TracerThread::spawn(c"memtrace-writer", move || {
         channel.fill_pool(handoff::STARTING_POOL);
+        sampled_set::make_filter_resident();
         let options = symbolize::options_from_env();
         // (Calibration naming frames meanwhile, if it finds the slot empty, makes one of its
         // own, which this one replaces in the slot when the writer is done.)
