@@ -1299,6 +1299,50 @@ fn locked_file_is_reported_and_left_alone() {
     let _ = std::fs::remove_file(&path);
 }
 
+/// An earlier trace at the path is replaced by a new file of its mode (so the program does not
+/// pay for freeing its blocks): a process reading the old one keeps reading it. A file with
+/// another link, or named through a symbolic link, is truncated and written in place instead.
+#[test]
+fn an_earlier_trace_is_replaced_and_a_linked_one_truncated() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let older = b"an earlier trace ".repeat(4096);
+    let traced = |path: &Path| {
+        let out = run("known", &[("MEMTRACE_FILE", path.to_str().unwrap())]);
+        assert!(out.status.success() && memtrace_messages(&out).is_empty());
+        assert!(Trace::read(path).at_site("::site_kept").count() > 0);
+    };
+
+    let path = temp_path("replaced");
+    std::fs::write(&path, &older).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o640)).unwrap();
+    let mut reader = std::fs::File::open(&path).unwrap();
+    let before = std::fs::metadata(&path).unwrap();
+    traced(&path);
+    let after = std::fs::metadata(&path).unwrap();
+    assert_ne!(after.ino(), before.ino(), "truncated, not replaced");
+    assert_eq!(after.mode() & 0o7777, 0o640);
+    let mut kept = Vec::new();
+    std::io::Read::read_to_end(&mut reader, &mut kept).unwrap();
+    assert!(kept == older, "the reader of the earlier trace lost it");
+
+    // A second link: both names see the new trace.
+    let link = temp_path("replaced-link");
+    std::fs::hard_link(&path, &link).unwrap();
+    traced(&path);
+    assert_eq!(std::fs::metadata(&path).unwrap().ino(), after.ino());
+    assert_eq!(std::fs::read(&link).unwrap(), std::fs::read(&path).unwrap());
+    std::fs::remove_file(&link).unwrap();
+
+    // A symbolic link: it stays one, to the file it named.
+    let symlink = temp_path("replaced-symlink");
+    std::os::unix::fs::symlink(&path, &symlink).unwrap();
+    traced(&symlink);
+    assert!(std::fs::symlink_metadata(&symlink).unwrap().file_type().is_symlink());
+    assert_eq!(std::fs::metadata(&path).unwrap().ino(), after.ino());
+    let _ = std::fs::remove_file(&symlink);
+    let _ = std::fs::remove_file(&path);
+}
+
 #[test]
 fn write_error_mid_trace_stops_tracing_with_one_message() {
     let path = temp_path("fsize");
