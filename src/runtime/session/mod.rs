@@ -513,13 +513,13 @@ struct Opened {
     file: File,
     /// Whether the start created it (a failed start removes it again).
     created: bool,
-    /// The earlier file at the path, unlinked rather than truncated (see [`replace`]): closed
+    /// The earlier file at the path, unlinked rather than truncated (see [`replaceable`]): closed
     /// by the writer thread, where freeing its blocks costs the program nothing.
     replaced: Option<File>,
 }
 
 /// Create or open `path` for writing (mode 0600), lock it, and empty it: a regular file of
-/// this user's, with no other link, is replaced by a new file of its mode (see [`replace`]),
+/// this user's, with no other link, is replaced by a new file of its mode (see [`replaceable`]),
 /// anything else truncated. Never waits: a FIFO that no process reads gives
 /// [`StartError::NoReader`] (opening it for writing would block until one opens it).
 fn open_locked(path: &Path) -> Result<Opened, StartError> {
