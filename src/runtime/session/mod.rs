@@ -513,14 +513,15 @@ struct Opened {
     file: File,
     /// Whether the start created it (a failed start removes it again).
     created: bool,
-    /// The earlier file at the path, unlinked rather than truncated (see [`replaceable`]): closed
-    /// by the writer thread, where freeing its blocks costs the program nothing.
+    /// The earlier file at the path, unlinked rather than truncated (see
+    /// [`unlink_if_replaceable`]): closed by the writer thread, where freeing its blocks costs
+    /// the program nothing.
     replaced: Option<File>,
 }
 
 /// Create or open `path` for writing (mode 0600), lock it, and empty it: a regular file of
-/// this user's, with no other link, is replaced by a new file of its mode (see [`replaceable`]),
-/// anything else truncated. Never waits: a FIFO that no process reads gives
+/// this user's with no other link is replaced by a new file of its mode (see
+/// [`unlink_if_replaceable`]), anything else truncated. Never waits: a FIFO that no process reads gives
 /// [`StartError::NoReader`] (opening it for writing would block until one opens it).
 fn open_locked(path: &Path) -> Result<Opened, StartError> {
     let open_error = |source: io::Error| match source.raw_os_error() {
@@ -540,7 +541,7 @@ fn open_locked(path: &Path) -> Result<Opened, StartError> {
     let Some(metadata) = file.metadata().ok().filter(|m| m.len() > 0) else {
         return Ok(Opened { file, created, replaced: None });
     };
-    if let Some(mode) = replaceable(path, &metadata) {
+    if let Some(mode) = unlink_if_replaceable(path, &metadata) {
         let new = open(true, mode).map_err(open_error)?;
         // The mode as it was, whatever the umask.
         let _ = new.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(mode));
@@ -574,21 +575,24 @@ fn lock(file: &File, path: &Path) -> Result<(), StartError> {
 }
 
 /// Unlink the file at `path`, open and locked by us with `metadata`, so that a new one can be
-/// created in its place, if nothing but its contents would be lost: a regular file, owned by
-/// this user, with no other link, that `path` names itself (not through a symbolic link).
-/// Its mode, for the new file; `None` (nothing done) otherwise, and the caller truncates it.
+/// created in its place, if nothing but its contents would be lost: a regular file of this
+/// user's and group's (a new file would be too), with no other link, that `path` names itself
+/// (not through a symbolic link). Returns its mode, for the new file; `None` (nothing done)
+/// otherwise, and the caller truncates it. What else the old file had (extended attributes,
+/// ACLs) is not carried over.
 ///
 /// Truncating a trace left by an earlier run freed its blocks on the program's thread (on ext4,
-/// with a journal transaction, 0.16 ms for a 50 KB trace, waiting for the write-back that the
-/// earlier run's close had started), and on ext4 marked the file so that its close at the end
-/// of the run started a write-back of the new trace, on the writer (which a short program's
-/// exit waits for). An unlinked file's blocks are freed when its last descriptor closes.
-fn replaceable(path: &Path, metadata: &std::fs::Metadata) -> Option<u32> {
+/// in a journal transaction, after the write-back that the earlier run's close had started),
+/// and on ext4 marked the file so that its close at the end of the run started a write-back of
+/// the new trace, on the writer, which a short program's exit waits for. An unlinked file's
+/// blocks are freed when its last descriptor closes: the writer's.
+fn unlink_if_replaceable(path: &Path, metadata: &std::fs::Metadata) -> Option<u32> {
     use std::os::unix::fs::MetadataExt;
-    // SAFETY: geteuid cannot fail.
-    let euid = unsafe { libc::geteuid() };
+    // SAFETY: geteuid and getegid cannot fail.
+    let (euid, egid) = unsafe { (libc::geteuid(), libc::getegid()) };
     let named = std::fs::symlink_metadata(path).ok()?;
-    let ours = metadata.file_type().is_file() && metadata.nlink() == 1 && metadata.uid() == euid;
+    let ours =
+        metadata.file_type().is_file() && metadata.nlink() == 1 && metadata.uid() == euid && metadata.gid() == egid;
     let same = named.dev() == metadata.dev() && named.ino() == metadata.ino();
     (ours && same && std::fs::remove_file(path).is_ok()).then_some(metadata.mode() & 0o7777)
 }
