@@ -168,15 +168,16 @@ pub fn trace_if_requested() -> Option<TraceGuard> {
 /// Start recording a trace as `config` says. Tracing stops when the returned guard is
 /// dropped, when [`stop_tracing`] is called, or at process exit.
 ///
-/// Only one trace can be recorded at a time. The file is created with mode 0600, or taken
-/// with an exclusive `lockf` lock (a file another process is tracing into gives
-/// [`StartError::Locked`]) and emptied: a regular file of this user's with no other link is
-/// replaced by a new file of its mode (a process that has the old one open keeps reading the
-/// old trace), anything else (a device, a FIFO, another user's file) is truncated. Opening never waits: a FIFO that no process has
-/// open for reading gives [`StartError::NoReader`]. A start that fails leaves no file it
-/// created behind, and a first packet that cannot be written (a context too long) is found
-/// before the file is touched. The first call in a process also calibrates the stack capture,
-/// which requires [`crate::MemtraceAllocator`] to be the global allocator.
+/// Only one trace can be recorded at a time. The file is created with mode 0600, or taken with
+/// an exclusive `lockf` lock (a file another process is tracing into gives
+/// [`StartError::Locked`]) and emptied: a regular file of this user's and group's with no other
+/// link is replaced by a new file of its mode (a process that has the old one open keeps
+/// reading the old trace), anything else (a device, a FIFO, another user's file) is truncated.
+/// Opening never waits: a FIFO that no process has open for reading gives
+/// [`StartError::NoReader`]. A start that fails leaves no file it created behind, and a first
+/// packet that cannot be written (a context too long) is found before the file is touched. The
+/// first call in a process also calibrates the stack capture, which requires
+/// [`crate::MemtraceAllocator`] to be the global allocator.
 pub fn start_tracing(config: TraceConfig) -> Result<TraceGuard, StartError> {
     if !valid_rate(config.rate) {
         return Err(StartError::InvalidRate(config.rate));
