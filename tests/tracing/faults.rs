@@ -279,6 +279,9 @@ fn a_program_traced_under_heaptrack_runs_to_its_end() {
         println!("heaptrack is not installed: not checked");
         return;
     };
+    // heaptrack unwinds every `malloc` of its program: a CPU-heavy run, kept apart from the
+    // stress tests, whose writer must keep up.
+    let _alone = super::cpu_heavy();
     // The race is the first start's: a few programs, each starting twice.
     for run in 0..4 {
         let dir = tempfile::tempdir().unwrap();
