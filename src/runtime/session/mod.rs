@@ -333,6 +333,7 @@ fn spawn_writer(config: &TraceConfig, prepare: bool) -> Result<PendingWriter, St
         let symbolizer = prepared.unwrap_or_else(|| symbolize::take_spare(options));
         let writer = Writer::after_info_packet(file, &info).check_pid_on_flush(true);
         let _ = ready_tx.send(());
+        // Freeing the replaced file's blocks, here, after a start that waits has stopped waiting.
         drop(replaced);
         let _ = outcome_tx.send(write_trace(channel, tag, writer, symbolizer, &path, &given_up, rung));
     })
@@ -512,7 +513,8 @@ fn report_losses(losses: &Losses) {
 /// A trace file opened for writing and locked, empty.
 struct Opened {
     file: File,
-    /// Whether the start created it (a failed start removes it again).
+    /// Whether the start created it (a failed start removes it again); not a replacement, which
+    /// a failed start leaves empty, as it leaves a truncated file.
     created: bool,
     /// The earlier file at the path, unlinked rather than truncated (see
     /// [`unlink_if_replaceable`]): closed by the writer thread, where freeing its blocks costs
@@ -521,9 +523,10 @@ struct Opened {
 }
 
 /// Create or open `path` for writing (mode 0600), lock it, and empty it: a regular file of
-/// this user's with no other link is replaced by a new file of its mode (see
-/// [`unlink_if_replaceable`]), anything else truncated. Never waits: a FIFO that no process reads gives
-/// [`StartError::NoReader`] (opening it for writing would block until one opens it).
+/// this user's and group's with no other link is replaced by a new file of its mode (see
+/// [`unlink_if_replaceable`]), anything else truncated. Never waits: a FIFO that no process
+/// reads gives [`StartError::NoReader`] (opening it for writing would block until one opens
+/// it).
 fn open_locked(path: &Path) -> Result<Opened, StartError> {
     let open_error = |source: io::Error| match source.raw_os_error() {
         Some(libc::ENXIO) => StartError::NoReader { path: path.to_owned() },
