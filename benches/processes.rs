@@ -12,9 +12,10 @@
 //! exits: the fixed cost of tracing), and, when `benches/thirdparty/build-jaq.sh` has built
 //! them, jaq (a jq clone from crates.io, with memtrace-rs as its global allocator) built with
 //! `debug = "line-tables-only"` and with `debug = 1` over the system allocator, and over
-//! mimalloc as jaq ships, run short (`jaq -n 1`) and filtering a generated 16 MB JSON file. `MEMTRACE_BENCH_THIRDPARTY` names another directory of jaq
-//! builds (say, built against an earlier version of this crate), and arguments select
-//! programs by name (`cargo bench --bench processes -- jaq`).
+//! mimalloc as jaq ships, run short (`jaq -n 1`) and filtering a generated 16 MB JSON file.
+//! `MEMTRACE_BENCH_THIRDPARTY` names another directory of jaq builds (say, built against an
+//! earlier version of this crate), and arguments select programs by name
+//! (`cargo bench --bench processes -- jaq`).
 //! Traced runs use the default rate (`MEMTRACE_RATE` unset; `MEMTRACE_BENCH_RATE` sets
 //! another, `MEMTRACE_BENCH_RATE=1e-9 cargo bench --bench processes -- jaq` for the cost every
 //! call pays) and write to a temporary file.
@@ -143,11 +144,11 @@ fn main() {
         print_row(&program.name, &all);
         // A program whose traced runs sometimes sample nothing (a short one): those runs apart.
         if on.iter().any(|t| t.sampled) && on.iter().any(|t| !t.sampled) {
+            // Against the median of every untraced run, not only those of the same rounds.
+            let untraced = median(&off);
             for (sampled, label) in [(true, "with a sample"), (false, "without a sample")] {
                 let pairs: Vec<(Run, Run)> =
                     off.iter().zip(&on).filter(|(_, t)| t.sampled == sampled).map(|(&a, t)| (a, t.run)).collect();
-                // Against the median of every untraced run, not only those of the same rounds.
-                let untraced = median(&off);
                 print_split_row(&format!("{}, traced runs {label}", program.name), &pairs, untraced);
             }
         }
@@ -182,8 +183,8 @@ fn print_row(name: &str, pairs: &[(Run, Run)]) {
     print_figures(name, &pairs.len().to_string(), untraced, pairs, Some(ratios));
 }
 
-/// The row of some of a short program's traced runs, against the median `untraced` run of all
-/// the rounds.
+/// The row of some of a program's traced runs (those with a sample, or those without), against
+/// the median `untraced` run of all the rounds.
 fn print_split_row(name: &str, pairs: &[(Run, Run)], untraced: Run) {
     print_figures(name, &format!("{} of the rounds", pairs.len()), untraced, pairs, None);
 }
