@@ -369,8 +369,8 @@ impl Names {
             .flatten()
             // Addresses only: a pseudo-frame is named as its own sample is written.
             .filter(|&&frame| frame >> ADDRESS_BITS == 0)
-            .map(|&frame| frame | self.tag);
-        let ahead: Vec<u64> = ahead.filter(|code| !self.cache.contains_key(code)).collect();
+            .map(|&frame| frame | self.tag)
+            .filter(|code| !self.cache.contains_key(code));
         new_codes.extend(ahead);
         new_codes.sort_unstable();
         new_codes.dedup();
