@@ -1325,9 +1325,10 @@ fn an_earlier_trace_is_replaced_and_a_linked_one_truncated() {
     std::io::Read::read_to_end(&mut reader, &mut kept).unwrap();
     assert!(kept == older, "the reader of the earlier trace lost it");
 
-    // A second link: both names see the new trace.
+    // A second link: both names see the new trace (written over bytes that are not one).
     let link = temp_path("replaced-link");
     std::fs::hard_link(&path, &link).unwrap();
+    std::fs::write(&path, &older).unwrap();
     traced(&path);
     assert_eq!(std::fs::metadata(&path).unwrap().ino(), after.ino());
     assert_eq!(std::fs::read(&link).unwrap(), std::fs::read(&path).unwrap());
@@ -1336,6 +1337,7 @@ fn an_earlier_trace_is_replaced_and_a_linked_one_truncated() {
     // A symbolic link: it stays one, to the file it named.
     let symlink = temp_path("replaced-symlink");
     std::os::unix::fs::symlink(&path, &symlink).unwrap();
+    std::fs::write(&path, &older).unwrap();
     traced(&symlink);
     assert!(std::fs::symlink_metadata(&symlink).unwrap().file_type().is_symlink());
     assert_eq!(std::fs::metadata(&path).unwrap().ino(), after.ino());
