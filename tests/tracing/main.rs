@@ -1307,7 +1307,8 @@ fn an_earlier_trace_is_replaced_and_a_linked_one_truncated() {
     use std::os::unix::fs::{MetadataExt, PermissionsExt};
     let older = b"an earlier trace ".repeat(4096);
     let traced = |path: &Path| {
-        let out = run("known", &[("MEMTRACE_FILE", path.to_str().unwrap())]);
+        // At a rate that samples the kept site for certain (about 5 samples at the default).
+        let out = run("known", &[("MEMTRACE_FILE", path.to_str().unwrap()), ("MEMTRACE_RATE", "0.01")]);
         assert!(out.status.success() && memtrace_messages(&out).is_empty());
         assert!(Trace::read(path).at_site("::site_kept").count() > 0);
     };
