@@ -404,8 +404,13 @@ fn on_another_stack<R: Send + 'static>(f: impl FnOnce() -> R + Send + 'static) -
     value.expect("the task ran")
 }
 
-/// Threads allocating, passing half of their blocks to the next thread to free.
+/// Threads allocating, passing half of their blocks to the next thread to free: 256
+/// allocations every half millisecond between them, which keeps a 2-core machine less than
+/// half busy (unoptimised, with the writer). At 256 each, the threads saturated it: the writer
+/// then got only its fair share, as one thread of 17, which it needed all of, and lost
+/// samples whenever another test's process took a core for a moment.
 fn stress(threads: usize, duration: Duration) {
+    let burst = 256 / threads.max(1);
     let channels: Vec<_> = (0..threads).map(|_| crossbeam_channel::unbounded::<Vec<u8>>()).collect();
     let end = Instant::now() + duration;
     std::thread::scope(|s| {
@@ -418,7 +423,7 @@ fn stress(threads: usize, duration: Duration) {
                 while Instant::now() < end {
                     // Leave the (unoptimised, in tests) writer thread some of the 2 cores.
                     std::thread::sleep(Duration::from_micros(500));
-                    for _ in 0..256 {
+                    for _ in 0..burst {
                         i = i.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
                         let block = stress_site(16 + (i >> 33) % 256);
                         if i & (1 << 40) != 0 {
