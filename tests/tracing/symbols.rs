@@ -446,9 +446,9 @@ fn starting_with_little_memory_fails_cleanly() {
 // A release build against binutils.
 
 /// Every frame of a release build (line-tables-only debug info, no frame pointers) that
-/// binutils' `addr2line -i` names is named in the trace, with the functions it names. Run without address-space
-/// randomisation, so that the program's frames are at its link-time addresses plus the usual
-/// base of a position-independent executable.
+/// binutils' `addr2line -i` names is named in the trace, with the functions it names. Run
+/// without address-space randomisation, so that the program's frames are at its link-time
+/// addresses plus the usual base of a position-independent executable.
 #[test]
 fn frames_that_addr2line_names_are_named() {
     const PIE_BASE: u64 = 0x5555_5555_4000;
