@@ -722,6 +722,41 @@ fn release_builds_without_frame_pointers() {
     check_stripped_release_sites(&stripped, &twin);
 }
 
+/// Release builds whose debug info is not read in full say so, once, and still name each
+/// sample's allocating function from the symbol table: with `debug = 0`, without files, lines
+/// or inlined functions; with `split-debuginfo = "packed"` (whose DWARF is in a `.dwp` file,
+/// not read), with lines but without inlined functions.
+#[test]
+fn release_builds_with_partial_debug_info_say_so() {
+    let Some(fixture) = release_sites_fixture() else { return };
+    let builds: [(&[(&str, &str)], &str); 2] =
+        [(&[("DEBUG", "0")], "has no debug info"), (&[("SPLIT_DEBUGINFO", "packed")], "split DWARF")];
+    for (profile, note) in builds {
+        let program = build_release_sites(&fixture, profile);
+        let path = temp_path("release-sites-partial");
+        let out = Command::new(&program)
+            .env("MEMTRACE_FILE", &path)
+            .env("MEMTRACE_RATE", "0.001")
+            .output()
+            .expect("run the program");
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let messages = memtrace_messages(&out);
+        assert!(messages.len() == 1 && messages[0].contains(note), "{profile:?}: {messages:?}");
+        let trace = Trace::read(&path);
+        let mut at_sites = 0;
+        for a in trace.allocs.values() {
+            let innermost = trace.frames(a).last().unwrap();
+            let [function] = innermost else { panic!("{profile:?}: inlined functions in {}", describe(innermost)) };
+            let site =
+                ["::with_capacity_site", "::boxed_site", "::aligned_site"].iter().any(|s| is_function(function, s));
+            assert!(site && (function.line > 0) == (note == "split DWARF"), "{profile:?}: {function:?}");
+            at_sites += a.nsamples;
+        }
+        assert!(at_sites > 100, "{profile:?}: {at_sites} samples");
+        let _ = std::fs::remove_file(&path);
+    }
+}
+
 /// The stripped build `stripped` of the fixture, traced: see [`release_builds_without_frame_pointers`].
 fn check_stripped_release_sites(stripped: &Path, twin: &Path) {
     use object::{Object, ObjectSection, ObjectSymbol};

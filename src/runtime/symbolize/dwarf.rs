@@ -101,6 +101,8 @@ pub(super) struct Dwarf {
     /// Parsed units, in no order (indexes stay valid during one lookup).
     units: Vec<ParsedUnit>,
     clock: u64,
+    /// Whether a unit parsed was a skeleton of split DWARF (see [`Dwarf::split`]).
+    split: bool,
 }
 
 struct ParsedUnit {
@@ -197,6 +199,7 @@ impl Dwarf {
             unit_starts: None,
             units: Vec::new(),
             clock: 0,
+            split: false,
         };
         if dwarf.aranges().is_empty() {
             (!dwarf.index().is_empty()).then_some(dwarf)
@@ -304,6 +307,14 @@ impl Dwarf {
         self.units.len()
     }
 
+    /// Whether a unit looked up so far was the skeleton of a unit in split DWARF (a build with
+    /// `split-debuginfo`: its entries are in `.dwo`/`.dwp` files, which are not read). Its
+    /// frames then have lines but no inlined functions, and the line is that of the innermost
+    /// code, which may be inlined from elsewhere.
+    pub(super) fn split(&self) -> bool {
+        self.split
+    }
+
     /// The names of all the functions whose ranges hold `probe` (for comparing with
     /// addr2line, which names aliases by any of their entries).
     #[cfg(test)]
@@ -406,6 +417,7 @@ impl Dwarf {
         let end = offset + header.length_including_self();
         let first_entry = gimli::UnitOffset(header.header_size());
         let (unit, line_program) = unit_without_lines(&self.sections, header)?;
+        self.split |= unit.dwo_id.is_some();
         self.units.push(ParsedUnit {
             offset,
             end,

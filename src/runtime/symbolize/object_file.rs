@@ -188,6 +188,11 @@ impl Loaded {
     /// what gives full names; `None` when they are named in full.
     pub(super) fn missing_names(&self) -> Option<&'static str> {
         match (self.has_dwarf, self.static_table) {
+            (true, _) if self.dwarf.as_ref().is_some_and(Dwarf::split) => Some(
+                "keeps its debug info in split DWARF files, which are not read: its frames are named without inlined \
+                 functions, at the lines of the innermost code (build with split-debuginfo = \"off\" in its Cargo \
+                 profile)",
+            ),
             (true, _) => None,
             (false, true) => Some(
                 "has no debug info: its frames are named without files, lines or inlined functions (build with \

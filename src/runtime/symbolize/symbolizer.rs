@@ -373,13 +373,14 @@ impl Symbolizer {
         self.load(index);
         let object = &mut self.objects[index];
         let State::Loaded(loaded) = &mut object.state else { return None };
-        // The loader lists the program first.
+        let raw = loaded.lookup(pc.wrapping_sub(object.base));
+        // The loader lists the program first. Asked after each of its lookups until names are
+        // found missing: split DWARF shows in the units looked up.
         if index == 0 && self.program_note.is_none() {
             if let Some(missing) = loaded.missing_names() {
                 self.program_note = Some(Some(format!("memtrace: note: {} {missing}", object.path.display())));
             }
         }
-        let raw = loaded.lookup(pc.wrapping_sub(object.base));
         if raw.is_empty() {
             return None;
         }
