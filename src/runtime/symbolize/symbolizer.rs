@@ -651,19 +651,46 @@ pub(super) mod tests {
         std::fs::remove_dir_all(&dir).ok();
     }
 
+    /// An object whose DWARF was moved to a separate file (as distributions ship their
+    /// libraries: here with `objcopy --only-keep-debug` and a `.gnu_debuglink` to it) is named
+    /// from its symbol table, unless the option asks for the debug file, which gives files and
+    /// lines. The C library is named without its debug files by default too.
     #[test]
     fn separate_debug_files_are_opt_in() {
-        let debug_dir = Path::new("/usr/lib/debug/.build-id");
         let b = libc::getpid as *const () as usize as u64;
-        let mut plain = Symbolizer::new();
-        let frames = plain.symbolize_pc(b).unwrap();
+        let frames = Symbolizer::new().symbolize_pc(b).unwrap();
         assert!(frames.iter().all(|f| f.file.is_none()), "{frames:?}");
-        if !debug_dir.is_dir() {
-            eprintln!("skipped: no {debug_dir:?}");
+
+        let dir = std::env::temp_dir().join(format!("symbolizer-debuglink-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let Some(library) = build_so(&dir, "gamma", "gamma_fn") else {
+            assert!(std::env::var_os("CI").is_none(), "no C compiler under CI");
+            eprintln!("skipped: no C compiler");
+            return;
+        };
+        let debug = dir.join("libgamma.debug");
+        let objcopy = |args: &[&std::ffi::OsStr]| std::process::Command::new("objcopy").args(args).status();
+        let split = [
+            objcopy(&["--only-keep-debug".as_ref(), library.as_os_str(), debug.as_os_str()]),
+            objcopy(&["--strip-debug".as_ref(), library.as_os_str()]),
+            objcopy(&[format!("--add-gnu-debuglink={}", debug.display()).as_ref(), library.as_os_str()]),
+        ];
+        if !split.iter().all(|status| status.as_ref().is_ok_and(|s| s.success())) {
+            assert!(std::env::var_os("CI").is_none(), "no objcopy (binutils) under CI: {split:?}");
+            eprintln!("skipped: no objcopy");
             return;
         }
+        let (handle, f) = dlopen_sym(&library, "gamma_fn");
+        let plain = Symbolizer::new().symbolize_pc(f).expect("gamma_fn not named");
+        assert_eq!(innermost_name(&plain), "gamma_fn");
+        assert!(plain.iter().all(|f| f.file.is_none()), "read the debug file unasked: {plain:?}");
         let mut with = Symbolizer::with_options(Options { separate_debug_files: true, ..Options::default() });
-        let frames = with.symbolize_pc(b).unwrap();
-        eprintln!("with debug file: {frames:?}");
+        let frames = with.symbolize_pc(f).expect("gamma_fn not named");
+        assert_eq!(innermost_name(&frames), "gamma_fn");
+        assert!(frames[0].file.as_deref().is_some_and(|file| file.ends_with("gamma.c")), "{frames:?}");
+        assert_eq!(frames[0].line, 1);
+        // SAFETY: nothing of the library is used after this.
+        unsafe { libc::dlclose(handle) };
+        std::fs::remove_dir_all(&dir).ok();
     }
 }
