@@ -4,6 +4,7 @@
 //!
 //! - [`state`]: whether tracing is on, the allocator entry points, frame limits, the clock;
 //! - [`sampler`]: the per-thread byte countdown that picks the sampled allocations;
+//! - [`fork_safe_lock`]: a lock that the fork handlers can release in the child;
 //! - [`tracer_thread`]: the tracer's own threads, never sampled, and the doorbell that wakes one;
 //! - [`sampled_set`]: the lock-free table that tells a free whether its block was sampled;
 //! - [`handoff`]: the bounded queue from application threads to the writer, with its pool of
@@ -21,6 +22,7 @@
 
 pub(crate) mod allocator;
 pub(crate) mod config;
+pub(crate) mod fork_safe_lock;
 pub(crate) mod handoff;
 pub(crate) mod record;
 pub(crate) mod sampled_set;

@@ -13,8 +13,6 @@
 //! most the session's stop timeout: a writer blocked longer (on a pipe nobody reads) is left
 //! behind with its channel, and the program goes on.
 
-mod lock;
-
 use std::fs::{File, OpenOptions};
 use std::io::{self, Write as _};
 use std::os::fd::AsRawFd;
@@ -27,8 +25,8 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 
-use self::lock::ForkSafeLock;
 use super::config::{config_from_env, valid_rate, StartError, TraceConfig, FILE_VAR, UPSTREAM_FILE_VAR};
+use super::fork_safe_lock::ForkSafeLock;
 use super::handoff::{self, Channel};
 use super::record::{self, Losses};
 use super::sampled_set;

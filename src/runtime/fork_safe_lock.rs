@@ -1,5 +1,5 @@
-//! [`ForkSafeLock`]: the lock around the running session, which the fork handlers can release
-//! in the child.
+//! [`ForkSafeLock`]: a lock that the fork handlers can release in the child (the running
+//! session's, and the one around reads of the loader's list of objects).
 
 use std::cell::UnsafeCell;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -7,8 +7,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 /// A spin lock whose whole state is one atomic flag, so that the fork handlers can release it
 /// with a plain store. (parking_lot's `force_unlock` takes a slow path through a process-wide
 /// table when a waiter was parked, and in a forked child that table's lock may be held by a
-/// thread that no longer exists.) Sessions start and stop rarely, so waiting by yielding costs
-/// nothing that matters.
+/// thread that no longer exists.) Held rarely or briefly (sessions start and stop rarely; a
+/// read of the loader's list takes microseconds), so waiting by yielding costs nothing that
+/// matters.
 pub(crate) struct ForkSafeLock<T> {
     locked: AtomicBool,
     value: UnsafeCell<T>,
