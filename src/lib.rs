@@ -74,6 +74,17 @@ pub mod __internals {
     pub fn calibration_settled_by_unwind_tables() -> bool {
         crate::runtime::unwind::calibrate::settled_by_unwind_tables()
     }
+    /// Make the runtime's next reads of the loader's object list stay `ms` milliseconds inside
+    /// it (0: not at all), with the loader's lock held (debug builds only).
+    #[cfg(debug_assertions)]
+    pub fn hold_in_the_loader(ms: u64) {
+        crate::runtime::loader::hold::FOR_MS.store(ms, std::sync::atomic::Ordering::Relaxed);
+    }
+    /// Whether a read of the loader's object list is being held inside it (debug builds only).
+    #[cfg(debug_assertions)]
+    pub fn held_in_the_loader() -> bool {
+        crate::runtime::loader::hold::INSIDE.load(std::sync::atomic::Ordering::SeqCst)
+    }
     /// A count that moves as the running session's writer takes messages and names frames
     /// (debug builds only).
     #[cfg(debug_assertions)]

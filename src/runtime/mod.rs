@@ -6,6 +6,7 @@
 //! - [`sampler`]: the per-thread byte countdown that picks the sampled allocations;
 //! - [`fork_safe_lock`]: a lock that the fork handlers can release in the child;
 //! - [`tracer_thread`]: the tracer's own threads, never sampled, and the doorbell that wakes one;
+//! - [`loader`]: the dynamic loader's list of objects, read under a lock that `fork` waits for;
 //! - [`sampled_set`]: the lock-free table that tells a free whether its block was sampled;
 //! - [`handoff`]: the bounded queue from application threads to the writer, with its pool of
 //!   frame buffers;
@@ -24,6 +25,7 @@ pub(crate) mod allocator;
 pub(crate) mod config;
 pub(crate) mod fork_safe_lock;
 pub(crate) mod handoff;
+pub(crate) mod loader;
 pub(crate) mod record;
 pub(crate) mod sampled_set;
 pub(crate) mod sampler;

@@ -45,6 +45,7 @@ pub(super) fn child(role: &str) {
             unsafe { libc::dlclose(handle) };
         }
         "symbols:fork" => fork_while_symbolizing(),
+        "symbols:fork-in-loader" => fork_while_in_the_loader(),
         "symbols:stuck" => {
             // The library loaded, its file is replaced by a FIFO that nobody writes to: naming
             // its frames opens the FIFO, which blocks, as reading from a file system that does
@@ -379,32 +380,76 @@ fn fork_while_symbolizing() {
             // The child's own writer symbolizes at the default budget, in a test of reasonable
             // length. SAFETY (of `remove_var`): the forked child has one thread.
             std::env::remove_var(symbols_budget_var());
-            let traced = std::panic::catch_unwind(|| {
-                let path = second.with_extension(format!("{i}.ctf"));
-                let guard = start_tracing(TraceConfig::new(&path).rate(0.01)).unwrap();
-                for site in SITES {
-                    black_box(site());
-                }
-                drop(guard);
-                let _ = std::fs::remove_file(path);
-            });
-            // SAFETY: leaving the child without running the parent's exit handlers twice.
-            unsafe { libc::_exit(if traced.is_ok() { 0 } else { 3 }) };
+            let path = second.with_extension(format!("{i}.ctf"));
+            trace_in_forked_child(&path, || drop(std::fs::remove_file(&path)));
         }
-        let deadline = Instant::now() + Duration::from_secs(20);
-        let mut status = 0;
-        // SAFETY: waiting for our own child, without blocking.
-        while unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) } == 0 {
-            if Instant::now() > deadline {
-                // SAFETY: our own child.
-                unsafe { libc::kill(pid, libc::SIGKILL) };
-                panic!("fork child {i} hung");
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "fork child {i} failed: {status}");
+        wait_for_forked_child(pid, &format!("fork child {i}"));
         std::thread::sleep(Duration::from_millis(10));
     }
+}
+
+/// In a forked child: start a trace of its own into `path`, allocate at every site, stop, then
+/// `after()`, and exit: 0, or 3 after a panic.
+fn trace_in_forked_child(path: &Path, after: impl FnOnce()) -> ! {
+    let traced = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let guard = start_tracing(TraceConfig::new(path).rate(0.01)).unwrap();
+        for site in SITES {
+            black_box(site());
+        }
+        drop(guard);
+        after();
+    }));
+    // SAFETY: leaving the child without running the parent's exit handlers twice.
+    unsafe { libc::_exit(if traced.is_ok() { 0 } else { 3 }) }
+}
+
+/// Wait for the forked child `pid` (`what`), killing it and failing past 20 s, and check that
+/// it exited with 0.
+fn wait_for_forked_child(pid: libc::pid_t, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut status = 0;
+    // SAFETY: waiting for our own child, without blocking.
+    while unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) } == 0 {
+        if Instant::now() > deadline {
+            // SAFETY: our own child.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+            panic!("{what} hung");
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "{what} failed: {status}");
+}
+
+/// Fork while a tracer thread is inside the loader's list of objects (`dl_iterate_phdr`, whose
+/// lock glibc's `fork` leaves held in the child), held there by a test hook: the child starts
+/// a trace of its own, which reads that list, and loads a library, which takes that lock.
+fn fork_while_in_the_loader() {
+    let guard = trace_if_requested();
+    let second = PathBuf::from(std::env::var_os(SECOND_FILE_VAR).unwrap());
+    memtrace_rs::__internals::hold_in_the_loader(300);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !memtrace_rs::__internals::held_in_the_loader() {
+        assert!(Instant::now() < deadline, "the writer never read the loader's list");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    // SAFETY: the child starts a trace of its own, loads a library and exits.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0);
+    if pid == 0 {
+        memtrace_rs::__internals::hold_in_the_loader(0);
+        trace_in_forked_child(&second, || {
+            // SAFETY: a library of the system, without side effects on loading.
+            let handle = unsafe { libc::dlopen(c"libm.so.6".as_ptr(), libc::RTLD_NOW) };
+            assert!(!handle.is_null());
+        });
+    }
+    memtrace_rs::__internals::hold_in_the_loader(0);
+    wait_for_forked_child(pid, "the child forked while the writer was in the loader");
+    // And the parent traces on.
+    for site in SITES {
+        black_box(site());
+    }
+    drop(guard);
 }
 
 /// A child forked while the writer thread is inside symbolization starts and stops a trace of
@@ -424,6 +469,27 @@ fn forks_while_the_writer_symbolizes_do_not_hang_their_children() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(!Trace::read(&path).allocs.is_empty());
     let _ = std::fs::remove_file(&path);
+}
+
+/// A child forked while a tracer thread is inside the loader's list of objects starts a trace
+/// of its own, and loads a library, within a bound: the fork waits for the tracer to leave it.
+#[test]
+fn a_fork_while_the_tracer_reads_the_loaders_list_does_not_hang_the_child() {
+    let path = temp_path("fork-in-loader");
+    let second = temp_path("fork-in-loader-child");
+    let env = [
+        ("MEMTRACE_FILE", path.to_str().unwrap()),
+        ("MEMTRACE_RATE", "0.01"),
+        (SECOND_FILE_VAR, second.to_str().unwrap()),
+    ];
+    let (out, _) = run_within("symbols:fork-in-loader", &env, Duration::from_secs(60));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(memtrace_messages(&out).is_empty(), "{:?}", memtrace_messages(&out));
+    let child = Trace::read(&second);
+    assert!(child.warnings.is_empty() && !child.allocs.is_empty(), "{:?}", child.warnings);
+    assert!(!Trace::read(&path).allocs.is_empty());
+    let _ = std::fs::remove_file(&path);
+    let _ = std::fs::remove_file(&second);
 }
 
 // ---------------------------------------------------------------------------------------------

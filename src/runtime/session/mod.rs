@@ -28,6 +28,7 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use super::config::{config_from_env, valid_rate, StartError, TraceConfig, FILE_VAR, UPSTREAM_FILE_VAR};
 use super::fork_safe_lock::ForkSafeLock;
 use super::handoff::{self, Channel};
+use super::loader;
 use super::record::{self, Losses};
 use super::sampled_set;
 use super::sampler;
@@ -630,12 +631,15 @@ extern "C" fn at_exit() {
 }
 
 /// Hold the session lock across `fork`, so that the child never inherits it locked by a
-/// thread that does not exist there.
+/// thread that does not exist there, and keep the tracer's threads out of the loader's object
+/// list (see [`loader`]).
 extern "C" fn before_fork() {
     std::mem::forget(SESSION.lock());
+    loader::before_fork();
 }
 
 extern "C" fn after_fork_in_parent() {
+    loader::after_fork();
     // `before_fork` locked SESSION on this thread and forgot the guard.
     SESSION.force_unlock();
 }
@@ -644,6 +648,7 @@ extern "C" fn after_fork_in_parent() {
 /// session is forgotten (without touching its writer) when the child stops or restarts.
 extern "C" fn after_fork_in_child() {
     STATE.store(OFF, Ordering::SeqCst);
+    loader::after_fork();
     handoff::unpublish();
     sampled_set::close();
     // `before_fork` locked SESSION in the parent on the thread that is the child's only

@@ -7,6 +7,8 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
 
+use crate::runtime::loader;
+
 /// A loaded object with a file.
 pub(super) struct Scanned {
     pub(super) path: PathBuf,
@@ -39,7 +41,7 @@ pub(super) fn loader_counters() -> Option<(u64, u64)> {
     }
     let mut out: Option<(u64, u64)> = None;
     // SAFETY: the callback only reads `info` and writes `out`, which outlives the call.
-    unsafe { libc::dl_iterate_phdr(Some(first), &mut out as *mut _ as *mut libc::c_void) };
+    unsafe { loader::iterate(first, &mut out as *mut _ as *mut libc::c_void) };
     out
 }
 
@@ -172,7 +174,7 @@ fn scan_with_room(mut room: usize) -> (Vec<Scanned>, Option<(u64, u64)>) {
         let mut reports = Reports::with_room(room);
         // SAFETY: the callback reads only what the loader passes it and writes `reports`,
         // which outlives the call.
-        unsafe { libc::dl_iterate_phdr(Some(each), &mut reports as *mut Reports as *mut libc::c_void) };
+        unsafe { loader::iterate(each, &mut reports as *mut Reports as *mut libc::c_void) };
         if !reports.full {
             break reports;
         }

@@ -229,7 +229,7 @@ fn unloads() -> u64 {
     }
     let mut subs: u64 = 0;
     // SAFETY: the callback only reads the info it is given and writes the local `subs`.
-    unsafe { libc::dl_iterate_phdr(Some(first), (&mut subs as *mut u64).cast()) };
+    unsafe { crate::runtime::loader::iterate(first, (&mut subs as *mut u64).cast()) };
     subs
 }
 
