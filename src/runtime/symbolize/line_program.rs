@@ -33,6 +33,10 @@ pub(super) struct Sequence {
 /// instructions set its file and column).
 const SEQUENCE_PROLOGUE: usize = 32;
 
+/// The bytes of instructions below which [`Program::bisected`] stops narrowing the range: a few
+/// sequences' worth, searched at once.
+const BISECTED_ENOUGH: usize = 1024;
+
 /// The registers of a row that a location needs.
 #[derive(Clone, Copy)]
 pub(super) struct Row {
@@ -177,16 +181,18 @@ impl Program {
     /// for the instruction that sets the address to `start` (`DW_LNE_set_address`) rather
     /// than reading the program up to it: a compiler that puts each function in a section of
     /// its own starts a sequence per function, with that instruction (after a few that set
-    /// the file or column). The sequence is taken to start after the last end of a sequence
-    /// shortly before it, or at the program's start, and is kept if its first row is at
-    /// `start` (so the instruction was read as one) and it holds `probe`. `None` when there
-    /// is none (functions that share a sequence): the caller reads the program then. The
-    /// sequence found is noted in `sequences` (where reading the program notes it again).
+    /// the file or column). The search looks first where [`Program::bisected`] says the
+    /// instruction is, then, if it is not there, through the whole program. The sequence is
+    /// taken to start after the last end of a sequence shortly before it, or at the program's
+    /// start, and is kept if its first row is at `start` (so the instruction was read as one)
+    /// and it holds `probe`. `None` when there is none (functions that share a sequence): the
+    /// caller reads the program then. The sequence found is noted in `sequences` (where
+    /// reading the program notes it again).
     pub(super) fn sequence_starting_at(&self, sequences: &mut Sequences, start: u64, probe: u64) -> Option<Sequence> {
         let mut needle = vec![0, 1 + self.address_size, gimli::DW_LNE_set_address.0];
         needle.extend(super::dwarf::address_bytes(start, self.address_size, self.big_endian)?);
         let end_sequence = [0, 1, gimli::DW_LNE_end_sequence.0];
-        let sequence = memchr::memmem::find_iter(self.instructions, &needle).find_map(|at| {
+        let starting_at = |at: usize| {
             let window = at.saturating_sub(SEQUENCE_PROLOGUE);
             let offset = match memchr::memmem::rfind(&self.instructions[window..at], &end_sequence) {
                 Some(end) => window + end + end_sequence.len(),
@@ -209,9 +215,69 @@ impl Program {
             .ok()?;
             // Ended at its first row unless that row is at `start`.
             sequence.filter(|s| start <= probe && probe < s.end)
-        })?;
+        };
+        let (from, to) = self.bisected(start);
+        let near = &self.instructions[from..(to + needle.len()).min(self.instructions.len())];
+        let sequence = memchr::memmem::find_iter(near, &needle)
+            .find_map(|at| starting_at(from + at))
+            .or_else(|| memchr::memmem::find_iter(self.instructions, &needle).find_map(starting_at))?;
         sequences.found.push(sequence);
         Some(sequence)
+    }
+
+    /// Where the `DW_LNE_set_address` to `start` begins, if the program's sequences come in
+    /// increasing order of address (as compilers that put each function in a section of its
+    /// own write them, and linkers keep them): a range of instructions of at most
+    /// [`BISECTED_ENOUGH`] bytes, found by bisection, each step reading the address of the first
+    /// such instruction after the middle of the range (skipping addresses 0 and tombstones,
+    /// of code the linker dropped). Bytes that only look like such an instruction, or
+    /// sequences out of order, can mislead it: the caller searches the whole program when
+    /// the range does not hold the instruction.
+    fn bisected(&self, start: u64) -> (usize, usize) {
+        let prefix = [0, 1 + self.address_size, gimli::DW_LNE_set_address.0];
+        let instruction = prefix.len() + usize::from(self.address_size);
+        let (mut low, mut high) = (0, self.instructions.len());
+        while high - low > BISECTED_ENOUGH {
+            let middle = low + (high - low) / 2;
+            // The first instruction from `middle` that begins before `high` and sets a real
+            // address.
+            let mut from = middle;
+            let next = loop {
+                let end = (high + instruction).min(self.instructions.len());
+                let Some(at) = memchr::memmem::find(&self.instructions[from..end], &prefix).map(|k| from + k) else {
+                    break None;
+                };
+                if at >= high {
+                    break None;
+                }
+                let address = self.address_at(at + prefix.len());
+                match address {
+                    Some(address) if address != 0 && address < self.tombstone => break Some((at, address)),
+                    _ => from = at + 1,
+                }
+            };
+            match next {
+                // None begins in `middle..high`: the one sought begins before `middle`.
+                None => high = middle,
+                Some((at, address)) if address < start => low = at + 1,
+                Some((at, address)) if address > start => high = middle.min(at),
+                Some((at, _)) => return (at, at + 1),
+            }
+        }
+        (low, high)
+    }
+
+    /// The address of `self.address_size` bytes at `at`.
+    fn address_at(&self, at: usize) -> Option<u64> {
+        let bytes = self.instructions.get(at..at + usize::from(self.address_size))?;
+        let mut value = [0u8; 8];
+        if self.big_endian {
+            value[8 - bytes.len()..].copy_from_slice(bytes);
+            Some(u64::from_be_bytes(value))
+        } else {
+            value[..bytes.len()].copy_from_slice(bytes);
+            Some(u64::from_le_bytes(value))
+        }
     }
 
     /// The row of `sequence` that covers `probe`: the last of those at the highest address at
@@ -526,6 +592,49 @@ mod tests {
         assert_eq!(row(&sequences[0], 0x1008), Some((0x1005, 2, 7)));
         assert_eq!(row(&sequences[0], 0x1001), None);
         assert_eq!(row(&sequences[1], 0x2002), Some((0x2000, 10, 0)));
+    }
+
+    /// A program of `count` sequences of 0x20 bytes at `address(k)`, with a tombstoned
+    /// sequence and one at address 0 (code the linker dropped) among them, and where each of
+    /// the others begins.
+    fn sequences_at(count: u64, address: impl Fn(u64) -> u64) -> (Vec<u8>, Vec<usize>) {
+        let (mut instructions, mut offsets) = (Vec::new(), Vec::new());
+        for k in 0..count {
+            if k == count / 3 || k == 2 * count / 3 {
+                instructions.extend(set_address(if k == count / 3 { u64::MAX } else { 0 }));
+                instructions.extend([13 + 5 + 14, 2, 100]);
+                instructions.extend(END_SEQUENCE);
+            }
+            offsets.push(instructions.len());
+            instructions.extend(set_address(address(k)));
+            instructions.extend([3, 9, 1]); // advance_line 9, copy
+            instructions.extend([2, 0x20]); // advance_pc 0x20
+            instructions.extend(END_SEQUENCE);
+        }
+        (instructions, offsets)
+    }
+
+    /// In a program whose sequences come in increasing order of address, bisection narrows the
+    /// search for each sequence's start to a range that holds its instruction; in one whose
+    /// sequences do not, the search still finds each, through the whole program.
+    #[test]
+    fn bisection_narrows_the_search_and_disorder_does_not_defeat_it() {
+        let address = |k: u64| 0x1000 + k * 0x100;
+        let (instructions, offsets) = sequences_at(300, address);
+        let (program, _) = program_of(&instructions);
+        for (k, &offset) in (0..).zip(&offsets) {
+            let (from, to) = program.bisected(address(k));
+            assert!(from <= offset && offset < to && to - from <= BISECTED_ENOUGH, "{k}: {from}..{to} for {offset}");
+            let found = program.sequence_starting_at(&mut Sequences::new(), address(k), address(k) + 1);
+            assert_eq!(found.map(|s| (s.start, s.end)), Some((address(k), address(k) + 0x20)), "{k}");
+        }
+        let shuffled = |k: u64| 0x1000 + (k * 7919 % 300) * 0x100;
+        let (instructions, _) = sequences_at(300, shuffled);
+        let (program, _) = program_of(&instructions);
+        for k in 0..300 {
+            let found = program.sequence_starting_at(&mut Sequences::new(), shuffled(k), shuffled(k) + 0x1f);
+            assert_eq!(found.map(|s| (s.start, s.end)), Some((shuffled(k), shuffled(k) + 0x20)), "{k}");
+        }
     }
 
     /// A program that defines files as it runs (DWARF 2 to 4) is refused, not misread.
