@@ -208,13 +208,15 @@ pub fn start_tracing(config: TraceConfig) -> Result<TraceGuard, StartError> {
     cfi::invalidate_if_unloaded();
     let name_start_up_frames = config.rate >= NAME_START_UP_FRAMES_FROM_RATE;
     // Gets ready on its own while the calibration runs on this thread.
-    let writer = spawn_writer(&config, !name_start_up_frames)?;
+    // Read once for the writer and the naming of start-up frames, which say once what is wrong.
+    let symbolizer_options = symbolize::options_from_env();
+    let writer = spawn_writer(&config, symbolizer_options.clone(), !name_start_up_frames)?;
     let walker =
         unwind::calibrate(config.unwinder).map_err(|unwind::NotGlobalAllocator| StartError::NotGlobalAllocator)?;
     if name_start_up_frames {
         // At the highest rates the writer's backlog fills in less time than the writer takes
         // to parse the debug info of the first frames: name the start-up frames now.
-        unwind::name_start_up_frames();
+        unwind::name_start_up_frames(symbolizer_options);
     }
     let start_time = now_us();
     let info = Info {
@@ -293,10 +295,10 @@ struct PendingWriter {
     session: Option<Session>,
 }
 
-/// Start the writer thread of a new session (see [`PendingWriter`]); `prepare`: whether it
-/// takes the spare symbolizer at once, rather than once it is sent the file (the start may
-/// name the start-up frames with it meanwhile).
-fn spawn_writer(config: &TraceConfig, prepare: bool) -> Result<PendingWriter, StartError> {
+/// Start the writer thread of a new session (see [`PendingWriter`]), whose symbolizer has
+/// `options`; `prepare`: whether it takes the spare symbolizer at once, rather than once it is
+/// sent the file (the start may name the start-up frames with it meanwhile).
+fn spawn_writer(config: &TraceConfig, options: symbolize::Options, prepare: bool) -> Result<PendingWriter, StartError> {
     let id = NEXT_SESSION.fetch_add(1, Ordering::Relaxed);
     let tag = handoff::session_tag(id);
     let channel = handoff::open(getpid(), config.rate);
@@ -310,7 +312,6 @@ fn spawn_writer(config: &TraceConfig, prepare: bool) -> Result<PendingWriter, St
     let writer = TracerThread::spawn(c"memtrace-writer", move || {
         channel.fill_pool(handoff::STARTING_POOL);
         sampled_set::make_filter_resident();
-        let options = symbolize::options_from_env();
         // (Calibration naming frames meanwhile, if it finds the slot empty, makes one of its
         // own, which this one replaces in the slot when the writer is done.)
         let prepared = prepare

@@ -259,10 +259,10 @@ fn settle(walker: Walker, found: bool) -> bool {
 /// most samples share, parsed before sampling starts. For the highest rates only, where the
 /// queue cannot absorb the writer's first pause for them (see `session`): it costs start-up
 /// milliseconds, tens for a large program.
-pub(crate) fn name_start_up_frames() {
+pub(crate) fn name_start_up_frames(options: symbolize::Options) {
     let captures = CALIBRATION.lock();
     on_a_thread_of_its_own(|| {
-        let mut symbolizer = symbolize::take_spare(symbolize::options_from_env());
+        let mut symbolizer = symbolize::take_spare(options.clone());
         for (n, frames) in &captures[Walker::Libgcc as usize] {
             for &ip in &frames[..*n] {
                 symbolize::symbolize(&mut symbolizer, ip);
