@@ -14,7 +14,7 @@ use super::handoff::{self, Channel, Msg};
 use super::span_table::PseudoFrames;
 use super::state::{MAX_FRAMES, OFF, STATE};
 use super::symbolize::{self, Symbolizer, Worker};
-use super::tracer_thread::Doorbell;
+use super::tracer_thread::{say, Doorbell};
 use super::unwind::cfi;
 use crate::format::error::{Error, ErrorKind};
 use crate::format::hash::FastMap;
@@ -141,7 +141,7 @@ pub(crate) fn write_trace(
     if let Some(e) = error.as_ref().filter(|_| !abandoned.load(Ordering::Acquire)) {
         STATE.store(OFF, Ordering::SeqCst);
         if !matches!(e.kind(), ErrorKind::PidChanged) {
-            eprintln!("memtrace: error writing trace file {}: {e}; tracing stopped", path.display());
+            say(&format!("memtrace: error writing trace file {}: {e}; tracing stopped", path.display()));
         }
     }
     WriterOutcome { allocs, frees, error }
@@ -382,7 +382,7 @@ impl Names {
         let stopping = STATE.load(Ordering::Relaxed) == OFF;
         let (locations, program_note) = self.worker.locations(&addrs, stopping, || take_ahead(channel, backlog));
         if let Some(note) = program_note {
-            eprintln!("{note}");
+            say(&note);
         }
         self.cache.extend(new_codes.into_iter().zip(locations));
     }

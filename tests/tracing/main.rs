@@ -134,6 +134,14 @@ fn site_covered() -> usize {
 fn child_role() {
     let Ok(role) = std::env::var(ROLE_VAR) else { return };
     match role.as_str() {
+        "stderr-held" => {
+            // As a program that writes its own messages through stderr's lock, held.
+            let held = std::io::stderr().lock();
+            let guard = trace_if_requested();
+            site_freed();
+            drop(guard);
+            drop(held);
+        }
         "known" => {
             let guard = trace_if_requested();
             assert!(guard.is_some() && currently_tracing());
@@ -1050,6 +1058,25 @@ fn check_stress(name: &str, env: &[(&str, &str)]) {
     for (id, _) in sampled {
         assert!(trace.collected.contains(id), "stress object {id} never collected");
     }
+    let _ = std::fs::remove_file(&path);
+}
+
+/// The tracer's threads say what they have to say without Rust's stderr lock: with the program
+/// holding it, the writer warns of a bad setting and records the samples, and the stop does
+/// not wait for it. (Through the lock, the writer waited for the program, which waited for it
+/// at the stop; and a fork while a tracer thread held it left it held in the child.)
+#[test]
+fn the_writer_speaks_while_the_program_holds_stderr() {
+    let path = temp_path("stderr-held");
+    let env =
+        [("MEMTRACE_FILE", path.to_str().unwrap()), ("MEMTRACE_RATE", "0.01"), ("MEMTRACE_SYMBOLS_BUDGET_MIB", "lots")];
+    let (out, _) = run_within("stderr-held", &env, Duration::from_secs(60));
+    assert!(out.status.success());
+    let messages = memtrace_messages(&out);
+    assert!(messages.len() == 1 && messages[0].contains("MEMTRACE_SYMBOLS_BUDGET_MIB"), "{messages:?}");
+    let trace = Trace::read(&path);
+    assert!(trace.warnings.is_empty(), "{:?}", trace.warnings);
+    assert!(trace.at_site("::site_freed").count() > 10);
     let _ = std::fs::remove_file(&path);
 }
 

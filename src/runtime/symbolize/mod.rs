@@ -31,6 +31,7 @@ pub use self::symbolizer::{Options, Stats, Symbolizer};
 pub(crate) use self::worker::Worker;
 use crate::format::location_codec::{self, lossy_utf8, Location};
 pub(crate) use crate::frames::is_allocator_shim;
+use crate::runtime::tracer_thread::say;
 
 /// Bumped as the symbolizer works (every so many entries, rows or symbols read, and at each
 /// address named): while the writer waits for names, stopping takes a moving count for
@@ -94,14 +95,14 @@ pub(crate) fn options_from_env() -> Options {
     if let Some(value) = std::env::var_os(BUDGET_VAR) {
         match value.to_str().and_then(|v| v.trim().parse::<usize>().ok()) {
             Some(mib) => options.memory_budget = mib.saturating_mul(1 << 20),
-            None => eprintln!("memtrace: {BUDGET_VAR}={value:?} is not a number of MiB; using the default"),
+            None => say(&format!("memtrace: {BUDGET_VAR}={value:?} is not a number of MiB; using the default")),
         }
     }
     if let Some(value) = std::env::var_os(DEBUG_FILES_VAR) {
         match value.to_str() {
             Some("1") => options.separate_debug_files = true,
             Some("0") => options.separate_debug_files = false,
-            _ => eprintln!("memtrace: {DEBUG_FILES_VAR}={value:?} is neither 0 nor 1; not reading debug files"),
+            _ => say(&format!("memtrace: {DEBUG_FILES_VAR}={value:?} is neither 0 nor 1; not reading debug files")),
         }
     }
     options
