@@ -1062,9 +1062,9 @@ fn check_stress(name: &str, env: &[(&str, &str)]) {
 }
 
 /// The tracer's threads say what they have to say without Rust's stderr lock: with the program
-/// holding it, the writer warns of a bad setting and records the samples, and the stop does
-/// not wait for it. (Through the lock, the writer waited for the program, which waited for it
-/// at the stop; and a fork while a tracer thread held it left it held in the child.)
+/// holding it, the writer warns of a bad setting and records the samples. (Through the lock,
+/// the writer waited for the program, which waited for the writer: at this rate the start
+/// waits for a ready writer, and hung.)
 #[test]
 fn the_writer_speaks_while_the_program_holds_stderr() {
     let path = temp_path("stderr-held");
