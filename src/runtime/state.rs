@@ -1,5 +1,6 @@
 //! What every part of the runtime shares: whether the allocator takes the tracing path, the
-//! allocator entry point a sample came through, the frame limits, and the clock.
+//! allocator entry point a sample came through, the frame limits, the clock, and how it says
+//! something on stderr.
 //!
 //! The bottom of the runtime: it depends on nothing else in the crate.
 
@@ -57,4 +58,26 @@ pub(crate) fn now_us() -> Timestamp {
 pub(crate) fn getpid() -> u32 {
     // SAFETY: getpid has no preconditions.
     unsafe { libc::getpid() as u32 }
+}
+
+/// Write `line` and a newline on stderr in one `write`: every message of the runtime, on any
+/// thread. Not through Rust's `stderr`, whose lock the program may hold on another thread (one
+/// that writes its messages through it keeps it): the writer would wait for the program while
+/// the program's start or stop waits for the writer, and a start, a stop or an exit would wait
+/// for the program's thread; and a fork while a tracer thread held it would leave it held in
+/// the child. Nothing is retried but an interrupted or partial write.
+pub(crate) fn say(line: &str) {
+    let mut bytes = Vec::with_capacity(line.len() + 1);
+    bytes.extend_from_slice(line.as_bytes());
+    bytes.push(b'\n');
+    let mut rest = &bytes[..];
+    while !rest.is_empty() {
+        // SAFETY: writing `rest.len()` bytes from a live slice to a file descriptor.
+        let written = unsafe { libc::write(libc::STDERR_FILENO, rest.as_ptr().cast(), rest.len()) };
+        match usize::try_from(written) {
+            Ok(n) if n > 0 => rest = &rest[n..],
+            _ if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted => {}
+            _ => return,
+        }
+    }
 }

@@ -1,5 +1,5 @@
-//! The tracer's own threads (the writer, the symbolizer), the doorbell that wakes one, the
-//! growth of their malloc arenas ahead of their work, and how they say something on stderr.
+//! The tracer's own threads (the writer, the symbolizer), the doorbell that wakes one, and
+//! the growth of their malloc arenas ahead of their work.
 //!
 //! A tracer thread is started with `pthread_create` itself rather than `std::thread`, so that
 //! nothing runs on it before it is marked a tracer thread ([`sampler::enter_tracer_forever`]):
@@ -15,27 +15,6 @@ use std::time::Duration;
 use parking_lot::Mutex;
 
 use super::sampler;
-
-/// Write `line` and a newline on stderr in one `write`, not through Rust's `stderr` (as the
-/// tracer's threads must): its lock may be held by the program (one that writes its messages
-/// through it keeps it), which would make the writer wait for the program while the program's
-/// stop waits for the writer; and a fork while a tracer thread held it would leave it held in
-/// the child. Nothing is retried but an interrupted or partial write.
-pub(crate) fn say(line: &str) {
-    let mut bytes = Vec::with_capacity(line.len() + 1);
-    bytes.extend_from_slice(line.as_bytes());
-    bytes.push(b'\n');
-    let mut rest = &bytes[..];
-    while !rest.is_empty() {
-        // SAFETY: writing `rest.len()` bytes from a live slice to a file descriptor.
-        let written = unsafe { libc::write(libc::STDERR_FILENO, rest.as_ptr().cast(), rest.len()) };
-        match usize::try_from(written) {
-            Ok(n) if n > 0 => rest = &rest[n..],
-            _ if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted => {}
-            _ => return,
-        }
-    }
-}
 
 /// A tracer thread's stack: std's default for its threads.
 const STACK_SIZE: usize = 2 << 20;

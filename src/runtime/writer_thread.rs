@@ -12,9 +12,9 @@ use std::time::{Duration, Instant};
 
 use super::handoff::{self, Channel, Msg};
 use super::span_table::PseudoFrames;
-use super::state::{MAX_FRAMES, OFF, STATE};
+use super::state::{say, MAX_FRAMES, OFF, STATE};
 use super::symbolize::{self, Symbolizer, Worker};
-use super::tracer_thread::{say, Doorbell};
+use super::tracer_thread::Doorbell;
 use super::unwind::cfi;
 use crate::format::error::{Error, ErrorKind};
 use crate::format::hash::FastMap;

@@ -33,7 +33,7 @@ use super::record::{self, Losses};
 use super::sampled_set;
 use super::sampler;
 use super::spans;
-use super::state::{currently_tracing, getpid, now_us, MAX_FRAMES, OFF, ON, STATE};
+use super::state::{currently_tracing, getpid, now_us, say, MAX_FRAMES, OFF, ON, STATE};
 use super::symbolize;
 use super::tracer_thread::{Doorbell, TracerThread};
 use super::unwind::{self, cfi, Walker};
@@ -158,7 +158,7 @@ pub fn trace_if_requested() -> Option<TraceGuard> {
     match config_from_env(path).and_then(start_tracing) {
         Ok(guard) => Some(guard),
         Err(e) => {
-            eprintln!("memtrace: {e}");
+            say(&format!("memtrace: {e}"));
             None
         }
     }
@@ -478,14 +478,14 @@ impl Stall {
 fn give_up(session: &Session) -> WriterOutcome {
     session.abandoned.store(true, Ordering::Release);
     handoff::abandon();
-    eprintln!(
+    say(&format!(
         "memtrace: the trace writer has made no progress writing {} for {:?} (a pipe or FIFO nobody reads, or a file \
          system that does not answer?); gave up waiting: {} queued samples and frees, and what it had not flushed, \
          are not in the trace",
         session.path.display(),
         session.stop_timeout,
         session.channel.queued(),
-    );
+    ));
     WriterOutcome { allocs: 0, frees: 0, error: Some(Error::new(ErrorKind::WriterStalled(session.stop_timeout))) }
 }
 
@@ -494,19 +494,19 @@ fn report_losses(losses: &Losses) {
     let Losses { writer_behind, table_full, no_memory, no_stack, frees: frees_behind, frees_no_stack } = *losses;
     let dropped = writer_behind + table_full + no_memory + no_stack;
     if dropped > 0 {
-        eprintln!(
+        say(&format!(
             "memtrace: {dropped} samples were dropped ({writer_behind} with the trace writer too far behind, \
              {table_full} with the sampled-block table full, {no_memory} with no memory left for their stacks, \
              {no_stack} with too little stack left to capture theirs)"
-        );
+        ));
     }
     let frees = frees_behind + frees_no_stack;
     if frees > 0 {
-        eprintln!(
+        say(&format!(
             "memtrace: {frees} frees of sampled blocks were lost ({frees_behind} with the trace writer too far \
              behind, {frees_no_stack} with too little stack left to send them); the trace shows those blocks as \
              never freed"
-        );
+        ));
     }
 }
 

@@ -31,7 +31,7 @@ pub use self::symbolizer::{Options, Stats, Symbolizer};
 pub(crate) use self::worker::Worker;
 use crate::format::location_codec::{self, lossy_utf8, Location};
 pub(crate) use crate::frames::is_allocator_shim;
-use crate::runtime::tracer_thread::say;
+use crate::runtime::state::say;
 
 /// Bumped as the symbolizer works (every so many entries, rows or symbols read, and at each
 /// address named): while the writer waits for names, stopping takes a moving count for

@@ -17,7 +17,7 @@ use super::capture::WALKER;
 use super::choice::{Unwinder, Walker};
 use super::leading::{Leading, SHIM, SKIP};
 use super::{cfi, frame_pointers};
-use crate::runtime::state::{Entry, CALIBRATING, MAX_FRAMES, OFF, STATE};
+use crate::runtime::state::{say, Entry, CALIBRATING, MAX_FRAMES, OFF, STATE};
 use crate::runtime::symbolize;
 use crate::runtime::{allocator, sampler};
 
@@ -109,13 +109,11 @@ pub(crate) fn calibrate(wanted: Unwinder) -> Result<Walker, NotGlobalAllocator> 
     };
     if wanted == Unwinder::FramePointers {
         let why = why_not_frame_pointers.unwrap_or("finds an incomplete frame chain");
-        eprintln!("memtrace: frame-pointer unwinding {why}; using DWARF unwinding");
+        say(&format!("memtrace: frame-pointer unwinding {why}; using DWARF unwinding"));
     }
     if !has_lock_free_table_lookup() {
-        eprintln!(
-            "memtrace: note: this C library has no _dl_find_object (glibc < 2.35), so DWARF unwinding \
-             can deadlock against dlopen/dlclose; building with -C force-frame-pointers=yes avoids it"
-        );
+        say("memtrace: note: this C library has no _dl_find_object (glibc < 2.35), so DWARF unwinding \
+             can deadlock against dlopen/dlclose; building with -C force-frame-pointers=yes avoids it");
     }
     Ok(dwarf)
 }
@@ -234,10 +232,8 @@ fn settle(walker: Walker, found: bool) -> bool {
     let usable = match walker {
         Walker::Libgcc => {
             if !found {
-                eprintln!(
-                    "memtrace: note: the tracer cannot find its own functions (a stripped program?); \
-                     sampled stacks will start with its frames"
-                );
+                say("memtrace: note: the tracer cannot find its own functions (a stripped program?); \
+                     sampled stacks will start with its frames");
             }
             true
         }
