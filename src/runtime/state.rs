@@ -75,9 +75,10 @@ pub(crate) fn say(line: &str) {
         // SAFETY: writing `rest.len()` bytes from a live slice to a file descriptor.
         let written = unsafe { libc::write(libc::STDERR_FILENO, rest.as_ptr().cast(), rest.len()) };
         match usize::try_from(written) {
-            Ok(n) if n > 0 => rest = &rest[n..],
-            _ if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted => {}
-            _ => return,
+            Ok(0) => return,
+            Ok(n) => rest = &rest[n..],
+            Err(_) if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => return,
         }
     }
 }

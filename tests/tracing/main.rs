@@ -135,12 +135,21 @@ fn child_role() {
     let Ok(role) = std::env::var(ROLE_VAR) else { return };
     match role.as_str() {
         "stderr-held" => {
-            // As a program that writes its own messages through stderr's lock, held.
-            let held = std::io::stderr().lock();
+            // As a program with a thread that writes its messages through stderr's lock, held.
+            let (release, released) = std::sync::mpsc::channel::<()>();
+            let (locked, is_locked) = std::sync::mpsc::channel();
+            let holder = std::thread::spawn(move || {
+                let held = std::io::stderr().lock();
+                locked.send(()).unwrap();
+                let _ = released.recv();
+                drop(held);
+            });
+            is_locked.recv().unwrap();
             let guard = trace_if_requested();
             site_freed();
             drop(guard);
-            drop(held);
+            release.send(()).unwrap();
+            holder.join().unwrap();
         }
         "known" => {
             let guard = trace_if_requested();
@@ -1061,10 +1070,11 @@ fn check_stress(name: &str, env: &[(&str, &str)]) {
     let _ = std::fs::remove_file(&path);
 }
 
-/// The tracer's threads say what they have to say without Rust's stderr lock: with the program
-/// holding it, the writer warns of a bad setting and records the samples. (Through the lock,
-/// the writer waited for the program, which waited for the writer: at this rate the start
-/// waits for a ready writer, and hung.)
+/// The runtime says what it has to say without Rust's stderr lock: with another thread of the
+/// program holding it, the start warns of a bad setting and the samples are recorded. (Through
+/// the lock the start waited for that thread; and when the writer spoke, the writer waited
+/// for the program, which waited for the writer: at this rate the start waits for a ready
+/// writer.)
 #[test]
 fn the_writer_speaks_while_the_program_holds_stderr() {
     let path = temp_path("stderr-held");

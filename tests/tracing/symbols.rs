@@ -45,6 +45,7 @@ pub(super) fn child(role: &str) {
             unsafe { libc::dlclose(handle) };
         }
         "symbols:fork" => fork_while_symbolizing(),
+        #[cfg(debug_assertions)]
         "symbols:fork-in-loader" => fork_while_in_the_loader(),
         "symbols:stuck" => {
             // The library loaded, its file is replaced by a FIFO that nobody writes to: naming
@@ -420,6 +421,7 @@ fn wait_for_forked_child(pid: libc::pid_t, what: &str) {
     assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "{what} failed: {status}");
 }
 
+#[cfg(debug_assertions)]
 /// Fork while a tracer thread is inside the loader's list of objects (`dl_iterate_phdr`, whose
 /// lock glibc's `fork` leaves held in the child), held there by a test hook: the child starts
 /// a trace of its own, which reads that list, and loads a library, which takes that lock.
@@ -439,7 +441,7 @@ fn fork_while_in_the_loader() {
         memtrace_rs::__internals::hold_in_the_loader(0);
         trace_in_forked_child(&second, || {
             // SAFETY: a library of the system, without side effects on loading.
-            let handle = unsafe { libc::dlopen(c"libm.so.6".as_ptr(), libc::RTLD_NOW) };
+            let handle = unsafe { libc::dlopen(c"libBrokenLocale.so.1".as_ptr(), libc::RTLD_NOW) };
             assert!(!handle.is_null());
         });
     }
@@ -471,6 +473,7 @@ fn forks_while_the_writer_symbolizes_do_not_hang_their_children() {
     let _ = std::fs::remove_file(&path);
 }
 
+#[cfg(debug_assertions)]
 /// A child forked while a tracer thread is inside the loader's list of objects starts a trace
 /// of its own, and loads a library, within a bound: the fork waits for the tracer to leave it.
 #[test]
