@@ -218,9 +218,12 @@ impl Program {
         };
         let (from, to) = self.bisected(start);
         let near = &self.instructions[from..(to + needle.len()).min(self.instructions.len())];
-        let sequence = memchr::memmem::find_iter(near, &needle)
-            .find_map(|at| starting_at(from + at))
-            .or_else(|| memchr::memmem::find_iter(self.instructions, &needle).find_map(starting_at))?;
+        let sequence = match memchr::memmem::find_iter(near, &needle).find_map(|at| starting_at(from + at)) {
+            Some(sequence) => sequence,
+            // The range was the whole program: searched already.
+            None if near.len() == self.instructions.len() => return None,
+            None => memchr::memmem::find_iter(self.instructions, &needle).find_map(starting_at)?,
+        };
         sequences.found.push(sequence);
         Some(sequence)
     }
@@ -250,9 +253,9 @@ impl Program {
                 if at >= high {
                     break None;
                 }
-                let address = self.address_at(at + prefix.len());
-                match address {
-                    Some(address) if address != 0 && address < self.tombstone => break Some((at, address)),
+                let mut operand = Bytes { data: self.instructions, at: at + prefix.len() };
+                match operand.number(usize::from(self.address_size), self.big_endian) {
+                    Ok(address) if address != 0 && address < self.tombstone => break Some((at, address)),
                     _ => from = at + 1,
                 }
             };
@@ -260,24 +263,11 @@ impl Program {
                 // None begins in `middle..high`: the one sought begins before `middle`.
                 None => high = middle,
                 Some((at, address)) if address < start => low = at + 1,
-                Some((at, address)) if address > start => high = middle.min(at),
+                Some((_, address)) if address > start => high = middle,
                 Some((at, _)) => return (at, at + 1),
             }
         }
         (low, high)
-    }
-
-    /// The address of `self.address_size` bytes at `at`.
-    fn address_at(&self, at: usize) -> Option<u64> {
-        let bytes = self.instructions.get(at..at + usize::from(self.address_size))?;
-        let mut value = [0u8; 8];
-        if self.big_endian {
-            value[8 - bytes.len()..].copy_from_slice(bytes);
-            Some(u64::from_be_bytes(value))
-        } else {
-            value[..bytes.len()].copy_from_slice(bytes);
-            Some(u64::from_le_bytes(value))
-        }
     }
 
     /// The row of `sequence` that covers `probe`: the last of those at the highest address at
