@@ -6,7 +6,8 @@
 //! fork while a tracer thread is inside the call leaves the child with the lock held by a
 //! thread it does not have, and its first `dl_iterate_phdr`, `dlopen` or `dlclose` waits for
 //! ever, be it its own trace's start or the program's own call. So every call of the runtime's
-//! goes through [`iterate`], which holds [`ITERATING`] around it, and the session's fork handlers
+//! own goes through [`iterate`] (libgcc's unwinder, on program threads, makes its own where the
+//! C library lacks `_dl_find_object`), which holds [`ITERATING`] around it, and the session's fork handlers
 //! hold [`ITERATING`] across `fork` ([`before_fork`], [`after_fork`]): a fork waits for a call
 //! in progress, which takes microseconds (the callbacks only copy what they are given).
 //!
@@ -33,6 +34,34 @@ pub(crate) unsafe fn iterate(callback: Callback, data: *mut libc::c_void) -> lib
     hold::inside_the_loader();
     // SAFETY: under the caller's contract.
     unsafe { libc::dl_iterate_phdr(Some(callback), data) }
+}
+
+/// Offset of the end of `dlpi_subs` in `dl_phdr_info`: the loader's counters are there when
+/// the `size` it passes reaches past it.
+pub(crate) const COUNTERS_END: usize =
+    std::mem::offset_of!(libc::dl_phdr_info, dlpi_subs) + std::mem::size_of::<libc::c_ulonglong>();
+
+/// The loader's counts of objects loaded and unloaded so far (`dlpi_adds`, `dlpi_subs`), from
+/// the first object's callback; `None` from a loader that does not keep them.
+pub(crate) fn counters() -> Option<(u64, u64)> {
+    unsafe extern "C" fn first(
+        info: *mut libc::dl_phdr_info,
+        size: libc::size_t,
+        data: *mut libc::c_void,
+    ) -> libc::c_int {
+        // SAFETY: `data` is the `Option` passed below, borrowed for the call; the loader passes
+        // a valid `info` whose fields up to `size` bytes exist.
+        unsafe {
+            if size >= COUNTERS_END {
+                *(data as *mut Option<(u64, u64)>) = Some(((*info).dlpi_adds, (*info).dlpi_subs));
+            }
+        }
+        1
+    }
+    let mut out: Option<(u64, u64)> = None;
+    // SAFETY: the callback only reads `info` and writes `out`, which outlives the call.
+    unsafe { iterate(first, &mut out as *mut _ as *mut libc::c_void) };
+    out
 }
 
 /// Wait for any call in progress, and hold off new ones, until [`after_fork`].

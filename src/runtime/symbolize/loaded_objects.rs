@@ -18,33 +18,6 @@ pub(super) struct Scanned {
     pub(super) file_id: Option<(u64, u64)>,
 }
 
-/// Offset of the end of `dlpi_subs` in `dl_phdr_info`: the loader's counters are there when
-/// the `size` it passes reaches past it.
-const COUNTERS_END: usize =
-    std::mem::offset_of!(libc::dl_phdr_info, dlpi_subs) + std::mem::size_of::<libc::c_ulonglong>();
-
-/// The loader's (adds, subs) counters, from the first object's callback.
-pub(super) fn loader_counters() -> Option<(u64, u64)> {
-    unsafe extern "C" fn first(
-        info: *mut libc::dl_phdr_info,
-        size: libc::size_t,
-        data: *mut libc::c_void,
-    ) -> libc::c_int {
-        // SAFETY: `data` is the `Option` passed below, borrowed for the call; the loader passes
-        // a valid `info` whose fields up to `size` bytes exist.
-        unsafe {
-            if size >= COUNTERS_END {
-                *(data as *mut Option<(u64, u64)>) = Some(((*info).dlpi_adds, (*info).dlpi_subs));
-            }
-        }
-        1
-    }
-    let mut out: Option<(u64, u64)> = None;
-    // SAFETY: the callback only reads `info` and writes `out`, which outlives the call.
-    unsafe { loader::iterate(first, &mut out as *mut _ as *mut libc::c_void) };
-    out
-}
-
 /// What the loader says of one object: ranges of [`Reports`]' vectors.
 struct Reported {
     /// Of `Reports::bytes`; empty for the main program (and the vDSO on older loaders).
@@ -131,7 +104,7 @@ fn scan_with_room(mut room: usize) -> (Vec<Scanned>, Option<(u64, u64)>) {
         // a valid `info` (fields up to `size` bytes), whose name is null or NUL-terminated and
         // whose program headers are `dlpi_phnum` entries, all valid during the call.
         let (reports, info) = unsafe { (&mut *(data as *mut Reports), &*info) };
-        if size >= COUNTERS_END && reports.objects.is_empty() {
+        if size >= loader::COUNTERS_END && reports.objects.is_empty() {
             reports.counters = Some((info.dlpi_adds, info.dlpi_subs));
         }
         let name = if info.dlpi_name.is_null() {

@@ -80,7 +80,7 @@ pub(crate) fn put_spare(symbolizer: Symbolizer) {
 /// The number of objects the loader has loaded and unloaded so far (0 when it does not say):
 /// one `dl_iterate_phdr` callback, no allocation.
 pub(crate) fn loader_changes() -> u64 {
-    loaded_objects::loader_counters().map_or(0, |(adds, subs)| adds.wrapping_add(subs))
+    crate::runtime::loader::counters().map_or(0, |(adds, subs)| adds.wrapping_add(subs))
 }
 
 /// Bounds the symbolizer's parsed state, in MiB (default [`Options::default`]'s).

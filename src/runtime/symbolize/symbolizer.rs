@@ -22,9 +22,10 @@ use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use super::loaded_objects::{loader_counters, scan_objects};
+use super::loaded_objects::scan_objects;
 use super::object_file::{self, Loaded};
 use crate::format::hash::{FastMap, FastSet};
+use crate::runtime::loader;
 
 /// The functions at an address, outermost first; `None` when nothing is known.
 pub type Answer = Option<Arc<[Frame]>>;
@@ -304,7 +305,7 @@ impl Symbolizer {
             return;
         }
         if let Some(counters) = self.counters {
-            if loader_counters() != Some(counters) {
+            if loader::counters() != Some(counters) {
                 self.rescan();
             }
         }

@@ -208,29 +208,16 @@ pub(super) fn rule_for(pc: u64) -> Rule {
 }
 
 /// Start a new cache generation if a library was unloaded since the last call: its address
-/// range may now hold other code. Called by the writer thread (it may take the dynamic
-/// loader's lock).
+/// range may now hold other code. Called by the writer thread and at a start, not on the
+/// sampled path (it takes the dynamic loader's lock).
 pub(crate) fn invalidate_if_unloaded() {
     if !SUPPORTED {
         return;
     }
-    let unloads = unloads();
+    let unloads = crate::runtime::loader::counters().map_or(0, |(_, subs)| subs);
     if UNLOADS.swap(unloads, Ordering::Relaxed) != unloads {
         CACHE.start_generation();
     }
-}
-
-/// The number of objects the dynamic loader has unloaded so far.
-fn unloads() -> u64 {
-    unsafe extern "C" fn first(info: *mut libc::dl_phdr_info, _size: libc::size_t, out: *mut libc::c_void) -> i32 {
-        // SAFETY: the loader passes a valid `dl_phdr_info`, and `out` is the `u64` below.
-        unsafe { *out.cast::<u64>() = (*info).dlpi_subs };
-        1
-    }
-    let mut subs: u64 = 0;
-    // SAFETY: the callback only reads the info it is given and writes the local `subs`.
-    unsafe { crate::runtime::loader::iterate(first, (&mut subs as *mut u64).cast()) };
-    subs
 }
 
 #[cfg(test)]
