@@ -7,9 +7,10 @@
 //! thread it does not have, and its first `dl_iterate_phdr`, `dlopen` or `dlclose` waits for
 //! ever, be it its own trace's start or the program's own call. So every call of the runtime's
 //! own goes through [`iterate`] (libgcc's unwinder, on program threads, makes its own where the
-//! C library lacks `_dl_find_object`), which holds [`ITERATING`] around it, and the session's fork handlers
-//! hold [`ITERATING`] across `fork` ([`before_fork`], [`after_fork`]): a fork waits for a call
-//! in progress, which takes microseconds (the callbacks only copy what they are given).
+//! C library lacks `_dl_find_object`), which holds [`ITERATING`] around it, and the session's
+//! fork handlers hold [`ITERATING`] across `fork` ([`before_fork`], [`after_fork`]): a fork
+//! waits for a call in progress, which takes microseconds (the callbacks only copy what they
+//! are given).
 //!
 //! The lock is a [`ForkSafeLock`], which the child sets free whatever the parent's threads
 //! were doing.
