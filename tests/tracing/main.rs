@@ -1076,7 +1076,7 @@ fn check_stress(name: &str, env: &[(&str, &str)]) {
 /// for the program, which waited for the writer: at this rate the start waits for a ready
 /// writer.)
 #[test]
-fn the_writer_speaks_while_the_program_holds_stderr() {
+fn messages_do_not_wait_for_a_thread_holding_stderr() {
     let path = temp_path("stderr-held");
     let env =
         [("MEMTRACE_FILE", path.to_str().unwrap()), ("MEMTRACE_RATE", "0.01"), ("MEMTRACE_SYMBOLS_BUDGET_MIB", "lots")];
