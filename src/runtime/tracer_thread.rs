@@ -7,6 +7,9 @@
 //! running the sampler could take that allocation for the program's. Its closure's result (or
 //! panic) is handed over through a shared slot, so that a thread never joined drops it as it
 //! ends.
+//!
+//! A tracer thread is also started off the CPU of the thread that starts it, when it may run
+//! elsewhere ([`Steering`]), and then let run anywhere its starter may.
 
 use std::sync::atomic::{fence, AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -28,8 +31,9 @@ pub(crate) struct TracerThread<T> {
 /// Where a tracer thread puts its closure's result, or its panic.
 type ResultSlot<T> = Arc<Mutex<Option<std::thread::Result<T>>>>;
 
-/// What the new thread is given: its name, its closure and where to put the result.
-type Start<T> = (&'static std::ffi::CStr, Box<dyn FnOnce() -> T + Send>, ResultSlot<T>);
+/// What the new thread is given: its name, its closure, where to put the result, and the
+/// CPUs it may run on once started, if it was started on fewer ([`Steering`]).
+type Start<T> = (&'static std::ffi::CStr, Box<dyn FnOnce() -> T + Send>, ResultSlot<T>, Option<libc::cpu_set_t>);
 
 impl<T: Send + 'static> TracerThread<T> {
     /// Start `f` on a new tracer thread named `name` (at most 15 bytes, as the kernel keeps).
@@ -37,10 +41,26 @@ impl<T: Send + 'static> TracerThread<T> {
         name: &'static std::ffi::CStr,
         f: impl FnOnce() -> T + Send + 'static,
     ) -> std::io::Result<Self> {
+        Self::spawn_steered(name, f, Steering::from_here())
+    }
+
+    /// [`TracerThread::spawn`], the thread started where `steering` says.
+    fn spawn_steered(
+        name: &'static std::ffi::CStr,
+        f: impl FnOnce() -> T + Send + 'static,
+        steering: Option<Steering>,
+    ) -> std::io::Result<Self> {
         extern "C" fn run<T>(start: *mut libc::c_void) -> *mut libc::c_void {
             sampler::enter_tracer_forever();
             // SAFETY: `start` is the box `spawn` leaked for this thread, taken back once, here.
-            let (name, f, result) = *unsafe { Box::from_raw(start as *mut Start<T>) };
+            let (name, f, result, allowed) = *unsafe { Box::from_raw(start as *mut Start<T>) };
+            if let Some(allowed) = allowed {
+                // Where it runs from now on is the scheduler's choice, among the CPUs its
+                // starter may use. Should this fail (a cpuset changed meanwhile), the thread
+                // keeps off one CPU, which harms nothing.
+                // SAFETY: `allowed` is a valid set of the size given.
+                unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &allowed) };
+            }
             // Named by itself (a `prctl`): naming another thread writes its file in `/proc`,
             // three system calls more on the thread that starts tracing. `name` is
             // NUL-terminated; the kernel keeps 15 bytes of a name, and refuses a longer one.
@@ -51,20 +71,34 @@ impl<T: Send + 'static> TracerThread<T> {
             std::ptr::null_mut()
         }
         let result = Arc::new(Mutex::new(None));
-        let start: Box<Start<T>> = Box::new((name, Box::new(f), Arc::clone(&result)));
+        let start: Box<Start<T>> =
+            Box::new((name, Box::new(f), Arc::clone(&result), steering.as_ref().map(|s| s.allowed)));
         let start = Box::into_raw(start) as *mut libc::c_void;
         let mut thread = 0;
         // SAFETY: `attributes` is initialised before it is used and destroyed after; `run::<T>`
         // takes `start` back.
-        let error = unsafe {
+        let create = |elsewhere: Option<&libc::cpu_set_t>, thread: &mut libc::pthread_t| unsafe {
             let mut attributes = std::mem::MaybeUninit::<libc::pthread_attr_t>::uninit();
             libc::pthread_attr_init(attributes.as_mut_ptr());
             // The stack std gives its threads, whatever `ulimit -s` says (glibc's default).
             libc::pthread_attr_setstacksize(attributes.as_mut_ptr(), STACK_SIZE.max(libc::PTHREAD_STACK_MIN));
-            let error = libc::pthread_create(&mut thread, attributes.as_ptr(), run::<T>, start);
+            if let Some(elsewhere) = elsewhere {
+                libc::pthread_attr_setaffinity_np(
+                    attributes.as_mut_ptr(),
+                    std::mem::size_of::<libc::cpu_set_t>(),
+                    elsewhere,
+                );
+            }
+            let error = libc::pthread_create(thread, attributes.as_ptr(), run::<T>, start);
             libc::pthread_attr_destroy(attributes.as_mut_ptr());
             error
         };
+        let mut error = create(steering.as_ref().map(|s| &s.elsewhere), &mut thread);
+        if error != 0 && steering.is_some() {
+            // glibc fails the whole creation when it cannot set the new thread's CPUs (a
+            // sandbox that forbids it, a cpuset changed meanwhile): start it without.
+            error = create(None, &mut thread);
+        }
         if error != 0 {
             // SAFETY: the thread was not created: the box is still ours.
             drop(unsafe { Box::from_raw(start as *mut Start<T>) });
@@ -104,6 +138,44 @@ impl<T> Drop for TracerThread<T> {
     fn drop(&mut self) {
         // SAFETY: a live thread never joined: it cleans up after itself as it ends.
         unsafe { libc::pthread_detach(self.thread) };
+    }
+}
+
+/// Where a new tracer thread starts: on a CPU its starter may run on other than the one the
+/// starter is running on, when there is one.
+///
+/// The kernel may queue a new thread on its starter's CPU, and leave it there, unrun, while
+/// the starter keeps that CPU busy and another sits idle: on a 2-CPU virtual machine
+/// (Linux 6.18), a writer started by a short program's `trace_if_requested` had its first turn
+/// on the program's CPU in 58 of 60 runs, mostly only once the program stopped and waited for
+/// it, so that it named the program's first sample during the stop rather than while the
+/// program ran (README, "Benchmarks"). Started elsewhere, it ran at once in all 60.
+struct Steering {
+    /// The CPUs the starter may run on: the thread's own once started.
+    allowed: libc::cpu_set_t,
+    /// Those without the starter's current one: the thread's to start on.
+    elsewhere: libc::cpu_set_t,
+}
+
+impl Steering {
+    /// The calling thread's CPUs and the one it is on; `None` when it may only run on that one
+    /// (or the system says nothing: more CPUs than a `cpu_set_t` holds, say).
+    fn from_here() -> Option<Steering> {
+        // SAFETY: a zeroed `cpu_set_t` is an empty set; the sets passed are of the size given,
+        // and the CPU numbers tested are below the size of a set.
+        unsafe {
+            let mut allowed: libc::cpu_set_t = std::mem::zeroed();
+            if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut allowed) != 0 {
+                return None;
+            }
+            let here = usize::try_from(libc::sched_getcpu()).ok()?;
+            if here >= libc::CPU_SETSIZE as usize || !libc::CPU_ISSET(here, &allowed) || libc::CPU_COUNT(&allowed) < 2 {
+                return None;
+            }
+            let mut elsewhere = allowed;
+            libc::CPU_CLR(here, &mut elsewhere);
+            Some(Steering { allowed, elsewhere })
+        }
     }
 }
 
@@ -221,6 +293,100 @@ mod tests {
         }
         // Under `MALLOC_ARENA_MAX=1`, say: every thread allocates from the main arena.
         eprintln!("no thread got an arena of its own that had not grown yet: nothing tested");
+    }
+
+    /// The calling thread's CPUs (its affinity mask).
+    fn cpus_of_this_thread() -> libc::cpu_set_t {
+        // SAFETY: a zeroed set, filled in by the call, of the size given.
+        unsafe {
+            let mut cpus: libc::cpu_set_t = std::mem::zeroed();
+            assert_eq!(libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut cpus), 0);
+            cpus
+        }
+    }
+
+    fn set_cpus_of_this_thread(cpus: &libc::cpu_set_t) {
+        // SAFETY: a set of the size given.
+        assert_eq!(unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), cpus) }, 0);
+    }
+
+    fn cpu_set(cpus: &[usize]) -> libc::cpu_set_t {
+        // SAFETY: a zeroed set is empty; the CPU numbers come from a set, below its size.
+        unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            for &cpu in cpus {
+                libc::CPU_SET(cpu, &mut set);
+            }
+            set
+        }
+    }
+
+    /// The CPUs in `set`.
+    fn cpus_in(set: &libc::cpu_set_t) -> Vec<usize> {
+        // SAFETY: CPU numbers below the set's size.
+        (0..libc::CPU_SETSIZE as usize).filter(|&cpu| unsafe { libc::CPU_ISSET(cpu, set) }).collect()
+    }
+
+    /// Two CPUs this thread may run on, if it may run on two.
+    fn two_cpus() -> Option<(usize, usize)> {
+        let cpus = cpus_in(&cpus_of_this_thread());
+        let pair = cpus.first().copied().zip(cpus.get(1).copied());
+        if pair.is_none() {
+            eprintln!("one CPU to run on: nothing tested");
+        }
+        pair
+    }
+
+    #[test]
+    fn steering_leaves_out_the_cpu_the_starter_is_on_unless_it_is_its_only_one() {
+        let Some((here, there)) = two_cpus() else { return };
+        let original = cpus_of_this_thread();
+        set_cpus_of_this_thread(&cpu_set(&[here]));
+        assert!(Steering::from_here().is_none());
+        // Pinned to `here` first, this thread is on it (until the scheduler moves it, which
+        // an idle `there` makes unlikely in the moment the check takes: tried a few times).
+        let left_out_here = (0..10).any(|_| {
+            set_cpus_of_this_thread(&cpu_set(&[here]));
+            set_cpus_of_this_thread(&cpu_set(&[here, there]));
+            let steering = Steering::from_here().expect("two CPUs to run on");
+            assert_eq!(cpus_in(&steering.allowed), [here, there]);
+            cpus_in(&steering.elsewhere) == [there]
+        });
+        set_cpus_of_this_thread(&original);
+        assert!(left_out_here);
+    }
+
+    #[test]
+    fn a_steered_tracer_thread_starts_where_it_is_steered_then_may_run_on_its_starters_cpus() {
+        let Some((here, there)) = two_cpus() else { return };
+        let original = cpus_of_this_thread();
+        // A starter that may only run `here`: a thread it starts unsteered runs there too.
+        set_cpus_of_this_thread(&cpu_set(&[here]));
+        let started_on = |steering| {
+            TracerThread::spawn_steered(
+                c"memtrace-test",
+                // SAFETY: no arguments.
+                || (unsafe { libc::sched_getcpu() }, cpus_in(&cpus_of_this_thread())),
+                steering,
+            )
+            .unwrap()
+            .join()
+            .unwrap()
+        };
+        let (cpu, cpus) = started_on(None);
+        assert_eq!((cpu, cpus), (here as i32, vec![here]));
+        // Once started, the thread may have been moved (its CPU is checked after it was let
+        // run on both): most of ten should still be where they started.
+        let steered = (0..10)
+            .filter(|_| {
+                let steering = Steering { allowed: cpu_set(&[here, there]), elsewhere: cpu_set(&[there]) };
+                let (cpu, cpus) = started_on(Some(steering));
+                assert_eq!(cpus, [here, there]);
+                cpu == there as i32
+            })
+            .count();
+        set_cpus_of_this_thread(&original);
+        assert!(steered >= 8, "{steered} of 10 started on the CPU they were steered to");
     }
 
     #[test]
