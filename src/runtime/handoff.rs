@@ -4,9 +4,10 @@
 //!
 //! Application threads never wait here, and in the steady state never allocate: the queue is
 //! a crossbeam array channel allocated when tracing first starts, and frame buffers come from
-//! a pool that each writer fills up to [`INITIAL_POOL`] buffers, most of them after the round
-//! that follows its first wait (a new buffer is allocated, inside the tracer, when the pool is empty; the writer
-//! gives it back to the pool, up to [`POOL_SIZE`], and frees the surplus). Memory
+//! a pool that each writer fills up to [`INITIAL_POOL`] buffers, most of them once the program
+//! has used some or has run a while (a new buffer is allocated, inside the tracer, when the
+//! pool is empty; the writer gives it back to the pool, up to [`POOL_SIZE`], and frees the
+//! surplus). Memory
 //! allocated on an application thread lands in that thread's malloc arena, and the blocks of
 //! an unbounded channel, freed by the writer up to a poll interval later, kept chunks of the
 //! arena pinned: glibc then trimmed and re-grew the arenas differently, and the program paid
@@ -65,10 +66,10 @@ const BACKLOG_SECONDS: f64 = 0.125;
 /// cross-thread `free` in the writer.
 pub(crate) const POOL_SIZE: usize = 2048;
 /// Frame buffers the pool is filled with by a writer (256 KiB), [`STARTING_POOL`] of them as
-/// it starts and the rest after the round that follows its first wait (a short program's
-/// stop then does not wait for their page faults, nor its first sample's naming, which that
-/// round does); it grows to [`POOL_SIZE`] on demand (a buffer allocated on the
-/// sampled path when the pool is empty joins the pool when the writer gives it back).
+/// it starts and the rest once the program has taken half of those, or has run 20 ms (see
+/// `writer_thread`): a short program, whose few samples take few buffers at a time, never pays
+/// their page faults. It grows to [`POOL_SIZE`] on demand (a buffer allocated on the sampled
+/// path when the pool is empty joins the pool when the writer gives it back).
 pub(crate) const INITIAL_POOL: usize = 256;
 /// Frame buffers a writer puts in the pool as it starts (32 KiB).
 pub(crate) const STARTING_POOL: usize = 32;
@@ -224,6 +225,11 @@ impl Channel {
         for frames in (self.pool_rx.len()..buffers).map_while(|_| new_frames()) {
             let _ = self.pool_tx.try_send(frames);
         }
+    }
+
+    /// Frame buffers in the pool.
+    pub(crate) fn pooled(&self) -> usize {
+        self.pool_rx.len()
     }
 
     /// Queue `msg` without waiting; false when the queue is full. A full queue gives the

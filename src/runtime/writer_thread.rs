@@ -23,6 +23,9 @@ use crate::format::trace::{AllocSource, NewAlloc, ObjectId, Timestamp, Writer};
 
 /// The writer flushes at least this often.
 const FLUSH_INTERVAL: Duration = Duration::from_secs(1);
+/// How long a session runs before its writer fills the pool of frame buffers up to
+/// [`handoff::INITIAL_POOL`], if the program has not taken half the starting ones before.
+const POOL_FILLED_AFTER: Duration = Duration::from_millis(20);
 /// How long the writer sleeps when it finds the queue empty.
 const POLL_INTERVAL: Duration = Duration::from_millis(10);
 /// How long it sleeps instead when the queue filled up more than [`BUSY_FILL`] in its last
@@ -155,9 +158,10 @@ impl TraceWriter {
     fn run(&mut self) -> crate::Result<()> {
         let channel = self.names.channel;
         channel.ring_at_first_sample(Arc::clone(&self.doorbell), self.session);
-        let mut next_flush = Instant::now() + FLUSH_INTERVAL;
+        let started = Instant::now();
+        let mut next_flush = started + FLUSH_INTERVAL;
         // The pool has its starting buffers ([`handoff::STARTING_POOL`]).
-        let (mut pool_filled, mut waited) = (false, false);
+        let mut pool_filled = false;
         loop {
             let mut received = 0;
             while received < POLL_BATCH {
@@ -190,10 +194,13 @@ impl TraceWriter {
             }
             self.names.worker.release_if_idle(now);
             cfi::invalidate_if_unloaded();
-            // After the first wait (and the round it ended, which may have a first sample to
-            // name while the program runs), or the first full batch of a writer with no time
-            // to wait; not for a session stopping.
-            if !pool_filled && (waited || received == POLL_BATCH) && STATE.load(Ordering::Relaxed) != OFF {
+            // Once the program has taken half the starting buffers, or has run long enough
+            // to need more (a short program's few samples never do: their page faults, a
+            // tenth of a millisecond, are spared); not for a session stopping.
+            if !pool_filled
+                && (channel.pooled() < handoff::STARTING_POOL / 2 || started.elapsed() >= POOL_FILLED_AFTER)
+                && STATE.load(Ordering::Relaxed) != OFF
+            {
                 pool_filled = true;
                 channel.fill_pool(handoff::INITIAL_POOL);
             }
@@ -206,7 +213,6 @@ impl TraceWriter {
                 let interval =
                     if WAIT_FOR_DOORBELL.load(Ordering::Relaxed) { Duration::from_secs(3600) } else { interval };
                 self.doorbell.wait(interval);
-                waited = true;
             }
         }
     }
