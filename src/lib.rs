@@ -91,4 +91,9 @@ pub mod __internals {
     pub fn writer_progress() -> u64 {
         crate::runtime::handoff::writer_progress()
     }
+    /// The frame buffers in the running session's pool, 0 without one (debug builds only).
+    #[cfg(debug_assertions)]
+    pub fn pooled_frame_buffers() -> usize {
+        crate::runtime::handoff::pooled_frame_buffers()
+    }
 }

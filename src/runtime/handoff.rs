@@ -457,6 +457,12 @@ pub(crate) fn writer_progress() -> u64 {
     current().map_or(0, |(channel, _)| channel.progress())
 }
 
+/// The frame buffers in the running session's pool, 0 without one.
+#[cfg(debug_assertions)]
+pub(crate) fn pooled_frame_buffers() -> usize {
+    current().map_or(0, |(channel, _)| channel.pooled())
+}
+
 /// Let the sampled path send messages tagged `session` (the session is running).
 pub(crate) fn publish(session: u32) {
     RUNNING.store(session, Ordering::Release);

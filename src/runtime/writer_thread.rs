@@ -26,6 +26,13 @@ const FLUSH_INTERVAL: Duration = Duration::from_secs(1);
 /// How long a session runs before its writer fills the pool of frame buffers up to
 /// [`handoff::INITIAL_POOL`], if the program has not taken half the starting ones before.
 const POOL_FILLED_AFTER: Duration = Duration::from_millis(20);
+/// Whether a writer whose pool holds `pooled` frame buffers, `running_for` into its session,
+/// fills it up to [`handoff::INITIAL_POOL`]: once the program has taken half the starting
+/// ones, or has run long enough to need more. A short program's few samples never do, and
+/// their page faults, a tenth of a millisecond, are spared.
+fn pool_wanted(pooled: usize, running_for: Duration) -> bool {
+    pooled <= handoff::STARTING_POOL / 2 || running_for >= POOL_FILLED_AFTER
+}
 /// How long the writer sleeps when it finds the queue empty.
 const POLL_INTERVAL: Duration = Duration::from_millis(10);
 /// How long it sleeps instead when the queue filled up more than [`BUSY_FILL`] in its last
@@ -194,12 +201,8 @@ impl TraceWriter {
             }
             self.names.worker.release_if_idle(now);
             cfi::invalidate_if_unloaded();
-            // Once the program has taken half the starting buffers, or has run long enough
-            // to need more (a short program's few samples never do: their page faults, a
-            // tenth of a millisecond, are spared); not for a session stopping.
-            if !pool_filled
-                && (channel.pooled() < handoff::STARTING_POOL / 2 || started.elapsed() >= POOL_FILLED_AFTER)
-                && STATE.load(Ordering::Relaxed) != OFF
+            // Not for a session stopping.
+            if !pool_filled && pool_wanted(channel.pooled(), started.elapsed()) && STATE.load(Ordering::Relaxed) != OFF
             {
                 pool_filled = true;
                 channel.fill_pool(handoff::INITIAL_POOL);
@@ -397,6 +400,19 @@ impl Names {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The pool is filled once the program has taken half the starting buffers, or has run
+    /// 20 ms, whichever comes first.
+    #[test]
+    fn the_pool_is_filled_once_half_the_starting_buffers_are_taken_or_after_a_while() {
+        let ms = Duration::from_millis;
+        let half = handoff::STARTING_POOL / 2;
+        assert!(!pool_wanted(handoff::STARTING_POOL, ms(0)));
+        assert!(!pool_wanted(half + 1, POOL_FILLED_AFTER - ms(1)));
+        assert!(pool_wanted(half, ms(0)));
+        assert!(pool_wanted(0, ms(0)));
+        assert!(pool_wanted(handoff::STARTING_POOL, POOL_FILLED_AFTER));
+    }
 
     /// Messages taken ahead of their turn count as queued (for a stop that gives up on the
     /// writer) until the writer handles them, and come before the queue's.

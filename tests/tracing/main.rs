@@ -301,6 +301,21 @@ fn child_role() {
             drop(guard);
         }
         #[cfg(debug_assertions)]
+        "pool_filled_while_running" => {
+            use memtrace_rs::__internals::pooled_frame_buffers;
+            assert_eq!(pooled_frame_buffers(), 0, "a pool before tracing started");
+            let guard = trace_if_requested();
+            assert!(guard.is_some());
+            // 32 buffers as the writer starts, the rest of its 256 once the session has run
+            // 20 ms (a program taking none of them).
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while pooled_frame_buffers() <= 32 && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            assert!(pooled_frame_buffers() > 32, "the pool was not filled: {} buffers", pooled_frame_buffers());
+            drop(guard);
+        }
+        #[cfg(debug_assertions)]
         "panic_in_sample" => {
             let _guard = trace_if_requested();
             memtrace_rs::__internals::panic_in_next_sample();
@@ -1280,6 +1295,18 @@ fn the_first_sample_wakes_the_writer() {
         run_within("first_sample_wakes_writer", &[("MEMTRACE_FILE", path.to_str().unwrap())], Duration::from_secs(60));
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(!Trace::read(&path).allocs.is_empty());
+    let _ = std::fs::remove_file(&path);
+}
+
+/// A session's writer fills the frame-buffer pool beyond its starting buffers while the
+/// program runs, though the program takes none of them.
+#[cfg(debug_assertions)]
+#[test]
+fn the_writer_fills_the_pool_while_a_session_runs() {
+    let path = temp_path("pool-filled");
+    let (out, _) =
+        run_within("pool_filled_while_running", &[("MEMTRACE_FILE", path.to_str().unwrap())], Duration::from_secs(60));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let _ = std::fs::remove_file(&path);
 }
 
