@@ -281,7 +281,8 @@ type Setup = (File, Info, Option<File>);
 /// failed), it ends, and is waited for: a failed start leaves no thread behind.
 ///
 /// The thread is off the thread that starts tracing, which does not wait for it (a new
-/// thread's first turn took milliseconds on a loaded machine; it is a [`TracerThread`], marked
+/// thread's first turn took milliseconds on a loaded machine, and it is started off the
+/// starter's CPU for that, [`TracerThread::spawn_beside`]; it is a [`TracerThread`], marked
 /// the tracer's before any of its code runs, so nothing it allocates is sampled). Except where
 /// the queue is at its largest (from rate 1e-3 on) and holds less than its backlog time of
 /// samples: there sixteen threads sampling at once filled it while the new writer waited for
@@ -309,7 +310,7 @@ fn spawn_writer(config: &TraceConfig, options: symbolize::Options, prepare: bool
     let (path, given_up) = (config.path.clone(), Arc::clone(&abandoned));
     let doorbell = Arc::new(Doorbell::default());
     let rung = Arc::clone(&doorbell);
-    let writer = TracerThread::spawn(c"memtrace-writer", move || {
+    let writer = TracerThread::spawn_beside(c"memtrace-writer", move || {
         channel.fill_pool(handoff::STARTING_POOL);
         sampled_set::make_filter_resident();
         // (Calibration naming frames meanwhile, if it finds the slot empty, makes one of its

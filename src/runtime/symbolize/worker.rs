@@ -166,6 +166,8 @@ impl Worker {
         // The symbolizer moves into the thread only if it starts.
         let slot = Arc::new(parking_lot::Mutex::new(Some(*symbolizer)));
         let given = Arc::clone(&slot);
+        // Not steered off the writer's CPU (`TracerThread::spawn_beside`): the writer mostly
+        // waits for its answers, and a CPU other than the writer's is more likely the program's.
         let spawned = TracerThread::spawn(c"memtrace-symbol", move || {
             let mut symbolizer = given.lock().take().unwrap_or_default();
             tracer_thread::grow_arena();
