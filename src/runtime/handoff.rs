@@ -66,8 +66,8 @@ const BACKLOG_SECONDS: f64 = 0.125;
 /// cross-thread `free` in the writer.
 pub(crate) const POOL_SIZE: usize = 2048;
 /// Frame buffers the pool is filled with by a writer (256 KiB), [`STARTING_POOL`] of them as
-/// it starts and the rest once the program has taken half of those, or has run 20 ms (see
-/// `writer_thread`): a short program, whose few samples take few buffers at a time, never pays
+/// it starts and the rest once the program has taken half of those, or the writer has run
+/// 20 ms (see `writer_thread`): a short program, whose few samples take few buffers at a time, never pays
 /// their page faults. It grows to [`POOL_SIZE`] on demand (a buffer allocated on the sampled
 /// path when the pool is empty joins the pool when the writer gives it back).
 pub(crate) const INITIAL_POOL: usize = 256;

@@ -23,13 +23,14 @@ use crate::format::trace::{AllocSource, NewAlloc, ObjectId, Timestamp, Writer};
 
 /// The writer flushes at least this often.
 const FLUSH_INTERVAL: Duration = Duration::from_secs(1);
-/// How long a session runs before its writer fills the pool of frame buffers up to
+/// How long a writer runs before it fills the pool of frame buffers up to
 /// [`handoff::INITIAL_POOL`], if the program has not taken half the starting ones before.
 const POOL_FILLED_AFTER: Duration = Duration::from_millis(20);
-/// Whether a writer whose pool holds `pooled` frame buffers, `running_for` into its session,
-/// fills it up to [`handoff::INITIAL_POOL`]: once the program has taken half the starting
-/// ones, or has run long enough to need more. A short program's few samples never do, and
-/// their page faults, a tenth of a millisecond, are spared.
+/// Whether a writer that found `pooled` frame buffers in the pool as it began a round (before
+/// it gave back those of the samples it took), `running_for` into its loop, fills it up to
+/// [`handoff::INITIAL_POOL`]: once the program has taken half the starting ones, or has run
+/// long enough to need more. A short program's few samples never do, and their page faults, a
+/// tenth of a millisecond, are spared.
 fn pool_wanted(pooled: usize, running_for: Duration) -> bool {
     pooled <= handoff::STARTING_POOL / 2 || running_for >= POOL_FILLED_AFTER
 }
@@ -170,6 +171,8 @@ impl TraceWriter {
         // The pool has its starting buffers ([`handoff::STARTING_POOL`]).
         let mut pool_filled = false;
         loop {
+            // As the program left it: the round gives back the buffers of the samples it takes.
+            let pooled = channel.pooled();
             let mut received = 0;
             while received < POLL_BATCH {
                 let Some(msg) = next_message(channel, &mut self.names.backlog) else { break };
@@ -202,8 +205,7 @@ impl TraceWriter {
             self.names.worker.release_if_idle(now);
             cfi::invalidate_if_unloaded();
             // Not for a session stopping.
-            if !pool_filled && pool_wanted(channel.pooled(), started.elapsed()) && STATE.load(Ordering::Relaxed) != OFF
-            {
+            if !pool_filled && pool_wanted(pooled, started.elapsed()) && STATE.load(Ordering::Relaxed) != OFF {
                 pool_filled = true;
                 channel.fill_pool(handoff::INITIAL_POOL);
             }

@@ -304,8 +304,17 @@ fn child_role() {
         "pool_filled_while_running" => {
             use memtrace_rs::__internals::pooled_frame_buffers;
             assert_eq!(pooled_frame_buffers(), 0, "a pool before tracing started");
+            let starting = Instant::now();
             let guard = trace_if_requested();
             assert!(guard.is_some());
+            // At most the starting buffers before the writer has run 20 ms, which it cannot
+            // have within 20 ms of the start's beginning.
+            let pooled = pooled_frame_buffers();
+            if starting.elapsed() < Duration::from_millis(20) {
+                assert!(pooled <= 32, "{pooled} buffers in the pool as tracing starts");
+            } else {
+                eprintln!("the start took 20 ms: the starting pool is not checked");
+            }
             // 32 buffers as the writer starts, the rest of its 256 once the session has run
             // 20 ms (a program taking none of them).
             let deadline = Instant::now() + Duration::from_secs(30);
@@ -1298,7 +1307,7 @@ fn the_first_sample_wakes_the_writer() {
     let _ = std::fs::remove_file(&path);
 }
 
-/// A session's writer fills the frame-buffer pool beyond its starting buffers while the
+/// A session's writer starts the frame-buffer pool with a few buffers, and fills it while the
 /// program runs, though the program takes none of them.
 #[cfg(debug_assertions)]
 #[test]
