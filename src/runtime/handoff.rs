@@ -7,11 +7,10 @@
 //! a pool that each writer fills up to [`INITIAL_POOL`] buffers, most of them once the program
 //! has used some or has run a while (a new buffer is allocated, inside the tracer, when the
 //! pool is empty; the writer gives it back to the pool, up to [`POOL_SIZE`], and frees the
-//! surplus). Memory
-//! allocated on an application thread lands in that thread's malloc arena, and the blocks of
-//! an unbounded channel, freed by the writer up to a poll interval later, kept chunks of the
-//! arena pinned: glibc then trimmed and re-grew the arenas differently, and the program paid
-//! in `madvise` calls and page faults in its own code.
+//! surplus). Memory allocated on an application thread lands in that thread's malloc arena,
+//! and the blocks of an unbounded channel, freed by the writer up to a poll interval later,
+//! kept chunks of the arena pinned: glibc then trimmed and re-grew the arenas differently, and
+//! the program paid in `madvise` calls and page faults in its own code.
 //!
 //! The queue is bounded, and sized for the sampling rate ([`capacity_for`]: 2 Ki messages at
 //! the default rate, 128 Ki from about 1e-3 on); a session at a higher rate than the
@@ -67,9 +66,9 @@ const BACKLOG_SECONDS: f64 = 0.125;
 pub(crate) const POOL_SIZE: usize = 2048;
 /// Frame buffers the pool is filled with by a writer (256 KiB), [`STARTING_POOL`] of them as
 /// it starts and the rest once the program has taken half of those, or the writer has run
-/// 20 ms (see `writer_thread`): a short program, whose few samples take few buffers at a time, never pays
-/// their page faults. It grows to [`POOL_SIZE`] on demand (a buffer allocated on the sampled
-/// path when the pool is empty joins the pool when the writer gives it back).
+/// 20 ms (see `writer_thread`): a short program, whose few samples take few buffers at a time,
+/// never pays their page faults. It grows to [`POOL_SIZE`] on demand (a buffer allocated on
+/// the sampled path when the pool is empty joins the pool when the writer gives it back).
 pub(crate) const INITIAL_POOL: usize = 256;
 /// Frame buffers a writer puts in the pool as it starts (32 KiB).
 pub(crate) const STARTING_POOL: usize = 32;

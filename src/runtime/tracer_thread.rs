@@ -69,8 +69,7 @@ impl<T: Send + 'static> TracerThread<T> {
                 // starter may use. Should this fail (a cpuset changed meanwhile), the thread
                 // keeps off its starter's CPU, and so do the threads it starts: on two CPUs,
                 // they all run on the other one.
-                // SAFETY: `allowed` is a valid set of the size given.
-                unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &allowed) };
+                set_cpus_of_this_thread(&allowed);
             }
             // Named by itself (a `prctl`): naming another thread writes its file in `/proc`,
             // three system calls more on the thread that starts tracing. `name` is
@@ -180,13 +179,9 @@ impl Steering {
         if !cfg!(target_env = "gnu") {
             return None;
         }
-        // SAFETY: a zeroed `cpu_set_t` is an empty set; the sets passed are of the size given,
-        // and the CPU numbers tested are below the size of a set.
+        let allowed = cpus_of_this_thread()?;
+        // SAFETY: the CPU numbers tested are below the size of a set.
         unsafe {
-            let mut allowed: libc::cpu_set_t = std::mem::zeroed();
-            if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut allowed) != 0 {
-                return None;
-            }
             let here = usize::try_from(libc::sched_getcpu()).ok()?;
             if here >= libc::CPU_SETSIZE as usize || !libc::CPU_ISSET(here, &allowed) || libc::CPU_COUNT(&allowed) < 2 {
                 return None;
@@ -196,6 +191,22 @@ impl Steering {
             Some(Steering { allowed, elsewhere })
         }
     }
+}
+
+/// The calling thread's CPUs (its affinity mask); `None` when the system does not say (more
+/// CPUs than a `cpu_set_t` holds, say).
+fn cpus_of_this_thread() -> Option<libc::cpu_set_t> {
+    // SAFETY: a zeroed `cpu_set_t` is an empty set, filled in by the call, of the size given.
+    unsafe {
+        let mut cpus: libc::cpu_set_t = std::mem::zeroed();
+        (libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut cpus) == 0).then_some(cpus)
+    }
+}
+
+/// Let the calling thread run on `cpus`; false when the system refuses.
+fn set_cpus_of_this_thread(cpus: &libc::cpu_set_t) -> bool {
+    // SAFETY: a set of the size given.
+    unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), cpus) == 0 }
 }
 
 /// Blocks [`grow_arena`] allocates: just below glibc's default threshold for serving a block
@@ -314,19 +325,13 @@ mod tests {
         eprintln!("no thread got an arena of its own that had not grown yet: nothing tested");
     }
 
-    /// The calling thread's CPUs (its affinity mask).
-    fn cpus_of_this_thread() -> libc::cpu_set_t {
-        // SAFETY: a zeroed set, filled in by the call, of the size given.
-        unsafe {
-            let mut cpus: libc::cpu_set_t = std::mem::zeroed();
-            assert_eq!(libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut cpus), 0);
-            cpus
-        }
+    /// The calling thread's CPUs.
+    fn cpus() -> libc::cpu_set_t {
+        cpus_of_this_thread().expect("the thread's CPUs")
     }
 
-    fn set_cpus_of_this_thread(cpus: &libc::cpu_set_t) {
-        // SAFETY: a set of the size given.
-        assert_eq!(unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), cpus) }, 0);
+    fn set_cpus(cpus: &libc::cpu_set_t) {
+        assert!(set_cpus_of_this_thread(cpus));
     }
 
     fn cpu_set(cpus: &[usize]) -> libc::cpu_set_t {
@@ -348,7 +353,7 @@ mod tests {
 
     /// Two CPUs this thread may run on, if it may run on two.
     fn two_cpus() -> Option<(usize, usize)> {
-        let cpus = cpus_in(&cpus_of_this_thread());
+        let cpus = cpus_in(&cpus());
         let pair = cpus.first().copied().zip(cpus.get(1).copied());
         if pair.is_none() {
             eprintln!("one CPU to run on: nothing tested");
@@ -360,19 +365,19 @@ mod tests {
     #[cfg(target_env = "gnu")]
     fn steering_leaves_out_the_cpu_the_starter_is_on_unless_it_is_its_only_one() {
         let Some((here, there)) = two_cpus() else { return };
-        let original = cpus_of_this_thread();
-        set_cpus_of_this_thread(&cpu_set(&[here]));
+        let original = cpus();
+        set_cpus(&cpu_set(&[here]));
         assert!(Steering::from_here().is_none());
         // Pinned to `here` first, this thread is on it (until the scheduler moves it, which
         // an idle `there` makes unlikely in the moment the check takes: tried a few times).
         let left_out_here = (0..10).any(|_| {
-            set_cpus_of_this_thread(&cpu_set(&[here]));
-            set_cpus_of_this_thread(&cpu_set(&[here, there]));
+            set_cpus(&cpu_set(&[here]));
+            set_cpus(&cpu_set(&[here, there]));
             let steering = Steering::from_here().expect("two CPUs to run on");
             assert_eq!(cpus_in(&steering.allowed), [here, there]);
             cpus_in(&steering.elsewhere) == [there]
         });
-        set_cpus_of_this_thread(&original);
+        set_cpus(&original);
         assert!(left_out_here);
     }
 
@@ -380,14 +385,14 @@ mod tests {
     #[cfg(target_env = "gnu")]
     fn a_steered_tracer_thread_starts_where_it_is_steered_then_may_run_on_its_starters_cpus() {
         let Some((here, there)) = two_cpus() else { return };
-        let original = cpus_of_this_thread();
+        let original = cpus();
         // A starter that may only run `here`: a thread it starts unsteered runs there too.
-        set_cpus_of_this_thread(&cpu_set(&[here]));
+        set_cpus(&cpu_set(&[here]));
         let started_on = |steering| {
             TracerThread::spawn_steered(
                 c"memtrace-test",
                 // SAFETY: no arguments.
-                || (unsafe { libc::sched_getcpu() }, cpus_in(&cpus_of_this_thread())),
+                || (unsafe { libc::sched_getcpu() }, cpus_in(&cpus())),
                 steering,
             )
             .unwrap()
@@ -407,7 +412,7 @@ mod tests {
                 cpu == there as i32
             })
             .count();
-        set_cpus_of_this_thread(&original);
+        set_cpus(&original);
         assert!(steered >= 6, "{steered} of 10 started on the CPU they were steered to");
     }
 
