@@ -160,10 +160,10 @@ impl<T> Drop for TracerThread<T> {
 ///
 /// The kernel may queue a new thread on its starter's CPU, and leave it there, unrun, while
 /// the starter keeps that CPU busy and another sits idle: on a 2-CPU virtual machine
-/// (Linux 6.18), a writer started by a short program's `trace_if_requested` had its first turn
-/// on the program's CPU in 58 of 60 runs, mostly only once the program stopped and waited for
-/// it, so that it named the program's first sample during the stop rather than while the
-/// program ran (README, "Benchmarks"). Started elsewhere, it ran at once in all 60.
+/// (Linux 6.18), a writer started by a short program's `trace_if_requested` mostly started on
+/// the program's CPU and ran only once the program stopped and waited for it, so that it named
+/// the program's first sample during the stop rather than while the program ran. Started
+/// elsewhere, it ran at once (README, "Benchmarks", has the counts).
 struct Steering {
     /// The CPUs the starter may run on: the thread's own once started.
     allowed: libc::cpu_set_t,

@@ -29,8 +29,8 @@ const POOL_FILLED_AFTER: Duration = Duration::from_millis(20);
 /// Whether a writer that found `pooled` frame buffers in the pool as it began a round (before
 /// it gave back those of the samples it took), `running_for` into its loop, fills it up to
 /// [`handoff::INITIAL_POOL`]: once the program has taken half the starting ones, or has run
-/// long enough to need more. A short program's few samples never do, and their page faults, a
-/// tenth of a millisecond, are spared.
+/// long enough to need more. A short program's few samples never do, and their page faults are
+/// spared (README, "Benchmarks").
 fn pool_wanted(pooled: usize, running_for: Duration) -> bool {
     pooled <= handoff::STARTING_POOL / 2 || running_for >= POOL_FILLED_AFTER
 }
