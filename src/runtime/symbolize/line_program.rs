@@ -218,11 +218,12 @@ impl Program {
         };
         let (from, to) = self.bisected(start);
         let near = &self.instructions[from..(to + needle.len()).min(self.instructions.len())];
-        let sequence = match memchr::memmem::find_iter(near, &needle).find_map(|at| starting_at(from + at)) {
+        let finder = super::dwarf::address_finder(&needle);
+        let sequence = match finder.find_iter(near).find_map(|at| starting_at(from + at)) {
             Some(sequence) => sequence,
             // The range was the whole program: searched already.
             None if near.len() == self.instructions.len() => return None,
-            None => memchr::memmem::find_iter(self.instructions, &needle).find_map(starting_at)?,
+            None => finder.find_iter(self.instructions).find_map(starting_at)?,
         };
         sequences.found.push(sequence);
         Some(sequence)
