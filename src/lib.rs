@@ -91,6 +91,12 @@ pub mod __internals {
     pub fn writer_progress() -> u64 {
         crate::runtime::handoff::writer_progress()
     }
+    /// How many frame addresses the threads that stopped sessions named, helping their writers
+    /// (debug builds only).
+    #[cfg(debug_assertions)]
+    pub fn addresses_named_while_stopping() -> u64 {
+        crate::runtime::symbolize::addresses_named_by_helpers()
+    }
     /// The frame buffers in the running session's pool, 0 without one (debug builds only).
     #[cfg(debug_assertions)]
     pub fn pooled_frame_buffers() -> usize {

@@ -21,7 +21,7 @@ use parking_lot::Mutex;
 use super::sampler;
 
 /// A tracer thread's stack: std's default for its threads.
-const STACK_SIZE: usize = 2 << 20;
+pub(crate) const STACK_SIZE: usize = 2 << 20;
 
 /// A running tracer thread, detached when dropped unjoined.
 pub(crate) struct TracerThread<T> {
@@ -191,6 +191,12 @@ impl Steering {
             Some(Steering { allowed, elsewhere })
         }
     }
+}
+
+/// Whether the calling thread may run on more than one CPU (when the system says).
+pub(crate) fn may_run_elsewhere() -> bool {
+    // SAFETY: counts the CPUs of a set filled in by the system.
+    cpus_of_this_thread().is_some_and(|cpus| unsafe { libc::CPU_COUNT(&cpus) } > 1)
 }
 
 /// The calling thread's CPUs (its affinity mask); `None` when the system does not say (more

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use super::handoff::{self, Channel, Msg};
 use super::span_table::PseudoFrames;
 use super::state::{say, MAX_FRAMES, OFF, STATE};
-use super::symbolize::{self, Symbolizer, Worker};
+use super::symbolize::{self, Worker};
 use super::tracer_thread::Doorbell;
 use super::unwind::cfi;
 use crate::format::error::{Error, ErrorKind};
@@ -93,8 +93,8 @@ impl WriterOutcome {
     }
 }
 
-/// The writer thread's body: record messages until `Stop`, naming their frames with
-/// `symbolizer` (kept as the spare one when done, unless naming panicked), then close the
+/// The writer thread's body: record messages until `Stop`, naming their frames with `worker`
+/// (whose symbolizer is kept as the spare one when done, unless naming panicked), then close the
 /// trace. A write error stops tracing with one message on stderr (none in a forked child, nor
 /// once the session has `abandoned` this writer: stopping gave up waiting for it, and
 /// reported it).
@@ -102,7 +102,7 @@ pub(crate) fn write_trace(
     channel: &'static Channel,
     session: u32,
     writer: Writer<File>,
-    symbolizer: Symbolizer,
+    worker: Worker,
     path: &Path,
     abandoned: &AtomicBool,
     doorbell: Arc<Doorbell>,
@@ -114,7 +114,7 @@ pub(crate) fn write_trace(
         names: Names {
             channel,
             backlog: VecDeque::new(),
-            worker: Worker::new(symbolizer),
+            worker,
             cache: FastMap::default(),
             pseudo: PseudoFrames::default(),
             tag: 0,
@@ -402,6 +402,7 @@ impl Names {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::runtime::symbolize::Symbolizer;
 
     /// The pool is filled once the program has taken half the starting buffers, or has run
     /// 20 ms, whichever comes first.

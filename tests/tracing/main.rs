@@ -126,6 +126,25 @@ fn site_covered() -> usize {
     (0..COVERAGE_BLOCKS).map(|i| black_box(vec![1u8; 1 + (i * 397) % 1600]).len()).sum()
 }
 
+/// Sites whose samples the writer names as the program stops (`named_while_stopping`): each
+/// allocates a block (never touched: never resident) that the default rate samples about 20
+/// times, at a site of its own.
+macro_rules! stop_sites {
+    ($($site:ident)*) => {
+        $(
+            #[inline(never)]
+            fn $site() -> Vec<u8> {
+                black_box(vec![0u8; 16 << 20])
+            }
+        )*
+        const STOP_SITES: &[(&str, fn() -> Vec<u8>)] = &[$((concat!("::", stringify!($site)), $site)),*];
+    };
+}
+stop_sites!(
+    stop_site_a stop_site_b stop_site_c stop_site_d stop_site_e stop_site_f stop_site_g stop_site_h
+    stop_site_i stop_site_j stop_site_k stop_site_l stop_site_m stop_site_n stop_site_o stop_site_p
+);
+
 // ---------------------------------------------------------------------------------------------
 // Child roles
 
@@ -299,6 +318,22 @@ fn child_role() {
             assert!(writer_progress() > before, "the writer slept through the session's first sample");
             drop(block);
             drop(guard);
+        }
+        #[cfg(debug_assertions)]
+        "named_while_stopping" => {
+            use memtrace_rs::__internals::{addresses_named_while_stopping, writer_waits_for_its_doorbell};
+            writer_waits_for_its_doorbell();
+            let guard = trace_if_requested();
+            assert!(guard.is_some());
+            // The first sample wakes the writer, which names its frames and then waits (an hour)
+            // for the stop's ring: the sites' samples, queued meanwhile, are named at the stop.
+            black_box(vec![0u8; 16 << 20]);
+            std::thread::sleep(Duration::from_millis(500));
+            let blocks: Vec<Vec<u8>> = STOP_SITES.iter().map(|(_, site)| site()).collect();
+            assert_eq!(addresses_named_while_stopping(), 0);
+            drop(guard);
+            assert!(addresses_named_while_stopping() > 0, "the stopping thread named no frame");
+            drop(blocks);
         }
         #[cfg(debug_assertions)]
         "pool_filled_while_running" => {
@@ -1304,6 +1339,22 @@ fn the_first_sample_wakes_the_writer() {
         run_within("first_sample_wakes_writer", &[("MEMTRACE_FILE", path.to_str().unwrap())], Duration::from_secs(60));
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(!Trace::read(&path).allocs.is_empty());
+    let _ = std::fs::remove_file(&path);
+}
+
+/// The thread that stops a session names some of the frames left to name, beside the writer
+/// (the writer lends them), and the trace names them all.
+#[cfg(debug_assertions)]
+#[test]
+fn the_stopping_thread_names_frames_beside_the_writer() {
+    let path = temp_path("named-while-stopping");
+    let (out, _) =
+        run_within("named_while_stopping", &[("MEMTRACE_FILE", path.to_str().unwrap())], Duration::from_secs(60));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let trace = Trace::read(&path);
+    for (site, _) in STOP_SITES {
+        assert!(trace.at_site(site).count() > 0, "no sample named {site}");
+    }
     let _ = std::fs::remove_file(&path);
 }
 

@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Once};
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+use crossbeam_channel::{Receiver, Sender};
 
 use super::config::{config_from_env, valid_rate, StartError, TraceConfig, FILE_VAR, UPSTREAM_FILE_VAR};
 use super::fork_safe_lock::ForkSafeLock;
@@ -34,8 +34,8 @@ use super::sampled_set;
 use super::sampler;
 use super::spans;
 use super::state::{currently_tracing, getpid, now_us, say, MAX_FRAMES, OFF, ON, STATE};
-use super::symbolize;
-use super::tracer_thread::{Doorbell, TracerThread};
+use super::symbolize::{self, Desk, Worker};
+use super::tracer_thread::{self, Doorbell, TracerThread};
 use super::unwind::{self, cfi, Walker};
 use super::writer_thread::{write_trace, WriterOutcome, DOMAIN};
 use crate::format::error::{Error, ErrorKind};
@@ -130,6 +130,8 @@ struct Session {
     writer: TracerThread<()>,
     /// Rung to wake the writer between its polls, when stopping.
     doorbell: Arc<Doorbell>,
+    /// Where the writer lends frames to name to the thread that stops the session.
+    desk: Arc<Desk>,
     /// Where the writer thread sends its outcome when it ends.
     outcome: Receiver<WriterOutcome>,
     /// Set when stopping gives up waiting for the writer (it then reports nothing).
@@ -310,6 +312,8 @@ fn spawn_writer(config: &TraceConfig, options: symbolize::Options, prepare: bool
     let (path, given_up) = (config.path.clone(), Arc::clone(&abandoned));
     let doorbell = Arc::new(Doorbell::default());
     let rung = Arc::clone(&doorbell);
+    let desk = Arc::new(Desk::default());
+    let lending = Arc::clone(&desk);
     let writer = TracerThread::spawn_beside(c"memtrace-writer", move || {
         channel.fill_pool(handoff::STARTING_POOL);
         sampled_set::make_filter_resident();
@@ -336,7 +340,8 @@ fn spawn_writer(config: &TraceConfig, options: symbolize::Options, prepare: bool
         let _ = ready_tx.send(());
         // Freeing the replaced file's blocks, here, after a start that waits has stopped waiting.
         drop(replaced);
-        let _ = outcome_tx.send(write_trace(channel, tag, writer, symbolizer, &path, &given_up, rung));
+        let worker = Worker::new(symbolizer).lending_at(lending);
+        let _ = outcome_tx.send(write_trace(channel, tag, writer, worker, &path, &given_up, rung));
     })
     .map_err(StartError::Spawn)?;
     let session = Session {
@@ -345,6 +350,7 @@ fn spawn_writer(config: &TraceConfig, options: symbolize::Options, prepare: bool
         channel,
         writer,
         doorbell,
+        desk,
         outcome,
         abandoned,
         stop_timeout: config.stop_timeout,
@@ -401,8 +407,9 @@ fn stop_session(only: Option<u64>) -> Option<Result<TraceStats, Error>> {
     None
 }
 
-/// End `session`: stop sampling, let the writer drain and close the trace, report losses on
-/// stderr. `None` in a forked child, which never touches its parent's writer.
+/// End `session`: stop sampling, let the writer drain and close the trace (naming meanwhile
+/// frames it lends), report losses on stderr. `None` in a forked child, which never touches
+/// its parent's writer.
 fn finish(session: Session) -> Option<Result<TraceStats, Error>> {
     if session.pid != getpid() {
         session.writer.forget();
@@ -416,15 +423,41 @@ fn finish(session: Session) -> Option<Result<TraceStats, Error>> {
     // fit, and is not needed.
     session.channel.send_stop(handoff::session_tag(session.id), || !session.writer.is_finished() && !stall.stalled());
     session.doorbell.ring();
+    // While it waits, this thread names frames the writer lends it (`symbolize::Desk`), if it
+    // has the stack for it and the writer another CPU to run on. It spins for the first loan:
+    // a thread asleep, woken by the loan, was run on the writer's CPU after the writer (a 2-CPU
+    // virtual machine, README, "Benchmarks"). Later ones, as the last samples' frames come, it
+    // waits for.
+    let desk = &session.desk;
+    let helping = tracer_thread::may_run_elsewhere()
+        && unwind::capture::stack_remaining().is_some_and(|left| left >= symbolize::HELPING_STACK);
+    if helping {
+        desk.open();
+        let spin_until = Instant::now() + HELP_SPIN;
+        while Instant::now() < spin_until && session.outcome.is_empty() {
+            if let Ok(lent) = desk.loans().try_recv() {
+                desk.help(lent);
+                break;
+            }
+            std::hint::spin_loop();
+        }
+    }
     let written = loop {
-        match session.outcome.recv_timeout(STALL_CHECK_INTERVAL) {
-            Ok(written) => break written,
-            // Panicked past the code that catches panics.
-            Err(RecvTimeoutError::Disconnected) => break WriterOutcome::panicked(),
-            Err(RecvTimeoutError::Timeout) if stall.stalled() => break give_up(&session),
-            Err(RecvTimeoutError::Timeout) => {}
+        crossbeam_channel::select! {
+            recv(session.outcome) -> written => match written {
+                Ok(written) => break written,
+                // Panicked past the code that catches panics.
+                Err(_) => break WriterOutcome::panicked(),
+            },
+            recv(desk.loans()) -> lent => if let Ok(lent) = lent {
+                desk.help(lent);
+            },
+            default(STALL_CHECK_INTERVAL) => if stall.stalled() {
+                break give_up(&session);
+            },
         }
     };
+    desk.close();
     let losses = record::take_losses();
     report_losses(&losses);
     let stats = TraceStats {
@@ -442,6 +475,10 @@ fn finish(session: Session) -> Option<Result<TraceStats, Error>> {
         Some(e) => Err(e),
     })
 }
+
+/// How long stopping spins for frames to name that the writer lends it, before it sleeps: the
+/// writer lends them between two addresses, a few hundred microseconds apart at most.
+const HELP_SPIN: Duration = Duration::from_millis(1);
 
 /// How often stopping looks at the writer's progress.
 const STALL_CHECK_INTERVAL: Duration = Duration::from_millis(20);

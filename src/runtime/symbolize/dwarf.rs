@@ -21,7 +21,7 @@ use super::line_header::Header;
 use super::line_program::{Program, Sequence, Sequences};
 
 pub(super) type Reader = gimli::EndianSlice<'static, gimli::RunTimeEndian>;
-type Offset = usize;
+pub(super) type Offset = usize;
 type Result<T> = std::result::Result<T, gimli::Error>;
 
 /// One function at an address: the outermost is the function whose code it is, the others
@@ -52,8 +52,14 @@ const NAME_LINKS: usize = 16;
 /// each first touch of a mapped page maps its neighbours too (the kernel's fault-around, 64
 /// KiB, which no `madvise` turns off), and the few names a program's stacks need are spread
 /// over the whole section, so reading them mapped made most of it resident.
+#[derive(Clone)]
 pub(super) enum Strings {
-    InFile { file: std::fs::File, offset: u64, len: u64 },
+    /// The file is shared with the [siblings](Dwarf::sibling) of its reader.
+    InFile {
+        file: std::sync::Arc<std::fs::File>,
+        offset: u64,
+        len: u64,
+    },
     InMemory(&'static [u8]),
 }
 
@@ -208,6 +214,42 @@ impl Dwarf {
         }
     }
 
+    /// A reader of the same DWARF with nothing parsed, for another thread: sharing only the
+    /// sections (which borrow from the object's mapped file: the caller keeps the mapping
+    /// alive for as long as the sibling) and the file its strings are read from.
+    pub(super) fn sibling(&self) -> Dwarf {
+        let s = &self.sections;
+        let sections = gimli::Dwarf {
+            debug_abbrev: s.debug_abbrev,
+            debug_addr: s.debug_addr,
+            debug_aranges: s.debug_aranges,
+            debug_info: s.debug_info,
+            debug_line: s.debug_line,
+            debug_line_str: s.debug_line_str,
+            debug_str: s.debug_str,
+            debug_str_offsets: s.debug_str_offsets,
+            debug_macinfo: s.debug_macinfo,
+            debug_macro: s.debug_macro,
+            debug_names: s.debug_names,
+            debug_types: s.debug_types,
+            locations: s.locations,
+            ranges: s.ranges,
+            file_type: s.file_type,
+            // A cache of its own, and no supplementary file (none is loaded).
+            ..Default::default()
+        };
+        Dwarf {
+            sections,
+            strings: self.strings.clone(),
+            index: None,
+            foreseen: Vec::new(),
+            unit_starts: self.unit_starts.clone(),
+            units: Vec::new(),
+            clock: 0,
+            split: false,
+        }
+    }
+
     fn aranges(&self) -> &'static [u8] {
         gimli::Section::reader(&self.sections.debug_aranges).slice()
     }
@@ -353,7 +395,8 @@ impl Dwarf {
         (function, sequence.map(|s| (s.start, s.end)))
     }
 
-    fn unit_at(&mut self, probe: u64) -> Option<Offset> {
+    /// The `.debug_info` offset of the unit holding `probe`, for [`Dwarf::frames`].
+    pub(super) fn unit_at(&mut self, probe: u64) -> Option<Offset> {
         if self.index.is_none() {
             if let Ok(k) = self.foreseen.binary_search_by_key(&probe, |&(p, _)| p) {
                 return self.foreseen[k].1;
@@ -362,17 +405,18 @@ impl Dwarf {
         unit_in(self.index(), probe)
     }
 
-    /// The functions at `probe`, outermost first; empty when the DWARF does not say.
-    /// `function`: the start and size of the function at `probe` as the symbol table gives
-    /// them, if it does (which lets the unit's bytes be searched rather than read; see
-    /// [`Dwarf::function_starting_at`]).
-    pub(super) fn frames(&mut self, probe: u64, function: Option<(u64, u64)>) -> Vec<Frame> {
+    /// The functions at `probe`, outermost first; empty when the DWARF does not say. `unit`:
+    /// the unit holding `probe`, as [`Dwarf::unit_at`] gave it (a sibling is given its
+    /// reader's). `function`: the start and size of the function at `probe` as the symbol
+    /// table gives them, if it does (which lets the unit's bytes be searched rather than read;
+    /// see [`Dwarf::function_starting_at`]).
+    pub(super) fn frames(&mut self, unit: Option<Offset>, probe: u64, function: Option<(u64, u64)>) -> Vec<Frame> {
         self.clock += 1;
         while self.units.len() >= MAX_PARSED_UNITS {
             let oldest = (0..self.units.len()).min_by_key(|&i| self.units[i].last_use).unwrap_or(0);
             self.units.swap_remove(oldest);
         }
-        let Some(offset) = self.unit_at(probe) else { return Vec::new() };
+        let Some(offset) = unit else { return Vec::new() };
         self.frames_in(offset, probe, function).unwrap_or_default()
     }
 

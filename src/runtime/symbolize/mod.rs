@@ -4,7 +4,8 @@
 //! state kept under a memory budget), with no process-wide lock (fork-safe), and aware of
 //! objects loaded and unloaded while tracing.
 //!
-//! Runs on the writer's thread and then its symbols thread ([`Worker`]), and at start-up for
+//! Runs on the writer's thread and then its symbols thread ([`Worker`]), with the thread that
+//! stops a session naming some of the last frames beside it ([`Desk`]), and at start-up for
 //! calibration (symbol tables only), never inside an allocation: symbolizing parses debug
 //! info and allocates.
 //!
@@ -15,6 +16,7 @@
 //! [`Symbolizer::symbolize`] looks up `addr − 1`, inside the call instruction.
 
 mod dwarf;
+mod lending;
 mod line_header;
 mod line_program;
 mod loaded_objects;
@@ -27,6 +29,9 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
+#[cfg(debug_assertions)]
+pub(crate) use self::lending::addresses_named_by_helpers;
+pub(crate) use self::lending::{Desk, HELPING_STACK};
 pub use self::symbolizer::{Options, Stats, Symbolizer};
 pub(crate) use self::worker::Worker;
 use crate::format::location_codec::{self, lossy_utf8, Location};
@@ -114,9 +119,14 @@ pub(crate) fn options_from_env() -> Options {
 /// ([`location_codec::shorten_to_fit`]). An address with no symbol gives one location named
 /// after the address.
 pub fn symbolize(symbolizer: &mut Symbolizer, addr: u64) -> Arc<[Location]> {
+    locations(addr, symbolizer.symbolize(addr))
+}
+
+/// The locations of the code at return address `addr` whose functions are `answer`, as
+/// [`symbolize`] gives them.
+fn locations(addr: u64, answer: symbolizer::Answer) -> Arc<[Location]> {
     let unknown_file: Arc<[u8]> = Arc::from(&b"<unknown>"[..]);
-    let mut locations: Vec<Location> = symbolizer
-        .symbolize(addr)
+    let mut locations: Vec<Location> = answer
         .iter()
         .flat_map(|frames| frames.iter())
         .map(|frame| Location {

@@ -13,12 +13,13 @@
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
+use std::sync::Arc;
 
 use object::elf::{FileHeader32, FileHeader64, Sym64};
 use object::read::elf::{FileHeader, SymbolTable as ElfSymbolTable};
 use object::{Endianness, LittleEndian, Object as _, ObjectSection as _};
 
-use super::dwarf::{Dwarf, Strings};
+use super::dwarf::{Dwarf, Offset, Strings};
 use super::symbolizer::Options;
 
 pub(super) struct RawFrame {
@@ -77,7 +78,8 @@ pub(super) struct Loaded {
     /// How many such passes there were (see [`PASSES`]).
     passes: u32,
     inflated: Vec<Box<[u8]>>,
-    _maps: Vec<Mmap>,
+    /// Shared with the object's [`Sibling`]s, whose slices borrow from them too.
+    _maps: Vec<Arc<Mmap>>,
 }
 
 impl Loaded {
@@ -92,7 +94,7 @@ impl Loaded {
             if let Some((dmap, dfile)) = find_debug_file(path, &file, options) {
                 if has_dwarf(&dfile) {
                     debug_file = Some(dfile);
-                    maps.push(dmap);
+                    maps.push(Arc::new(dmap));
                 }
             }
         }
@@ -114,7 +116,7 @@ impl Loaded {
             // Only the file with the DWARF is kept open (for its strings, see `locate_dwarf`).
             map.file = None;
         }
-        maps.push(map);
+        maps.push(Arc::new(map));
         Some(Loaded {
             dwarf: None,
             has_dwarf: dwarf_file.is_some(),
@@ -265,45 +267,95 @@ impl Loaded {
     /// The functions at `probe` (an address in the object's own terms), outermost first: from
     /// the DWARF, the symbol table's name for the outermost one.
     pub(super) fn lookup(&mut self, probe: u64) -> Vec<RawFrame> {
-        let symbol = self.symbol(probe);
-        let mut frames: Vec<RawFrame> = match self.load_dwarf() {
-            Some(dwarf) => dwarf
-                .frames(probe, symbol.map(|s| (s.address, s.size)))
-                .into_iter()
-                .map(|f| RawFrame {
-                    function: f.name.as_deref().map(demangle),
-                    file: f.file,
-                    line: f.line,
-                    column: f.column,
-                })
-                .collect(),
-            None => Vec::new(),
-        };
-        match (frames.first_mut(), symbol.map(|s| demangle(s.name))) {
-            (None, Some(name)) => frames.push(RawFrame { function: Some(name), file: None, line: 0, column: 0 }),
-            (Some(outer), Some(name)) => match &outer.function {
-                None => outer.function = Some(name),
-                // Line-tables-only DWARF names functions without their path: the symbol's
-                // name is the same function with its path.
-                Some(bare)
-                    if name.len() > bare.len()
-                        && name.ends_with(bare.as_str())
-                        && name[..name.len() - bare.len()].ends_with("::") =>
-                {
-                    outer.function = Some(name)
-                }
-                _ => {}
-            },
-            _ => {}
-        }
-        frames
+        let found = self.find(probe);
+        frames_of(self.dwarf.as_mut(), found)
     }
+
+    /// Where the object's tables place `probe`: what [`Sibling::lookup`] needs to name it.
+    pub(super) fn find(&mut self, probe: u64) -> Found {
+        let symbol = self.symbol(probe);
+        let unit = self.load_dwarf().and_then(|dwarf| dwarf.unit_at(probe));
+        Found { probe, symbol, unit }
+    }
+
+    /// A reader of the object's DWARF for another thread ([`Dwarf::sibling`]), holding the
+    /// mappings it borrows from. None for DWARF inflated from compressed sections (a separate
+    /// debug file's): the inflated copies are not shared.
+    pub(super) fn sibling(&mut self) -> Option<Sibling> {
+        if !self.inflated.is_empty() {
+            return None;
+        }
+        let dwarf = self.load_dwarf()?.sibling();
+        Some(Sibling { dwarf, _maps: self._maps.clone() })
+    }
+}
+
+/// Where an object's tables place an address ([`Loaded::find`]).
+#[derive(Clone, Copy)]
+pub(super) struct Found {
+    probe: u64,
+    symbol: Option<Symbol>,
+    /// The DWARF unit holding it.
+    unit: Option<Offset>,
+}
+
+/// A reader of an object's DWARF for another thread than the one that owns the object's
+/// [`Loaded`] ([`Loaded::sibling`]): it names the addresses the owner found
+/// ([`Loaded::find`]), parsing their units itself, and keeps the object's files mapped for as
+/// long as it lives.
+pub(super) struct Sibling {
+    dwarf: Dwarf,
+    /// Dropped after `dwarf`, whose slices (and those of the symbols found) borrow from them.
+    _maps: Vec<Arc<Mmap>>,
+}
+
+impl Sibling {
+    /// The frames at `found`, as [`Loaded::lookup`] gives them.
+    pub(super) fn lookup(&mut self, found: Found) -> Vec<RawFrame> {
+        frames_of(Some(&mut self.dwarf), found)
+    }
+}
+
+/// The frames at `found.probe`, outermost first: the DWARF's, in the unit found, with the
+/// outermost named by the symbol where the DWARF does not name it or names it without its path.
+fn frames_of(dwarf: Option<&mut Dwarf>, Found { probe, symbol, unit }: Found) -> Vec<RawFrame> {
+    let mut frames: Vec<RawFrame> = match dwarf {
+        Some(dwarf) => dwarf
+            .frames(unit, probe, symbol.map(|s| (s.address, s.size)))
+            .into_iter()
+            .map(|f| RawFrame {
+                function: f.name.as_deref().map(demangle),
+                file: f.file,
+                line: f.line,
+                column: f.column,
+            })
+            .collect(),
+        None => Vec::new(),
+    };
+    match (frames.first_mut(), symbol.map(|s| demangle(s.name))) {
+        (None, Some(name)) => frames.push(RawFrame { function: Some(name), file: None, line: 0, column: 0 }),
+        (Some(outer), Some(name)) => match &outer.function {
+            None => outer.function = Some(name),
+            // Line-tables-only DWARF names functions without their path: the symbol's
+            // name is the same function with its path.
+            Some(bare)
+                if name.len() > bare.len()
+                    && name.ends_with(bare.as_str())
+                    && name[..name.len() - bare.len()].ends_with("::") =>
+            {
+                outer.function = Some(name)
+            }
+            _ => {}
+        },
+        _ => {}
+    }
+    frames
 }
 
 /// The DWARF sections of `file`, borrowed from its mapping (one of `maps`; inflated into
 /// `inflated` when compressed). `.debug_str` is read through
 /// its file when it is stored there uncompressed (see [`Strings`]).
-fn locate_dwarf(file: &object::File<'static>, inflated: &mut Vec<Box<[u8]>>, maps: &mut [Mmap]) -> Option<Dwarf> {
+fn locate_dwarf(file: &object::File<'static>, inflated: &mut Vec<Box<[u8]>>, maps: &mut [Arc<Mmap>]) -> Option<Dwarf> {
     let endian = if file.is_little_endian() { gimli::RunTimeEndian::Little } else { gimli::RunTimeEndian::Big };
     let mut sections = gimli::DwarfSections::load(|id| -> Result<&'static [u8], ()> {
         Ok(section_data(file, id.name(), inflated).unwrap_or(&[]))
@@ -313,10 +365,10 @@ fn locate_dwarf(file: &object::File<'static>, inflated: &mut Vec<Box<[u8]>>, map
     let strings = section_data(file, ".debug_str", inflated).unwrap_or(&[]);
     let in_file = maps.iter_mut().find_map(|map| {
         let offset = (strings.as_ptr() as usize).checked_sub(map.ptr as usize)?;
-        (offset + strings.len() <= map.len).then(|| (map.file.take(), offset as u64))
+        (offset + strings.len() <= map.len).then(|| (Arc::get_mut(map).and_then(|map| map.file.take()), offset as u64))
     });
     let strings = match in_file {
-        Some((Some(file), offset)) => Strings::InFile { file, offset, len: strings.len() as u64 },
+        Some((Some(file), offset)) => Strings::InFile { file: Arc::new(file), offset, len: strings.len() as u64 },
         _ => Strings::InMemory(strings),
     };
     Dwarf::new(sections.borrow(|data| gimli::EndianSlice::new(data, endian)), strings)
@@ -698,8 +750,12 @@ struct Mmap {
     file: Option<std::fs::File>,
 }
 
-// SAFETY: the mapping is read-only and owned by one `Loaded`; nothing else unmaps it.
+// SAFETY: the mapping is read-only (its pages may be dropped, `release_pages`, and read
+// again the same), and unmapped only when the last `Loaded` or `Sibling` that holds it drops
+// it.
 unsafe impl Send for Mmap {}
+// SAFETY: as for `Send`: nothing writes through the pointer.
+unsafe impl Sync for Mmap {}
 
 impl Mmap {
     fn open(path: &Path) -> Option<Mmap> {
@@ -907,12 +963,18 @@ mod tests {
             .into_iter()
             .step_by(7)
             .flat_map(|s| [s.size.min(9) / 2, s.size / 4, s.size / 2, s.size * 3 / 4].map(|into| s.address + into));
-        for probe in probes {
-            let ours: Vec<String> = dwarf
-                .frames(probe, loaded.symbol(probe).map(|s| (s.address, s.size)))
+        // A reader of the same DWARF for another thread, which names each probe after `dwarf`.
+        let mut sibling = dwarf.sibling();
+        let show = |frames: Vec<super::super::dwarf::Frame>| -> Vec<String> {
+            frames
                 .into_iter()
                 .map(|f| format!("{:?} {:?}:{}:{}", f.name.as_deref().map(demangle), f.file, f.line, f.column))
-                .collect();
+                .collect()
+        };
+        for probe in probes {
+            let (unit, function) = (dwarf.unit_at(probe), loaded.symbol(probe).map(|s| (s.address, s.size)));
+            let ours = show(dwarf.frames(unit, probe, function));
+            assert_eq!(show(sibling.frames(unit, probe, function)), ours, "the sibling's frames at {probe:#x}");
             let theirs = addr2line_frames(&context, probe);
             let outer_name =
                 |frames: &[String]| frames.first().map(|f| f.split_once(' ').map_or(f.clone(), |s| s.0.into()));

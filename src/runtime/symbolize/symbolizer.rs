@@ -3,7 +3,9 @@
 //!
 //! A [`Symbolizer`] is owned by one thread (the writer thread, or calibration) and holds every
 //! piece of its state itself: no process-wide lock, so a forked child that makes a new
-//! `Symbolizer` works whatever its parent's threads were doing at the fork.
+//! `Symbolizer` works whatever its parent's threads were doing at the fork. A thread that
+//! helps it name addresses ([`Symbolizer::lend`]) parses what they need with a reader of its
+//! own, which shares only the object's mapped files.
 //!
 //! * Objects come from `dl_iterate_phdr` ([`loaded_objects`](super::loaded_objects)). The list
 //!   is scanned again when the loader's `dlpi_adds`/`dlpi_subs` counters moved (a `dlopen` or
@@ -22,8 +24,9 @@ use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use super::lending::Lent;
 use super::loaded_objects::scan_objects;
-use super::object_file::{self, Loaded};
+use super::object_file::{self, Loaded, RawFrame};
 use crate::format::hash::{FastMap, FastSet};
 use crate::runtime::loader;
 
@@ -382,28 +385,43 @@ impl Symbolizer {
                 self.program_note = Some(Some(format!("memtrace: note: {} {missing}", object.path.display())));
             }
         }
-        if raw.is_empty() {
-            return None;
-        }
         let strings = &mut self.strings;
-        let mut intern = |s: String| -> Arc<str> {
+        answer(raw, |s: String| -> Arc<str> {
             if let Some(found) = strings.get(s.as_str()) {
                 return found.clone();
             }
             let arc: Arc<str> = s.into();
             strings.insert(arc.clone());
             arc
-        };
-        Some(
-            raw.into_iter()
-                .map(|r| Frame {
-                    function: r.function.map(&mut intern),
-                    file: r.file.map(&mut intern),
-                    line: r.line,
-                    column: r.column,
-                })
-                .collect(),
-        )
+        })
+    }
+
+    /// Lend those of `return_addresses[from..]` that are in the object of the first of them not
+    /// named yet to another thread, to name some of them while this one names the others ([`Lent`]):
+    /// what the object's tables say of each is found now, and the other thread parses the
+    /// DWARF they need with a reader of its own. `None` when there is nothing to lend (or the
+    /// object's DWARF cannot be shared). The other thread's answers are not cached here.
+    pub(crate) fn lend(&mut self, return_addresses: &[u64], from: usize) -> Option<Lent> {
+        self.refresh_if_changed();
+        let located: Vec<(usize, usize, u64)> = return_addresses
+            .iter()
+            .enumerate()
+            .skip(from)
+            .filter_map(|(k, &ra)| Some((k, ra.checked_sub(1)?)))
+            .filter(|(_, pc)| !self.cache.contains_key(pc))
+            .filter_map(|(k, pc)| Some((k, self.find_object(pc)?, pc)))
+            .collect();
+        let index = located.first()?.1;
+        self.load(index);
+        let object = &mut self.objects[index];
+        let State::Loaded(loaded) = &mut object.state else { return None };
+        let sibling = loaded.sibling()?;
+        let found = located
+            .iter()
+            .filter(|&&(_, i, _)| i == index)
+            .map(|&(k, _, pc)| (k, loaded.find(pc.wrapping_sub(object.base))))
+            .collect();
+        Some(Lent::new(sibling, found))
     }
 
     /// Over budget, drop (1) other objects' parsed state, least recently used first, once
@@ -489,6 +507,23 @@ impl State {
             _ => 0,
         }
     }
+}
+
+/// The answer of `raw` frames, their strings made shared by `share`.
+pub(super) fn answer(raw: Vec<RawFrame>, mut share: impl FnMut(String) -> Arc<str>) -> Answer {
+    if raw.is_empty() {
+        return None;
+    }
+    Some(
+        raw.into_iter()
+            .map(|r| Frame {
+                function: r.function.map(&mut share),
+                file: r.file.map(&mut share),
+                line: r.line,
+                column: r.column,
+            })
+            .collect(),
+    )
 }
 
 #[cfg(test)]

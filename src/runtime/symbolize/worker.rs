@@ -28,12 +28,16 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 
-use super::Symbolizer;
+use super::{Desk, Symbolizer};
 use crate::format::location_codec::Location;
 use crate::runtime::tracer_thread::{self, TracerThread};
 
 /// How long naming may take on the writer's thread, in all, before a thread is started for it.
 const NAMING_ON_CALLER: Duration = Duration::from_millis(20);
+
+/// The fewest addresses worth lending (see [`super::lending`]): the helper's first address in
+/// a unit parses it again.
+const LENT_AT_LEAST: usize = 2;
 
 /// How long the writer waits for an answer before it looks at its other work.
 const WAIT_SLICE: Duration = Duration::from_millis(1);
@@ -58,6 +62,8 @@ pub(crate) struct Worker {
     named_on_caller: Option<Instant>,
     /// Whether the caller's malloc arena was grown for naming ([`tracer_thread::grow_arena`]).
     arena_grown: bool,
+    /// Where addresses are lent to the thread that stops the session.
+    desk: Option<Arc<Desk>>,
 }
 
 enum State {
@@ -85,7 +91,14 @@ impl Worker {
             on_caller_budget,
             named_on_caller: None,
             arena_grown: false,
+            desk: None,
         }
+    }
+
+    /// The worker, lending addresses at `desk` to a thread that waits there while they are
+    /// named (see [`super::lending`]).
+    pub(crate) fn lending_at(self, desk: Arc<Desk>) -> Worker {
+        Worker { desk: Some(desk), ..self }
     }
 
     /// The locations of each return address of `addrs` (see [`super::symbolize`]), in order,
@@ -107,7 +120,8 @@ impl Worker {
                 let began = Instant::now();
                 // Not past the budget, unless no thread could be started for the rest.
                 let left = self.on_caller_budget.checked_sub(self.on_caller).filter(|_| !stopping);
-                let (mut locations, note) = named(symbolizer, addrs, &mut meanwhile, left.map(|left| began + left));
+                let deadline = left.map(|left| began + left);
+                let (mut locations, note) = named(symbolizer, addrs, &mut meanwhile, deadline, self.desk.as_deref());
                 let now = Instant::now();
                 self.on_caller += now - began;
                 self.named_on_caller = Some(now);
@@ -166,6 +180,7 @@ impl Worker {
         // The symbolizer moves into the thread only if it starts.
         let slot = Arc::new(parking_lot::Mutex::new(Some(*symbolizer)));
         let given = Arc::clone(&slot);
+        let desk = self.desk.clone();
         // Not steered off the writer's CPU (`TracerThread::spawn_beside`): the writer mostly
         // waits for its answers, and a CPU other than the writer's is more likely the program's.
         let spawned = TracerThread::spawn(c"memtrace-symbol", move || {
@@ -176,7 +191,7 @@ impl Worker {
                 match requested.recv_timeout(IDLE_BEFORE_RELEASE) {
                     Ok(addrs) => {
                         named_since_release = true;
-                        if answer.send(named(&mut symbolizer, &addrs, || {}, None)).is_err() {
+                        if answer.send(named(&mut symbolizer, &addrs, || {}, None, desk.as_deref())).is_err() {
                             break;
                         }
                     }
@@ -211,24 +226,52 @@ impl Worker {
 }
 
 /// The locations of `addrs`, with `after_each` called after each address; only of those
-/// named before `deadline` (at least the first) when there is one.
+/// named before `deadline` (at least the first) when there is one. While `desk` is open (a
+/// thread stopping the session waits there), those left after the one being named are lent
+/// to that thread (see [`super::lending`]), and then all are named, whatever the deadline.
 fn named(
     symbolizer: &mut Symbolizer,
     addrs: &[u64],
     mut after_each: impl FnMut(),
     deadline: Option<Instant>,
+    desk: Option<&Desk>,
 ) -> Answer {
     symbolizer.expect(addrs);
-    let mut locations = Vec::with_capacity(addrs.len());
-    for &addr in addrs {
-        if !locations.is_empty() && deadline.is_some_and(|deadline| Instant::now() >= deadline) {
-            break;
-        }
+    let mut locations: Vec<Option<Arc<[Location]>>> = vec![None; addrs.len()];
+    let mut name = |symbolizer: &mut Symbolizer, locations: &mut [Option<Arc<[Location]>>], k: usize| {
         super::note_work();
-        locations.push(super::symbolize(symbolizer, addr));
+        locations[k] = Some(super::symbolize(symbolizer, addrs[k]));
         after_each();
+    };
+    let mut loan = None;
+    for k in 0..addrs.len() {
+        if loan.is_none() {
+            if k > 0 && deadline.is_some_and(|deadline| Instant::now() >= deadline) {
+                break;
+            }
+            if let Some(desk) = desk.filter(|desk| desk.is_open() && addrs.len() - k > LENT_AT_LEAST) {
+                loan = symbolizer.lend(addrs, k + 1).map(|lent| desk.lend(lent));
+            }
+        }
+        if !loan.as_ref().is_some_and(|loan| loan.holds(k)) {
+            name(symbolizer, &mut locations, k);
+        }
     }
-    (locations, symbolizer.take_program_note())
+    if let (Some(loan), Some(desk)) = (loan, desk) {
+        while let Some(k) = loan.take_back() {
+            name(symbolizer, &mut locations, k);
+        }
+        for (k, answer) in desk.settle(loan).unwrap_or_default() {
+            locations[k] = Some(super::locations(addrs[k], answer));
+        }
+        // Those the helper failed to name.
+        for k in 0..addrs.len() {
+            if locations[k].is_none() {
+                name(symbolizer, &mut locations, k);
+            }
+        }
+    }
+    (locations.into_iter().map_while(|l| l).collect(), symbolizer.take_program_note())
 }
 
 #[cfg(test)]
@@ -268,6 +311,48 @@ mod tests {
         assert!(matches!(&on_caller.state, State::Idle(s) if parsed(s) == before), "not idle long enough");
         on_caller.release_if_idle(named_at + IDLE_BEFORE_RELEASE);
         assert!(matches!(&on_caller.state, State::Idle(s) if parsed(s) < before));
+    }
+
+    /// While a thread waits at the desk, the addresses of a batch left after the first are lent
+    /// to it, and it names some (from the first lent on) as the caller names the others (from
+    /// the last back): the answers are those the caller gives alone.
+    #[test]
+    fn addresses_lent_to_a_helping_thread_are_named_alike() {
+        let functions = [
+            tracer_thread::grow_arena as *const () as usize,
+            super::super::work_done as *const () as usize,
+            super::super::options_from_env as *const () as usize,
+            super::super::loader_changes as *const () as usize,
+            Symbolizer::new as *const () as usize,
+            Worker::new as *const () as usize,
+            crate::runtime::state::getpid as *const () as usize,
+            super::super::symbolize as *const () as usize,
+        ];
+        let mut addrs: Vec<u64> = functions.iter().flat_map(|&f| [1, 5, 9].map(|into| (f + into) as u64)).collect();
+        addrs.sort_unstable();
+        addrs.dedup();
+        let alone = named(&mut Symbolizer::new(), &addrs, || {}, None, None).0;
+        let desk = Desk::default();
+        desk.open();
+        let (helped, together) = std::thread::scope(|scope| {
+            let helper = scope.spawn(|| {
+                let deadline = Instant::now() + Duration::from_secs(10);
+                while Instant::now() < deadline {
+                    if let Ok(lent) = desk.loans().try_recv() {
+                        return desk.help(lent);
+                    }
+                    std::hint::spin_loop();
+                }
+                0
+            });
+            let together = named(&mut Symbolizer::new(), &addrs, || {}, None, Some(&desk)).0;
+            (helper.join().unwrap(), together)
+        });
+        assert_eq!(together, alone);
+        assert!(helped > 0, "the helping thread named none of the {} addresses", addrs.len());
+        // A loan no thread picks up is named by the caller.
+        let unattended = named(&mut Symbolizer::new(), &addrs, || {}, None, Some(&desk)).0;
+        assert_eq!(unattended, alone);
     }
 
     /// Addresses are named on the caller's thread, with `meanwhile` called after each, until
