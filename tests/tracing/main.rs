@@ -590,6 +590,15 @@ fn output_within(mut cmd: Command, what: &str, limit: Duration) -> (Output, Dura
     }
 }
 
+/// Run a child in `role`, which makes its own checks, tracing into a new file `name` (at the
+/// default rate) within a minute, and require that it succeeds: the trace's path.
+fn run_traced_role_that_succeeds(role: &str, name: &str) -> PathBuf {
+    let path = temp_path(name);
+    let (out, _) = run_within(role, &[("MEMTRACE_FILE", path.to_str().unwrap())], Duration::from_secs(60));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    path
+}
+
 fn run(role: &str, env: &[(&str, &str)]) -> Output {
     let out = child(role, env).output().unwrap();
     eprintln!("--- child {role} stderr:\n{}", String::from_utf8_lossy(&out.stderr));
@@ -1334,10 +1343,7 @@ fn panic_flushes_the_trace() {
 #[cfg(debug_assertions)]
 #[test]
 fn the_first_sample_wakes_the_writer() {
-    let path = temp_path("first-sample");
-    let (out, _) =
-        run_within("first_sample_wakes_writer", &[("MEMTRACE_FILE", path.to_str().unwrap())], Duration::from_secs(60));
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let path = run_traced_role_that_succeeds("first_sample_wakes_writer", "first-sample");
     assert!(!Trace::read(&path).allocs.is_empty());
     let _ = std::fs::remove_file(&path);
 }
@@ -1347,10 +1353,7 @@ fn the_first_sample_wakes_the_writer() {
 #[cfg(debug_assertions)]
 #[test]
 fn the_stopping_thread_names_frames_beside_the_writer() {
-    let path = temp_path("named-while-stopping");
-    let (out, _) =
-        run_within("named_while_stopping", &[("MEMTRACE_FILE", path.to_str().unwrap())], Duration::from_secs(60));
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let path = run_traced_role_that_succeeds("named_while_stopping", "named-while-stopping");
     let trace = Trace::read(&path);
     for (site, _) in STOP_SITES {
         assert!(trace.at_site(site).count() > 0, "no sample named {site}");
@@ -1363,10 +1366,7 @@ fn the_stopping_thread_names_frames_beside_the_writer() {
 #[cfg(debug_assertions)]
 #[test]
 fn the_writer_fills_the_pool_while_a_session_runs() {
-    let path = temp_path("pool-filled");
-    let (out, _) =
-        run_within("pool_filled_while_running", &[("MEMTRACE_FILE", path.to_str().unwrap())], Duration::from_secs(60));
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let path = run_traced_role_that_succeeds("pool_filled_while_running", "pool-filled");
     let _ = std::fs::remove_file(&path);
 }
 

@@ -250,14 +250,14 @@ fn named(
                 break;
             }
             if let Some(desk) = desk.filter(|desk| desk.is_open() && addrs.len() - k > LENT_AT_LEAST) {
-                loan = symbolizer.lend(addrs, k + 1).map(|lent| desk.lend(lent));
+                loan = symbolizer.lend(addrs, k + 1).map(|lent| (desk.lend(lent), desk));
             }
         }
-        if !loan.as_ref().is_some_and(|loan| loan.holds(k)) {
+        if !loan.as_ref().is_some_and(|(loan, _)| loan.holds(k)) {
             name(symbolizer, &mut locations, k);
         }
     }
-    if let (Some(loan), Some(desk)) = (loan, desk) {
+    if let Some((loan, desk)) = loan {
         while let Some(k) = loan.take_back() {
             name(symbolizer, &mut locations, k);
         }
