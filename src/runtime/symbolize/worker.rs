@@ -334,18 +334,28 @@ mod tests {
         let alone = named(&mut Symbolizer::new(), &addrs, || {}, None, None).0;
         let desk = Desk::default();
         desk.open();
+        let received = std::sync::atomic::AtomicBool::new(false);
         let (helped, together) = std::thread::scope(|scope| {
             let helper = scope.spawn(|| {
                 let deadline = Instant::now() + Duration::from_secs(10);
                 while Instant::now() < deadline {
                     if let Ok(lent) = desk.loans().try_recv() {
+                        received.store(true, std::sync::atomic::Ordering::Release);
                         return desk.help(lent);
                     }
                     std::hint::spin_loop();
                 }
                 0
             });
-            let together = named(&mut Symbolizer::new(), &addrs, || {}, None, Some(&desk)).0;
+            // The caller goes on from its first address once the helper has the loan: a helper
+            // not yet running (two threads on one CPU) could find all of it taken back.
+            let deadline = Instant::now() + Duration::from_secs(10);
+            let has_the_loan = || {
+                while !received.load(std::sync::atomic::Ordering::Acquire) && Instant::now() < deadline {
+                    std::thread::yield_now();
+                }
+            };
+            let together = named(&mut Symbolizer::new(), &addrs, has_the_loan, None, Some(&desk)).0;
             (helper.join().unwrap(), together)
         });
         assert_eq!(together, alone);
