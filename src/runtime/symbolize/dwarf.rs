@@ -907,10 +907,11 @@ fn units_at(
     let highest = sorted.last().copied().unwrap_or(0);
     let mut nearest: Vec<Option<(u64, u64, Offset)>> = vec![None; sorted.len()];
     let mut any = false;
+    let mut slots = super::Slots::new(sorted);
     for_each_range(&mut |begin, end, unit| {
         any = true;
         if begin <= highest && !sorted.is_empty() {
-            let k = sorted.partition_point(|&p| p < begin);
+            let k = slots.of(begin);
             nearest[k] = nearest[k].max(Some((begin, end, unit)));
         }
     });

@@ -52,6 +52,41 @@ fn note_work() {
     WORK.fetch_add(1, Ordering::Relaxed);
 }
 
+/// Where addresses fall among a batch's addresses (distinct, in increasing order), for the
+/// passes over an object's tables that file each entry under the batch address it may name
+/// (symbols in [`object_file`], ranges in [`dwarf`]): an address's slot is how many of the
+/// batch's are below it. A table's entries mostly come in address order (the symbols of one
+/// source file, the ranges of one unit), so the slot of the entry before is tried first, and
+/// searched for only when it is not that one: the search, a chain of dependent loads for each
+/// entry, was most of a pass's time besides reading the table. Addresses below the batch's
+/// take slot 0 without changing the one tried: half the ranges of a program's
+/// `.debug_aranges` can be functions the linker dropped, left at address 0 among the ranges
+/// of their unit.
+struct Slots<'a> {
+    sorted: &'a [u64],
+    last: usize,
+}
+
+impl<'a> Slots<'a> {
+    fn new(sorted: &'a [u64]) -> Slots<'a> {
+        Slots { sorted, last: 0 }
+    }
+
+    /// The slot of `address`: `sorted.partition_point(|&p| p < address)`.
+    fn of(&mut self, address: u64) -> usize {
+        if self.sorted.first().is_none_or(|&first| address <= first) {
+            return 0;
+        }
+        let k = self.last;
+        let above_the_one_before = k == 0 || self.sorted[k - 1] < address;
+        let at_or_below_this_one = self.sorted.get(k).is_none_or(|&p| address <= p);
+        if !(above_the_one_before && at_or_below_this_one) {
+            self.last = self.sorted.partition_point(|&p| p < address);
+        }
+        self.last
+    }
+}
+
 /// A count that moves while the symbolizer works.
 pub(crate) fn work_done() -> u64 {
     WORK.load(Ordering::Relaxed)
@@ -263,6 +298,26 @@ mod tests {
             let mut locations: Vec<_> = kept.iter().map(|n| location(n)).collect();
             drop_inlined_shim(&mut locations);
             assert_eq!(names(&locations), kept);
+        }
+    }
+
+    proptest::proptest! {
+        /// Whatever order entries come in (runs in address order, addresses at 0 among them,
+        /// any other), their slots are those a search gives.
+        #[test]
+        fn slots_are_where_a_search_puts_an_address(
+            batch in proptest::collection::btree_set(1..1000u64, 0..24),
+            runs in proptest::collection::vec((0..1100u64, 0..40u64, 1..60u64, proptest::bool::ANY), 0..12),
+        ) {
+            let sorted: Vec<u64> = batch.into_iter().collect();
+            let mut slots = Slots::new(&sorted);
+            for (start, len, step, with_zeros) in runs {
+                for address in (0..len).map(|i| start + i * step) {
+                    for address in [address, 0].into_iter().take(if with_zeros { 2 } else { 1 }) {
+                        proptest::prop_assert_eq!(slots.of(address), sorted.partition_point(|&p| p < address));
+                    }
+                }
+            }
         }
     }
 

@@ -645,6 +645,7 @@ fn symbols_at(table: &SymbolTable, sorted: &[u64]) -> Option<Vec<Option<Option<S
     let place = |f: &Function| (f.address, f.size);
     let mut any = false;
     let mut read = 0usize;
+    let mut slots = super::Slots::new(sorted);
     table.for_each_function(|function| {
         any = true;
         read += 1;
@@ -654,7 +655,7 @@ fn symbols_at(table: &SymbolTable, sorted: &[u64]) -> Option<Vec<Option<Option<S
         if function.address > highest {
             return;
         }
-        let k = sorted.partition_point(|&p| p < function.address);
+        let k = slots.of(function.address);
         match nearest[k] {
             Some(best) if place(&best) == place(&function) => tied.push((k, function)),
             Some(best) if place(&best) > place(&function) => {}
