@@ -424,18 +424,19 @@ fn finish(session: Session) -> Option<Result<TraceStats, Error>> {
     session.channel.send_stop(handoff::session_tag(session.id), || !session.writer.is_finished() && !stall.stalled());
     session.doorbell.ring();
     // While it waits, this thread names frames the writer lends it (`symbolize::Desk`), if it
-    // has the stack for it and the writer another CPU to run on. It spins for the first loan:
-    // a thread asleep, woken by the loan, was run on the writer's CPU after the writer (a 2-CPU
-    // virtual machine, README, "Benchmarks"). Later ones, as the last samples' frames come, it
-    // waits for.
+    // has the stack for it and the writer another CPU to run on. It spins for the first loan
+    // (one the writer has out already is taken at once): a thread asleep, woken by the loan,
+    // was run on the writer's CPU after the writer (a 2-CPU virtual machine, README,
+    // "Benchmarks"). Later ones, as the last samples' frames come, it waits for.
     let desk = &session.desk;
     let helping = tracer_thread::may_run_elsewhere()
         && unwind::capture::stack_remaining().is_some_and(|left| left >= symbolize::HELPING_STACK);
+    // Loans no one takes the writer takes back.
+    let loans = if helping { desk.loans().clone() } else { crossbeam_channel::never() };
     if helping {
-        desk.open();
         let spin_until = Instant::now() + HELP_SPIN;
         while Instant::now() < spin_until && session.outcome.is_empty() {
-            if let Ok(lent) = desk.loans().try_recv() {
+            if let Ok(lent) = loans.try_recv() {
                 desk.help(lent);
                 break;
             }
@@ -449,7 +450,7 @@ fn finish(session: Session) -> Option<Result<TraceStats, Error>> {
                 // Panicked past the code that catches panics.
                 Err(_) => break WriterOutcome::panicked(),
             },
-            recv(desk.loans()) -> lent => if let Ok(lent) = lent {
+            recv(loans) -> lent => if let Ok(lent) = lent {
                 desk.help(lent);
             },
             default(STALL_CHECK_INTERVAL) => if stall.stalled() {
@@ -457,7 +458,6 @@ fn finish(session: Session) -> Option<Result<TraceStats, Error>> {
             },
         }
     };
-    desk.close();
     let losses = record::take_losses();
     report_losses(&losses);
     let stats = TraceStats {

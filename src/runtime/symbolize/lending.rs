@@ -4,14 +4,14 @@
 //! idle, so it names some of the addresses left, with a reader of the program's DWARF of its
 //! own ([`Symbolizer::lend`](super::Symbolizer::lend)), beside the writer.
 //!
-//! A [`Desk`] is where the two meet. The stopping thread opens it as it starts to wait, takes
-//! the loans made there, and closes it when the writer is done. The writer, between two
-//! addresses, lends all those left in the program when the desk is open ([`Lent`]); the
-//! helper names them from the first on, the writer from the last back, until they meet (so
-//! neither waits for the other's slower addresses, and a loan no one picks up is all named by
-//! the writer). One loan is out at a time.
+//! A [`Desk`] is where the two meet. The writer lends each batch of addresses in the program
+//! there as it starts to name it ([`Lent`]), and names them from the first on; a stopping
+//! thread that comes to wait takes the loan at once, without waiting for the address being
+//! named, and names them from the last back, until the two meet (so neither waits for the
+//! other's slower addresses, and a loan no one picks up is all named by the writer). One loan is
+//! out at a time: the writer settles each before its next batch.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use crossbeam_channel::{Receiver, Sender};
@@ -46,11 +46,11 @@ impl Lent {
         Lent { sibling, found, claims }
     }
 
-    /// The answers of the addresses this thread claims, from the first on, with their places:
+    /// The answers of the addresses this thread claims, from the last back, with their places:
     /// what [`Symbolizer::symbolize`](super::Symbolizer::symbolize) gives.
     fn name(mut self) -> Vec<(usize, Answer)> {
         let mut answers = Vec::new();
-        while let Some(i) = self.claims.take(End::Front) {
+        while let Some(i) = self.claims.take(End::Back) {
             super::note_work();
             let (place, found) = self.found[i];
             answers.push((place, symbolizer::answer(self.sibling.lookup(found), Arc::from)));
@@ -66,15 +66,15 @@ pub(crate) struct Loan {
 }
 
 impl Loan {
-    /// Whether the address at `place` of the batch was lent.
-    pub(crate) fn holds(&self, place: usize) -> bool {
-        self.places.binary_search(&place).is_ok()
-    }
-
-    /// The place of the last lent address the helper has not claimed, now claimed by the
-    /// lender, which names it.
-    pub(crate) fn take_back(&self) -> Option<usize> {
-        self.claims.take(End::Back).map(|i| self.places[i])
+    /// Whether the lender names the address at `place` of the batch: one not lent, or the
+    /// first lent one not claimed yet, claimed now. The lender asks in the order of the batch.
+    pub(crate) fn claim(&self, place: usize) -> bool {
+        if self.places.binary_search(&place).is_err() {
+            return true;
+        }
+        let claimed = self.claims.take(End::Front).map(|i| self.places[i]);
+        debug_assert!(claimed.is_none_or(|claimed| claimed == place), "claimed out of order");
+        claimed.is_some()
     }
 }
 
@@ -119,33 +119,17 @@ type Answers = Option<Vec<(usize, Answer)>>;
 
 /// Where the writer lends addresses to name to the thread that stops its session.
 pub(crate) struct Desk {
-    /// Whether a thread waits at the desk to help.
-    open: AtomicBool,
     loans: (Sender<Lent>, Receiver<Lent>),
     answers: (Sender<Answers>, Receiver<Answers>),
 }
 
 impl Default for Desk {
     fn default() -> Desk {
-        Desk {
-            open: AtomicBool::new(false),
-            loans: crossbeam_channel::bounded(1),
-            answers: crossbeam_channel::bounded(1),
-        }
+        Desk { loans: crossbeam_channel::bounded(1), answers: crossbeam_channel::bounded(1) }
     }
 }
 
 impl Desk {
-    /// Say that this thread waits at the desk, taking [`Desk::loans`] until it closes it.
-    pub(crate) fn open(&self) {
-        self.open.store(true, Ordering::Release);
-    }
-
-    /// No more loans: one made meanwhile is named by the writer.
-    pub(crate) fn close(&self) {
-        self.open.store(false, Ordering::Release);
-    }
-
     /// Where loans come, for the helping thread to wait on with its other work.
     pub(crate) fn loans(&self) -> &Receiver<Lent> {
         &self.loans.1
@@ -161,18 +145,22 @@ impl Desk {
         named
     }
 
-    /// Whether a thread waits to help.
-    pub(crate) fn is_open(&self) -> bool {
-        self.open.load(Ordering::Acquire)
-    }
-
-    /// Lend `lent`. Once the lender has named what it takes back, it settles the loan
-    /// ([`Desk::settle`]), before it lends again.
+    /// Lend `lent`. Once the lender has named what it claims, it settles the loan
+    /// ([`Desk::settle`]), or withdraws it ([`Desk::withdraw`]), before it lends again.
     pub(crate) fn lend(&self, lent: Lent) -> Loan {
         let loan =
             Loan { places: lent.found.iter().map(|&(place, _)| place).collect(), claims: Arc::clone(&lent.claims) };
         let _ = self.loans.0.try_send(lent);
         loan
+    }
+
+    /// Take `loan` back if no one has picked it up (then the lender may leave what it has not
+    /// named unnamed); else give it back.
+    pub(crate) fn withdraw(&self, loan: Loan) -> Result<(), Loan> {
+        match self.loans.1.try_recv() {
+            Ok(_) => Ok(()),
+            Err(_) => Err(loan),
+        }
     }
 
     /// The helper's answers, with their places, once it has them: none when no one picked the

@@ -226,14 +226,15 @@ impl Worker {
 }
 
 /// The locations of `addrs`, with `after_each` called after each address; only of those
-/// named before `deadline` (at least the first) when there is one. While `desk` is open (a
-/// thread stopping the session waits there), those left after the one being named are lent
-/// to that thread (see [`super::lending`]), and then all are named, whatever the deadline.
+/// named before `deadline` (at least the first) when there is one. With a `desk`, those in
+/// the program are lent there as naming starts (see [`super::lending`]): a thread stopping
+/// the session that picks the loan up names some of them from the last back, and then all are
+/// named, whatever the deadline.
 fn named(
     symbolizer: &mut Symbolizer,
     addrs: &[u64],
     mut after_each: impl FnMut(),
-    deadline: Option<Instant>,
+    mut deadline: Option<Instant>,
     desk: Option<&Desk>,
 ) -> Answer {
     symbolizer.expect(addrs);
@@ -243,24 +244,22 @@ fn named(
         locations[k] = Some(super::symbolize(symbolizer, addrs[k]));
         after_each();
     };
-    let mut loan = None;
+    let mut loan = desk
+        .filter(|_| addrs.len() > LENT_AT_LEAST)
+        .and_then(|desk| Some((desk.lend(symbolizer.lend(addrs, 0)?), desk)));
     for k in 0..addrs.len() {
-        if loan.is_none() {
-            if k > 0 && deadline.is_some_and(|deadline| Instant::now() >= deadline) {
-                break;
-            }
-            if let Some(desk) = desk.filter(|desk| desk.is_open() && addrs.len() - k > LENT_AT_LEAST) {
-                loan = symbolizer.lend(addrs, k + 1).map(|lent| (desk.lend(lent), desk));
+        if k > 0 && deadline.is_some_and(|deadline| Instant::now() >= deadline) {
+            match loan.take().map(|(lent, desk)| desk.withdraw(lent).map_err(|lent| (lent, desk))) {
+                // Out of time, and no one helps: the rest is left.
+                None | Some(Ok(())) => break,
+                Some(Err(helped)) => (loan, deadline) = (Some(helped), None),
             }
         }
-        if !loan.as_ref().is_some_and(|(loan, _)| loan.holds(k)) {
+        if loan.as_ref().is_none_or(|(loan, _)| loan.claim(k)) {
             name(symbolizer, &mut locations, k);
         }
     }
     if let Some((loan, desk)) = loan {
-        while let Some(k) = loan.take_back() {
-            name(symbolizer, &mut locations, k);
-        }
         for (k, answer) in desk.settle(loan).unwrap_or_default() {
             locations[k] = Some(super::locations(addrs[k], answer));
         }
@@ -313,9 +312,10 @@ mod tests {
         assert!(matches!(&on_caller.state, State::Idle(s) if parsed(s) < before));
     }
 
-    /// While a thread waits at the desk, the addresses of a batch left after the first are lent
-    /// to it, and it names some (from the first lent on) as the caller names the others (from
-    /// the last back): the answers are those the caller gives alone.
+    /// A batch is lent as its naming starts, and a thread that picks the loan up names some of
+    /// its addresses (from the last back) as the caller names the others (from the first on):
+    /// the answers are those the caller gives alone, even past the caller's deadline. A loan no
+    /// one picks up is named by the caller, or withdrawn at its deadline.
     #[test]
     fn addresses_lent_to_a_helping_thread_are_named_alike() {
         let functions = [
@@ -333,36 +333,40 @@ mod tests {
         addrs.dedup();
         let alone = named(&mut Symbolizer::new(), &addrs, || {}, None, None).0;
         let desk = Desk::default();
-        desk.open();
-        let received = std::sync::atomic::AtomicBool::new(false);
-        let (helped, together) = std::thread::scope(|scope| {
-            let helper = scope.spawn(|| {
-                let deadline = Instant::now() + Duration::from_secs(10);
-                while Instant::now() < deadline {
-                    if let Ok(lent) = desk.loans().try_recv() {
-                        received.store(true, std::sync::atomic::Ordering::Release);
-                        return desk.help(lent);
+        let passed = Some(Instant::now());
+        for deadline in [None, passed] {
+            let received = std::sync::atomic::AtomicBool::new(false);
+            let (helped, together) = std::thread::scope(|scope| {
+                let helper = scope.spawn(|| {
+                    let deadline = Instant::now() + Duration::from_secs(10);
+                    while Instant::now() < deadline {
+                        if let Ok(lent) = desk.loans().try_recv() {
+                            received.store(true, std::sync::atomic::Ordering::Release);
+                            return desk.help(lent);
+                        }
+                        std::hint::spin_loop();
                     }
-                    std::hint::spin_loop();
-                }
-                0
+                    0
+                });
+                // The caller goes on from its first address once the helper has the loan: a
+                // helper not yet running (two threads on one CPU) could find it all claimed.
+                let deadline_here = Instant::now() + Duration::from_secs(10);
+                let has_the_loan = || {
+                    while !received.load(std::sync::atomic::Ordering::Acquire) && Instant::now() < deadline_here {
+                        std::thread::yield_now();
+                    }
+                };
+                let together = named(&mut Symbolizer::new(), &addrs, has_the_loan, deadline, Some(&desk)).0;
+                (helper.join().unwrap(), together)
             });
-            // The caller goes on from its first address once the helper has the loan: a helper
-            // not yet running (two threads on one CPU) could find all of it taken back.
-            let deadline = Instant::now() + Duration::from_secs(10);
-            let has_the_loan = || {
-                while !received.load(std::sync::atomic::Ordering::Acquire) && Instant::now() < deadline {
-                    std::thread::yield_now();
-                }
-            };
-            let together = named(&mut Symbolizer::new(), &addrs, has_the_loan, None, Some(&desk)).0;
-            (helper.join().unwrap(), together)
-        });
-        assert_eq!(together, alone);
-        assert!(helped > 0, "the helping thread named none of the {} addresses", addrs.len());
-        // A loan no thread picks up is named by the caller.
+            assert_eq!(together, alone, "deadline {deadline:?}");
+            assert!(helped > 0, "the helping thread named none of the {} addresses", addrs.len());
+        }
         let unattended = named(&mut Symbolizer::new(), &addrs, || {}, None, Some(&desk)).0;
         assert_eq!(unattended, alone);
+        let (out_of_time, _) = named(&mut Symbolizer::new(), &addrs, || {}, passed, Some(&desk));
+        assert_eq!(out_of_time, alone[..1]);
+        assert!(desk.loans().is_empty(), "the loan withdrawn");
     }
 
     /// Addresses are named on the caller's thread, with `meanwhile` called after each, until
