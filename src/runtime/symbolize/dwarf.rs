@@ -1,8 +1,8 @@
 //! Names an address from an object's DWARF, reading only what that address needs: the unit
-//! that holds it (`.debug_aranges`: one pass over it for each of an object's first batches of
-//! addresses, then a sorted index of it), the entries of the one function there, the names on the
-//! chain of functions inlined at the address, and the one line-program sequence that covers
-//! it. The function's entry and sequence are found by searching the unit's bytes for the
+//! that holds it (`.debug_aranges`: one pass over it for an object's first batch of addresses,
+//! over the units' sets that may hold them for the next few, then a sorted index of it), the
+//! entries of the one function there, the names on the chain of functions inlined at the
+//! address, and the one line-program sequence that covers it. The function's entry and sequence are found by searching the unit's bytes for the
 //! address its symbol starts at, for a unit's first few lookups, else by reading the unit's
 //! entries and line program as far as needed. What is kept per unit is small: its header and
 //! abbreviations, the address ranges of its functions, and where each line sequence starts;
@@ -101,6 +101,10 @@ pub(super) struct Dwarf {
     index: Option<Vec<(u64, u64, Offset)>>,
     /// The unit of each address of the last pass over `.debug_aranges`, by address.
     foreseen: Vec<(u64, Option<Offset>)>,
+    /// The sets of `.debug_aranges` (a unit's ranges each) and where their ranges lie, noted by
+    /// the first pass over it: later passes read only the sets a batch's addresses may be in
+    /// ([`units_in_sets`]).
+    sets: Option<Vec<(ArangeSet, SetSpans)>>,
     /// The offsets of the units in `index` (or that it would hold), sorted: made the first
     /// time a name leads to another unit.
     unit_starts: Option<Vec<Offset>>,
@@ -202,6 +206,7 @@ impl Dwarf {
             strings,
             index: None,
             foreseen: Vec::new(),
+            sets: None,
             unit_starts: None,
             units: Vec::new(),
             clock: 0,
@@ -243,6 +248,8 @@ impl Dwarf {
             strings: self.strings.clone(),
             index: None,
             foreseen: Vec::new(),
+            // A sibling finds units through its lender (`unit_at`).
+            sets: None,
             unit_starts: self.unit_starts.clone(),
             units: Vec::new(),
             clock: 0,
@@ -257,12 +264,23 @@ impl Dwarf {
     /// Get ready to look up `sorted` (distinct addresses in increasing order): until the unit
     /// index is made, their units are found in one pass over `.debug_aranges` (a pass costs
     /// less than sorting a copy of it, which a short program's first batches of addresses,
-    /// named at exit, would wait for).
+    /// named at exit, would wait for), which notes where each set's ranges lie; later passes
+    /// read only the sets that may hold the batch's addresses.
     pub(super) fn expect(&mut self, sorted: &[u64]) {
         if self.index.is_some() || sorted.is_empty() {
             return;
         }
-        match units_at(sorted, |f| self.for_each_arange(f)) {
+        let units = match &self.sets {
+            Some(sets) => units_in_sets(sorted, sets),
+            None => {
+                let endian = gimli::Reader::endian(gimli::Section::reader(&self.sections.debug_aranges));
+                let mut sets = Vec::new();
+                let units = units_at(sorted, |f| sets = noted_sets(self.aranges(), endian, f));
+                self.sets = Some(sets);
+                units
+            }
+        };
+        match units {
             Some(units) => self.foreseen = sorted.iter().copied().zip(units).collect(),
             // Nothing to read in `.debug_aranges` (all tombstones, say): the index is the
             // units' own ranges.
@@ -281,6 +299,7 @@ impl Dwarf {
         if self.index.is_none() {
             self.index = Some(self.read_index());
             self.foreseen = Vec::new();
+            self.sets = None;
         }
         self.index.as_deref().unwrap_or_default()
     }
@@ -323,6 +342,7 @@ impl Dwarf {
     /// Estimated heap bytes of the index.
     pub(super) fn index_bytes(&self) -> usize {
         self.index.as_ref().map_or(0, |i| i.capacity() * std::mem::size_of::<(u64, u64, Offset)>())
+            + self.sets.as_ref().map_or(0, |s| s.capacity() * std::mem::size_of::<(ArangeSet, SetSpans)>())
             + self.unit_starts.as_ref().map_or(0, |u| u.capacity() * std::mem::size_of::<Offset>())
     }
 
@@ -903,6 +923,22 @@ fn units_at(
     sorted: &[u64],
     for_each_range: impl FnOnce(&mut dyn FnMut(u64, u64, Offset)),
 ) -> Option<Vec<Option<Offset>>> {
+    let nearest = nearest_at(sorted, for_each_range)?;
+    Some(sorted.iter().zip(nearest).map(|(&probe, nearest)| unit_if_held(nearest, probe)).collect())
+}
+
+/// The unit of `range` if it holds `probe`.
+fn unit_if_held(range: Option<(u64, u64, Offset)>, probe: u64) -> Option<Offset> {
+    range.filter(|&(_, end, _)| probe < end).map(|(_, _, unit)| unit)
+}
+
+/// For each of `sorted` (distinct addresses in increasing order), the range of those
+/// `for_each_range` gives that [`unit_in`] would look at in their sorted index: the greatest
+/// starting at or below it. `None` when there are none.
+fn nearest_at(
+    sorted: &[u64],
+    for_each_range: impl FnOnce(&mut dyn FnMut(u64, u64, Offset)),
+) -> Option<Vec<Option<(u64, u64, Offset)>>> {
     // For the k-th address, the greatest range above the one before and at or below it.
     let highest = sorted.last().copied().unwrap_or(0);
     let mut nearest: Vec<Option<(u64, u64, Offset)>> = vec![None; sorted.len()];
@@ -915,31 +951,154 @@ fn units_at(
             nearest[k] = nearest[k].max(Some((begin, end, unit)));
         }
     });
+    // Every range in an earlier slot starts below one in this slot.
     let mut best = None;
-    let units = sorted.iter().zip(nearest).map(|(&probe, nearest)| {
-        // Every range in an earlier slot starts below one in this slot.
-        best = nearest.or(best);
-        best.filter(|&(_, end, _)| probe < end).map(|(_, _, unit)| unit)
+    any.then(|| {
+        nearest
+            .into_iter()
+            .map(|nearest| {
+                best = nearest.or(best);
+                best
+            })
+            .collect()
+    })
+}
+
+/// One set of `.debug_aranges`: a unit's ranges.
+#[derive(Clone)]
+struct ArangeSet {
+    unit: Offset,
+    ranges: SetRanges,
+}
+
+#[derive(Clone)]
+enum SetRanges {
+    /// (address, length) tuples of 4- or 8-byte addresses, read here ([`aranges_of_set`]).
+    Tuples { tuples: &'static [u8], size: u8, big_endian: bool },
+    /// Others, as gimli reads them.
+    Entries(gimli::ArangeHeader<Reader>),
+}
+
+impl ArangeSet {
+    /// `f` of each of its nonempty ranges.
+    fn for_each_range(&self, mut f: impl FnMut(u64, u64)) {
+        let mut read = 0usize;
+        let mut each = |begin: u64, end: u64| {
+            read += 1;
+            if read.is_multiple_of(super::WORK_STEP) {
+                super::note_work();
+            }
+            if begin < end {
+                f(begin, end);
+            }
+        };
+        match &self.ranges {
+            &SetRanges::Tuples { tuples, size: 4, big_endian } => aranges_of_set::<4>(tuples, big_endian, each),
+            &SetRanges::Tuples { tuples, big_endian, .. } => aranges_of_set::<8>(tuples, big_endian, each),
+            SetRanges::Entries(header) => {
+                let mut entries = header.entries();
+                while let Ok(Some(entry)) = entries.next() {
+                    each(entry.range().begin, entry.range().end);
+                }
+            }
+        }
+        super::note_work();
+    }
+}
+
+/// Where a set's ranges lie: from `low` to `high`, those at 0 (functions a linker dropped,
+/// left among the ranges of their unit) apart, below `zero_high`. A unit's code is mostly in
+/// one stretch of the program's, apart from other units'.
+#[derive(Clone, Copy)]
+struct SetSpans {
+    low: u64,
+    /// The start of its last range (but for those at 0).
+    high_begin: u64,
+    high: u64,
+    zero_high: u64,
+}
+
+impl Default for SetSpans {
+    fn default() -> SetSpans {
+        SetSpans { low: u64::MAX, high_begin: 0, high: 0, zero_high: 0 }
+    }
+}
+
+impl SetSpans {
+    fn note(&mut self, begin: u64, end: u64) {
+        if begin == 0 {
+            self.zero_high = self.zero_high.max(end);
+        } else {
+            (self.low, self.high_begin, self.high) =
+                (self.low.min(begin), self.high_begin.max(begin), self.high.max(end));
+        }
+    }
+
+    /// Whether a range of the set may hold `probe`.
+    fn may_hold(&self, probe: u64) -> bool {
+        (self.low <= probe && probe < self.high) || probe < self.zero_high
+    }
+}
+
+/// The sets of the `.debug_aranges` section `section`, with where their ranges lie, and `f` of
+/// each of their nonempty ranges with its unit's offset, as [`for_each_arange`] gives them.
+fn noted_sets(
+    section: &'static [u8],
+    endian: gimli::RunTimeEndian,
+    f: &mut dyn FnMut(u64, u64, Offset),
+) -> Vec<(ArangeSet, SetSpans)> {
+    let mut sets = Vec::new();
+    for_each_set(section, endian, |set| {
+        let mut spans = SetSpans::default();
+        set.for_each_range(|begin, end| {
+            spans.note(begin, end);
+            f(begin, end, set.unit);
+        });
+        sets.push((set, spans));
     });
-    any.then(|| units.collect())
+    sets
+}
+
+/// What [`units_at`] gives for `sorted` over all the ranges of `sets`, from the sets that may
+/// hold one of the addresses. The others cannot hold an address, but one could hold a range
+/// that starts between an address and the start of the range found to hold it (the ranges of
+/// two units nested): `unit_in` would look at that one instead, and find no unit. Where a set
+/// left out could, all are read.
+fn units_in_sets(sorted: &[u64], sets: &[(ArangeSet, SetSpans)]) -> Option<Vec<Option<Offset>>> {
+    let may_hold_one = |spans: &SetSpans| sorted.iter().any(|&probe| spans.may_hold(probe));
+    let all_ranges = |f: &mut dyn FnMut(u64, u64, Offset)| {
+        for (set, _) in sets {
+            set.for_each_range(|begin, end| f(begin, end, set.unit));
+        }
+    };
+    let nearest = nearest_at(sorted, |f| {
+        for (set, _) in sets.iter().filter(|(_, spans)| may_hold_one(spans)) {
+            set.for_each_range(|begin, end| f(begin, end, set.unit));
+        }
+    })
+    .unwrap_or_else(|| vec![None; sorted.len()]);
+    let nested = sets.iter().filter(|(_, spans)| !may_hold_one(spans)).any(|(_, spans)| {
+        sorted.iter().zip(&nearest).any(|(&probe, range)| {
+            range.is_some_and(|(begin, end, _)| probe < end && spans.low <= probe && spans.high_begin > begin)
+        })
+    });
+    if nested {
+        return units_at(sorted, all_ranges);
+    }
+    Some(sorted.iter().zip(nearest).map(|(&probe, nearest)| unit_if_held(nearest, probe)).collect())
 }
 
 /// `f` of each nonempty range of the `.debug_aranges` section `section`, with its unit's
-/// offset: gimli's ranges ([`gimli::ArangeEntryIter`]). The headers are gimli's; the ranges
-/// of 4- and 8-byte addresses are read here, by the same rules ([`aranges_of_set`]), in a
-/// seventh of the time its iterator takes (a program's 10 000 of them are read when its first
-/// sample is named).
+/// offset: gimli's ranges ([`gimli::ArangeEntryIter`]).
 fn for_each_arange(section: &'static [u8], endian: gimli::RunTimeEndian, mut f: impl FnMut(u64, u64, Offset)) {
-    let mut read = 0usize;
-    let mut each = |begin: u64, end: u64, unit: Offset| {
-        read += 1;
-        if read.is_multiple_of(super::WORK_STEP) {
-            super::note_work();
-        }
-        if begin < end {
-            f(begin, end, unit);
-        }
-    };
+    for_each_set(section, endian, |set| set.for_each_range(|begin, end| f(begin, end, set.unit)));
+}
+
+/// `f` of each set of the `.debug_aranges` section `section`. The headers are gimli's; the
+/// ranges of 4- and 8-byte addresses are read here, by the same rules ([`aranges_of_set`]), in
+/// a seventh of the time its iterator takes (a program's 10 000 of them are read when its
+/// first sample is named).
+fn for_each_set(section: &'static [u8], endian: gimli::RunTimeEndian, mut f: impl FnMut(ArangeSet)) {
     let big_endian = gimli::Endianity::is_big_endian(endian);
     let mut headers = gimli::DebugAranges::new(section, endian).headers();
     while let Ok(Some(header)) = headers.next() {
@@ -953,16 +1112,11 @@ fn for_each_arange(section: &'static [u8], endian: gimli::RunTimeEndian, mut f: 
         let tuple = (2 * usize::from(encoding.address_size)).max(1);
         let first = set + (length_size + 2 + word_size + 2).next_multiple_of(tuple);
         let tuples = section.get(first..set + length_size + header.length());
-        match (encoding.address_size, tuples) {
-            (4, Some(tuples)) => aranges_of_set::<4>(tuples, big_endian, |begin, end| each(begin, end, unit)),
-            (8, Some(tuples)) => aranges_of_set::<8>(tuples, big_endian, |begin, end| each(begin, end, unit)),
-            _ => {
-                let mut entries = header.entries();
-                while let Ok(Some(entry)) = entries.next() {
-                    each(entry.range().begin, entry.range().end, unit);
-                }
-            }
-        }
+        let ranges = match (encoding.address_size, tuples) {
+            (size @ (4 | 8), Some(tuples)) => SetRanges::Tuples { tuples, size, big_endian },
+            _ => SetRanges::Entries(header),
+        };
+        f(ArangeSet { unit, ranges });
     }
 }
 
@@ -1386,6 +1540,8 @@ mod tests {
     fn tuple(highest: u64) -> impl Strategy<Value = (u64, u64)> {
         prop_oneof![
             (0..1u64 << 20, 1..1u64 << 12),
+            // Ranges of a few units nested in each other's.
+            (0..64u64, 1..24u64),
             Just((0, 0)),
             (0..1u64 << 8).prop_map(|length| (0, length)),
             Just((highest - 1, 4)),
@@ -1455,6 +1611,27 @@ mod tests {
             prop_assert_eq!(units.is_some(), !ranges.is_empty());
             let expected: Vec<Option<Offset>> = sorted.iter().map(|&p| unit_in(&index, p)).collect();
             prop_assert_eq!(units.unwrap_or_else(|| vec![None; sorted.len()]), expected);
+        }
+
+        /// A pass over only the sets that may hold one of the addresses gives each the unit a
+        /// pass over all gives, whatever the ranges (nested in another set's, at 0, past the
+        /// highest address); the pass that notes the sets gives all the ranges.
+        #[test]
+        fn a_pass_over_the_sets_that_may_hold_an_address_finds_the_units_of_one_over_all(
+            (section, big) in section(),
+            probes in proptest::collection::vec(prop_oneof![0..96u64, 0..1u64 << 20], 0..24),
+        ) {
+            let endian = if big { gimli::RunTimeEndian::Big } else { gimli::RunTimeEndian::Little };
+            let section: &'static [u8] = Box::leak(section.into_boxed_slice());
+            let mut sorted = probes;
+            sorted.sort_unstable();
+            sorted.dedup();
+            let mut noted = Vec::new();
+            let sets = noted_sets(section, endian, &mut |begin, end, unit| noted.push((begin, end, unit)));
+            prop_assert_eq!(noted, ours(section, endian));
+            if let Some(units) = units_at(&sorted, |f| for_each_arange(section, endian, f)) {
+                prop_assert_eq!(units_in_sets(&sorted, &sets), Some(units));
+            }
         }
 
         /// Sets of any tuples, damaged or not, give gimli's ranges.
