@@ -476,8 +476,10 @@ fn finish(session: Session) -> Option<Result<TraceStats, Error>> {
     })
 }
 
-/// How long stopping spins for frames to name that the writer lends it, before it sleeps: the
-/// writer lends them between two addresses, a few hundred microseconds apart at most.
+/// How long stopping spins for frames to name that the writer lends it, before it sleeps: a
+/// batch the writer has out is taken at once, and the stop's own batch is lent once the
+/// writer has taken its samples and passed over the program's tables for them, a few hundred
+/// microseconds.
 const HELP_SPIN: Duration = Duration::from_millis(1);
 
 /// How often stopping looks at the writer's progress.

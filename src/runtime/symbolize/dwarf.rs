@@ -2,9 +2,10 @@
 //! that holds it (`.debug_aranges`: one pass over it for an object's first batch of addresses,
 //! over the units' sets that may hold them for the next few, then a sorted index of it), the
 //! entries of the one function there, the names on the chain of functions inlined at the
-//! address, and the one line-program sequence that covers it. The function's entry and sequence are found by searching the unit's bytes for the
-//! address its symbol starts at, for a unit's first few lookups, else by reading the unit's
-//! entries and line program as far as needed. What is kept per unit is small: its header and
+//! address, and the one line-program sequence that covers it. The function's entry and
+//! sequence are found by searching the unit's bytes for the address its symbol starts at, for
+//! a unit's first few lookups, else by reading the unit's entries and line program as far as
+//! needed. What is kept per unit is small: its header and
 //! abbreviations, the address ranges of its functions, and where each line sequence starts;
 //! at most [`MAX_PARSED_UNITS`] units are kept.
 //!
@@ -923,13 +924,15 @@ fn units_at(
     sorted: &[u64],
     for_each_range: impl FnOnce(&mut dyn FnMut(u64, u64, Offset)),
 ) -> Option<Vec<Option<Offset>>> {
-    let nearest = nearest_at(sorted, for_each_range)?;
-    Some(sorted.iter().zip(nearest).map(|(&probe, nearest)| unit_if_held(nearest, probe)).collect())
+    Some(units_held(sorted, nearest_at(sorted, for_each_range)?))
 }
 
-/// The unit of `range` if it holds `probe`.
-fn unit_if_held(range: Option<(u64, u64, Offset)>, probe: u64) -> Option<Offset> {
-    range.filter(|&(_, end, _)| probe < end).map(|(_, _, unit)| unit)
+/// The unit of each of `sorted` whose range of `nearest` holds it.
+fn units_held(sorted: &[u64], nearest: Vec<Option<(u64, u64, Offset)>>) -> Vec<Option<Offset>> {
+    let held = |(&probe, range): (&u64, Option<(u64, u64, Offset)>)| {
+        range.filter(|&(_, end, _)| probe < end).map(|(_, _, unit)| unit)
+    };
+    sorted.iter().zip(nearest).map(held).collect()
 }
 
 /// For each of `sorted` (distinct addresses in increasing order), the range of those
@@ -1065,27 +1068,23 @@ fn noted_sets(
 /// two units nested): `unit_in` would look at that one instead, and find no unit. Where a set
 /// left out could, all are read.
 fn units_in_sets(sorted: &[u64], sets: &[(ArangeSet, SetSpans)]) -> Option<Vec<Option<Offset>>> {
-    let may_hold_one = |spans: &SetSpans| sorted.iter().any(|&probe| spans.may_hold(probe));
-    let all_ranges = |f: &mut dyn FnMut(u64, u64, Offset)| {
-        for (set, _) in sets {
+    let read: Vec<bool> = sets.iter().map(|(_, spans)| sorted.iter().any(|&probe| spans.may_hold(probe))).collect();
+    // The ranges of the sets read, or of all.
+    let ranges_of = |all: bool, f: &mut dyn FnMut(u64, u64, Offset)| {
+        for ((set, _), _) in sets.iter().zip(&read).filter(|(_, &read)| all || read) {
             set.for_each_range(|begin, end| f(begin, end, set.unit));
         }
     };
-    let nearest = nearest_at(sorted, |f| {
-        for (set, _) in sets.iter().filter(|(_, spans)| may_hold_one(spans)) {
-            set.for_each_range(|begin, end| f(begin, end, set.unit));
-        }
-    })
-    .unwrap_or_else(|| vec![None; sorted.len()]);
-    let nested = sets.iter().filter(|(_, spans)| !may_hold_one(spans)).any(|(_, spans)| {
+    let nearest = nearest_at(sorted, |f| ranges_of(false, f)).unwrap_or_else(|| vec![None; sorted.len()]);
+    let nested = sets.iter().zip(&read).filter(|(_, &read)| !read).any(|((_, spans), _)| {
         sorted.iter().zip(&nearest).any(|(&probe, range)| {
             range.is_some_and(|(begin, end, _)| probe < end && spans.low <= probe && spans.high_begin > begin)
         })
     });
     if nested {
-        return units_at(sorted, all_ranges);
+        return units_at(sorted, |f| ranges_of(true, f));
     }
-    Some(sorted.iter().zip(nearest).map(|(&probe, nearest)| unit_if_held(nearest, probe)).collect())
+    Some(units_held(sorted, nearest))
 }
 
 /// `f` of each nonempty range of the `.debug_aranges` section `section`, with its unit's

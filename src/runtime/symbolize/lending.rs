@@ -166,11 +166,10 @@ impl Desk {
     /// The helper's answers, with their places, once it has them: none when no one picked the
     /// loan up, and `None` when naming them panicked (the lender names those itself).
     pub(crate) fn settle(&self, loan: Loan) -> Answers {
-        drop(loan);
-        if self.loans.1.try_recv().is_ok() {
-            return Some(Vec::new());
+        match self.withdraw(loan) {
+            Ok(()) => Some(Vec::new()),
+            Err(_) => self.answers.1.recv().ok().flatten(),
         }
-        self.answers.1.recv().ok().flatten()
     }
 }
 

@@ -396,17 +396,16 @@ impl Symbolizer {
         })
     }
 
-    /// Lend those of `return_addresses[from..]` that are in the object of the first of them not
-    /// named yet to another thread, to name some of them while this one names the others ([`Lent`]):
+    /// Lend those of `return_addresses` that are in the object of the first of them not named
+    /// yet to another thread, to name some of them while this one names the others ([`Lent`]):
     /// what the object's tables say of each is found now, and the other thread parses the
     /// DWARF they need with a reader of its own. `None` when there is nothing to lend (or the
     /// object's DWARF cannot be shared). The other thread's answers are not cached here.
-    pub(crate) fn lend(&mut self, return_addresses: &[u64], from: usize) -> Option<Lent> {
+    pub(crate) fn lend(&mut self, return_addresses: &[u64]) -> Option<Lent> {
         self.refresh_if_changed();
         let located: Vec<(usize, usize, u64)> = return_addresses
             .iter()
             .enumerate()
-            .skip(from)
             .filter_map(|(k, &ra)| Some((k, ra.checked_sub(1)?)))
             .filter(|(_, pc)| !self.cache.contains_key(pc))
             .filter_map(|(k, pc)| Some((k, self.find_object(pc)?, pc)))

@@ -244,9 +244,8 @@ fn named(
         locations[k] = Some(super::symbolize(symbolizer, addrs[k]));
         after_each();
     };
-    let mut loan = desk
-        .filter(|_| addrs.len() > LENT_AT_LEAST)
-        .and_then(|desk| Some((desk.lend(symbolizer.lend(addrs, 0)?), desk)));
+    let mut loan =
+        desk.filter(|_| addrs.len() > LENT_AT_LEAST).and_then(|desk| Some((desk.lend(symbolizer.lend(addrs)?), desk)));
     for k in 0..addrs.len() {
         if k > 0 && deadline.is_some_and(|deadline| Instant::now() >= deadline) {
             match loan.take().map(|(lent, desk)| desk.withdraw(lent).map_err(|lent| (lent, desk))) {
