@@ -424,25 +424,13 @@ fn finish(session: Session) -> Option<Result<TraceStats, Error>> {
     session.channel.send_stop(handoff::session_tag(session.id), || !session.writer.is_finished() && !stall.stalled());
     session.doorbell.ring();
     // While it waits, this thread names frames the writer lends it (`symbolize::Desk`), if it
-    // has the stack for it and the writer another CPU to run on. It spins for the first loan
-    // (one the writer has out already is taken at once): a thread asleep, woken by the loan,
-    // was run on the writer's CPU after the writer (a 2-CPU virtual machine, README,
-    // "Benchmarks"). Later ones, as the last samples' frames come, it waits for.
+    // has the stack for it and the writer another CPU to run on. It sleeps until a loan comes:
+    // spinning for the first one cost more CPU than it saved wall (README, "Benchmarks").
     let desk = &session.desk;
     let helping = tracer_thread::may_run_elsewhere()
         && unwind::capture::stack_remaining().is_some_and(|left| left >= symbolize::HELPING_STACK);
     // Loans no one takes the writer takes back.
     let loans = if helping { desk.loans().clone() } else { crossbeam_channel::never() };
-    if helping {
-        let spin_until = Instant::now() + HELP_SPIN;
-        while Instant::now() < spin_until && session.outcome.is_empty() {
-            if let Ok(lent) = loans.try_recv() {
-                desk.help(lent);
-                break;
-            }
-            std::hint::spin_loop();
-        }
-    }
     let written = loop {
         crossbeam_channel::select! {
             recv(session.outcome) -> written => match written {
@@ -475,12 +463,6 @@ fn finish(session: Session) -> Option<Result<TraceStats, Error>> {
         Some(e) => Err(e),
     })
 }
-
-/// How long stopping spins for frames to name that the writer lends it, before it sleeps: a
-/// batch the writer has out is taken at once, and the stop's own batch is lent once the
-/// writer has taken its samples and passed over the program's tables for them, a few hundred
-/// microseconds.
-const HELP_SPIN: Duration = Duration::from_millis(1);
 
 /// How often stopping looks at the writer's progress.
 const STALL_CHECK_INTERVAL: Duration = Duration::from_millis(20);
