@@ -15,6 +15,7 @@ pub(super) struct Scanned {
     pub(super) base: u64,
     pub(super) segments: Vec<(u64, u64)>,
     pub(super) build_id: Option<Vec<u8>>,
+    /// The file's device and inode, for an object without a build-id.
     pub(super) file_id: Option<(u64, u64)>,
 }
 
@@ -165,12 +166,16 @@ fn scan_with_room(mut room: usize) -> (Vec<Scanned>, Option<(u64, u64)>) {
                 // The vDSO on older loaders: no file.
                 _ => return None,
             };
-            let file_id = std::fs::metadata(&path).ok().map(|m| (m.dev(), m.ino()));
+            let build_id = r.build_id.clone().map(|id| reports.bytes[id].to_vec());
+            // A build-id already tells a rebuilt file from the one loaded before; the file's
+            // identity is looked up (a path walk, tens of µs) only for an object without one.
+            let file_id =
+                build_id.is_none().then(|| std::fs::metadata(&path).ok().map(|m| (m.dev(), m.ino()))).flatten();
             Some(Scanned {
                 path,
                 base: r.base,
                 segments: reports.segments[r.segments.clone()].to_vec(),
-                build_id: r.build_id.clone().map(|id| reports.bytes[id].to_vec()),
+                build_id,
                 file_id,
             })
         })

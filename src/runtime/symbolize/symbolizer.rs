@@ -10,8 +10,9 @@
 //! * Objects come from `dl_iterate_phdr` ([`loaded_objects`](super::loaded_objects)). The list
 //!   is scanned again when the loader's `dlpi_adds`/`dlpi_subs` counters moved (a `dlopen` or
 //!   `dlclose` happened), checked on every call. Objects are keyed by (path, load bias,
-//!   build-id, device+inode); an object that is gone takes its parsed state and its cached
-//!   answers with it, so code loaded later at the same addresses gets its own names.
+//!   build-id, or device+inode where there is no build-id); an object that is gone takes its
+//!   parsed state and its cached answers with it, so code loaded later at the same addresses
+//!   gets its own names.
 //! * An object's file is parsed ([`object_file`]) the first time an
 //!   address in it is asked for, or before, when the writer gets ready for its first sample
 //!   ([`Symbolizer::prepare`]: the program's and the C library's).
@@ -628,11 +629,18 @@ pub(super) mod tests {
 
     /// Builds `lib<name>.so` exporting `fn_name` in `dir`; `None` when there is no C compiler.
     pub(in crate::runtime::symbolize) fn build_so(dir: &Path, name: &str, fn_name: &str) -> Option<PathBuf> {
+        build_so_with(dir, name, fn_name, &[])
+    }
+
+    /// [`build_so`], with `args` passed to the compiler too.
+    fn build_so_with(dir: &Path, name: &str, fn_name: &str, args: &[&str]) -> Option<PathBuf> {
         let src = dir.join(format!("{name}.c"));
         std::fs::write(&src, format!("int {fn_name}(int x) {{ return x * 3 + 1; }}\n")).unwrap();
         let out = dir.join(format!("lib{name}.so"));
         let status = std::process::Command::new("cc")
-            .args(["-shared", "-fPIC", "-g", "-O1", "-o"])
+            .args(["-shared", "-fPIC", "-g", "-O1"])
+            .args(args)
+            .arg("-o")
             .arg(&out)
             .arg(&src)
             .status()
@@ -683,6 +691,35 @@ pub(super) mod tests {
         assert!(s.stats().unloaded >= 1, "{:?}", s.stats());
         // SAFETY: nothing of the library is used after this.
         unsafe { libc::dlclose(hb) };
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    /// Objects without a build-id are told apart by their files: a library rebuilt at its path
+    /// (the linker writes a new file) and loaded again, likely where it was, between two
+    /// lookups, gets its own names rather than those of the one unloaded.
+    #[test]
+    fn a_library_rebuilt_without_a_build_id_gets_its_own_names() {
+        let dir = std::env::temp_dir().join(format!("symbolizer-rebuilt-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let no_build_id = ["-Wl,--build-id=none"];
+        let Some(library) = build_so_with(&dir, "delta", "first_fn", &no_build_id) else {
+            assert!(std::env::var_os("CI").is_none(), "no C compiler under CI");
+            eprintln!("skipped: no C compiler");
+            return;
+        };
+        let mut s = Symbolizer::new();
+        let (handle, first) = dlopen_sym(&library, "first_fn");
+        assert_eq!(innermost_name(&s.symbolize_pc(first).expect("first_fn not named")), "first_fn");
+        // SAFETY: nothing of the library is used after this.
+        unsafe { libc::dlclose(handle) };
+        build_so_with(&dir, "delta", "second_fn", &no_build_id).expect("rebuilt");
+        let (handle, second) = dlopen_sym(&library, "second_fn");
+        if second != first {
+            eprintln!("the rebuilt library was loaded elsewhere");
+        }
+        assert_eq!(innermost_name(&s.symbolize_pc(second).expect("second_fn not named")), "second_fn");
+        // SAFETY: nothing of the library is used after this.
+        unsafe { libc::dlclose(handle) };
         std::fs::remove_dir_all(&dir).ok();
     }
 
