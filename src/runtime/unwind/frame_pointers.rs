@@ -6,9 +6,10 @@
 //! and stops at the first one that fails a check: every record must lie within this thread's
 //! stack, above the current stack pointer (so it is mapped and readable: the walk never
 //! faults), 8-byte aligned, and strictly above the previous record (so the walk ends). The
-//! stack bounds come from `pthread_getattr_np` once per thread and are cached in
-//! `const`-initialised thread-local cells; a thread whose bounds are unknown (or a sample
-//! taken on another stack, such as a signal stack) falls back to DWARF unwinding.
+//! stack bounds come from `pthread_getattr_np` once per thread (for the initial thread, from
+//! what the kernel left at exec: [`initial_stack`]) and are cached in `const`-initialised
+//! thread-local cells; a thread whose bounds are unknown (or a sample taken on another
+//! stack, such as a signal stack) falls back to DWARF unwinding.
 //!
 //! The chain is only complete if every function between `main` and the allocator keeps frame
 //! pointers: build the program with `-C force-frame-pointers=yes` (Rust's precompiled std
@@ -57,6 +58,10 @@ pub(crate) fn stack_bounds() -> Option<(usize, usize)> {
 
 #[cfg(any(target_os = "linux", target_os = "android"))]
 fn query_stack_bounds() -> Option<(usize, usize)> {
+    let sp = registers().1;
+    if let Some((lo, hi)) = initial_stack().filter(|(lo, hi)| (lo..hi).contains(&&sp)) {
+        return Some((lo, hi));
+    }
     // SAFETY: `attr` is initialised by pthread_getattr_np before use and destroyed after;
     // the out-pointers are valid for writes.
     unsafe {
@@ -76,6 +81,64 @@ fn query_stack_bounds() -> Option<(usize, usize)> {
 #[cfg(not(any(target_os = "linux", target_os = "android")))]
 fn query_stack_bounds() -> Option<(usize, usize)> {
     None
+}
+
+/// The largest stack limit [`initial_stack`] trusts: the kernel keeps at least this much room
+/// below the initial stack free of the mappings it places (`mmap_base`), so no mapping lies
+/// within the limit below the stack's top, where glibc would end the stack instead.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+const TRUSTED_STACK_LIMIT: u64 = 128 << 20;
+
+/// The initial thread's stack bounds, as `pthread_getattr_np` gives them on that thread,
+/// without the read of `/proc/self/maps` it makes for them (the kernel writes out every
+/// mapping for it: about 0.1 ms, half of it at each traced start, in a 2-CPU virtual machine).
+/// glibc's top is the page after the one holding `__libc_stack_end` (the arguments,
+/// environment and auxiliary vector above are left out); its bottom is the stack's soft limit
+/// below the end of the stack's mapping, which is where the path of the program (`AT_EXECFN`,
+/// the first string the kernel copied there at exec) and a null pointer end. `None` where
+/// that does not hold (the mapping's end so found is not a page boundary above the top) or
+/// the limit is not one glibc's answer would equal. On any thread: the caller checks that it
+/// runs on this stack (the only thread of a process forked by another thread is not).
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+fn initial_stack() -> Option<(usize, usize)> {
+    extern "C" {
+        /// The stack pointer at the program's entry (glibc's dynamic loader sets it).
+        static __libc_stack_end: *mut libc::c_void;
+    }
+    // SAFETY: reads of a variable the loader set before any of the program ran, of the
+    // auxiliary vector, and of the NUL-terminated string the kernel put where AT_EXECFN
+    // points (it stays mapped: the program never unmaps its initial stack).
+    let (stack_end, path) = unsafe { (__libc_stack_end as usize, libc::getauxval(libc::AT_EXECFN) as usize) };
+    if path == 0 || stack_end == 0 {
+        return None;
+    }
+    // SAFETY: as above.
+    let path_end = path + unsafe { libc::strlen(path as *const libc::c_char) } + 1;
+    let mapping_end = path_end.checked_add(std::mem::size_of::<usize>())?;
+    let page = page_size();
+    let top = (stack_end & !(page - 1)) + page;
+    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: `limit` is valid for writes.
+    if unsafe { libc::getrlimit(libc::RLIMIT_STACK, &mut limit) } != 0 {
+        return None;
+    }
+    let soft = limit.rlim_cur;
+    let consistent = mapping_end.is_multiple_of(page) && top <= mapping_end && soft.is_multiple_of(page as u64);
+    if !consistent || soft > TRUSTED_STACK_LIMIT {
+        return None;
+    }
+    Some((mapping_end.checked_sub(soft as usize)?, top))
+}
+
+#[cfg(all(any(target_os = "linux", target_os = "android"), not(target_env = "gnu")))]
+fn initial_stack() -> Option<(usize, usize)> {
+    None
+}
+
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+fn page_size() -> usize {
+    // SAFETY: a query with no arguments to check.
+    usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096)
 }
 
 /// Whether this code runs on its thread's own stack, of known bounds: the only stack the
@@ -149,4 +212,52 @@ pub(crate) fn capture(
         fp = next;
     }
     Some(n)
+}
+
+#[cfg(all(test, target_os = "linux", target_env = "gnu"))]
+mod tests {
+    use super::*;
+
+    /// The initial thread's bounds are those `pthread_getattr_np` gives it: glibc's reading
+    /// of `/proc/self/maps` for that thread, done here the same way (from any thread).
+    #[test]
+    fn the_initial_stack_is_where_glibc_puts_it() {
+        extern "C" {
+            static __libc_stack_end: *mut libc::c_void;
+        }
+        // SAFETY: set by the loader before the program ran.
+        let stack_end = unsafe { __libc_stack_end } as usize;
+        let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+        let mappings = maps.lines().map(|line| {
+            let (from, to) = line.split_whitespace().next().unwrap().split_once('-').unwrap();
+            (usize::from_str_radix(from, 16).unwrap(), usize::from_str_radix(to, 16).unwrap())
+        });
+        let mut last_to = 0;
+        let mut to = None;
+        for (from, end) in mappings {
+            if from <= stack_end && stack_end < end {
+                to = Some(end);
+                break;
+            }
+            last_to = end;
+        }
+        let to = to.expect("the mapping of the initial stack");
+        let page = page_size();
+        let top = (stack_end & !(page - 1)) + page;
+        let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+        // SAFETY: `limit` is valid for writes.
+        assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_STACK, &mut limit) }, 0);
+        let soft = usize::try_from(limit.rlim_cur).unwrap_or(usize::MAX);
+        let size = (soft.saturating_sub(to - top) & !(page - 1)).min(top - last_to);
+        let glibc = (top - size, top);
+        match initial_stack() {
+            Some(bounds) => assert_eq!(bounds, glibc, "mapping ends at {to:#x}, limit {soft:#x}"),
+            None => assert!(limit.rlim_cur > TRUSTED_STACK_LIMIT, "no bounds with a limit of {soft:#x}"),
+        }
+        // A thread of its own stack is not on the initial one.
+        let sp = registers().1;
+        assert!(!(glibc.0..glibc.1).contains(&sp), "this test runs on a thread of its own");
+        let bounds = stack_bounds().expect("this thread's bounds");
+        assert!((bounds.0..bounds.1).contains(&sp), "{bounds:x?} do not hold {sp:#x}");
+    }
 }
