@@ -16,10 +16,12 @@
 //! test compares them), so its rules are followed here: which attribute names a function,
 //! how a file's path is put together, which row of a sequence covers an address.
 
+use std::cell::RefCell;
 use std::cmp::Ordering;
 
 use super::line_header::Header;
 use super::line_program::{Program, Sequence, Sequences};
+use crate::format::hash::FastMap;
 
 pub(super) type Reader = gimli::EndianSlice<'static, gimli::RunTimeEndian>;
 pub(super) type Offset = usize;
@@ -44,6 +46,9 @@ const MAX_PARSED_UNITS: usize = 64;
 /// Estimated heap bytes of a parsed unit before its functions and sequences are read: its
 /// abbreviations and line program header (10-14 KiB measured on ripgrep's 935 units).
 const BYTES_PER_UNIT: usize = 12 << 10;
+
+/// Estimated heap bytes of a string read ([`Dwarf::string`]) besides its own.
+const STRING_READ_BYTES: usize = 48;
 
 /// How many `DW_AT_abstract_origin`/`DW_AT_specification` links a name is followed through.
 const NAME_LINKS: usize = 16;
@@ -97,6 +102,8 @@ pub(super) struct Dwarf {
     /// Its `.debug_str` is empty: strings are read from `strings`.
     sections: gimli::Dwarf<Reader>,
     strings: Strings,
+    /// The strings read from `strings` so far, by offset (see [`Dwarf::string`]).
+    strings_read: RefCell<FastMap<u64, Vec<u8>>>,
     /// (start, end, `.debug_info` offset of the unit), sorted: made by the first
     /// lookup that a pass over `.debug_aranges` did not answer ([`Dwarf::expect`]).
     index: Option<Vec<(u64, u64, Offset)>>,
@@ -205,6 +212,7 @@ impl Dwarf {
         let mut dwarf = Dwarf {
             sections,
             strings,
+            strings_read: RefCell::default(),
             index: None,
             foreseen: Vec::new(),
             sets: None,
@@ -247,6 +255,7 @@ impl Dwarf {
         Dwarf {
             sections,
             strings: self.strings.clone(),
+            strings_read: RefCell::default(),
             index: None,
             foreseen: Vec::new(),
             // A sibling finds units through its lender (`unit_at`).
@@ -350,6 +359,7 @@ impl Dwarf {
     /// Estimated heap bytes of the parsed units (and of the last pass's answers).
     pub(super) fn parsed_bytes(&self) -> usize {
         self.foreseen.capacity() * std::mem::size_of::<(u64, Option<Offset>)>()
+            + self.strings_read.borrow().values().map(|s| STRING_READ_BYTES + s.len()).sum::<usize>()
             + self
                 .units
                 .iter()
@@ -361,9 +371,10 @@ impl Dwarf {
                 .sum::<usize>()
     }
 
-    /// Drop every parsed unit (the index is kept).
+    /// Drop every parsed unit and the strings read (the index is kept).
     pub(super) fn forget_units(&mut self) {
         self.units = Vec::new();
+        self.strings_read = RefCell::default();
     }
 
     pub(super) fn parsed_units(&self) -> usize {
@@ -766,14 +777,22 @@ impl Dwarf {
 
     /// The string `value` (an attribute of unit `u`) gives, as gimli's `attr_string` would
     /// with `.debug_str` read from [`Strings`].
+    /// The string `value` gives. One of `.debug_str` is read once: a read from the file is a
+    /// system call, and many come again (the compilation directory of a crate's units, the
+    /// names of functions inlined in several places).
     fn string(&self, u: usize, value: gimli::AttributeValue<Reader>) -> Result<Vec<u8>> {
         let unit = self.unit_ref(u);
         let at = match value {
-            gimli::AttributeValue::DebugStrRef(at) => at,
-            gimli::AttributeValue::DebugStrOffsetsIndex(index) => unit.string_offset(index)?,
+            gimli::AttributeValue::DebugStrRef(at) => at.0 as u64,
+            gimli::AttributeValue::DebugStrOffsetsIndex(index) => unit.string_offset(index)?.0 as u64,
             other => return Ok(unit.attr_string(other)?.slice().to_vec()),
         };
-        self.strings.at(at.0 as u64).ok_or(gimli::Error::UnexpectedEof(gimli::ReaderOffsetId(at.0 as u64)))
+        if let Some(string) = self.strings_read.borrow().get(&at) {
+            return Ok(string.clone());
+        }
+        let string = self.strings.at(at).ok_or(gimli::Error::UnexpectedEof(gimli::ReaderOffsetId(at)))?;
+        self.strings_read.borrow_mut().insert(at, string.clone());
+        Ok(string)
     }
 
     /// The unit's compilation directory (`DW_AT_comp_dir` of its root entry), read the first
