@@ -319,20 +319,15 @@ impl Sibling {
 /// The frames at `found.probe`, outermost first: the DWARF's, in the unit found, with the
 /// outermost named by the symbol where the DWARF does not name it or names it without its path.
 fn frames_of(dwarf: Option<&mut Dwarf>, Found { probe, symbol, unit }: Found) -> Vec<RawFrame> {
-    let mut frames: Vec<RawFrame> = match dwarf {
-        Some(dwarf) => dwarf
-            .frames(unit, probe, symbol.map(|s| (s.address, s.size)))
-            .into_iter()
-            .map(|f| RawFrame {
-                function: f.name.as_deref().map(demangle),
-                file: f.file,
-                line: f.line,
-                column: f.column,
-            })
-            .collect(),
-        None => Vec::new(),
-    };
-    match (frames.first_mut(), symbol.map(|s| demangle(s.name))) {
+    let frames = dwarf.map_or_else(Vec::new, |dwarf| dwarf.frames(unit, probe, symbol.map(|s| (s.address, s.size))));
+    // The DWARF names the function by the symbol's own name (its linkage name): nothing to
+    // take from the symbol, whose name is then not demangled.
+    let named_alike = frames.first().is_some_and(|f| f.name.as_deref() == symbol.map(|s| s.name));
+    let mut frames: Vec<RawFrame> = frames
+        .into_iter()
+        .map(|f| RawFrame { function: f.name.as_deref().map(demangle), file: f.file, line: f.line, column: f.column })
+        .collect();
+    match (frames.first_mut(), symbol.filter(|_| !named_alike).map(|s| demangle(s.name))) {
         (None, Some(name)) => frames.push(RawFrame { function: Some(name), file: None, line: 0, column: 0 }),
         (Some(outer), Some(name)) => match &outer.function {
             None => outer.function = Some(name),
