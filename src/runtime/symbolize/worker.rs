@@ -30,7 +30,7 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 
 use super::{Desk, Symbolizer};
 use crate::format::location_codec::Location;
-use crate::runtime::tracer_thread::TracerThread;
+use crate::runtime::tracer_thread::{self, TracerThread};
 
 /// How long naming may take on the writer's thread, in all, before a thread is started for it.
 const NAMING_ON_CALLER: Duration = Duration::from_millis(20);
@@ -60,6 +60,8 @@ pub(crate) struct Worker {
     on_caller_budget: Duration,
     /// When addresses were last named on the caller's thread, if not released since.
     named_on_caller: Option<Instant>,
+    /// Whether the caller's malloc arena was grown for naming ([`tracer_thread::grow_arena`]).
+    arena_grown: bool,
     /// Where addresses are lent to the thread that stops the session.
     desk: Option<Arc<Desk>>,
 }
@@ -88,6 +90,7 @@ impl Worker {
             on_caller: Duration::ZERO,
             on_caller_budget,
             named_on_caller: None,
+            arena_grown: false,
             desk: None,
         }
     }
@@ -111,6 +114,9 @@ impl Worker {
         }
         match &mut self.state {
             State::Idle(symbolizer) => {
+                if !std::mem::replace(&mut self.arena_grown, true) {
+                    tracer_thread::grow_arena();
+                }
                 let began = Instant::now();
                 // Not past the budget, unless no thread could be started for the rest.
                 let left = self.on_caller_budget.checked_sub(self.on_caller).filter(|_| !stopping);
@@ -179,6 +185,7 @@ impl Worker {
         // waits for its answers, and a CPU other than the writer's is more likely the program's.
         let spawned = TracerThread::spawn(c"memtrace-symbol", move || {
             let mut symbolizer = given.lock().take().unwrap_or_default();
+            tracer_thread::grow_arena();
             let mut named_since_release = false;
             loop {
                 match requested.recv_timeout(IDLE_BEFORE_RELEASE) {
@@ -311,7 +318,7 @@ mod tests {
     #[test]
     fn addresses_lent_to_a_helping_thread_are_named_alike() {
         let functions = [
-            crate::runtime::tracer_thread::may_run_elsewhere as *const () as usize,
+            tracer_thread::grow_arena as *const () as usize,
             super::super::work_done as *const () as usize,
             super::super::options_from_env as *const () as usize,
             super::super::loader_changes as *const () as usize,
