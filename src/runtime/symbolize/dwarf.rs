@@ -776,10 +776,9 @@ impl Dwarf {
     }
 
     /// The string `value` (an attribute of unit `u`) gives, as gimli's `attr_string` would
-    /// with `.debug_str` read from [`Strings`].
-    /// The string `value` gives. One of `.debug_str` is read once: a read from the file is a
-    /// system call, and many come again (the compilation directory of a crate's units, the
-    /// names of functions inlined in several places).
+    /// with `.debug_str` read from [`Strings`]. A string of `.debug_str` is read once: a read
+    /// from the file is a system call, and many strings come again (the compilation directory
+    /// of a crate's units, the names of functions inlined in several places).
     fn string(&self, u: usize, value: gimli::AttributeValue<Reader>) -> Result<Vec<u8>> {
         let unit = self.unit_ref(u);
         let at = match value {

@@ -168,7 +168,7 @@ fn scan_with_room(mut room: usize) -> (Vec<Scanned>, Option<(u64, u64)>) {
             };
             let build_id = r.build_id.clone().map(|id| reports.bytes[id].to_vec());
             // A build-id already tells a rebuilt file from the one loaded before; the file's
-            // identity is looked up (a path walk, tens of µs) only for an object without one.
+            // identity is looked up (a walk of its path) only for an object without one.
             let file_id =
                 build_id.is_none().then(|| std::fs::metadata(&path).ok().map(|m| (m.dev(), m.ino()))).flatten();
             Some(Scanned {

@@ -91,7 +91,7 @@ const TRUSTED_STACK_LIMIT: u64 = 128 << 20;
 
 /// The initial thread's stack bounds, as `pthread_getattr_np` gives them on that thread,
 /// without the read of `/proc/self/maps` it makes for them (the kernel writes out every
-/// mapping for it: about 0.1 ms, half of it at each traced start, in a 2-CPU virtual machine).
+/// mapping for it, and std's start has read it once already).
 /// glibc's top is the page after the one holding `__libc_stack_end` (the arguments,
 /// environment and auxiliary vector above are left out); its bottom is the stack's soft limit
 /// below the end of the stack's mapping, which is where the path of the program (`AT_EXECFN`,
