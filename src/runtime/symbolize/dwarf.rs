@@ -271,6 +271,10 @@ impl Dwarf {
         gimli::Section::reader(&self.sections.debug_aranges).slice()
     }
 
+    fn aranges_endian(&self) -> gimli::RunTimeEndian {
+        gimli::Reader::endian(gimli::Section::reader(&self.sections.debug_aranges))
+    }
+
     /// Get ready to look up `sorted` (distinct addresses in increasing order): until the unit
     /// index is made, their units are found in one pass over `.debug_aranges` (a pass costs
     /// less than sorting a copy of it, which a short program's first batches of addresses,
@@ -283,9 +287,8 @@ impl Dwarf {
         let units = match &self.sets {
             Some(sets) => units_in_sets(sorted, sets),
             None => {
-                let endian = gimli::Reader::endian(gimli::Section::reader(&self.sections.debug_aranges));
                 let mut sets = Vec::new();
-                let units = units_at(sorted, |f| sets = noted_sets(self.aranges(), endian, f));
+                let units = units_at(sorted, |f| sets = noted_sets(self.aranges(), self.aranges_endian(), f));
                 self.sets = Some(sets);
                 units
             }
@@ -300,8 +303,7 @@ impl Dwarf {
 
     /// `f` of each nonempty range of `.debug_aranges`, with its unit's offset.
     fn for_each_arange(&self, f: impl FnMut(u64, u64, Offset)) {
-        let endian = gimli::Reader::endian(gimli::Section::reader(&self.sections.debug_aranges));
-        for_each_arange(self.aranges(), endian, f);
+        for_each_arange(self.aranges(), self.aranges_endian(), f);
     }
 
     /// The unit index, made the first time.
