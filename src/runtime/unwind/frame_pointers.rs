@@ -58,9 +58,8 @@ pub(crate) fn stack_bounds() -> Option<(usize, usize)> {
 
 #[cfg(any(target_os = "linux", target_os = "android"))]
 fn query_stack_bounds() -> Option<(usize, usize)> {
-    let sp = registers().1;
-    if let Some((lo, hi)) = initial_stack().filter(|(lo, hi)| (lo..hi).contains(&&sp)) {
-        return Some((lo, hi));
+    if let Some(bounds) = initial_stack_holding(registers().1) {
+        return Some(bounds);
     }
     // SAFETY: `attr` is initialised by pthread_getattr_np before use and destroyed after;
     // the out-pointers are valid for writes.
@@ -97,22 +96,18 @@ const TRUSTED_STACK_LIMIT: u64 = 128 << 20;
 /// below the end of the stack's mapping, which is where the path of the program (`AT_EXECFN`,
 /// the first string the kernel copied there at exec) and a null pointer end. `None` where
 /// that does not hold (the mapping's end so found is not a page boundary above the top) or
-/// the limit is not one glibc's answer would equal. On any thread: the caller checks that it
-/// runs on this stack (the only thread of a process forked by another thread is not).
+/// the limit is not one glibc's answer would equal. The same on any thread
+/// ([`initial_stack_holding`] is the one that checks it runs there).
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 fn initial_stack() -> Option<(usize, usize)> {
-    extern "C" {
-        /// The stack pointer at the program's entry (glibc's dynamic loader sets it).
-        static __libc_stack_end: *mut libc::c_void;
-    }
-    // SAFETY: reads of a variable the loader set before any of the program ran, of the
-    // auxiliary vector, and of the NUL-terminated string the kernel put where AT_EXECFN
-    // points (it stays mapped: the program never unmaps its initial stack).
-    let (stack_end, path) = unsafe { (__libc_stack_end as usize, libc::getauxval(libc::AT_EXECFN) as usize) };
+    let stack_end = libc_stack_end();
+    // SAFETY: a read of the auxiliary vector.
+    let path = unsafe { libc::getauxval(libc::AT_EXECFN) } as usize;
     if path == 0 || stack_end == 0 {
         return None;
     }
-    // SAFETY: as above.
+    // SAFETY: the NUL-terminated string the kernel put where AT_EXECFN points (it stays
+    // mapped: the program never unmaps its initial stack).
     let path_end = path + unsafe { libc::strlen(path as *const libc::c_char) } + 1;
     let mapping_end = path_end.checked_add(std::mem::size_of::<usize>())?;
     let page = page_size();
@@ -130,8 +125,31 @@ fn initial_stack() -> Option<(usize, usize)> {
     Some((mapping_end.checked_sub(soft as usize)?, top))
 }
 
+/// [`initial_stack`], if it holds `sp`: only the initial thread's stack does (not that of
+/// the only thread of a process forked by another thread). Any other thread's stack lies
+/// further below the program's entry than the stack may grow, and is told so without the
+/// system call for the stack's limit.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+fn initial_stack_holding(sp: usize) -> Option<(usize, usize)> {
+    let below_entry = libc_stack_end().checked_sub(sp)?;
+    if below_entry as u64 > TRUSTED_STACK_LIMIT {
+        return None;
+    }
+    initial_stack().filter(|(lo, hi)| (lo..hi).contains(&&sp))
+}
+
+/// The stack pointer at the program's entry, which glibc's dynamic loader keeps.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+fn libc_stack_end() -> usize {
+    extern "C" {
+        static __libc_stack_end: *mut libc::c_void;
+    }
+    // SAFETY: a read of a variable the loader set before any of the program ran.
+    unsafe { __libc_stack_end as usize }
+}
+
 #[cfg(all(any(target_os = "linux", target_os = "android"), not(target_env = "gnu")))]
-fn initial_stack() -> Option<(usize, usize)> {
+fn initial_stack_holding(_sp: usize) -> Option<(usize, usize)> {
     None
 }
 
@@ -222,11 +240,7 @@ mod tests {
     /// of `/proc/self/maps` for that thread, done here the same way (from any thread).
     #[test]
     fn the_initial_stack_is_where_glibc_puts_it() {
-        extern "C" {
-            static __libc_stack_end: *mut libc::c_void;
-        }
-        // SAFETY: set by the loader before the program ran.
-        let stack_end = unsafe { __libc_stack_end } as usize;
+        let stack_end = libc_stack_end();
         let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
         let mappings = maps.lines().map(|line| {
             let (from, to) = line.split_whitespace().next().unwrap().split_once('-').unwrap();
@@ -253,6 +267,11 @@ mod tests {
         match initial_stack() {
             Some(bounds) => assert_eq!(bounds, glibc, "mapping ends at {to:#x}, limit {soft:#x}"),
             None => assert!(limit.rlim_cur > TRUSTED_STACK_LIMIT, "no bounds with a limit of {soft:#x}"),
+        }
+        // An address on the initial stack is told to be, one just below its bottom is not.
+        if let Some((lo, hi)) = initial_stack() {
+            assert_eq!(initial_stack_holding(stack_end - 8), Some((lo, hi)));
+            assert_eq!(initial_stack_holding(lo - 8), None, "below the initial stack");
         }
         // A thread of its own stack is not on the initial one.
         let sp = registers().1;
