@@ -13,6 +13,12 @@
 //! them, jaq (a jq clone from crates.io, with memtrace-rs as its global allocator) built with
 //! `debug = "line-tables-only"` and with `debug = 1` over the system allocator, and over
 //! mimalloc as jaq ships, run short (`jaq -n 1`) and filtering a generated 16 MB JSON file.
+//! When `build-jaq.sh` has also built `idle-thread.so` (a library whose constructor starts a
+//! thread that sleeps), each round of the filter runs a third time, untraced with it
+//! preloaded, and two more rows follow the filter's: that run against the untraced one (what
+//! a second thread alone costs a single-threaded program: glibc's `malloc` locks its arena and
+//! uses atomic operations once one exists) and the traced run against it (what tracing costs
+//! beyond that floor).
 //! `MEMTRACE_BENCH_THIRDPARTY` names another directory of jaq builds (say, built against an
 //! earlier version of this crate), and arguments select programs by name
 //! (`cargo bench --bench processes -- jaq`).
@@ -68,6 +74,8 @@ struct Program {
     command: PathBuf,
     args: Vec<String>,
     env: Vec<(String, String)>,
+    /// A library that starts an idle thread, preloaded into a third run of each round.
+    idle_thread: Option<PathBuf>,
 }
 
 fn main() {
@@ -87,13 +95,21 @@ fn main() {
             command: std::env::current_exe().unwrap(),
             args: vec![],
             env: vec![(SHORT_RUN_VAR.into(), "1".into())],
+            idle_thread: None,
         },
-        Program { name: "sample app (release)".into(), command: build_sample_app(repo), args: vec![], env: vec![] },
+        Program {
+            name: "sample app (release)".into(),
+            command: build_sample_app(repo),
+            args: vec![],
+            env: vec![],
+            idle_thread: None,
+        },
     ];
     let thirdparty = std::env::var_os("MEMTRACE_BENCH_THIRDPARTY")
         .map(PathBuf::from)
         .unwrap_or_else(|| repo.join("target/thirdparty"));
     let input = scratch.join("input.json");
+    let idle_thread = Some(thirdparty.join("idle-thread.so")).filter(|so| so.exists());
     for (build, label) in [
         ("jaq-line-tables-only", "debug = \"line-tables-only\""),
         ("jaq-debug-1", "debug = 1"),
@@ -112,12 +128,14 @@ fn main() {
             command: jaq.clone(),
             args: vec!["-n".into(), "1".into()],
             env: vec![],
+            idle_thread: None,
         });
         programs.push(Program {
             name: format!("jaq 2.3.0, {label}, {:.0} MB binary", size_mb(&jaq)),
             command: jaq,
             args: vec![JAQ_FILTER.into(), input.display().to_string()],
             env: vec![],
+            idle_thread: idle_thread.clone(),
         });
     }
     programs.retain(|p| filter.is_empty() || filter.iter().any(|f| p.name.contains(f.as_str())));
@@ -129,19 +147,28 @@ fn main() {
     println!("|---|---|---|---|---|---|---|");
     for program in &programs {
         let trace = scratch.join("trace.ctf");
-        let (mut off, mut on) = (Vec::new(), Vec::new());
+        let (mut off, mut on, mut idle) = (Vec::new(), Vec::new(), Vec::new());
         // Interleaved, after one warm-up of each (page cache, the sample app's first run).
         for round in 0..=rounds {
-            let plain = measure(program, None);
-            let traced = measure(program, Some(&trace));
+            let plain = measure(program, None, None);
+            let traced = measure(program, Some(&trace), None);
             let sampled = sampled(&trace);
+            let with_idle_thread = program.idle_thread.as_deref().map(|so| measure(program, None, Some(so)));
             if round > 0 {
                 off.push(plain);
                 on.push(TracedRun { run: traced, sampled });
+                idle.extend(with_idle_thread);
             }
         }
         let all: Vec<(Run, Run)> = off.iter().copied().zip(on.iter().map(|t| t.run)).collect();
         print_row(&program.name, &all);
+        if !idle.is_empty() {
+            // What a second thread costs before it does anything, and tracing beyond that.
+            let floor: Vec<(Run, Run)> = off.iter().copied().zip(idle.iter().copied()).collect();
+            print_row(&format!("{}: untraced with an idle thread (in the traced column)", program.name), &floor);
+            let beyond: Vec<(Run, Run)> = idle.iter().copied().zip(on.iter().map(|t| t.run)).collect();
+            print_row(&format!("{}: traced against untraced with an idle thread", program.name), &beyond);
+        }
         // A program whose traced runs sometimes sample nothing (a short one): those runs apart.
         if on.iter().any(|t| t.sampled) && on.iter().any(|t| !t.sampled) {
             // Against the median of every untraced run, not only those of the same rounds.
@@ -239,14 +266,18 @@ fn median(runs: &[Run]) -> Run {
     }
 }
 
-/// Run `program` once, traced into `trace` or untraced, and wait for it with `wait4`.
-fn measure(program: &Program, trace: Option<&Path>) -> Run {
+/// Run `program` once, traced into `trace` or untraced, with `preload` preloaded if given, and
+/// wait for it with `wait4`.
+fn measure(program: &Program, trace: Option<&Path>, preload: Option<&Path>) -> Run {
     let mut command = Command::new(&program.command);
     command.args(&program.args).stdout(Stdio::null());
     for var in ["MEMTRACE_FILE", "MEMTRACE", "MEMTRACE_RATE"] {
         command.env_remove(var);
     }
     command.envs(program.env.iter().map(|(k, v)| (k, v)));
+    if let Some(preload) = preload {
+        command.env("LD_PRELOAD", preload);
+    }
     if let Some(trace) = trace {
         let _ = std::fs::remove_file(trace);
         command.env("MEMTRACE_FILE", trace);

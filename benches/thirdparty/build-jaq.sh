@@ -6,7 +6,9 @@
 # debug = "line-tables-only" and with debug = 1 (OUT/jaq-line-tables-only, OUT/jaq-debug-1), over
 # the system allocator: jaq's default `mimalloc` feature is left off, it sets a global allocator of
 # its own. A third build (OUT/jaq-mimalloc, line tables) is jaq as its authors ship it, over
-# mimalloc: `MemtraceAllocator<mimalloc::MiMalloc>` in place of their `MiMalloc`.
+# mimalloc: `MemtraceAllocator<mimalloc::MiMalloc>` in place of their `MiMalloc`. With a C
+# compiler, it also builds OUT/idle-thread.so (idle-thread.c), which the harness preloads into
+# untraced runs of jaq to show what a second thread alone costs it.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 out=$(mkdir -p "${1:-$repo/target/thirdparty}" && cd "${1:-$repo/target/thirdparty}" && pwd)
@@ -51,3 +53,9 @@ done
 (cd "$out/jaq-src-mimalloc" && CARGO_PROFILE_RELEASE_DEBUG=line-tables-only RUSTFLAGS= cargo build --quiet --release \
     --target-dir "$out/jaq-mimalloc")
 ls -l "$out/jaq-mimalloc/release/jaq"
+if command -v cc >/dev/null; then
+    cc -O2 -shared -fPIC -pthread -o "$out/idle-thread.so" "$repo/benches/thirdparty/idle-thread.c"
+    ls -l "$out/idle-thread.so"
+else
+    echo "no cc: the harness's rows with an idle thread are left out" >&2
+fi
