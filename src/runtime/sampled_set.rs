@@ -2,7 +2,7 @@
 //!
 //! `dealloc` must ask of every block "was this one sampled?". A filter answers most of the
 //! time: 2^15 8-bit counters (32 KiB), each counting the entries whose 4 KiB page of memory
-//! maps to it, and a zero counter means "not sampled" at once. Otherwise the table answers
+//! hashes to it, and a zero counter means "not sampled" at once. Otherwise the table answers
 //! by reading one 64-byte cache line (the address's bucket of 8 slots). Either way nothing is
 //! written, so the common case — an unsampled block — costs no lock, no shared-cache-line
 //! write and, mostly, no cache miss (reading a random line of the 2 MiB table on every free
@@ -14,11 +14,7 @@
 //! The filter is indexed by page, not by the address's bucket, so that it follows the
 //! program's own locality: blocks freed together mostly lie on a few pages, whose counters
 //! then stay in the cache, where counters indexed by bucket scattered every free over all of
-//! the filter, which a large heap kept evicting (benches/alloc.rs has the figures). The index
-//! is the page number's low 15 bits, not a hash of it: neighbouring pages' counters share a
-//! cache line (64 pages a line), and a free computes it with a shift and a mask, no
-//! multiplication. Pages 128 MiB apart share a counter: over a larger heap each counter stands
-//! for several pages, as it would with a hash. A free on
+//! the filter, which a large heap kept evicting (benches/alloc.rs has the figures). A free on
 //! a page with a sampled block live reads the table for nothing, so the filter must be
 //! fine-grained: a program's live sampled blocks number its live heap × rate / 8 (about
 //! 1 250 for a 1 GB heap at 1e-5), a small share of its pages and of 2^15 counters. An
@@ -124,10 +120,10 @@ fn bucket(addr: usize) -> &'static Bucket {
     &TABLE.0[bucket_index(addr)]
 }
 
-/// The filter index of `addr`: its page number's low bits.
+/// The filter index of `addr` (Fibonacci hashing of its page number).
 #[inline(always)]
 fn filter_index(addr: usize) -> usize {
-    (addr >> 12) & ((1 << BUCKET_BITS) - 1)
+    (((addr as u64) >> 12).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - BUCKET_BITS)) as usize
 }
 
 /// The filter counter of `addr`'s page.
@@ -393,18 +389,6 @@ mod tests {
             assert!(!remove(a));
         }
         assert_eq!(counter(addrs[0]).load(Ordering::Relaxed), before);
-    }
-
-    /// Neighbouring pages have neighbouring counters (the 64 counters of a cache line cover
-    /// 256 KiB of memory), and only pages 2^15 apart share one.
-    #[test]
-    fn neighbouring_pages_have_neighbouring_counters() {
-        let base = 0x5555_5555_0000_usize;
-        for page in 0..(1 << BUCKET_BITS) {
-            let (addr, next) = (base + page * PAGE_BYTES, base + (page + 1) * PAGE_BYTES);
-            assert_eq!(filter_index(next), (filter_index(addr) + 1) % (1 << BUCKET_BITS));
-        }
-        assert_eq!(filter_index(base), filter_index(base + (PAGE_BYTES << BUCKET_BITS)));
     }
 
     /// A slot filled behind the counter's back (an insert of the previous session finishing
