@@ -17,8 +17,9 @@
 //! thread that sleeps), each round of the filter runs a third time, untraced with it
 //! preloaded, and two more rows follow the filter's: that run against the untraced one (what
 //! a second thread alone costs a single-threaded program: glibc's `malloc` locks its arena and
-//! uses atomic operations once one exists) and the traced run against it (what tracing costs
-//! beyond that floor).
+//! uses atomic operations once one exists; over mimalloc, which has no such mode, it should be
+//! about 1) and the traced run against it (what tracing costs beyond that floor). No run of
+//! the harness inherits its own `LD_PRELOAD`.
 //! `MEMTRACE_BENCH_THIRDPARTY` names another directory of jaq builds (say, built against an
 //! earlier version of this crate), and arguments select programs by name
 //! (`cargo bench --bench processes -- jaq`).
@@ -271,7 +272,7 @@ fn median(runs: &[Run]) -> Run {
 fn measure(program: &Program, trace: Option<&Path>, preload: Option<&Path>) -> Run {
     let mut command = Command::new(&program.command);
     command.args(&program.args).stdout(Stdio::null());
-    for var in ["MEMTRACE_FILE", "MEMTRACE", "MEMTRACE_RATE"] {
+    for var in ["MEMTRACE_FILE", "MEMTRACE", "MEMTRACE_RATE", "LD_PRELOAD"] {
         command.env_remove(var);
     }
     command.envs(program.env.iter().map(|(k, v)| (k, v)));

@@ -7,8 +7,8 @@
 # the system allocator: jaq's default `mimalloc` feature is left off, it sets a global allocator of
 # its own. A third build (OUT/jaq-mimalloc, line tables) is jaq as its authors ship it, over
 # mimalloc: `MemtraceAllocator<mimalloc::MiMalloc>` in place of their `MiMalloc`. With a C
-# compiler, it also builds OUT/idle-thread.so (idle-thread.c), which the harness preloads into
-# untraced runs of jaq to show what a second thread alone costs it.
+# compiler (`CC`, else `cc`), it also builds OUT/idle-thread.so (idle-thread.c), which the
+# harness preloads into untraced runs of jaq to show what a second thread alone costs it.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 out=$(mkdir -p "${1:-$repo/target/thirdparty}" && cd "${1:-$repo/target/thirdparty}" && pwd)
@@ -53,9 +53,10 @@ done
 (cd "$out/jaq-src-mimalloc" && CARGO_PROFILE_RELEASE_DEBUG=line-tables-only RUSTFLAGS= cargo build --quiet --release \
     --target-dir "$out/jaq-mimalloc")
 ls -l "$out/jaq-mimalloc/release/jaq"
-if command -v cc >/dev/null; then
-    cc -O2 -shared -fPIC -pthread -o "$out/idle-thread.so" "$repo/benches/thirdparty/idle-thread.c"
+rm -f "$out/idle-thread.so"
+if command -v "${CC:-cc}" >/dev/null &&
+    "${CC:-cc}" -O2 -shared -fPIC -pthread -o "$out/idle-thread.so" "$repo/benches/thirdparty/idle-thread.c"; then
     ls -l "$out/idle-thread.so"
 else
-    echo "no cc: the harness's rows with an idle thread are left out" >&2
+    echo "no idle-thread.so (no C compiler, or it failed): the harness's rows with an idle thread are left out" >&2
 fi
