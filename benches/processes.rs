@@ -33,7 +33,8 @@
 //! times. Besides the ratio of the medians, each row gives the median and quartiles of the
 //! rounds' own ratios (each traced run against the untraced run of its round): the speed of
 //! a virtual machine drifts by several percent from one run to the next, and the quartiles
-//! show how far.
+//! show how far. In brackets, the 95 % bootstrap interval of that median: where it spans a
+//! target (1.03× for the filter), more rounds are needed to tell.
 //!
 //! A short program samples nothing in some of its traced runs, whose stop has no frames to
 //! name: `jaq -n 1` at the default rate takes a sample in about half of them. Its traced runs
@@ -143,7 +144,7 @@ fn main() {
 
     println!(
         "| program | rounds | untraced wall / CPU / peak RSS | traced wall / CPU / peak RSS | ratio wall / CPU / RSS \
-         | rounds' wall ratios: median (quartiles) | added wall / CPU / RSS |"
+         | rounds' wall ratios: median (quartiles) [95 % interval] | added wall / CPU / RSS |"
     );
     println!("|---|---|---|---|---|---|---|");
     for program in &programs {
@@ -207,21 +208,23 @@ fn mib(kib: u64) -> f64 {
 /// The row of a program's (untraced, traced) pairs, one a round.
 fn print_row(name: &str, pairs: &[(Run, Run)]) {
     let untraced = median(&pairs.iter().map(|p| p.0).collect::<Vec<_>>());
-    let ratios = quartiles(pairs.iter().map(|(a, b)| b.wall.as_secs_f64() / a.wall.as_secs_f64()).collect());
-    print_figures(name, &pairs.len().to_string(), untraced, pairs, Some(ratios));
+    let ratios: Vec<f64> = pairs.iter().map(|(a, b)| b.wall.as_secs_f64() / a.wall.as_secs_f64()).collect();
+    let (q1, mid, q3) = quartiles(ratios.clone());
+    let (low, high) = median_interval(&ratios);
+    let ratios = format!("{mid:.3} ({q1:.3}–{q3:.3}) [{low:.3}–{high:.3}]");
+    print_figures(name, &pairs.len().to_string(), untraced, pairs, &ratios);
 }
 
 /// The row of some of a program's traced runs (those with a sample, or those without), against
 /// the median `untraced` run of all the rounds.
 fn print_split_row(name: &str, pairs: &[(Run, Run)], untraced: Run) {
-    print_figures(name, &format!("{} of the rounds", pairs.len()), untraced, pairs, None);
+    print_figures(name, &format!("{} of the rounds", pairs.len()), untraced, pairs, "");
 }
 
 /// One row of the table: the medians of `untraced` and of the traced runs of `pairs`, their
-/// ratios and differences, and the quartiles of the rounds' own ratios if given.
-fn print_figures(name: &str, rounds: &str, untraced: Run, pairs: &[(Run, Run)], ratios: Option<(f64, f64, f64)>) {
+/// ratios and differences, and `ratios`, what is said of the rounds' own ratios.
+fn print_figures(name: &str, rounds: &str, untraced: Run, pairs: &[(Run, Run)], ratios: &str) {
     let (a, b) = (untraced, median(&pairs.iter().map(|p| p.1).collect::<Vec<_>>()));
-    let ratios = ratios.map_or(String::new(), |(q1, mid, q3)| format!("{mid:.3} ({q1:.3}–{q3:.3})"));
     println!(
         "| {name} | {rounds} | {:.1} ms / {:.1} ms / {:.1} MiB | {:.1} ms / {:.1} ms / {:.1} MiB | {:.3} / {:.3} / {:.2} \
          | {ratios} | {:+.1} ms / {:+.1} ms / {:+.1} MiB |",
@@ -245,6 +248,27 @@ fn quartiles(mut values: Vec<f64>) -> (f64, f64, f64) {
     values.sort_by(f64::total_cmp);
     let at = |q: usize| values[(values.len() - 1) * q / 4];
     (at(1), at(2), at(3))
+}
+
+/// The 95 % bootstrap interval of the median of `values` (as [`quartiles`] takes it), from 2 000
+/// resamples drawn by a xorshift generator of fixed seed: the same rounds give the same interval.
+fn median_interval(values: &[f64]) -> (f64, f64) {
+    let mut state = 0x9E37_79B9_7F4A_7C15_u64;
+    let mut draw = || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        (state % values.len() as u64) as usize
+    };
+    let mut medians: Vec<f64> = (0..2000)
+        .map(|_| {
+            let mut sample: Vec<f64> = (0..values.len()).map(|_| values[draw()]).collect();
+            sample.sort_by(f64::total_cmp);
+            sample[(sample.len() - 1) / 2]
+        })
+        .collect();
+    medians.sort_by(f64::total_cmp);
+    (medians[50], medians[1949])
 }
 
 /// The short program: start tracing if asked, allocate a few hundred blocks, exit.
