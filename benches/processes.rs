@@ -12,7 +12,7 @@
 //! exits: the fixed cost of tracing), and, when `benches/thirdparty/build-jaq.sh` has built
 //! them, jaq (a jq clone from crates.io, with memtrace-rs as its global allocator) built with
 //! `debug = "line-tables-only"` and with `debug = 1` over the system allocator, and over
-//! mimalloc as jaq ships, run short (`jaq -n 1`) and filtering a generated 16 MB JSON file.
+//! mimalloc as jaq ships, run short (`jaq -n 1`) and filtering a generated 13.7 MB JSON file.
 //! When `build-jaq.sh` has also built `idle-thread.so` (a library whose constructor starts a
 //! thread that sleeps), each round of the filter runs a third time, untraced with it
 //! preloaded, and two more rows follow the filter's: that run against the untraced one (what
@@ -343,7 +343,7 @@ fn build_sample_app(repo: &Path) -> PathBuf {
 const JAQ_FILTER: &str =
     "[.[] | {id, name: (.name + \"!\"), tags: [.tags[] | ascii_upcase], total: (.values | add)}] | length";
 
-/// A JSON array of 100 000 records with strings, arrays and numbers (about 16 MB).
+/// A JSON array of 100 000 records with strings, arrays and numbers (13.7 MB).
 fn write_json(path: &Path) {
     use std::io::Write;
     let mut out = std::io::BufWriter::new(std::fs::File::create(path).unwrap());
