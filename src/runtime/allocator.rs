@@ -1,34 +1,42 @@
 //! [`MemtraceAllocator`], the `#[global_allocator]` wrapper, and its hot path.
 //!
-//! Every call forwards to the inner allocator. While tracing is off that is all it does, after
-//! one relaxed load and a well-predicted branch. While tracing is on:
+//! Every unsampled call forwards to the inner allocator. While tracing is off, that is all an
+//! allocation does after one relaxed load and a well-predicted branch, and all a free does
+//! after the pool test below. While tracing is on:
 //!
 //! - `alloc`/`alloc_zeroed`: the thread's byte countdown ([`crate::runtime::sampler`]) is decremented;
 //!   when it crosses a sample point the block is recorded ([`record`] captures the
 //!   stack, notes the block in the sampled-block table and sends an alloc message) **before**
-//!   the pointer is returned.
-//! - `dealloc`: one read of the count of live sampled blocks, which rules out every block
-//!   while none is live; otherwise one read of the sampled-block filter (a 32 KiB array),
-//!   which rules out almost every block; otherwise, out of line, one cache-line read of the
-//!   table. For a sampled block the entry is removed and the free message sent **before** the
-//!   inner `dealloc`, so that a reuse of the address can never reach the writer ahead of the
-//!   free.
-//! - `realloc` stays the inner `realloc` (never alloc + copy + free). For the trace it counts
-//!   as the old block being collected (if it was sampled; reported before the inner call, as
-//!   for `dealloc`) and the new block being allocated, sampled on its new size. If the inner
-//!   `realloc` fails, the old block — still alive — is no longer tracked: the trace shows it
-//!   collected at the failed call.
+//!   the pointer is returned. A sampled block of a small layout comes from the sampled-block
+//!   pool ([`sampled_pool`]) rather than the inner allocator; a larger one from the inner
+//!   allocator.
+//! - `dealloc`, traced or not: a block outside the pool whose layout the pool would serve was
+//!   not sampled, which one compare of the address against a value written once and one of
+//!   the layout tell. Otherwise, out of line, the sampled-block table is read (one cache
+//!   line). For a sampled block the entry is removed and the free message sent **before** the
+//!   block is freed, so that a reuse of the address can never reach the writer ahead of the
+//!   free. A pooled block goes back to the pool, sampled in this session or not.
+//! - `realloc` of an unsampled block stays the inner `realloc`, unless its new size is sampled
+//!   and the pool serves it: then it moves into the pool (alloc + copy + free). A pooled block
+//!   stays in place if its slot holds the new size, or else moves out (to the pool again if
+//!   its new size is sampled). For the trace a `realloc` counts as the old block being
+//!   collected (if it was sampled; reported before the inner call, as for `dealloc`) and the
+//!   new block being allocated, sampled on its new size. If the `realloc` fails, the old
+//!   block — still alive — is no longer tracked: the trace shows it collected at the failed
+//!   call.
 //!
 //! Each method's hot path ends in a tail call, of the inner allocator or of the method's
 //! out-of-line half, so that it saves no registers and sets up no frame.
 //!
 //! Unwinding out of a `GlobalAlloc` method is undefined behaviour, so the sampled path (the
-//! out-of-line functions below the countdown and the filter) runs under [`AbortOnUnwind`]: a
-//! panic there, which would be a bug, prints one `memtrace:` line and aborts.
+//! out-of-line functions below the countdown and the pool test) runs under
+//! [`AbortOnUnwind`]: a panic there, which would be a bug, prints one `memtrace:` line and
+//! aborts.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 
 use super::record;
+use super::sampled_pool;
 use super::sampled_set;
 use super::sampler;
 use super::state::{enabled, Entry};
@@ -71,7 +79,7 @@ impl<A: GlobalAlloc> MemtraceAllocator<A> {
     unsafe fn alloc_at_sample_point(&self, layout: Layout) -> *mut u8 {
         let nsamples = sampler::sample_points(layout.size());
         // SAFETY: the closure is the inner call under the caller's contract.
-        unsafe { sampled(nsamples, layout.size(), Entry::Alloc, || self.inner.alloc(layout)) }
+        unsafe { sampled(nsamples, layout, Entry::Alloc, || self.inner.alloc(layout), |_| {}) }
     }
 
     /// `alloc_zeroed` whose countdown reached a sample point or checkpoint.
@@ -82,12 +90,21 @@ impl<A: GlobalAlloc> MemtraceAllocator<A> {
     #[inline(never)]
     unsafe fn alloc_zeroed_at_sample_point(&self, layout: Layout) -> *mut u8 {
         let nsamples = sampler::sample_points(layout.size());
-        // SAFETY: the closure is the inner call under the caller's contract.
-        unsafe { sampled(nsamples, layout.size(), Entry::AllocZeroed, || self.inner.alloc_zeroed(layout)) }
+        // SAFETY: the closure is the inner call under the caller's contract; the slot has room
+        // for `layout.size()` bytes.
+        unsafe {
+            sampled(
+                nsamples,
+                layout,
+                Entry::AllocZeroed,
+                || self.inner.alloc_zeroed(layout),
+                |slot| slot.write_bytes(0, layout.size()),
+            )
+        }
     }
 
     /// `realloc` whose countdown (already decremented by `new_size`) reached a sample point or
-    /// checkpoint, of a block the sampled-block filter rules out.
+    /// checkpoint, of a block that is neither pooled nor of a layout the pool would not serve.
     ///
     /// # Safety
     /// As for [`GlobalAlloc::realloc`].
@@ -95,12 +112,12 @@ impl<A: GlobalAlloc> MemtraceAllocator<A> {
     #[inline(never)]
     unsafe fn realloc_at_sample_point(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         let nsamples = sampler::sample_points(new_size);
-        // SAFETY: the closure is the inner call under the caller's contract.
-        unsafe { sampled(nsamples, new_size, Entry::Realloc, || self.inner.realloc(ptr, layout, new_size)) }
+        // SAFETY: under the caller's contract.
+        unsafe { self.realloc_inner_block(nsamples, ptr, layout, new_size) }
     }
 
-    /// `realloc` of a block that the sampled-block filter does not rule out (the countdown not
-    /// yet decremented).
+    /// `realloc` of a block outside the pool of a layout the pool would not serve (so it may
+    /// be sampled; the countdown not yet decremented).
     ///
     /// # Safety
     /// As for [`GlobalAlloc::realloc`].
@@ -109,11 +126,75 @@ impl<A: GlobalAlloc> MemtraceAllocator<A> {
     unsafe fn realloc_maybe_sampled(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         forget_if_sampled(ptr);
         let nsamples = sampler::take(new_size);
-        // SAFETY: the closure is the inner call under the caller's contract.
-        unsafe { sampled(nsamples, new_size, Entry::Realloc, || self.inner.realloc(ptr, layout, new_size)) }
+        // SAFETY: under the caller's contract.
+        unsafe { self.realloc_inner_block(nsamples, ptr, layout, new_size) }
     }
 
-    /// `dealloc` of a block that the sampled-block filter does not rule out.
+    /// `realloc` of a block of the pool: in place if its slot holds `new_size`, else moved.
+    ///
+    /// # Safety
+    /// As for [`GlobalAlloc::realloc`].
+    #[cold]
+    #[inline(never)]
+    unsafe fn realloc_pooled(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        forget_if_sampled(ptr);
+        let nsamples = if enabled() { sampler::take(new_size) } else { 0 };
+        if new_size <= sampled_pool::capacity(ptr as usize) {
+            if nsamples != 0 {
+                record_alloc(ptr, new_size, nsamples, Entry::Realloc);
+            }
+            return ptr;
+        }
+        // SAFETY: the caller's contract makes `new_size` with `layout`'s alignment a layout.
+        let new_layout = unsafe { Layout::from_size_align_unchecked(new_size, layout.align()) };
+        let moved = |new: *mut u8| {
+            // SAFETY: `new` has room for `new_size` > `layout.size()` bytes and is not `ptr`'s
+            // slot, which holds `layout.size()` bytes and is then the pool's again.
+            unsafe { std::ptr::copy_nonoverlapping(ptr, new, layout.size()) };
+            sampled_pool::free(ptr as usize);
+        };
+        let from_inner = || {
+            // SAFETY: `new_layout` is a layout of nonzero size (the caller's contract).
+            let new = unsafe { self.inner.alloc(new_layout) };
+            if !new.is_null() {
+                moved(new);
+            }
+            new
+        };
+        // SAFETY: the closures are the inner call under the caller's contract, and a move.
+        unsafe { sampled(nsamples, new_layout, Entry::Realloc, from_inner, moved) }
+    }
+
+    /// The `realloc` of a block outside the pool whose new block covers `nsamples` sample
+    /// points: the inner `realloc`, unless the pool serves a sampled new block.
+    ///
+    /// # Safety
+    /// As for [`GlobalAlloc::realloc`].
+    #[inline(always)]
+    unsafe fn realloc_inner_block(&self, nsamples: u64, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        // SAFETY: the caller's contract makes `new_size` with `layout`'s alignment a layout.
+        let new_layout = unsafe { Layout::from_size_align_unchecked(new_size, layout.align()) };
+        let moved = |new: *mut u8| {
+            // SAFETY: `new` is a fresh slot with room for `new_size` bytes; `ptr` holds
+            // `layout.size()` and is freed with its layout under the caller's contract.
+            unsafe {
+                std::ptr::copy_nonoverlapping(ptr, new, layout.size().min(new_size));
+                self.inner.dealloc(ptr, layout);
+            }
+        };
+        // SAFETY: the closures are the inner call under the caller's contract, and a move.
+        unsafe { sampled(nsamples, new_layout, Entry::Realloc, || self.inner.realloc(ptr, layout, new_size), moved) }
+    }
+
+    /// `dealloc` of a block of the pool.
+    #[cold]
+    #[inline(never)]
+    fn dealloc_pooled(&self, ptr: *mut u8) {
+        forget_if_sampled(ptr);
+        sampled_pool::free(ptr as usize);
+    }
+
+    /// `dealloc` of a block outside the pool of a layout the pool would not serve.
     ///
     /// # Safety
     /// As for [`GlobalAlloc::dealloc`].
@@ -133,20 +214,42 @@ impl MemtraceAllocator<System> {
     }
 }
 
-/// Run the inner allocation `inner` of `size` bytes that covers `nsamples` sample points
-/// (from [`sampler`]), and record it if that is not 0.
+/// Make the block of `layout` that covers `nsamples` sample points (from [`sampler`]) and
+/// record it if that is not 0: from the pool, where `fill` initialises it, if the pool serves
+/// it and has room; else by `inner`, the inner allocator's call.
 ///
 /// # Safety
-/// `inner` must be a call of the inner allocator that is sound for the caller's arguments.
+/// `inner` must be a call of the inner allocator that is sound for the caller's arguments, and
+/// `fill` sound for a fresh slot of the pool that holds `layout`.
 #[inline(always)]
-unsafe fn sampled(nsamples: u64, size: usize, entry: Entry, inner: impl FnOnce() -> *mut u8) -> *mut u8 {
+unsafe fn sampled(
+    nsamples: u64,
+    layout: Layout,
+    entry: Entry,
+    inner: impl FnOnce() -> *mut u8,
+    fill: impl FnOnce(*mut u8),
+) -> *mut u8 {
     if nsamples == 0 {
         // Kept apart from the sampled case, so that it compiles to a tail call.
         return inner();
     }
-    let ptr = inner();
+    let ptr = if sampled_pool::serves(layout) {
+        match sampled_pool::alloc(layout) {
+            Some(slot) => {
+                fill(slot);
+                slot
+            }
+            None => {
+                // Served, but not tracked: its free would never look for it.
+                record::pool_full();
+                return inner();
+            }
+        }
+    } else {
+        inner()
+    };
     if !ptr.is_null() {
-        record_alloc(ptr, size, nsamples, entry);
+        record_alloc(ptr, layout.size(), nsamples, entry);
     }
     ptr
 }
@@ -225,9 +328,14 @@ fn forget_if_sampled(ptr: *mut u8) {
     });
 }
 
-// SAFETY: every method forwards to the inner allocator with the caller's arguments unchanged
-// and returns its result unchanged, so `A`'s guarantees carry over; the bookkeeping around the
-// calls never touches the memory of the blocks.
+// SAFETY: every unsampled call forwards to the inner allocator with the caller's arguments
+// unchanged and returns its result unchanged, so `A`'s guarantees carry over. A sampled block
+// of a layout the pool serves is a slot of the pool instead: aligned to its size, a power of
+// two no smaller than the layout's size and alignment; never handed out again until freed;
+// in memory that stays mapped for the life of the process. Each block goes back to where it
+// came from: a free or `realloc` of an address in the pool to the pool, any other to `A`
+// (with its own layout; a block moved between the two is copied). The bookkeeping around the
+// calls never touches the memory of the blocks but to copy or zero them.
 unsafe impl<A: GlobalAlloc> GlobalAlloc for MemtraceAllocator<A> {
     #[inline]
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
@@ -251,9 +359,12 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for MemtraceAllocator<A> {
 
     #[inline]
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // No `enabled()` first: the filter is closed when a session stops (and a free that gets
-        // past it then records nothing), and every static a free reads is one more load.
-        if sampled_set::may_contain(ptr as usize) {
+        // No `enabled()`: a pooled block goes back to the pool whenever it is freed, and a free
+        // that finds a sampled block after its session stopped records nothing.
+        if sampled_pool::contains(ptr as usize) {
+            return self.dealloc_pooled(ptr);
+        }
+        if !sampled_pool::serves(layout) {
             // SAFETY: forwarded under the caller's contract.
             return unsafe { self.dealloc_maybe_sampled(ptr, layout) };
         }
@@ -263,13 +374,17 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for MemtraceAllocator<A> {
 
     #[inline]
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        if sampled_pool::contains(ptr as usize) {
+            // SAFETY: under the caller's contract.
+            return unsafe { self.realloc_pooled(ptr, layout, new_size) };
+        }
         if enabled() {
-            if sampled_set::may_contain(ptr as usize) {
-                // SAFETY: forwarded under the caller's contract.
+            if !sampled_pool::serves(layout) {
+                // SAFETY: under the caller's contract.
                 return unsafe { self.realloc_maybe_sampled(ptr, layout, new_size) };
             }
             if sampler::count_down(new_size) {
-                // SAFETY: forwarded under the caller's contract.
+                // SAFETY: under the caller's contract.
                 return unsafe { self.realloc_at_sample_point(ptr, layout, new_size) };
             }
         }

@@ -6,7 +6,7 @@
 //! message for the writer (after its thread's kernel name, the first time in a session; the
 //! session's first alloc message also wakes the writer, see `handoff`); a free of a sampled
 //! block queues a free message. Nothing here blocks, takes a lock or (in the steady state)
-//! allocates. The queue bound, the table and a thread's stack are the only
+//! allocates. The queue bound, the table, the pool and a thread's stack are the only
 //! places a sample can be lost (a sample on a thread too close to the end of its stack for a
 //! capture is dropped, not allowed to overflow it); every loss is counted here and reported
 //! when the session ends.
@@ -26,7 +26,7 @@ static DROPPED_QUEUE: AtomicU64 = AtomicU64::new(0);
 /// full (the blocks look alive in the trace).
 static DROPPED_FREES: AtomicU64 = AtomicU64::new(0);
 /// Samples dropped since the current session started because the sampled-block table
-/// bucket was full.
+/// bucket, or the sampled-block pool's class, was full.
 static DROPPED_TABLE: AtomicU64 = AtomicU64::new(0);
 /// Samples dropped since the current session started because no memory was left for their
 /// frames.
@@ -46,7 +46,7 @@ const FREE_STACK_NEEDED: usize = 4 << 10;
 pub(crate) struct Losses {
     /// Samples dropped with the writer too far behind.
     pub(crate) writer_behind: u64,
-    /// Samples dropped with their sampled-block table bucket full.
+    /// Samples dropped with their sampled-block table bucket or pool class full.
     pub(crate) table_full: u64,
     /// Samples dropped with no memory left for their frames.
     pub(crate) no_memory: u64,
@@ -68,6 +68,12 @@ pub(crate) fn take_losses() -> Losses {
         frees: DROPPED_FREES.swap(0, Ordering::Relaxed),
         frees_no_stack: DROPPED_FREES_STACK.swap(0, Ordering::Relaxed),
     }
+}
+
+/// Count a sample dropped because the sampled-block pool had no slot for its block (which the
+/// inner allocator then served, untracked).
+pub(crate) fn pool_full() {
+    DROPPED_TABLE.fetch_add(1, Ordering::Relaxed);
 }
 
 /// Called (inside the tracer) for a sampled block of `size` bytes just allocated at `addr`.

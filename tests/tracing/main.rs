@@ -16,6 +16,7 @@ use memtrace_rs::{currently_tracing, start_tracing, stop_tracing, trace_if_reque
 
 mod faults;
 mod heap;
+mod pool;
 #[cfg(feature = "tracing")]
 mod spans;
 
@@ -440,6 +441,7 @@ fn child_role() {
         symbols if symbols.starts_with("symbols:") => symbols::child(symbols),
         #[cfg(all(target_os = "linux", target_env = "gnu"))]
         "heap:mmap-threshold" => heap::child(),
+        "pool:moves" => pool::child(),
         #[cfg(feature = "tracing")]
         spans if spans.starts_with("spans-") => spans::child_role(spans),
         other => assert!(faults::child_role(other), "unknown role {other}"),
@@ -1226,7 +1228,7 @@ fn table_full_drops_are_reported() {
     assert_eq!(messages.len(), 1, "{messages:?}");
     let full: u64 = messages[0]
         .split_once(" with the trace writer too far behind, ")
-        .and_then(|(_, rest)| rest.split_once(" with the sampled-block table full"))
+        .and_then(|(_, rest)| rest.split_once(" with no room to track their blocks"))
         .and_then(|(n, _)| n.parse().ok())
         .unwrap_or_else(|| panic!("unexpected report {messages:?}"));
     assert!(full > 0, "{messages:?}");

@@ -30,6 +30,7 @@ use super::fork_safe_lock::ForkSafeLock;
 use super::handoff::{self, Channel};
 use super::loader;
 use super::record::{self, Losses};
+use super::sampled_pool;
 use super::sampled_set;
 use super::sampler;
 use super::spans;
@@ -92,7 +93,9 @@ pub struct TraceStats {
     pub frees_written: u64,
     /// Sampled allocations dropped because the writer was too far behind.
     pub dropped_writer_behind: u64,
-    /// Sampled allocations dropped because their sampled-block table bucket was full.
+    /// Sampled allocations dropped because there was no room to track their blocks (their
+    /// bucket of the sampled-block table, or their size class of the pool that serves sampled
+    /// blocks, was full).
     pub dropped_table_full: u64,
     /// Sampled allocations dropped because no memory was left for their stacks.
     pub dropped_no_memory: u64,
@@ -192,7 +195,7 @@ pub fn start_tracing(config: TraceConfig) -> Result<TraceGuard, StartError> {
     // part-way, or aborting in one of them. The one check for all of it: the queue is not
     // checked again when it is made.
     let needed = handoff::bytes_for(handoff::capacity_for(config.rate)).saturating_add(START_MEMORY);
-    if !handoff::memory_for(needed) {
+    if !handoff::memory_for(needed) || !sampled_pool::reserve() {
         return Err(StartError::NoMemory);
     }
     HOOKS.call_once(register_hooks);
@@ -316,7 +319,6 @@ fn spawn_writer(config: &TraceConfig, options: symbolize::Options, prepare: bool
     let lending = Arc::clone(&desk);
     let writer = TracerThread::spawn_beside(c"memtrace-writer", move || {
         channel.fill_pool(handoff::STARTING_POOL);
-        sampled_set::make_filter_resident();
         // (Calibration naming frames meanwhile, if it finds the slot empty, makes one of its
         // own, which this one replaces in the slot when the writer is done.)
         let prepared = prepare
@@ -417,7 +419,6 @@ fn finish(session: Session) -> Option<Result<TraceStats, Error>> {
     }
     STATE.store(OFF, Ordering::SeqCst);
     handoff::unpublish();
-    sampled_set::close();
     let mut stall = Stall::watch(session.channel, session.stop_timeout);
     // A writer that stopped on a write error no longer drains the queue: then Stop may not
     // fit, and is not needed.
@@ -518,7 +519,7 @@ fn report_losses(losses: &Losses) {
     if dropped > 0 {
         say(&format!(
             "memtrace: {dropped} samples were dropped ({writer_behind} with the trace writer too far behind, \
-             {table_full} with the sampled-block table full, {no_memory} with no memory left for their stacks, \
+             {table_full} with no room to track their blocks, {no_memory} with no memory left for their stacks, \
              {no_stack} with too little stack left to capture theirs)"
         ));
     }
@@ -673,7 +674,6 @@ extern "C" fn after_fork_in_child() {
     STATE.store(OFF, Ordering::SeqCst);
     loader::after_fork();
     handoff::unpublish();
-    sampled_set::close();
     // `before_fork` locked SESSION in the parent on the thread that is the child's only
     // thread, and forgot the guard.
     SESSION.force_unlock();
