@@ -1,8 +1,9 @@
 //! [`MemtraceAllocator`], the `#[global_allocator]` wrapper, and its hot path.
 //!
 //! Every unsampled call forwards to the inner allocator. While tracing is off, that is all an
-//! allocation does after one relaxed load and a well-predicted branch, and all a free does
-//! after the pool test below. While tracing is on:
+//! allocation does after one relaxed load and a well-predicted branch, and all a free of less
+//! than 64 KiB does after the pool test below (a larger one also looks in the sampled-block
+//! table: one bit, and one cache line if samples have used its page). While tracing is on:
 //!
 //! - `alloc`/`alloc_zeroed`: the thread's byte countdown ([`crate::runtime::sampler`]) is decremented;
 //!   when it crosses a sample point the block is recorded ([`record`] captures the
@@ -18,8 +19,8 @@
 //!   free. A pooled block goes back to the pool, sampled in this session or not.
 //! - `realloc` of an unsampled block stays the inner `realloc`, unless its new size is sampled
 //!   and the pool serves it: then it moves into the pool (alloc + copy + free). A pooled block
-//!   stays in place if its slot holds the new size, or else moves out (to the pool again if
-//!   its new size is sampled). For the trace a `realloc` counts as the old block being
+//!   stays in place if its new size is of its slot's class, or else moves (to the pool again
+//!   if its new size is sampled, else out). For the trace a `realloc` counts as the old block being
 //!   collected (if it was sampled; reported before the inner call, as for `dealloc`) and the
 //!   new block being allocated, sampled on its new size. If the `realloc` fails, the old
 //!   block — still alive — is no longer tracked: the trace shows it collected at the failed
@@ -104,7 +105,7 @@ impl<A: GlobalAlloc> MemtraceAllocator<A> {
     }
 
     /// `realloc` whose countdown (already decremented by `new_size`) reached a sample point or
-    /// checkpoint, of a block that is neither pooled nor of a layout the pool would not serve.
+    /// checkpoint, of a block outside the pool, of a layout the pool serves.
     ///
     /// # Safety
     /// As for [`GlobalAlloc::realloc`].
@@ -130,7 +131,8 @@ impl<A: GlobalAlloc> MemtraceAllocator<A> {
         unsafe { self.realloc_inner_block(nsamples, ptr, layout, new_size) }
     }
 
-    /// `realloc` of a block of the pool: in place if its slot holds `new_size`, else moved.
+    /// `realloc` of a block of the pool: in place if `new_size` is of its slot's class, else
+    /// moved.
     ///
     /// # Safety
     /// As for [`GlobalAlloc::realloc`].
@@ -139,18 +141,18 @@ impl<A: GlobalAlloc> MemtraceAllocator<A> {
     unsafe fn realloc_pooled(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         forget_if_sampled(ptr);
         let nsamples = if enabled() { sampler::take(new_size) } else { 0 };
-        if new_size <= sampled_pool::capacity(ptr as usize) {
+        // SAFETY: the caller's contract makes `new_size` with `layout`'s alignment a layout.
+        let new_layout = unsafe { Layout::from_size_align_unchecked(new_size, layout.align()) };
+        if sampled_pool::fits(ptr as usize, new_layout) {
             if nsamples != 0 {
                 record_alloc(ptr, new_size, nsamples, Entry::Realloc);
             }
             return ptr;
         }
-        // SAFETY: the caller's contract makes `new_size` with `layout`'s alignment a layout.
-        let new_layout = unsafe { Layout::from_size_align_unchecked(new_size, layout.align()) };
         let moved = |new: *mut u8| {
-            // SAFETY: `new` has room for `new_size` > `layout.size()` bytes and is not `ptr`'s
-            // slot, which holds `layout.size()` bytes and is then the pool's again.
-            unsafe { std::ptr::copy_nonoverlapping(ptr, new, layout.size()) };
+            // SAFETY: `new` has room for `new_size` bytes and is not `ptr`'s slot, which holds
+            // `layout.size()` bytes and is then the pool's again.
+            unsafe { std::ptr::copy_nonoverlapping(ptr, new, layout.size().min(new_size)) };
             sampled_pool::free(ptr as usize);
         };
         let from_inner = || {
@@ -233,7 +235,9 @@ unsafe fn sampled(
         // Kept apart from the sampled case, so that it compiles to a tail call.
         return inner();
     }
-    let ptr = if sampled_pool::serves(layout) {
+    // A calibration capture records no block, so its block need not be the pool's (and must
+    // not be lost to a full class: calibration needs the capture).
+    let ptr = if sampled_pool::serves(layout) && !sampler::calibration_pending() {
         match sampled_pool::alloc(layout) {
             Some(slot) => {
                 fill(slot);
@@ -316,7 +320,8 @@ fn record_free(ptr: *mut u8) {
     sampler::in_tracer(|| record::sampled_free(ptr as usize));
 }
 
-/// For a block about to be freed that the sampled-block filter does not rule out: look it up
+/// For a block about to be freed that may have been sampled (pooled, or too large for the
+/// pool): look it up
 /// in the table, and if it was sampled, forget it and report its end (aborts if it panics).
 #[cold]
 #[inline(never)]

@@ -25,7 +25,8 @@
 //! A class whose region is full (its live sampled blocks fill it) answers `None`; the caller
 //! then serves the block from the inner allocator untracked and counts the sample as lost.
 //! Blocks stay in the pool after their session stops, and are freed into it whenever the
-//! program frees them.
+//! program frees them. A pooled block's layout is always one the pool serves (a `realloc` to
+//! another size class moves the block), so no block is both in the pool and looked up by size.
 
 use std::alloc::Layout;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
@@ -44,11 +45,15 @@ const CLASS_BYTES: usize = if usize::BITS == 64 { 16 << 20 } else { 1 << 20 };
 const POOL_BYTES: usize = CLASSES * CLASS_BYTES;
 /// What is made accessible at a time: a multiple of every slot size.
 const CHUNK_BYTES: usize = POOLED_BELOW;
+/// The address space reserved: one chunk more than the pool, to align its regions to a chunk
+/// (and so every slot to its size).
+const RESERVATION: usize = POOL_BYTES + CHUNK_BYTES;
 /// Chunks per class.
 const CHUNKS: u32 = (CLASS_BYTES / CHUNK_BYTES) as u32;
 
 /// The pool's first address. Until the pool is reserved, the start of a range no block can lie
-/// in (the top of the address space), so that [`contains`] needs no second test.
+/// in, so that [`contains`] needs no second test: the top of the address space, the kernel's
+/// on 64-bit targets (and the stack's, above the heap's mappings, in a 32-bit process).
 static BASE: AtomicUsize = AtomicUsize::new(UNRESERVED);
 const UNRESERVED: usize = usize::MAX - POOL_BYTES + 1;
 
@@ -80,14 +85,22 @@ pub(crate) fn serves(layout: Layout) -> bool {
     layout.size() | layout.align() < POOLED_BELOW
 }
 
+/// The address space [`reserve`] would take: none once the pool is reserved.
+pub(crate) fn bytes_to_reserve() -> usize {
+    if BASE.load(Ordering::Acquire) == UNRESERVED {
+        RESERVATION
+    } else {
+        0
+    }
+}
+
 /// Reserve the pool's address space, once a process. False if it cannot be had (little
 /// address space left, say).
 pub(crate) fn reserve() -> bool {
     if BASE.load(Ordering::Acquire) != UNRESERVED {
         return true;
     }
-    // One chunk more, to align the regions to a chunk (and so every slot to its size).
-    let bytes = POOL_BYTES + CHUNK_BYTES;
+    let bytes = RESERVATION;
     // SAFETY: a fresh private anonymous mapping, inaccessible, that nothing else refers to.
     let map = unsafe {
         libc::mmap(
@@ -137,8 +150,10 @@ fn slot_at(addr: usize) -> (usize, u32) {
 fn link(class: usize, index: u32) -> &'static AtomicU32 {
     // SAFETY: the slot lies in an accessible chunk of the pool (it was handed out), which is
     // never unmapped, and is aligned to at least 16 bytes. While the slot is free nothing but
-    // this stack uses it; a stale read (the slot handed out again meanwhile) reads memory the
-    // program may be writing, whose value the stack's counter then makes it discard.
+    // this stack uses it. A stale read in `pop` (the slot handed out again meanwhile) may
+    // race with the program's own, non-atomic writes to it: a data race in Rust's memory
+    // model, as in every allocator that keeps its free lists in free blocks, which the
+    // hardware makes a read of some value, which the stack's counter then makes `pop` discard.
     unsafe { AtomicU32::from_ptr(slot(class, index) as *mut u32) }
 }
 
@@ -154,10 +169,11 @@ pub(crate) fn alloc(layout: Layout) -> Option<*mut u8> {
     Some(slot(class, index) as *mut u8)
 }
 
-/// The slot size of the pooled block at `addr` (one [`contains`]): a `realloc` to at most
-/// this size (with the same alignment) keeps the block where it is.
-pub(crate) fn capacity(addr: usize) -> usize {
-    slot_bytes(slot_at(addr).0)
+/// Whether `layout` is of the class of the pooled block at `addr` (one [`contains`]): a
+/// `realloc` to it keeps the block where it is. (Not any layout the slot holds: a block shrunk
+/// in place would keep a slot its new size does not need.)
+pub(crate) fn fits(addr: usize, layout: Layout) -> bool {
+    serves(layout) && class_of(layout) == slot_at(addr).0
 }
 
 /// Return the pooled block at `addr` (one [`contains`], handed out by [`alloc`]) to the pool.
@@ -265,10 +281,10 @@ mod tests {
         for i in 0..3000 {
             let l = layout(1 + i * 37 % 9000, 1 << (i % 10));
             let addr = alloc(l).unwrap() as usize;
-            assert!(
-                contains(addr) && addr.is_multiple_of(l.align()) && capacity(addr) >= l.size(),
-                "{l:?} at {addr:#x}"
-            );
+            assert!(contains(addr) && addr.is_multiple_of(l.align()) && fits(addr, l), "{l:?} at {addr:#x}");
+            let slot = l.size().max(l.align()).max(16).next_power_of_two();
+            assert!(fits(addr, layout(slot, l.align())) && !fits(addr, layout(slot + 1, l.align())));
+            assert!(slot == 16 || !fits(addr, layout(slot / 2, l.align().min(slot / 2))), "{l:?}: shrunk in place");
             // SAFETY: the slot is accessible and this test's alone.
             unsafe { std::ptr::write_bytes(addr as *mut u8, 0xa5, l.size()) };
             blocks.push((addr, l.size()));

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU8, Ordering};
 
 use crate::format::trace::Timestamp;
 
-/// Tracing is off: the allocator forwards every call.
+/// Tracing is off: the allocator samples nothing.
 pub(crate) const OFF: u8 = 0;
 /// A session is recording.
 pub(crate) const ON: u8 = 1;

@@ -1,15 +1,18 @@
 //! Sampled blocks served from the sampled-block pool: moved in and out of it by `realloc`,
-//! zeroed by `alloc_zeroed`, freed after their session stopped, and reported freed.
+//! zeroed by `alloc_zeroed`, freed after their session stopped and in a forked child, and
+//! reported freed.
 
 use std::alloc::{alloc, alloc_zeroed, dealloc, realloc, Layout};
 use std::hint::black_box;
 
 use memtrace_rs::{start_tracing, trace_if_requested, TraceConfig};
 
-use super::{run, temp_path, Trace, SECOND_FILE_VAR};
+use super::{memtrace_messages, run, temp_path, Trace, SECOND_FILE_VAR};
 
-/// Sizes a block takes in turn: inside a slot, past it, past what the pool serves and back.
-const SIZES: [usize; 6] = [20, 30, 700, 100_000, 10, 3000];
+/// Sizes a block takes in turn: inside a slot, past it, past what the pool serves, just at
+/// it, back into the pool, into its largest slot, and shrunk out of it (a block shrunk in place
+/// would keep its 64 KiB slot, and the class would fill up).
+const SIZES: [usize; 8] = [20, 30, 700, 100_000, 65_536, 10, 40_000, 3000];
 /// Blocks put through [`SIZES`].
 const BLOCKS: usize = 300;
 
@@ -55,6 +58,12 @@ fn site_moved(blocks: &mut Vec<*mut u8>) {
     }));
 }
 
+/// Whether the blocks of [`moved`] all lie on 4 KiB boundaries: the 4 KiB slots of the pool.
+/// (The system allocator's blocks of 3 000 bytes lie 16 bytes past a boundary, or anywhere.)
+fn pooled(blocks: &[*mut u8]) -> bool {
+    blocks.iter().all(|&p| (p as usize).is_multiple_of(4096))
+}
+
 /// Free the blocks of [`moved`].
 fn free_moved(blocks: Vec<*mut u8>) {
     let layout = Layout::from_size_align(SIZES[SIZES.len() - 1], 8).unwrap();
@@ -85,17 +94,55 @@ fn site_zeroed() {
     }
 }
 
+/// Blocks grown from a slot of the pool's largest class to its very size (a layout the pool
+/// does not serve, so the block moves out of it), and freed at that size.
+#[inline(never)]
+fn site_edge() {
+    for _ in 0..100 {
+        let small = Layout::from_size_align(40_000, 8).unwrap();
+        // SAFETY: nonzero sizes; each block is freed once, with its current layout.
+        unsafe {
+            let p = alloc(small);
+            assert!(!p.is_null());
+            let p = realloc(p, small, 65_536);
+            assert!(!p.is_null());
+            p.add(65_535).write(1);
+            dealloc(p, Layout::from_size_align(65_536, 8).unwrap());
+        }
+    }
+}
+
+/// Free `blocks` in a forked child, which must exit with 0.
+fn free_in_a_forked_child(blocks: &[*mut u8]) {
+    // SAFETY: the child only frees blocks it inherited and exits without running the parent's
+    // exit handlers.
+    unsafe {
+        let pid = libc::fork();
+        assert!(pid >= 0);
+        if pid == 0 {
+            free_moved(blocks.to_vec());
+            libc::_exit(0);
+        }
+        let mut status = 0;
+        assert_eq!(libc::waitpid(pid, &mut status, 0), pid);
+        assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "forked child failed: {status}");
+    }
+}
+
 /// The child: at rate 1 most blocks are sampled. Blocks moved through the pool and zeroed
-/// ones while tracing; blocks of the first session freed after it stopped, and moved in a
-/// second session.
+/// ones while tracing; blocks of the first session freed in a forked child and after the
+/// session stopped, and moved in a second session.
 pub(super) fn child() {
     let guard = trace_if_requested();
     assert!(guard.is_some(), "not tracing");
     let freed_while_tracing = moved();
+    assert!(pooled(&freed_while_tracing), "sampled blocks outside the pool");
     site_zeroed();
+    site_edge();
     free_moved(freed_while_tracing);
     let freed_after = moved();
     drop(guard);
+    free_in_a_forked_child(&freed_after);
     free_moved(freed_after);
     let left_over = moved();
     let second = std::env::var(SECOND_FILE_VAR).unwrap();
@@ -119,7 +166,15 @@ fn pooled_blocks_move_keep_their_bytes_and_are_reported_freed() {
     ];
     let out = run("pool:moves", &env);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    // No class of the pool filled up (a block shrunk in place would keep its larger slot).
+    for message in memtrace_messages(&out) {
+        let no_room = message.split_once(" with no room to track their blocks").map(|(before, _)| before);
+        if let Some(count) = no_room.and_then(|before| before.rsplit(' ').next()) {
+            assert_eq!(count, "0", "{message}");
+        }
+    }
     for (path, live_at_end) in [(&first, BLOCKS), (&second, 0)] {
+        // (First: the blocks freed after the stop are not reported.)
         let trace = Trace::read(path);
         assert!(trace.warnings.is_empty(), "{:?}", trace.warnings);
         let moved: Vec<_> = trace.at_site("::site_moved").collect();
@@ -132,6 +187,18 @@ fn pooled_blocks_move_keep_their_bytes_and_are_reported_freed() {
         let zeroed = trace.at_site("::site_zeroed").count();
         assert!(zeroed > 2000, "{}: {zeroed} samples", path.display());
         assert!(trace.at_site("::site_zeroed").all(|(id, _)| trace.collected.contains(id)));
+        // Each sample's stack ends at the call of the allocator, whichever way the allocator
+        // took (in place, moved in or out of the pool, or the inner allocator's).
+        for (_, a) in moved.iter().copied().chain(trace.at_site("::site_zeroed")) {
+            let innermost = trace.frames(a).last().unwrap();
+            let call = ["alloc::alloc::alloc", "alloc::alloc::realloc", "alloc::alloc::alloc_zeroed"];
+            assert!(
+                innermost.iter().any(|l| call.contains(&&*l.defname_str())),
+                "{}: {}",
+                path.display(),
+                super::describe(innermost)
+            );
+        }
         let _ = std::fs::remove_file(path);
     }
 }

@@ -194,7 +194,11 @@ pub fn start_tracing(config: TraceConfig) -> Result<TraceGuard, StartError> {
     // be made fallible; with less address space left than that, say so instead of failing
     // part-way, or aborting in one of them. The one check for all of it: the queue is not
     // checked again when it is made.
-    let needed = handoff::bytes_for(handoff::capacity_for(config.rate)).saturating_add(START_MEMORY);
+    // The pool's address space is counted in (its first start reserves it): under
+    // `RLIMIT_AS` it counts against the same limit.
+    let needed = handoff::bytes_for(handoff::capacity_for(config.rate))
+        .saturating_add(START_MEMORY)
+        .saturating_add(sampled_pool::bytes_to_reserve());
     if !handoff::memory_for(needed) || !sampled_pool::reserve() {
         return Err(StartError::NoMemory);
     }
