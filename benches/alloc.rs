@@ -19,39 +19,10 @@
 //! (about 13 MB each, with some 30 sampled blocks live in all at rate 1e-5), where System,
 //! like a real program, misses the cache more.
 //!
-//! Design decisions this benchmark settled, with the figures measured then (2-core machine).
-//! The first, fourth and fifth are about the sampled-block filter that `dealloc` read until
-//! 2026-12-03, when the sampled-block pool (`src/runtime/sampled_pool.rs`) replaced it
-//! (README, "Benchmarks"):
-//! - The sampled-block filter (`src/runtime/sampled_set.rs`) has one counter per bucket, not
-//!   one per 32 buckets: in the rows with 20 000 live blocks per thread, ten alternating runs
-//!   of each gave (best, median, ns an operation) at rate 1e-4, with some 300 sampled blocks
-//!   live, 101.7 and 106.1 against 109.2 and 115.1 for the coarse filter; at rate 1e-5 (some
-//!   30 live), 98.2 and 103.2 against 98.3 and 104.1, within the noise, as with 512 live
-//!   blocks.
-//! - The table is not aligned for a transparent huge page: with `perf`, a huge page cut the
-//!   time in inserts and lookups by about a third, but the whole-workload gain was within the
-//!   noise.
-//! - Each session made the table resident up front (left to fault in on demand, it took
-//!   about 1 000 page faults in the benchmark's first second of tracing); it now makes
-//!   resident only the pages inserts use, each by a write (no zero-page mapping to fault out
-//!   again), which saves a short traced run 2 MiB of RSS. At rate 1e-5 the timed run then
-//!   takes about 300 faults instead of about 115, at 43.7 ns an operation against 43.6
-//!   before (2026-12-01, machine shared with other builds, load 5–8).
-//! - The filter counts entries by page (of the freed address) rather than by bucket: under
-//!   cachegrind, jaq filtering a 3.4 MB file at rate 1e-5 took 14.27 M L1 data misses with
-//!   counters by bucket, 10.49 M by page (8.30 M untraced), for the same instructions.
-//! - `dealloc` reads a gate before the filter: until a first sample (rate 1e-9) a free reads no
-//!   filter at all. Under cachegrind, jaq filtering a 3.4 MB file at rate 1e-12 took 13.96 M
-//!   L1 data misses before (8.30 M untraced) and 8.29 M after; at rate 1e-5 the gate costs its
-//!   one load, some 4 instructions a free. (Measured with a count of the live sampled blocks;
-//!   the gate is now a flag set by a session's first sample, which every sampled event no
-//!   longer writes.) The gate and the counters are now one static, read without `enabled()`
-//!   first: a free loads one address of the global offset table instead of three, 12
-//!   instructions instead of 16 (jaq filtering a 5.8 MB file at rate 1e-5 under cachegrind:
-//!   21–34 M fewer instructions, 0.7–1.1 % of the run). The hot paths of
-//!   `alloc` and `realloc` end in tail calls since (they saved and restored three or four
-//!   registers on every call).
+//! What it measures of the free path: a free of a block whose address is not a multiple of the
+//! sampled-block alignment (`src/runtime/sampled_set.rs`) costs one test of the address; the
+//! few others look the block up in the set of live sampled blocks. (The designs it settled
+//! before, the free filter and the sampled-block pool, are in the changelog.)
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::hint::black_box;

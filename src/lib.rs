@@ -44,10 +44,10 @@ pub use runtime::unwind::Unwinder;
 pub mod trace {
     pub use crate::format::location_codec::Location;
     pub use crate::format::trace::{
-        Alloc, AllocSource, Event, EventKind, Info, LocationTable, NewAlloc, ObjectId, Reader, Timestamp, Warning,
-        Writer, FORMAT_VERSION,
+        writer_holds_lock, Alloc, AllocSource, Event, EventKind, Info, LocationTable, NewAlloc, ObjectId, Reader,
+        Timestamp, Warning, Writer, FORMAT_VERSION,
     };
-    pub use crate::runtime::span_table::{SPAN_FILE_PREFIX, THREAD_FILE};
+    pub use crate::runtime::span_table::{LOST_SAMPLES_FILE, LOST_SAMPLES_PREFIX, SPAN_FILE_PREFIX, THREAD_FILE};
 }
 
 /// The format's internals and a test hook, for this crate's benchmarks, fuzz targets and

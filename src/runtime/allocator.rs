@@ -1,44 +1,41 @@
 //! [`MemtraceAllocator`], the `#[global_allocator]` wrapper, and its hot path.
 //!
 //! Every unsampled call forwards to the inner allocator. While tracing is off, that is all an
-//! allocation does after one relaxed load and a well-predicted branch, and all a free of less
-//! than 64 KiB does after the pool test below (a larger one also looks in the sampled-block
-//! table: one bit, and one cache line if samples have used its page). While tracing is on:
+//! allocation does after one relaxed load and a well-predicted branch, and all a free does
+//! after one test of its address (below). While tracing is on:
 //!
-//! - `alloc`/`alloc_zeroed`: the thread's byte countdown ([`crate::runtime::sampler`]) is decremented;
-//!   when it crosses a sample point the block is recorded ([`record`] captures the
-//!   stack, notes the block in the sampled-block table and sends an alloc message) **before**
-//!   the pointer is returned. A sampled block of a small layout comes from the sampled-block
-//!   pool ([`sampled_pool`]) rather than the inner allocator; a larger one from the inner
-//!   allocator.
-//! - `dealloc`, traced or not: a block outside the pool whose layout the pool would serve was
-//!   not sampled, which one compare of the address against a value written once and one of
-//!   the layout tell. Otherwise, out of line, the sampled-block table is read (one cache
-//!   line). For a sampled block the entry is removed and the free message sent **before** the
-//!   block is freed, so that a reuse of the address can never reach the writer ahead of the
-//!   free. A pooled block goes back to the pool, sampled in this session or not.
-//! - `realloc` of an unsampled block stays the inner `realloc`, unless its new size is sampled
-//!   and the pool serves it: then it moves into the pool (alloc + copy + free). A pooled block
-//!   stays in place if its new size is of its slot's class, or else moves (to the pool again
-//!   if its new size is sampled, else out). For the trace a `realloc` counts as the old block being
-//!   collected (if it was sampled; reported before the inner call, as for `dealloc`) and the
-//!   new block being allocated, sampled on its new size. If the `realloc` fails, the old
-//!   block — still alive — is no longer tracked: the trace shows it collected at the failed
-//!   call.
+//! - `alloc`/`alloc_zeroed`: the thread's byte countdown ([`crate::runtime::sampler`]) is
+//!   decremented; when it crosses a sample point the block is allocated at the sampled-block
+//!   alignment ([`sampled_set::sampled_layout`]), noted in the sampled-block set, and recorded
+//!   ([`record`] captures the stack and sends an alloc message) **before** the pointer is
+//!   returned.
+//! - `dealloc`, traced or not: a block whose address is not a multiple of
+//!   [`sampled_set::SAMPLED_ALIGN`] was not sampled (one AND and a branch, no memory read).
+//!   Otherwise, out of line, the sampled-block set is asked; a sampled block is removed, its
+//!   free sent **before** the block is freed (so that a reuse of the address can never reach
+//!   the writer ahead of the free), and freed with the layout it was allocated with.
+//! - `realloc`: the old block is looked up as for `dealloc`, and the new block sampled on its
+//!   new size. An unsampled block becoming unsampled is the inner `realloc`; a sampled one
+//!   staying sampled the inner `realloc` at its sampled layout; otherwise the block moves
+//!   (alloc, copy, free) between the two layouts. For the trace a `realloc` counts as the old
+//!   block being collected (if it was sampled) and the new block being allocated.
+//!
+//! A sample is never lost silently: where its block cannot be allocated at the sampled
+//! alignment or tracked, the block is served as unsampled and the loss recorded
+//! ([`record::lost`]), in the trace itself.
 //!
 //! Each method's hot path ends in a tail call, of the inner allocator or of the method's
 //! out-of-line half, so that it saves no registers and sets up no frame.
 //!
 //! Unwinding out of a `GlobalAlloc` method is undefined behaviour, so the sampled path (the
-//! out-of-line functions below the countdown and the pool test) runs under
+//! out-of-line functions below the countdown and the address test) runs under
 //! [`AbortOnUnwind`]: a panic there, which would be a bug, prints one `memtrace:` line and
 //! aborts.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 
-use super::record;
-use super::sampled_pool;
-use super::sampled_set;
+use super::record::{self, Loss};
+use super::sampled_set::{self, may_be_sampled, sampled_layout};
 use super::sampler;
 use super::state::{enabled, Entry};
 
@@ -79,8 +76,8 @@ impl<A: GlobalAlloc> MemtraceAllocator<A> {
     #[inline(never)]
     unsafe fn alloc_at_sample_point(&self, layout: Layout) -> *mut u8 {
         let nsamples = sampler::sample_points(layout.size());
-        // SAFETY: the closure is the inner call under the caller's contract.
-        unsafe { sampled(nsamples, layout, Entry::Alloc, || self.inner.alloc(layout), |_| {}) }
+        // SAFETY: the closure is the inner call, for `layout` or a larger alignment of it.
+        unsafe { self.sampled(nsamples, layout, Entry::Alloc, |layout| self.inner.alloc(layout)) }
     }
 
     /// `alloc_zeroed` whose countdown reached a sample point or checkpoint.
@@ -91,21 +88,46 @@ impl<A: GlobalAlloc> MemtraceAllocator<A> {
     #[inline(never)]
     unsafe fn alloc_zeroed_at_sample_point(&self, layout: Layout) -> *mut u8 {
         let nsamples = sampler::sample_points(layout.size());
-        // SAFETY: the closure is the inner call under the caller's contract; the slot has room
-        // for `layout.size()` bytes.
-        unsafe {
-            sampled(
-                nsamples,
-                layout,
-                Entry::AllocZeroed,
-                || self.inner.alloc_zeroed(layout),
-                |slot| slot.write_bytes(0, layout.size()),
-            )
+        // SAFETY: the closure is the inner call, for `layout` or a larger alignment of it.
+        unsafe { self.sampled(nsamples, layout, Entry::AllocZeroed, |layout| self.inner.alloc_zeroed(layout)) }
+    }
+
+    /// A new block of `layout` that covers `nsamples` sample points (from [`sampler`]), made by
+    /// `make` (the inner allocator's call for a layout): as is if that is 0, else at the
+    /// sampled layout, tracked and recorded.
+    ///
+    /// # Safety
+    /// `make` must be a call of the inner allocator that is sound for `layout` and for its
+    /// sampled layout, as for the caller's method.
+    #[inline(always)]
+    unsafe fn sampled(&self, nsamples: u64, layout: Layout, entry: Entry, make: impl Fn(Layout) -> *mut u8) -> *mut u8 {
+        if nsamples == 0 {
+            // Kept apart from the sampled case, so that it compiles to a tail call.
+            return make(layout);
+        }
+        let sampled = sampled_layout(layout);
+        let ptr = make(sampled);
+        if ptr.is_null() {
+            // The sampled layout asks for more than the program did: serve the program's own.
+            record::lost(Loss::NoMemory, nsamples, layout.size());
+            return make(layout);
+        }
+        match track(ptr) {
+            Some(inserted) => {
+                record_alloc(ptr, layout.size(), nsamples, entry, inserted);
+                ptr
+            }
+            None => {
+                // SAFETY: `ptr` was just allocated with `sampled`, and is not the program's yet.
+                unsafe { self.inner.dealloc(ptr, sampled) };
+                record::lost(Loss::Untracked, nsamples, layout.size());
+                make(layout)
+            }
         }
     }
 
-    /// `realloc` whose countdown (already decremented by `new_size`) reached a sample point or
-    /// checkpoint, of a block outside the pool, of a layout the pool serves.
+    /// `realloc` of a block not sampled (its address says so) whose countdown, already
+    /// decremented by `new_size`, reached a sample point or checkpoint.
     ///
     /// # Safety
     /// As for [`GlobalAlloc::realloc`].
@@ -114,97 +136,117 @@ impl<A: GlobalAlloc> MemtraceAllocator<A> {
     unsafe fn realloc_at_sample_point(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         let nsamples = sampler::sample_points(new_size);
         // SAFETY: under the caller's contract.
-        unsafe { self.realloc_inner_block(nsamples, ptr, layout, new_size) }
+        unsafe { self.realloc_block(nsamples, ptr, layout, false, new_size) }
     }
 
-    /// `realloc` of a block outside the pool of a layout the pool would not serve (so it may
-    /// be sampled; the countdown not yet decremented).
+    /// `realloc` of a block whose address says it may have been sampled (the countdown not yet
+    /// decremented).
     ///
     /// # Safety
     /// As for [`GlobalAlloc::realloc`].
     #[cold]
     #[inline(never)]
     unsafe fn realloc_maybe_sampled(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        forget_if_sampled(ptr);
-        let nsamples = sampler::take(new_size);
-        // SAFETY: under the caller's contract.
-        unsafe { self.realloc_inner_block(nsamples, ptr, layout, new_size) }
-    }
-
-    /// `realloc` of a block of the pool: in place if `new_size` is of its slot's class, else
-    /// moved.
-    ///
-    /// # Safety
-    /// As for [`GlobalAlloc::realloc`].
-    #[cold]
-    #[inline(never)]
-    unsafe fn realloc_pooled(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        forget_if_sampled(ptr);
+        let was_sampled = forget_if_sampled(ptr);
         let nsamples = if enabled() { sampler::take(new_size) } else { 0 };
-        // SAFETY: the caller's contract makes `new_size` with `layout`'s alignment a layout.
-        let new_layout = unsafe { Layout::from_size_align_unchecked(new_size, layout.align()) };
-        if sampled_pool::fits(ptr as usize, new_layout) {
-            if nsamples != 0 {
-                record_alloc(ptr, new_size, nsamples, Entry::Realloc);
-            }
-            return ptr;
-        }
-        let moved = |new: *mut u8| {
-            // SAFETY: `new` has room for `new_size` bytes and is not `ptr`'s slot, which holds
-            // `layout.size()` bytes and is then the pool's again.
-            unsafe { std::ptr::copy_nonoverlapping(ptr, new, layout.size().min(new_size)) };
-            sampled_pool::free(ptr as usize);
-        };
-        let from_inner = || {
-            // SAFETY: `new_layout` is a layout of nonzero size (the caller's contract).
-            let new = unsafe { self.inner.alloc(new_layout) };
-            if !new.is_null() {
-                moved(new);
-            }
-            new
-        };
-        // SAFETY: the closures are the inner call under the caller's contract, and a move.
-        unsafe { sampled(nsamples, new_layout, Entry::Realloc, from_inner, moved) }
+        // SAFETY: under the caller's contract.
+        unsafe { self.realloc_block(nsamples, ptr, layout, was_sampled, new_size) }
     }
 
-    /// The `realloc` of a block outside the pool whose new block covers `nsamples` sample
-    /// points: the inner `realloc`, unless the pool serves a sampled new block.
+    /// The `realloc` of `ptr`, allocated with `layout` (at its sampled layout if
+    /// `was_sampled`; no longer tracked), to a new block that covers `nsamples` sample points.
     ///
     /// # Safety
     /// As for [`GlobalAlloc::realloc`].
     #[inline(always)]
-    unsafe fn realloc_inner_block(&self, nsamples: u64, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+    unsafe fn realloc_block(
+        &self,
+        nsamples: u64,
+        ptr: *mut u8,
+        layout: Layout,
+        was_sampled: bool,
+        new_size: usize,
+    ) -> *mut u8 {
         // SAFETY: the caller's contract makes `new_size` with `layout`'s alignment a layout.
         let new_layout = unsafe { Layout::from_size_align_unchecked(new_size, layout.align()) };
+        let old_layout = if was_sampled { sampled_layout(layout) } else { layout };
+        // Moves the contents to `new`, a block of at least `new_size` bytes, and frees `ptr`.
         let moved = |new: *mut u8| {
-            // SAFETY: `new` is a fresh slot with room for `new_size` bytes; `ptr` holds
-            // `layout.size()` and is freed with its layout under the caller's contract.
-            unsafe {
-                std::ptr::copy_nonoverlapping(ptr, new, layout.size().min(new_size));
-                self.inner.dealloc(ptr, layout);
+            if !new.is_null() {
+                // SAFETY: `new` is a fresh block with room for `new_size` bytes; `ptr` holds
+                // `layout.size()` and is freed with the layout it was allocated with.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(ptr, new, layout.size().min(new_size));
+                    self.inner.dealloc(ptr, old_layout);
+                }
             }
+            new
         };
-        // SAFETY: the closures are the inner call under the caller's contract, and a move.
-        unsafe { sampled(nsamples, new_layout, Entry::Realloc, || self.inner.realloc(ptr, layout, new_size), moved) }
+        if nsamples == 0 {
+            if was_sampled {
+                // SAFETY: `new_layout` is a layout of nonzero size (the caller's contract).
+                return moved(unsafe { self.inner.alloc(new_layout) });
+            }
+            // SAFETY: forwarded under the caller's contract.
+            return unsafe { self.inner.realloc(ptr, layout, new_size) };
+        }
+        let sampled = sampled_layout(new_layout);
+        let new = if was_sampled {
+            // The old block has the new one's alignment: the inner `realloc` keeps it.
+            // SAFETY: `ptr` was allocated with `old_layout`, and `new_size` is the caller's.
+            unsafe { self.inner.realloc(ptr, old_layout, new_size) }
+        } else {
+            // SAFETY: `sampled` is a layout of nonzero size.
+            moved(unsafe { self.inner.alloc(sampled) })
+        };
+        if new.is_null() {
+            // The old block is still the program's: as an unsampled block, if the memory is there.
+            record::lost(Loss::NoMemory, nsamples, new_size);
+            if !was_sampled {
+                // SAFETY: forwarded under the caller's contract.
+                return unsafe { self.inner.realloc(ptr, layout, new_size) };
+            }
+            // SAFETY: `new_layout` is a layout of nonzero size (the caller's contract).
+            let out = moved(unsafe { self.inner.alloc(new_layout) });
+            if out.is_null() {
+                // The old block stays the program's at its sampled layout: tracked again (by
+                // no session), so that its free uses that layout.
+                track(ptr);
+            }
+            return out;
+        }
+        match track(new) {
+            Some(inserted) => record_alloc(new, new_size, nsamples, Entry::Realloc, inserted),
+            None => {
+                record::lost(Loss::Untracked, nsamples, new_size);
+                // SAFETY: `new_layout` is a layout of nonzero size; `new` holds `new_size` bytes
+                // and was allocated (or reallocated) with `sampled`.
+                let out = unsafe { self.inner.alloc(new_layout) };
+                if !out.is_null() {
+                    // SAFETY: as above; `out` is a fresh block of `new_size` bytes.
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(new, out, new_size);
+                        self.inner.dealloc(new, sampled);
+                    }
+                    return out;
+                }
+                // No memory and no room to track: the one case a block keeps its sampled
+                // layout untracked, and is later freed with the program's (which `System`,
+                // whose `free` takes no layout, and most allocators accept).
+            }
+        }
+        new
     }
 
-    /// `dealloc` of a block of the pool.
-    #[cold]
-    #[inline(never)]
-    fn dealloc_pooled(&self, ptr: *mut u8) {
-        forget_if_sampled(ptr);
-        sampled_pool::free(ptr as usize);
-    }
-
-    /// `dealloc` of a block outside the pool of a layout the pool would not serve.
+    /// `dealloc` of a block whose address says it may have been sampled.
     ///
     /// # Safety
     /// As for [`GlobalAlloc::dealloc`].
     #[cold]
     #[inline(never)]
     unsafe fn dealloc_maybe_sampled(&self, ptr: *mut u8, layout: Layout) {
-        forget_if_sampled(ptr);
-        // SAFETY: forwarded under the caller's contract.
+        let layout = if forget_if_sampled(ptr) { sampled_layout(layout) } else { layout };
+        // SAFETY: forwarded under the caller's contract, with the layout `ptr` was allocated with.
         unsafe { self.inner.dealloc(ptr, layout) }
     }
 }
@@ -216,46 +258,16 @@ impl MemtraceAllocator<System> {
     }
 }
 
-/// Make the block of `layout` that covers `nsamples` sample points (from [`sampler`]) and
-/// record it if that is not 0: from the pool, where `fill` initialises it, if the pool serves
-/// it and has room; else by `inner`, the inner allocator's call.
-///
-/// # Safety
-/// `inner` must be a call of the inner allocator that is sound for the caller's arguments, and
-/// `fill` sound for a fresh slot of the pool that holds `layout`.
+/// Note the new sampled block at `ptr` in the sampled-block set (see [`sampled_set::insert`]).
 #[inline(always)]
-unsafe fn sampled(
-    nsamples: u64,
-    layout: Layout,
-    entry: Entry,
-    inner: impl FnOnce() -> *mut u8,
-    fill: impl FnOnce(*mut u8),
-) -> *mut u8 {
-    if nsamples == 0 {
-        // Kept apart from the sampled case, so that it compiles to a tail call.
-        return inner();
-    }
-    // A calibration capture records no block, so its block need not be the pool's (and must
-    // not be lost to a full class: calibration needs the capture).
-    let ptr = if sampled_pool::serves(layout) && !sampler::calibration_pending() {
-        match sampled_pool::alloc(layout) {
-            Some(slot) => {
-                fill(slot);
-                slot
-            }
-            None => {
-                // Served, but not tracked: its free would never look for it.
-                record::pool_full();
-                return inner();
-            }
-        }
+fn track(ptr: *mut u8) -> Option<sampled_set::Inserted> {
+    let addr = ptr as usize;
+    // A sampled layout too large to over-align (never served) leaves the address as it is.
+    if may_be_sampled(addr) {
+        sampled_set::insert(addr)
     } else {
-        inner()
-    };
-    if !ptr.is_null() {
-        record_alloc(ptr, layout.size(), nsamples, entry);
+        None
     }
-    ptr
 }
 
 /// Aborts the process if dropped: armed around the sampled path and defused when the path
@@ -298,49 +310,55 @@ pub(crate) fn record_alloc_address() -> u64 {
     record_alloc as *const () as u64
 }
 
-/// Record a sampled block (never recurses into sampling; aborts if it panics).
+/// Record a sampled block (never recurses into sampling; aborts if it panics), and tag its
+/// entry in the sampled-block set with the session that recorded it (a calibration capture
+/// leaves it to none).
 #[cold]
 #[inline(never)]
-fn record_alloc(ptr: *mut u8, size: usize, nsamples: u64, entry: Entry) {
+fn record_alloc(ptr: *mut u8, size: usize, nsamples: u64, entry: Entry, inserted: sampled_set::Inserted) {
     AbortOnUnwind::around(|| {
-        sampler::in_tracer(|| {
+        let tag = sampler::in_tracer(|| {
             #[cfg(debug_assertions)]
             if PANIC_IN_NEXT_SAMPLE.swap(false, std::sync::atomic::Ordering::Relaxed) {
                 panic!("deliberate panic in the sampled path");
             }
             record::sampled_alloc(ptr as usize, size, nsamples, entry)
-        })
-    });
-}
-
-/// Report the end of sampled block `ptr`.
-#[cold]
-#[inline(never)]
-fn record_free(ptr: *mut u8) {
-    sampler::in_tracer(|| record::sampled_free(ptr as usize));
-}
-
-/// For a block about to be freed that may have been sampled (pooled, or too large for the
-/// pool): look it up
-/// in the table, and if it was sampled, forget it and report its end (aborts if it panics).
-#[cold]
-#[inline(never)]
-fn forget_if_sampled(ptr: *mut u8) {
-    AbortOnUnwind::around(|| {
-        if sampled_set::remove(ptr as usize) {
-            record_free(ptr);
+        });
+        if let Some(Some(tag)) = tag {
+            inserted.tag(tag);
         }
     });
 }
 
+/// Report the end of sampled block `ptr`, if its session is the running one.
+#[cold]
+#[inline(never)]
+fn record_free(ptr: *mut u8, tag: sampled_set::SessionTag) {
+    sampler::in_tracer(|| record::sampled_free(ptr as usize, tag));
+}
+
+/// For a block about to be freed whose address says it may have been sampled: look it up in
+/// the sampled-block set, and if it was sampled, forget it, report its end if a session
+/// recorded it, and return true (aborts if it panics).
+#[cold]
+#[inline(never)]
+fn forget_if_sampled(ptr: *mut u8) -> bool {
+    AbortOnUnwind::around(|| match sampled_set::remove(ptr as usize) {
+        Some(0) => true,
+        Some(tag) => {
+            record_free(ptr, tag);
+            true
+        }
+        None => false,
+    })
+}
+
 // SAFETY: every unsampled call forwards to the inner allocator with the caller's arguments
 // unchanged and returns its result unchanged, so `A`'s guarantees carry over. A sampled block
-// of a layout the pool serves is a slot of the pool instead: aligned to its size, a power of
-// two no smaller than the layout's size and alignment; never handed out again until freed;
-// in memory that stays mapped for the life of the process. Each block goes back to where it
-// came from: a free or `realloc` of an address in the pool to the pool, any other to `A`
-// (with its own layout; a block moved between the two is copied). The bookkeeping around the
-// calls never touches the memory of the blocks but to copy or zero them.
+// is the inner allocator's block of the caller's size at a larger alignment (which meets the
+// caller's), noted in the sampled-block set until it is freed, and freed (or reallocated) with
+// that layout; a block moved between the two layouts is copied. The bookkeeping around the
+// calls never touches the memory of the blocks but to copy them.
 unsafe impl<A: GlobalAlloc> GlobalAlloc for MemtraceAllocator<A> {
     #[inline]
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
@@ -364,12 +382,9 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for MemtraceAllocator<A> {
 
     #[inline]
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // No `enabled()`: a pooled block goes back to the pool whenever it is freed, and a free
-        // that finds a sampled block after its session stopped records nothing.
-        if sampled_pool::contains(ptr as usize) {
-            return self.dealloc_pooled(ptr);
-        }
-        if !sampled_pool::serves(layout) {
+        // No `enabled()`: a sampled block is freed with its sampled layout whenever it is freed,
+        // and a free that finds a block of a stopped session records nothing.
+        if may_be_sampled(ptr as usize) {
             // SAFETY: forwarded under the caller's contract.
             return unsafe { self.dealloc_maybe_sampled(ptr, layout) };
         }
@@ -379,19 +394,13 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for MemtraceAllocator<A> {
 
     #[inline]
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        if sampled_pool::contains(ptr as usize) {
+        if may_be_sampled(ptr as usize) {
             // SAFETY: under the caller's contract.
-            return unsafe { self.realloc_pooled(ptr, layout, new_size) };
+            return unsafe { self.realloc_maybe_sampled(ptr, layout, new_size) };
         }
-        if enabled() {
-            if !sampled_pool::serves(layout) {
-                // SAFETY: under the caller's contract.
-                return unsafe { self.realloc_maybe_sampled(ptr, layout, new_size) };
-            }
-            if sampler::count_down(new_size) {
-                // SAFETY: under the caller's contract.
-                return unsafe { self.realloc_at_sample_point(ptr, layout, new_size) };
-            }
+        if enabled() && sampler::count_down(new_size) {
+            // SAFETY: under the caller's contract.
+            return unsafe { self.realloc_at_sample_point(ptr, layout, new_size) };
         }
         // SAFETY: forwarded under the caller's contract.
         unsafe { self.inner.realloc(ptr, layout, new_size) }

@@ -7,9 +7,8 @@
 //! - [`fork_safe_lock`]: a lock that the fork handlers can release in the child;
 //! - [`tracer_thread`]: the tracer's own threads, never sampled, and the doorbell that wakes one;
 //! - [`loader`]: the dynamic loader's list of objects, read under a lock that `fork` waits for;
-//! - [`sampled_pool`]: the address range sampled blocks of small layouts are served from, which
-//!   tells a free at once that a block outside it was not sampled;
-//! - [`sampled_set`]: the lock-free table of live sampled blocks;
+//! - [`sampled_set`]: the lock-free set of live sampled blocks, and the alignment of sampled
+//!   blocks that tells a free at once that most blocks were not;
 //! - [`handoff`]: the bounded queue from application threads to the writer, with its pool of
 //!   frame buffers;
 //! - [`spans`]: the spans each thread is inside, and the pseudo-frames that record them and
@@ -29,7 +28,6 @@ pub(crate) mod fork_safe_lock;
 pub(crate) mod handoff;
 pub(crate) mod loader;
 pub(crate) mod record;
-pub(crate) mod sampled_pool;
 pub(crate) mod sampled_set;
 pub(crate) mod sampler;
 pub(crate) mod session;

@@ -1,311 +1,475 @@
-//! The set of live sampled blocks: a static, lock-free, set-associative table of addresses.
+//! The set of live sampled blocks, and the rule that lets a free skip it: lock-free,
+//! set-associative tables of addresses that grow with the number of live samples.
 //!
-//! A free reaches it only for a block that may have been sampled: one in the sampled-block
-//! pool (`sampled_pool`), or one too large for the pool, whose `Layout` says so. It answers by
-//! reading one 64-byte cache line (the address's bucket of 8 slots) and writes nothing when
-//! the block was not sampled. Inserting CASes `0 → addr` into a free slot of the bucket (a
-//! full bucket drops the sample, which the caller counts); removing CASes `addr → 0`.
+//! Every sampled block is allocated from the inner allocator at an alignment of at least
+//! [`SAMPLED_ALIGN`] ([`sampled_layout`]), so a free whose address is not a multiple of it was
+//! not sampled: one AND and a branch, no memory read. A free that passes (the sampled ones,
+//! and the few unsampled blocks the inner allocator placed at such an address by chance) looks
+//! the address up here, and a sampled block is freed with the layout it was allocated with.
+//! Sampled blocks stay ordinary blocks of the inner allocator (C's `free` of one still works
+//! over `System`), and the set tracks any number of them, whatever their sizes.
 //!
-//! The table lives in `.bss` (2^15 buckets × 64 bytes = 2 MiB), page-aligned, and only the
-//! pages of buckets that an insert has used are made resident: a short traced run that samples
-//! a few blocks pays a few pages, not 2 MiB. An insert writes a page before anything reads it
-//! (a read first would map the shared zero page, which the write would then fault out again,
-//! with a TLB shoot-down that interrupts the program's other threads), and marks it in
-//! [`TOUCHED`]; a lookup on a page no insert has marked answers at once, and [`clear`] reads
-//! and wipes only the marked pages. Between sessions the table may keep stale entries (blocks
-//! of a stopped session, an insert racing with the end of a session); they are harmless — a
-//! stale hit only reports a free to a session that does not track the address, which the
-//! writer ignores — and `clear` wipes them.
+//! Each entry is the block's address with, in the low bits the alignment leaves free, the tag
+//! of the session that recorded it ([`SessionTag`]; 0 for a block no session recorded). Entries
+//! outlive their session: a block allocated over-aligned must be freed so, whenever it is.
+//!
+//! The tables are generations, each four times the buckets of the one before, mapped (not
+//! allocated: this runs inside the allocator) when the live entries reach twice the newest
+//! one's buckets, so a table stays about a quarter full; inserts go to the newest generation
+//! (to an older one if the address's bucket there is full), a lookup reads the address's bucket
+//! in each generation (one 64-byte cache line each, none where no insert has touched the
+//! bucket's page). Only the pages inserts have written become resident. Nothing takes a lock,
+//! so a fork at any moment leaves a set the child can use. An insert fails only when the
+//! address's bucket is full in every generation, all [`GENERATIONS`] of them mapped (some 89
+//! million live entries), or the address space for a new one cannot be had; the caller then
+//! allocates the block unsampled and records the loss.
 //!
 //! Memory ordering: a block is inserted before its address is returned to the program, and
 //! any thread that frees it got the address through some synchronisation that orders it after
-//! that return; read-write coherence then guarantees the freeing thread's loads see the
-//! insert (or later values), so relaxed loads suffice. Only the thread freeing a block
+//! that return; read-write coherence then guarantees the freeing thread's loads see the insert
+//! (and the generation it went to), so relaxed loads suffice. Only the thread freeing a block
 //! removes it.
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::alloc::Layout;
+use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 
-/// log2 of the number of buckets.
-const BUCKET_BITS: u32 = 15;
-/// The smallest page size of the platforms we run on.
-const PAGE_BYTES: usize = 4096;
+/// The alignment of every sampled block: a power of two whose low bits hold an entry's tag.
+/// An address is a multiple of it by chance for about 1 in 256 of glibc's small blocks.
+pub(crate) const SAMPLED_ALIGN: usize = 4096;
+/// The low bits of an entry that hold its tag.
+const TAG_MASK: usize = SAMPLED_ALIGN - 1;
+
+/// The layout a sampled block of `layout` is allocated with (and must be freed with).
+#[inline(always)]
+pub(crate) fn sampled_layout(layout: Layout) -> Layout {
+    // A size within `SAMPLED_ALIGN` of `isize::MAX` cannot be over-aligned; no allocator
+    // would serve it anyway, so it keeps its layout (and is then never tracked).
+    match Layout::from_size_align(layout.size(), layout.align().max(SAMPLED_ALIGN)) {
+        Ok(sampled) => sampled,
+        Err(_) => layout,
+    }
+}
+
+/// Whether a block at `addr` may have been sampled: only those at a multiple of
+/// [`SAMPLED_ALIGN`] were.
+#[inline(always)]
+pub(crate) fn may_be_sampled(addr: usize) -> bool {
+    addr & TAG_MASK == 0
+}
+
+/// What an entry records of the session that sampled its block: 0 for none (a block allocated
+/// for a sample that was then lost), else 1..[`SAMPLED_ALIGN`] from the session's id.
+pub(crate) type SessionTag = usize;
+
+/// The tag of the session whose hand-off tag is `session` (never 0).
+pub(crate) fn session_tag(session: u32) -> SessionTag {
+    session as usize % TAG_MASK + 1
+}
+
+/// log2 of the first generation's buckets (2 MiB of address space).
+const FIRST_BUCKET_BITS: u32 = 15;
+/// Each generation has 2^this times the buckets of the one before.
+const GROWTH_BITS: u32 = 2;
+/// Generations at most: the last has 2^25 buckets (2 GiB of address space).
+pub(crate) const GENERATIONS: usize = 6;
+/// The live entries, per bucket of the newest generation, at which the next one is mapped.
+const ENTRIES_PER_BUCKET_BEFORE_GROWTH: usize = 2;
 /// Slots per bucket: 8 × 8 bytes = one cache line.
 const SLOTS: usize = 8;
-/// Buckets per page of the table.
+/// The smallest page size of the platforms we run on.
+const PAGE_BYTES: usize = 4096;
+/// Buckets per page.
 const BUCKETS_PER_PAGE: usize = PAGE_BYTES / std::mem::size_of::<Bucket>();
-/// Pages of the table.
-const PAGES: usize = (1 << BUCKET_BITS) / BUCKETS_PER_PAGE;
 
 /// One cache line of slots; 0 marks a free slot.
 #[repr(C, align(64))]
 struct Bucket([AtomicUsize; SLOTS]);
 
-/// The buckets, page-aligned so that each page holds whole buckets of one [`TOUCHED`] bit.
-#[repr(C, align(4096))]
-struct Table([Bucket; 1 << BUCKET_BITS]);
-
-#[allow(clippy::declare_interior_mutable_const)] // Only used to initialise `TABLE`.
-const EMPTY_SLOT: AtomicUsize = AtomicUsize::new(0);
-#[allow(clippy::declare_interior_mutable_const)] // Only used to initialise `TABLE`.
-const EMPTY_BUCKET: Bucket = Bucket([EMPTY_SLOT; SLOTS]);
-
-static TABLE: Table = Table([EMPTY_BUCKET; 1 << BUCKET_BITS]);
-
-#[allow(clippy::declare_interior_mutable_const)] // Only used to initialise `TOUCHED`.
-const NO_PAGES: AtomicU64 = AtomicU64::new(0);
-/// One bit per page of the table: set once an insert has written the page (it is resident).
-static TOUCHED: [AtomicU64; PAGES / 64] = [NO_PAGES; PAGES / 64];
-
-/// The bucket index of `addr` (Fibonacci hashing of the address without its alignment bits).
-#[inline(always)]
-fn bucket_index(addr: usize) -> usize {
-    (((addr as u64) >> 4).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - BUCKET_BITS)) as usize
+/// One generation: `1 << bits` buckets, then one bit per page of buckets, set once an insert
+/// has written the page (made it resident).
+struct Generation {
+    base: *mut u8,
+    bits: u32,
 }
 
-#[inline(always)]
-fn bucket(addr: usize) -> &'static Bucket {
-    &TABLE.0[bucket_index(addr)]
+/// The generations mapped so far, oldest first: a null pointer past the last.
+#[allow(clippy::declare_interior_mutable_const)] // Only used to initialise `MAPPED`.
+const UNMAPPED: AtomicPtr<u8> = AtomicPtr::new(std::ptr::null_mut());
+static MAPPED: [AtomicPtr<u8>; GENERATIONS] = [UNMAPPED; GENERATIONS];
+/// Entries in the set (approximately, under concurrent updates).
+static LIVE: AtomicUsize = AtomicUsize::new(0);
+
+fn bucket_bits(generation: usize) -> u32 {
+    FIRST_BUCKET_BITS + GROWTH_BITS * generation as u32
 }
 
-/// Record `addr` as a live sampled block. Returns false (nothing recorded) when its bucket is
-/// full or `addr` is null.
-pub(crate) fn insert(addr: usize) -> bool {
-    if addr == 0 {
-        return false;
+/// The bytes a generation of `bits` maps: its buckets and its page bits.
+fn generation_bytes(bits: u32) -> usize {
+    let buckets = 1usize << bits;
+    let pages = buckets / BUCKETS_PER_PAGE;
+    buckets * std::mem::size_of::<Bucket>() + (pages / 64).max(1) * 8
+}
+
+/// The capacity the generations give at the density that maps the next one: the number of
+/// live sampled blocks the set holds before its last generation fills (a unit test checks the
+/// issue's figures against it).
+#[cfg(test)]
+fn planned_capacity() -> usize {
+    (0..GENERATIONS).map(|g| (1usize << bucket_bits(g)) * ENTRIES_PER_BUCKET_BEFORE_GROWTH).sum()
+}
+
+impl Generation {
+    /// Generation `g`, if mapped.
+    fn get(g: usize) -> Option<Generation> {
+        let base = MAPPED.get(g)?.load(Ordering::Acquire);
+        (!base.is_null()).then(|| Generation { base, bits: bucket_bits(g) })
     }
-    touch(bucket_index(addr));
-    bucket(addr).0.iter().any(|slot| {
-        slot.load(Ordering::Relaxed) == 0 && slot.compare_exchange(0, addr, Ordering::AcqRel, Ordering::Relaxed).is_ok()
-    })
-}
 
-/// Make the page of bucket `index` resident, if no insert has yet: by a write (exchanging 0
-/// for 0 writes a free slot; a used slot's page is resident), then mark it in [`TOUCHED`].
-fn touch(index: usize) {
-    let page = index / BUCKETS_PER_PAGE;
-    let (word, bit) = (&TOUCHED[page / 64], 1u64 << (page % 64));
-    if word.load(Ordering::Relaxed) & bit == 0 {
-        let _ = TABLE.0[page * BUCKETS_PER_PAGE].0[0].compare_exchange(0, 0, Ordering::Relaxed, Ordering::Relaxed);
-        word.fetch_or(bit, Ordering::Relaxed);
+    fn index(&self, addr: usize) -> usize {
+        // Fibonacci hashing of the address above its alignment bits.
+        (((addr / SAMPLED_ALIGN) as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - self.bits)) as usize
     }
-}
 
-/// Whether the page of bucket `index` is marked in [`TOUCHED`].
-fn touched(index: usize) -> bool {
-    let page = index / BUCKETS_PER_PAGE;
-    TOUCHED[page / 64].load(Ordering::Relaxed) & (1 << (page % 64)) != 0
-}
-
-/// The buckets of the pages marked in [`TOUCHED`], a page at a time: a session's start looks
-/// at 512 bits, not at 32 Ki buckets.
-fn touched_buckets() -> impl Iterator<Item = &'static Bucket> {
-    TABLE
-        .0
-        .chunks(BUCKETS_PER_PAGE)
-        .enumerate()
-        .filter(|&(page, _)| touched(page * BUCKETS_PER_PAGE))
-        .flat_map(|(_, b)| b)
-}
-
-/// If `addr` is a live sampled block, forget it and return true. Reads the address's bucket
-/// (one cache line, none if no insert has used its page) and writes nothing when `addr` was
-/// not sampled.
-#[inline(never)]
-pub(crate) fn remove(addr: usize) -> bool {
-    // An untouched page holds no entry, and a read would map it (see the module doc).
-    let index = bucket_index(addr);
-    if !touched(index) {
-        return false;
+    fn bucket(&self, index: usize) -> &'static Bucket {
+        // SAFETY: `index < 1 << bits` (from `index`), and the mapping holds that many buckets,
+        // zero-initialised (free slots), and is never unmapped.
+        unsafe { &*self.base.cast::<Bucket>().add(index) }
     }
-    TABLE.0[index].0.iter().any(|slot| {
-        slot.load(Ordering::Relaxed) == addr
-            && slot.compare_exchange(addr, 0, Ordering::AcqRel, Ordering::Relaxed).is_ok()
-    })
-}
 
-/// Forget every entry. Called when a session starts, before anything of the new session is
-/// sampled. Reads and writes only the pages an insert has made resident. A straggler of the
-/// previous session (a thread preempted inside [`insert`] through the stop and the restart)
-/// may still add its entry afterwards: a free of that block then reports an address the new
-/// session does not track, which its writer ignores.
-pub(crate) fn clear() {
-    for slot in touched_buckets().flat_map(|bucket| &bucket.0) {
-        if slot.load(Ordering::Relaxed) != 0 {
-            slot.store(0, Ordering::Relaxed);
+    /// The word of page bits holding `index`'s page, and its bit.
+    fn page_bit(&self, index: usize) -> (&AtomicU64, u64) {
+        let page = index / BUCKETS_PER_PAGE;
+        let bits_at = (1usize << self.bits) * std::mem::size_of::<Bucket>();
+        // SAFETY: the page bits follow the buckets in the mapping (see `generation_bytes`),
+        // 8-byte aligned, zero-initialised, and `page / 64` is within them.
+        let word = unsafe { &*self.base.add(bits_at).cast::<AtomicU64>().add(page / 64) };
+        (word, 1 << (page % 64))
+    }
+
+    /// Whether an insert has written `index`'s page: a page no insert wrote holds no entry, and
+    /// reading it would map the shared zero page, which a later write faults out again with a
+    /// TLB shoot-down that interrupts the program's other threads.
+    fn touched(&self, index: usize) -> bool {
+        let (word, bit) = self.page_bit(index);
+        word.load(Ordering::Relaxed) & bit != 0
+    }
+
+    /// Write `index`'s page (exchanging 0 for 0 writes a free slot; a used slot's page is
+    /// resident), then mark it.
+    fn touch(&self, index: usize) {
+        let (word, bit) = self.page_bit(index);
+        if word.load(Ordering::Relaxed) & bit == 0 {
+            let first = index / BUCKETS_PER_PAGE * BUCKETS_PER_PAGE;
+            let _ = self.bucket(first).0[0].compare_exchange(0, 0, Ordering::Relaxed, Ordering::Relaxed);
+            word.fetch_or(bit, Ordering::Relaxed);
         }
     }
+
+    /// Put `entry` (the block at `addr`, tagged) in a free slot of `addr`'s bucket.
+    fn insert(&self, addr: usize, entry: usize) -> Option<&'static AtomicUsize> {
+        let index = self.index(addr);
+        self.touch(index);
+        self.bucket(index).0.iter().find(|slot| {
+            slot.load(Ordering::Relaxed) == 0
+                && slot.compare_exchange(0, entry, Ordering::AcqRel, Ordering::Relaxed).is_ok()
+        })
+    }
+
+    /// The slot holding the entry of the block at `addr`, if any.
+    fn find(&self, addr: usize) -> Option<&'static AtomicUsize> {
+        let index = self.index(addr);
+        if !self.touched(index) {
+            return None;
+        }
+        self.bucket(index).0.iter().find(|slot| slot.load(Ordering::Relaxed) & !TAG_MASK == addr)
+    }
+
+    /// Remove the block at `addr`, returning its entry's tag.
+    fn remove(&self, addr: usize) -> Option<SessionTag> {
+        let index = self.index(addr);
+        if !self.touched(index) {
+            return None;
+        }
+        self.bucket(index).0.iter().find_map(|slot| {
+            let entry = slot.load(Ordering::Relaxed);
+            (entry & !TAG_MASK == addr && slot.compare_exchange(entry, 0, Ordering::AcqRel, Ordering::Relaxed).is_ok())
+                .then_some(entry & TAG_MASK)
+        })
+    }
+}
+
+/// Map generation `g` unless another thread has; false if the address space cannot be had.
+#[cold]
+fn map_generation(g: usize) -> bool {
+    let Some(published) = MAPPED.get(g) else { return false };
+    if !published.load(Ordering::Acquire).is_null() {
+        return true;
+    }
+    let bytes = generation_bytes(bucket_bits(g));
+    // SAFETY: a fresh private anonymous mapping (zero-filled), that nothing else refers to.
+    let map = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            bytes,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
+            0,
+        )
+    };
+    if map == libc::MAP_FAILED {
+        return false;
+    }
+    if published.compare_exchange(std::ptr::null_mut(), map.cast(), Ordering::AcqRel, Ordering::Acquire).is_err() {
+        // Another thread mapped it first; nothing was published of this one.
+        // SAFETY: `map` is the mapping of `bytes` just made, unused.
+        unsafe { libc::munmap(map, bytes) };
+    }
+    true
+}
+
+/// How many generations are mapped (they are mapped in order).
+fn mapped() -> usize {
+    MAPPED.iter().take_while(|g| !g.load(Ordering::Acquire).is_null()).count()
+}
+
+/// The generations mapped, newest first.
+fn generations() -> impl Iterator<Item = Generation> {
+    (0..mapped()).rev().filter_map(Generation::get)
+}
+
+/// Where an insert put its entry: the sampled path sets the session's tag once it knows whether
+/// the sample was recorded.
+pub(crate) struct Inserted {
+    slot: &'static AtomicUsize,
+    addr: usize,
+}
+
+impl Inserted {
+    /// Tag the entry as recorded by the session of `tag`.
+    pub(crate) fn tag(self, tag: SessionTag) {
+        self.slot.store(self.addr | (tag & TAG_MASK), Ordering::Relaxed);
+    }
+}
+
+/// Record the block at `addr` (a multiple of [`SAMPLED_ALIGN`], not 0) as live and sampled, so
+/// far by no session. `None` only when no generation has room for it (see the module doc).
+pub(crate) fn insert(addr: usize) -> Option<Inserted> {
+    debug_assert!(addr != 0 && may_be_sampled(addr));
+    // An entry of the same address is stale: its block was freed behind the allocator's back
+    // (C's `free` of a Rust block), and the address reused. The new block takes its place,
+    // rather than leave the old entry to fill the bucket as the address comes back.
+    if let Some(slot) = generations().find_map(|g| g.find(addr)) {
+        slot.store(addr, Ordering::Relaxed);
+        return Some(Inserted { slot, addr });
+    }
+    let live = LIVE.fetch_add(1, Ordering::Relaxed) + 1;
+    let generations_mapped = mapped();
+    let newest_bucket_bits = bucket_bits(generations_mapped.saturating_sub(1));
+    if generations_mapped == 0 || live > (1 << newest_bucket_bits) * ENTRIES_PER_BUCKET_BEFORE_GROWTH {
+        map_generation(generations_mapped);
+    }
+    loop {
+        if let Some(slot) = generations().find_map(|g| g.insert(addr, addr)) {
+            return Some(Inserted { slot, addr });
+        }
+        // The address's bucket is full in every generation: a new one, whatever the count.
+        if !map_generation(mapped()) {
+            LIVE.fetch_sub(1, Ordering::Relaxed);
+            return None;
+        }
+    }
+}
+
+/// If the block at `addr` is in the set, remove it and return its entry's tag. Reads the
+/// address's bucket in each generation whose page of it an insert has written.
+#[inline(never)]
+pub(crate) fn remove(addr: usize) -> Option<SessionTag> {
+    let tag = generations().find_map(|g| g.remove(addr))?;
+    LIVE.fetch_sub(1, Ordering::Relaxed);
+    Some(tag)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// The table is process-wide: tests that clear it or check that it is empty take this
-    /// lock exclusively; the others share it.
-    static TABLE_LOCK: std::sync::RwLock<()> = std::sync::RwLock::new(());
-
-    fn shared() -> std::sync::RwLockReadGuard<'static, ()> {
-        TABLE_LOCK.read().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn exclusive() -> std::sync::RwLockWriteGuard<'static, ()> {
-        TABLE_LOCK.write().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Whether `addr` is in the table.
-    fn contains(addr: usize) -> bool {
-        bucket(addr).0.iter().any(|s| s.load(Ordering::Relaxed) == addr)
-    }
-
-    fn assert_empty() {
-        // Only the touched pages: an untouched one holds nothing, and reading it would map it
-        // (see `only_pages_in_use_become_resident`).
-        assert!(touched_buckets().flat_map(|b| b.0.iter()).all(|s| s.load(Ordering::Relaxed) == 0), "table not empty");
-    }
-
-    /// Addresses that all land in one bucket (distinct from other tests' addresses).
-    fn same_bucket(base: usize, n: usize) -> Vec<usize> {
-        let target = bucket(base);
-        (0..).map(|i| base + i * 16).filter(|&a| std::ptr::eq(bucket(a), target)).take(n).collect()
+    /// Addresses for a test: distinct multiples of the alignment from `base`, spread so that
+    /// tests running at once never share one.
+    fn addresses(base: usize, n: usize) -> impl Iterator<Item = usize> {
+        (0..n).map(move |i| base + i * SAMPLED_ALIGN)
     }
 
     #[test]
-    fn insert_find_remove() {
-        let _lock = shared();
-        let a = 0x7f00_1234_5670;
-        assert!(!remove(a));
-        assert!(insert(a));
-        assert!(contains(a));
-        assert!(remove(a));
-        assert!(!remove(a));
-        assert!(!insert(0));
+    fn insert_tag_find_remove() {
+        let a = 0x7f00_1234_5000;
+        assert_eq!(remove(a), None);
+        insert(a).unwrap().tag(session_tag(7));
+        assert_eq!(remove(a), Some(session_tag(7)));
+        assert_eq!(remove(a), None);
+        insert(a).unwrap();
+        assert_eq!(remove(a), Some(0), "an untagged entry is found, with no session");
+    }
+
+    /// An address inserted again without a removal between (its block freed by C's `free`)
+    /// takes the stale entry's place: one removal then finds none left.
+    #[test]
+    fn a_stale_entry_gives_way_to_its_address_reused() {
+        let a = 0x7f00_5678_9000;
+        for tag in 1..=3 * SLOTS {
+            insert(a).expect("room").tag(tag);
+        }
+        assert_eq!(remove(a), Some(3 * SLOTS));
+        assert_eq!(remove(a), None);
     }
 
     #[test]
-    fn full_bucket_refuses_inserts() {
-        let _lock = shared();
-        let addrs = same_bucket(0x5500_0000_0000, SLOTS + 1);
-        for &a in &addrs[..SLOTS] {
-            assert!(insert(a));
-        }
-        assert!(!insert(addrs[SLOTS]));
-        assert!(remove(addrs[3]));
-        assert!(insert(addrs[SLOTS]));
-        for &a in addrs.iter().filter(|&&a| a != addrs[3]) {
-            assert!(remove(a));
+    fn session_tags_are_never_zero_and_fit_the_alignment() {
+        for session in [0, 1, 4094, 4095, 4096, u32::MAX] {
+            let tag = session_tag(session);
+            assert!(tag != 0 && tag & !TAG_MASK == 0, "{session}: {tag}");
         }
     }
 
-    /// Threads inserting and removing disjoint sets of addresses that share buckets: every
-    /// entry is found until removed, each removal succeeds exactly once, and the table ends
-    /// empty.
+    /// Only multiples of the alignment may be sampled, and a sampled layout keeps its size,
+    /// has at least the alignment, and keeps a larger one.
+    #[test]
+    fn the_sampled_layout_is_what_the_free_rule_relies_on() {
+        assert!(may_be_sampled(0x7000_0000_1000) && !may_be_sampled(0x7000_0000_1010));
+        for (size, align) in [(1, 1), (24, 8), (100_000, 16), (4096, 4096), (64, 8192), (1 << 20, 1 << 21)] {
+            let sampled = sampled_layout(Layout::from_size_align(size, align).unwrap());
+            assert_eq!((sampled.size(), sampled.align()), (size, align.max(SAMPLED_ALIGN)));
+        }
+        let huge = Layout::from_size_align(isize::MAX as usize - 8, 8).unwrap();
+        assert_eq!(sampled_layout(huge), huge, "too large to over-align: left as it is");
+    }
+
+    /// The set holds the live samples of the heaps it is made for (issue 36: 64 GiB live at the
+    /// default rate, 4 GiB at 1e-3) many times over, in blocks of any size: a block covers one
+    /// entry whatever its size, and the most live entries a heap gives are its words times the
+    /// rate (each word a sample point with that probability), for blocks of one word.
+    #[test]
+    fn capacity_covers_the_largest_heaps_at_their_rates() {
+        let entries_for = |heap_bytes: f64, rate: f64| (heap_bytes / 8.0 * rate) as usize;
+        let gib = (1u64 << 30) as f64;
+        for (heap, rate) in [(64.0 * gib, 1e-5), (4.0 * gib, 1e-3), (64.0 * gib, 1e-4)] {
+            let needed = entries_for(heap, rate);
+            assert!(planned_capacity() >= 8 * needed, "{heap} B at {rate}: {needed} entries");
+        }
+    }
+
+    /// Many more entries than the first generation holds: each one is found and removed once,
+    /// with its tag, and new generations were mapped on demand (one at a time).
+    #[test]
+    fn the_set_grows_past_its_first_generation() {
+        let n = (1usize << FIRST_BUCKET_BITS) * SLOTS * 2;
+        let addrs: Vec<usize> = addresses(0x5100_0000_0000, n).collect();
+        for (i, &a) in addrs.iter().enumerate() {
+            insert(a).expect("room").tag(session_tag(i as u32));
+        }
+        assert!(generations().count() >= 2, "no generation was added");
+        for (i, &a) in addrs.iter().enumerate() {
+            assert_eq!(remove(a), Some(session_tag(i as u32)), "{a:#x}");
+        }
+        assert!(addrs.iter().all(|&a| remove(a).is_none()));
+    }
+
+    /// Addresses that all land in one bucket of generation 0 fill it, and then go to another
+    /// generation rather than being refused.
+    #[test]
+    fn a_full_bucket_sends_inserts_to_another_generation() {
+        map_generation(0);
+        let first = Generation::get(0).unwrap();
+        let target = first.index(0x5500_0000_0000);
+        let addrs: Vec<usize> =
+            addresses(0x5500_0000_0000, 1 << 26).filter(|&a| first.index(a) == target).take(3 * SLOTS).collect();
+        for &a in &addrs {
+            insert(a).expect("room in some generation").tag(1);
+        }
+        assert!(generations().count() >= 2);
+        for &a in &addrs {
+            assert_eq!(remove(a), Some(1));
+        }
+    }
+
+    /// Threads inserting and removing disjoint sets of addresses: every entry is found until
+    /// removed, and each removal succeeds exactly once.
     #[test]
     fn concurrent_inserts_and_removes() {
         const THREADS: usize = 4;
-        const BUCKETS: usize = 96;
-        const ROUNDS: usize = 300;
-        let _lock = exclusive();
-        clear();
-        // Fill a few buckets exactly, each holding addresses of every thread: inserts never
-        // find a bucket full, but compete for its slots.
-        let first = 3200;
-        let mut per_bucket = vec![0; BUCKETS];
-        let mut sets = vec![Vec::new(); THREADS];
-        let mut addrs = (0..).map(|i| 0x4200_0000_0000 + i * 16);
-        while per_bucket.iter().any(|&n| n < SLOTS) {
-            let addr = addrs.next().unwrap();
-            let Some(n) = bucket_index(addr).checked_sub(first).and_then(|i| per_bucket.get_mut(i)) else { continue };
-            if *n < SLOTS {
-                sets[*n % THREADS].push(addr);
-                *n += 1;
-            }
-        }
+        const ROUNDS: usize = 200;
         std::thread::scope(|s| {
-            for (t, set) in sets.iter().enumerate() {
+            for t in 0..THREADS {
                 s.spawn(move || {
+                    let set: Vec<usize> = addresses(0x4200_0000_0000 + (t << 32), 500).collect();
                     let mut rng = t as u64 + 1;
                     let mut live = vec![false; set.len()];
                     for _ in 0..ROUNDS {
                         for (i, &addr) in set.iter().enumerate() {
-                            // Insert or remove about half of the set each round, in varying order.
                             if crate::runtime::sampler::next_u64(&mut rng).is_multiple_of(2) {
                                 continue;
                             }
                             if live[i] {
-                                assert!(remove(addr), "{addr:#x} not removed");
-                                assert!(!remove(addr), "{addr:#x} removed twice");
+                                assert_eq!(remove(addr), Some(3), "{addr:#x} not removed");
+                                assert_eq!(remove(addr), None, "{addr:#x} removed twice");
                             } else {
-                                assert!(insert(addr), "{addr:#x} not inserted");
+                                insert(addr).expect("room").tag(3);
                             }
                             live[i] = !live[i];
                         }
-                        for (&addr, &live) in set.iter().zip(&live) {
-                            assert_eq!(contains(addr), live, "{addr:#x}");
-                        }
                     }
                     for (&addr, live) in set.iter().zip(live) {
-                        assert_eq!(remove(addr), live, "{addr:#x}");
+                        assert_eq!(remove(addr).is_some(), live, "{addr:#x}");
                     }
                 });
             }
         });
-        assert_empty();
     }
 
-    /// Whether the table's page `page` is resident.
-    fn resident(page: usize) -> bool {
-        resident_at(&TABLE.0[page * BUCKETS_PER_PAGE] as *const Bucket as usize)
-    }
-
-    /// Whether the page of the static at `addr` is resident (`mincore`).
-    fn resident_at(addr: usize) -> bool {
+    /// Whether the page at `addr` is resident (`mincore`).
+    fn resident(addr: usize) -> bool {
         let mut flag = 0u8;
         let page = (addr & !(PAGE_BYTES - 1)) as *mut libc::c_void;
-        // SAFETY: `page` is the page-aligned start of a page of this crate's statics, and
+        // SAFETY: `page` is the page-aligned start of a page of a generation's mapping, and
         // `flag` has room for that one page's answer.
         assert_eq!(unsafe { libc::mincore(page, PAGE_BYTES, &mut flag) }, 0);
         flag & 1 != 0
     }
 
-    /// Only the pages an insert used become resident: `clear` neither reads nor writes the
-    /// others (it used to make all 2 MiB resident), and an insert makes its page resident and
-    /// marks it.
+    /// Only the pages an insert used become resident, and a lookup whose bucket is on a page no
+    /// insert has used does not read it (on a generation of its own: the set's are shared by
+    /// the tests running at once).
     #[test]
     fn only_pages_in_use_become_resident() {
-        let _lock = exclusive();
-        // A page that nothing in this process has read or written yet (most of them).
-        let page = (0..PAGES).find(|&p| !touched(p * BUCKETS_PER_PAGE) && !resident(p)).expect("an untouched page");
-        clear();
-        assert!(!resident(page), "clear made page {page} resident");
-        let addr = (0x7c00_0000_0000..).step_by(16).find(|&a| bucket_index(a) / BUCKETS_PER_PAGE == page).unwrap();
-        assert!(insert(addr));
-        assert!(resident(page) && touched(bucket_index(addr)));
-        // A lookup whose bucket is on a table page nothing has used does not read it.
-        let (other, other_page) = (addr..)
-            .step_by(16)
-            .map(|a| (a, bucket_index(a) / BUCKETS_PER_PAGE))
-            .find(|&(_, p)| !touched(p * BUCKETS_PER_PAGE) && !resident(p))
-            .expect("an address whose bucket is on an unused table page");
-        assert!(!remove(other));
-        assert!(!resident(other_page), "a lookup made table page {other_page} resident");
-        assert!(remove(addr));
-        clear();
-        assert_empty();
-    }
-
-    /// `clear` forgets every entry, whatever page it is on.
-    #[test]
-    fn clear_forgets_every_entry() {
-        let _lock = exclusive();
-        let addrs = [0x7700_0000_0000, 0x7700_0000_1230, 0x7700_0400_0000];
-        assert!(addrs.iter().all(|&a| insert(a)));
-        clear();
-        assert_empty();
-        assert!(addrs.iter().all(|&a| !remove(a)));
+        let bits = FIRST_BUCKET_BITS;
+        // SAFETY: a fresh private anonymous mapping of a generation's size, left mapped.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                generation_bytes(bits),
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(base, libc::MAP_FAILED);
+        let g = Generation { base: base.cast(), bits };
+        let page_of = |a: usize| g.index(a) / BUCKETS_PER_PAGE;
+        let page_addr = |a: usize| g.bucket(page_of(a) * BUCKETS_PER_PAGE) as *const Bucket as usize;
+        let a = 0x7c00_0000_0000;
+        let b = addresses(a, 1 << 10).find(|&b| page_of(b) != page_of(a)).unwrap();
+        assert!(!resident(page_addr(a)) && !resident(page_addr(b)));
+        assert_eq!(g.remove(b), None);
+        assert!(!resident(page_addr(b)), "a lookup made its page resident");
+        g.insert(a, a | 5).expect("room");
+        assert!(resident(page_addr(a)) && g.touched(g.index(a)));
+        assert!(!resident(page_addr(b)), "an insert made another page resident");
+        assert_eq!(g.remove(a), Some(5));
     }
 
     #[test]
-    fn table_is_one_cache_line_per_bucket() {
+    fn a_bucket_is_one_cache_line() {
         assert_eq!(std::mem::size_of::<Bucket>(), 64);
         assert_eq!(std::mem::align_of::<Bucket>(), 64);
     }

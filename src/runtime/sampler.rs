@@ -317,11 +317,6 @@ pub(crate) fn force_sample() {
     });
 }
 
-/// Whether this thread's next (or current) sample was forced by [`force_sample`].
-pub(crate) fn calibration_pending() -> bool {
-    THREAD.try_with(|t| t.calibrating.get()).unwrap_or(false)
-}
-
 /// Whether this thread's current sample was forced by [`force_sample`]; clears the flag.
 pub(crate) fn take_calibration_flag() -> bool {
     THREAD.try_with(|t| t.calibrating.replace(false)).unwrap_or(false)

@@ -24,6 +24,7 @@ use std::sync::{Arc, LazyLock};
 use parking_lot::{Mutex, RwLock};
 
 use super::handoff::KernelName;
+use super::record::Loss;
 use super::spans::Pseudo;
 use crate::format::hash::FastMap;
 use crate::format::location_codec::Location;
@@ -34,6 +35,12 @@ pub const SPAN_FILE_PREFIX: &str = "<span>";
 /// The file name of a thread's location (the pseudo-frame written by
 /// [`TraceConfig::thread_frames`](crate::TraceConfig::thread_frames)).
 pub const THREAD_FILE: &str = "<thread>";
+/// The file name of the location of samples the tracer lost (see `docs/FORMAT.md`, "Lost
+/// samples"): allocations whose only frame is such a location stand for the samples lost to
+/// the cause its function name gives, [`LOST_SAMPLES_PREFIX`] followed by the cause and `>`.
+pub const LOST_SAMPLES_FILE: &str = "<memtrace>";
+/// The start of the function name of a lost samples' location.
+pub const LOST_SAMPLES_PREFIX: &str = "<samples lost: ";
 /// Longest span description, in bytes (longer ones are cut and end with `…`).
 pub const MAX_DESCRIPTION_BYTES: usize = 200;
 /// Most distinct descriptions of one span call site; later values share `name{…}`.
@@ -221,6 +228,10 @@ impl PseudoFrames {
                 self.names[n as usize].clone()
             }
             Pseudo::ThreadName(n) => self.names.get(n as usize)?.clone(),
+            Pseudo::Lost(cause) => {
+                let cause = Loss::ALL.get(cause as usize).map_or("unknown", |cause| cause.describe());
+                Arc::new([pseudo_location(LOST_SAMPLES_FILE, 0, &format!("{LOST_SAMPLES_PREFIX}{cause}>"))])
+            }
         })
     }
 }

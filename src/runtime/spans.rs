@@ -29,6 +29,7 @@ const TAG_SHIFT: u32 = 48;
 const SPAN_TAG: u64 = 0xFFFF;
 const THREAD_TAG: u64 = 0xFFFE;
 const THREAD_NAME_TAG: u64 = 0xFFFD;
+const LOST_TAG: u64 = 0xFFFC;
 
 /// What a pseudo-frame stands for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -40,6 +41,9 @@ pub(crate) enum Pseudo {
     /// The thread name numbered so by the writer (as the trace holds it: threads of one name
     /// share a location).
     ThreadName(u32),
+    /// The samples lost to a cause (`record::Loss` as a number), which the writer writes as
+    /// allocations of their own (the only frame of their stacks).
+    Lost(u32),
 }
 
 impl Pseudo {
@@ -49,6 +53,7 @@ impl Pseudo {
             Pseudo::Span(n) => (SPAN_TAG, n),
             Pseudo::Thread(n) => (THREAD_TAG, n),
             Pseudo::ThreadName(n) => (THREAD_NAME_TAG, n),
+            Pseudo::Lost(n) => (LOST_TAG, n),
         };
         (tag << TAG_SHIFT) | u64::from(value)
     }
@@ -60,6 +65,7 @@ impl Pseudo {
             SPAN_TAG => Some(Pseudo::Span(value)),
             THREAD_TAG => Some(Pseudo::Thread(value)),
             THREAD_NAME_TAG => Some(Pseudo::ThreadName(value)),
+            LOST_TAG => Some(Pseudo::Lost(value)),
             _ => None,
         }
     }

@@ -11,8 +11,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::handoff::{self, Channel, Msg};
+use super::record;
+use super::sampler::WORD_BYTES;
 use super::span_table::PseudoFrames;
-use super::state::{say, MAX_FRAMES, OFF, STATE};
+use super::spans::Pseudo;
+use super::state::{now_us, say, MAX_FRAMES, OFF, STATE};
 use super::symbolize::{self, Worker};
 use super::tracer_thread::Doorbell;
 use super::unwind::cfi;
@@ -137,7 +140,7 @@ pub(crate) fn write_trace(
         (allocs, frees) = (state.allocs, state.frees);
         // Not after a panic, which may have left it half-updated.
         spare = state.names.worker.take_symbolizer();
-        result.and_then(|()| state.writer.close().map(drop))
+        result.and_then(|()| state.writer.close_marked().map(drop))
     }));
     // Also after a panic: the bell holds the writer's thread.
     channel.no_first_sample_bell();
@@ -192,9 +195,10 @@ impl TraceWriter {
                     }
                     Msg::Free { addr, time, .. } => self.free(addr, time)?,
                     Msg::ThreadName { tid, name, .. } => self.names.pseudo.kernel_name(tid, name),
-                    Msg::Stop { .. } => return Ok(()),
+                    Msg::Stop { .. } => return self.write_losses(),
                 }
             }
+            self.write_losses()?;
             let now = Instant::now();
             if now >= next_flush {
                 if self.writer.has_unflushed_events() {
@@ -266,6 +270,33 @@ impl TraceWriter {
         let id = self.writer.put_alloc(DOMAIN, time, &alloc, |code| names.locations_of(code, codes))?;
         self.ids.insert(addr, id);
         self.allocs += 1;
+        Ok(())
+    }
+
+    /// Write the samples lost since the last call (see `record`) as one allocation for each
+    /// cause, of all their sample points and words, at the cause's pseudo-location, collected at
+    /// once: allocated totals stay unbiased, live ones are not inflated, and every reader sees
+    /// the loss as a site of its own.
+    fn write_losses(&mut self) -> crate::Result<()> {
+        for (cause, lost) in record::take_unwritten_losses().into_iter().enumerate() {
+            if lost.points == 0 {
+                continue;
+            }
+            let time = self.time(now_us());
+            self.codes.clear();
+            self.codes.push(Pseudo::Lost(cause as u32).code());
+            let length = lost.bytes.div_ceil(WORD_BYTES);
+            let alloc = NewAlloc {
+                length,
+                nsamples: lost.points,
+                source: AllocSource::External,
+                callstack: &self.codes,
+                drop: 0,
+            };
+            let (names, codes) = (&mut self.names, &self.codes);
+            let id = self.writer.put_alloc(DOMAIN, time, &alloc, |code| names.locations_of(code, codes))?;
+            self.writer.put_collect(DOMAIN, time, id)?;
+        }
         Ok(())
     }
 

@@ -14,9 +14,10 @@ use memtrace_rs::trace::{EventKind, Warning};
 use memtrace_rs::trace::{Info, ObjectId, Reader};
 use memtrace_rs::{currently_tracing, start_tracing, stop_tracing, trace_if_requested, MemtraceAllocator};
 
+mod estimates;
 mod faults;
 mod heap;
-mod pool;
+mod sampled_blocks;
 #[cfg(feature = "tracing")]
 mod spans;
 
@@ -441,7 +442,11 @@ fn child_role() {
         symbols if symbols.starts_with("symbols:") => symbols::child(symbols),
         #[cfg(all(target_os = "linux", target_env = "gnu"))]
         "heap:mmap-threshold" => heap::child(),
-        "pool:moves" => pool::child(),
+        "sampled-blocks:moves" => sampled_blocks::child(),
+        "estimates:grid" => estimates::child(),
+        #[cfg(debug_assertions)]
+        "estimates:behind" => estimates::child_behind(),
+        "sampled-blocks:c-free" => sampled_blocks::child_freed_by_c(),
         #[cfg(feature = "tracing")]
         spans if spans.starts_with("spans-") => spans::child_role(spans),
         other => assert!(faults::child_role(other), "unknown role {other}"),

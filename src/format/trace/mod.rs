@@ -9,7 +9,7 @@ mod writer;
 
 use crate::format::backtrace_codec::CacheVerifier;
 
-pub use reader::{Alloc, Event, EventKind, LocationTable, Reader, Warning};
+pub use reader::{writer_holds_lock, Alloc, Event, EventKind, LocationTable, Reader, Warning};
 pub(crate) use writer::trace_info_packet;
 pub use writer::{NewAlloc, Writer};
 
@@ -106,11 +106,19 @@ impl AllocSource {
 }
 
 /// A parsed packet header (FORMAT.md §2.2).
+/// The `flush_duration` of the last packet of a trace that this crate's tracer closed: a field
+/// every writer sets to 0 and no reader reads (`docs/FORMAT.md`, §2.2), which so tells a
+/// finished trace from one whose writer has not closed it, in a way every reader accepts.
+pub(crate) const CLOSED_MARK: u32 = 0x434c_4f53;
+
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct PacketHeader {
     pub size_bits: u32,
     pub time_begin: Timestamp,
     pub time_end: Timestamp,
+    /// [`CLOSED_MARK`] in the last packet of a trace its writer closed (see
+    /// [`Writer::close_marked`]); 0 elsewhere.
+    pub flush_duration: u32,
     pub version: u16,
     pub pid: u64,
     pub domain: u16,

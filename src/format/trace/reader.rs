@@ -18,7 +18,8 @@ use std::path::Path;
 use std::sync::Arc;
 
 use super::{
-    event_id, AllocSource, Info, ObjectId, PacketHeader, Timestamp, FORMAT_VERSION, HEADER_SIZE_V1, MAGIC, TIME_MASK,
+    event_id, AllocSource, Info, ObjectId, PacketHeader, Timestamp, CLOSED_MARK, FORMAT_VERSION, HEADER_SIZE_V1, MAGIC,
+    TIME_MASK,
 };
 use crate::format::backtrace_codec::{self, CacheVerifier};
 use crate::format::buf::ReadCursor;
@@ -180,12 +181,29 @@ pub struct Reader<R: Read = BufReader<File>> {
     scratch_locations: Vec<Location>,
     decode_backtraces: bool,
     warnings: Vec<Warning>,
+    /// Whether the last packet read carries the writer's closing mark.
+    closed: bool,
 }
 
 impl<R: Read> fmt::Debug for Reader<R> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Reader").field("info", &self.info).field("offset", &self.offset).finish_non_exhaustive()
     }
+}
+
+/// Whether another process holds the write lock of the trace file at `path`: a tracer of this
+/// crate (like upstream's) locks the file while it writes the trace, so the trace is still
+/// being written. False when the file cannot be opened or its lock tested.
+pub fn writer_holds_lock(path: impl AsRef<Path>) -> bool {
+    use std::os::fd::AsRawFd;
+    let Ok(file) = File::open(path) else { return false };
+    // SAFETY: `flock` is plain data, for which all zeros is a value.
+    let mut lock: libc::flock = unsafe { std::mem::zeroed() };
+    lock.l_type = libc::F_WRLCK as libc::c_short;
+    lock.l_whence = libc::SEEK_SET as libc::c_short;
+    // SAFETY: `file` is open for the call, and `lock` a valid, writable `flock`.
+    let tested = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GETLK, &mut lock) };
+    tested == 0 && lock.l_type != libc::F_UNLCK as libc::c_short && lock.l_pid != std::process::id() as libc::pid_t
 }
 
 impl Reader<BufReader<File>> {
@@ -219,6 +237,7 @@ impl<R: Read> Reader<R> {
             scratch_locations: Vec::new(),
             decode_backtraces: true,
             warnings: Vec::new(),
+            closed: false,
             info,
         })
     }
@@ -237,6 +256,14 @@ impl<R: Read> Reader<R> {
     /// Things skipped so far without failing (a truncated last packet, foreign packets).
     pub fn warnings(&self) -> &[Warning] {
         &self.warnings
+    }
+
+    /// Whether the trace, read to its end, was closed by its writer: its last packet carries
+    /// the mark this crate's tracer writes when it finishes a trace. False for a trace whose
+    /// writer is still running or stopped without closing it (the program was killed), and for
+    /// traces of writers that do not mark them (upstream's, [`Writer::close`](super::Writer::close)).
+    pub fn closed_by_writer(&self) -> bool {
+        self.finished && self.closed
     }
 
     /// Remove and return the warnings recorded so far.
@@ -318,6 +345,7 @@ impl<R: Read> Reader<R> {
             }
             PacketRead::Complete { header, .. } => header,
         };
+        self.closed = header.flush_duration == CLOSED_MARK;
         if header.pid != self.info.pid {
             self.warnings.push(Warning::WrongPid { offset: start, pid: header.pid, expected: self.info.pid });
             return Ok(());
@@ -529,7 +557,7 @@ fn parse_header(raw: &[u8], start: u64) -> Result<PacketHeader> {
     let size_bits = r.get_u32()?;
     let time_begin = r.get_u64()?;
     let time_end = r.get_u64()?;
-    let _flush_duration = r.get_u32()?;
+    let flush_duration = r.get_u32()?;
     let version = r.get_u16()?;
     if version > FORMAT_VERSION {
         return Err(Error::at(start + 28, ErrorKind::UnsupportedVersion(version)));
@@ -551,7 +579,18 @@ fn parse_header(raw: &[u8], start: u64) -> Result<PacketHeader> {
     if (alloc_id_begin as i64) < 0 || (alloc_id_begin as i64) > (alloc_id_end as i64) {
         return Err(Error::at(start + 52, ErrorKind::BadPacketIds { begin: alloc_id_begin, end: alloc_id_end }));
     }
-    Ok(PacketHeader { size_bits, time_begin, time_end, version, pid, domain, verifier, alloc_id_begin, alloc_id_end })
+    Ok(PacketHeader {
+        size_bits,
+        time_begin,
+        time_end,
+        flush_duration,
+        version,
+        pid,
+        domain,
+        verifier,
+        alloc_id_begin,
+        alloc_id_end,
+    })
 }
 
 fn parse_info(header: &PacketHeader, content: &[u8], content_offset: u64) -> Result<Info> {

@@ -8,7 +8,9 @@
 use std::io::Write;
 use std::sync::Arc;
 
-use super::{event_id, AllocSource, Info, ObjectId, Timestamp, FORMAT_VERSION, MAGIC, PACKET_BUFFER_SIZE, TIME_MASK};
+use super::{
+    event_id, AllocSource, Info, ObjectId, Timestamp, CLOSED_MARK, FORMAT_VERSION, MAGIC, PACKET_BUFFER_SIZE, TIME_MASK,
+};
 use crate::format::backtrace_codec;
 use crate::format::buf::WriteBuf;
 use crate::format::error::{Error, ErrorKind, Result};
@@ -82,6 +84,8 @@ struct Output<W> {
     next_chunk: ObjectId,
     /// Scratch buffer for location packets.
     location_packet: WriteBuf,
+    /// Set by [`Writer::close_marked`]: the next event packet is the trace's last.
+    closing: bool,
 }
 
 /// A trace writer over any [`Write`].
@@ -118,7 +122,7 @@ pub(crate) fn trace_info_packet(info: &Info) -> Result<WriteBuf> {
     packet.put_string(&info.runtime_params);
     packet.put_u64(info.pid);
     packet.put_string(info.context.as_deref().unwrap_or_default());
-    finish_packet(&mut packet, info.start_time, info.start_time, 0, 0)?;
+    finish_packet(&mut packet, info.start_time, info.start_time, 0, 0, 0)?;
     Ok(packet)
 }
 
@@ -150,6 +154,7 @@ impl<W: Write> Writer<W> {
             check_pid: false,
             next_chunk: 0,
             location_packet: WriteBuf::with_capacity(PACKET_BUFFER_SIZE),
+            closing: false,
         };
         let first = DomainWriter::new(&mut output, info.initial_domain, info.start_time);
         Writer { output, start_time: info.start_time, domains: vec![first], current: 0, dirty: false }
@@ -257,6 +262,14 @@ impl<W: Write> Writer<W> {
     pub fn close(mut self) -> Result<W> {
         self.flush()?;
         Ok(self.output.out)
+    }
+
+    /// [`close`](Writer::close), and mark the last packet as the end of a finished trace (its
+    /// `flush_duration`, which readers ignore, is [`CLOSED_MARK`]), so that readers can tell it
+    /// from a trace still being written ([`Reader::closed_by_writer`](super::Reader::closed_by_writer)).
+    pub(crate) fn close_marked(mut self) -> Result<W> {
+        self.output.closing = true;
+        self.close()
     }
 }
 
@@ -386,7 +399,7 @@ impl DomainWriter {
                 pending.next();
             }
             let (t, id) = (self.packet_time_start, self.packet_first_id);
-            finish_packet(packet, t, t, id, id)?;
+            finish_packet(packet, t, t, id, id, 0)?;
             output.out.write_all(packet.as_bytes())?;
         }
         drop(pending);
@@ -396,6 +409,7 @@ impl DomainWriter {
             self.packet_time_end,
             self.packet_first_id,
             self.next_id,
+            if output.closing { CLOSED_MARK } else { 0 },
         )?;
         output.out.write_all(self.packet.as_bytes())?;
 
@@ -431,12 +445,13 @@ fn finish_packet(
     end: Timestamp,
     first_id: ObjectId,
     end_id: ObjectId,
+    flush_duration: u32,
 ) -> Result<()> {
     let bits = (packet.position() * 8) as u32;
     packet.patch_u32(SIZE_AT, bits);
     packet.patch_u64(TIME_BEGIN_AT, begin);
     packet.patch_u64(TIME_END_AT, end);
-    packet.patch_u32(FLUSH_DURATION_AT, 0);
+    packet.patch_u32(FLUSH_DURATION_AT, flush_duration);
     packet.patch_u64(ALLOC_ID_BEGIN_AT, first_id);
     packet.patch_u64(ALLOC_ID_END_AT, end_id);
     if packet.overflowed() {

@@ -29,9 +29,7 @@ use super::config::{config_from_env, valid_rate, StartError, TraceConfig, FILE_V
 use super::fork_safe_lock::ForkSafeLock;
 use super::handoff::{self, Channel};
 use super::loader;
-use super::record::{self, Losses};
-use super::sampled_pool;
-use super::sampled_set;
+use super::record::{self, Loss, Losses};
 use super::sampler;
 use super::spans;
 use super::state::{currently_tracing, getpid, now_us, say, MAX_FRAMES, OFF, ON, STATE};
@@ -93,15 +91,21 @@ pub struct TraceStats {
     pub frees_written: u64,
     /// Sampled allocations dropped because the writer was too far behind.
     pub dropped_writer_behind: u64,
-    /// Sampled allocations dropped because there was no room to track their blocks (their
-    /// bucket of the sampled-block table, or their size class of the pool that serves sampled
-    /// blocks, was full).
+    /// Sampled allocations dropped because there was no room to track their blocks (the
+    /// sampled-block set could not grow).
     pub dropped_table_full: u64,
-    /// Sampled allocations dropped because no memory was left for their stacks.
+    /// Sampled allocations dropped because no memory was left for their stacks, or for their
+    /// blocks at the alignment of sampled blocks.
     pub dropped_no_memory: u64,
     /// Sampled allocations dropped because their thread had too little stack left to capture
     /// their stacks.
     pub dropped_no_stack: u64,
+    /// The sample points of all the dropped allocations: `sample_points_dropped × 8 / rate`
+    /// estimates the bytes they stand for. The trace records them too, as allocations at a
+    /// pseudo-location of their cause (see `docs/FORMAT.md`, "Lost samples").
+    pub sample_points_dropped: u64,
+    /// The bytes of the dropped allocations' blocks.
+    pub bytes_dropped: u64,
     /// Frees of sampled blocks lost because the writer was too far behind: the trace shows
     /// those blocks as never freed.
     pub frees_lost: u64,
@@ -194,12 +198,8 @@ pub fn start_tracing(config: TraceConfig) -> Result<TraceGuard, StartError> {
     // be made fallible; with less address space left than that, say so instead of failing
     // part-way, or aborting in one of them. The one check for all of it: the queue is not
     // checked again when it is made.
-    // The pool's address space is counted in (its first start reserves it): under
-    // `RLIMIT_AS` it counts against the same limit.
-    let needed = handoff::bytes_for(handoff::capacity_for(config.rate))
-        .saturating_add(START_MEMORY)
-        .saturating_add(sampled_pool::bytes_to_reserve());
-    if !handoff::memory_for(needed) || !sampled_pool::reserve() {
+    let needed = handoff::bytes_for(handoff::capacity_for(config.rate)).saturating_add(START_MEMORY);
+    if !handoff::memory_for(needed) {
         return Err(StartError::NoMemory);
     }
     HOOKS.call_once(register_hooks);
@@ -254,7 +254,6 @@ pub fn start_tracing(config: TraceConfig) -> Result<TraceGuard, StartError> {
             }
         })?;
 
-    sampled_set::clear();
     record::take_losses();
     sampler::configure(config.rate);
     unwind::configure(walker, config.frame_cap);
@@ -293,7 +292,7 @@ type Setup = (File, Info, Option<File>);
 /// thread's first turn took milliseconds on a loaded machine, and it is started off the
 /// starter's CPU for that, [`TracerThread::spawn_beside`]; it is a [`TracerThread`], marked
 /// the tracer's before any of its code runs, so nothing it allocates is sampled). Except where
-/// the queue is at its largest (from rate 1e-3 on) and holds less than its backlog time of
+/// the queue is at its largest (from rate 2.5e-4 on) and holds less than its backlog time of
 /// samples: there sixteen threads sampling at once filled it while the new writer waited for
 /// its first turns, and the start waits until the writer is ready.
 struct PendingWriter {
@@ -456,10 +455,12 @@ fn finish(session: Session) -> Option<Result<TraceStats, Error>> {
     let stats = TraceStats {
         samples_written: written.allocs,
         frees_written: written.frees,
-        dropped_writer_behind: losses.writer_behind,
-        dropped_table_full: losses.table_full,
-        dropped_no_memory: losses.no_memory,
-        dropped_no_stack: losses.no_stack,
+        dropped_writer_behind: losses.of(Loss::WriterBehind).samples,
+        dropped_table_full: losses.of(Loss::Untracked).samples,
+        dropped_no_memory: losses.of(Loss::NoMemory).samples,
+        dropped_no_stack: losses.of(Loss::NoStack).samples,
+        sample_points_dropped: losses.samples.iter().map(|lost| lost.points).sum(),
+        bytes_dropped: losses.samples.iter().map(|lost| lost.bytes).sum(),
         frees_lost: losses.frees,
         frees_lost_no_stack: losses.frees_no_stack,
     };
@@ -518,15 +519,21 @@ fn give_up(session: &Session) -> WriterOutcome {
 
 /// One line on stderr for lost samples, one for lost frees.
 fn report_losses(losses: &Losses) {
-    let Losses { writer_behind, table_full, no_memory, no_stack, frees: frees_behind, frees_no_stack } = *losses;
-    let dropped = writer_behind + table_full + no_memory + no_stack;
+    let samples = |cause| losses.of(cause).samples;
+    let dropped: u64 = losses.samples.iter().map(|lost| lost.samples).sum();
     if dropped > 0 {
+        let points: u64 = losses.samples.iter().map(|lost| lost.points).sum();
         say(&format!(
-            "memtrace: {dropped} samples were dropped ({writer_behind} with the trace writer too far behind, \
-             {table_full} with no room to track their blocks, {no_memory} with no memory left for their stacks, \
-             {no_stack} with too little stack left to capture theirs)"
+            "memtrace: {dropped} samples ({points} sample points) were dropped ({} with the trace writer too far \
+             behind, {} with no room to track their blocks, {} with no memory left, {} with too little stack left \
+             to capture theirs); the trace records them as lost",
+            samples(Loss::WriterBehind),
+            samples(Loss::Untracked),
+            samples(Loss::NoMemory),
+            samples(Loss::NoStack),
         ));
     }
+    let (frees_behind, frees_no_stack) = (losses.frees, losses.frees_no_stack);
     let frees = frees_behind + frees_no_stack;
     if frees > 0 {
         say(&format!(
