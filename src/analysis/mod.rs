@@ -27,7 +27,7 @@ pub use dump::dump;
 pub use estimate::{poisson_interval, Estimate, FEW_SAMPLES, Z};
 pub use names::short_name;
 pub use pass::{
-    estimated_objects, short_path, Analysis, Bucket, Counts, Frame, FrameId, FrameKind, FrameTable, Measure, Options,
-    Origin, Peak, Stack, StackStats, Tally, Timeline, TEMPORARY_US,
+    estimated_objects, short_path, Analysis, Bucket, Counts, Frame, FrameId, FrameKind, FrameTable, LostSamples,
+    Measure, Options, Origin, Peak, Stack, StackStats, Tally, Timeline, TEMPORARY_US,
 };
 pub use sites::{ranked, Grouping, Site, Trim};

@@ -43,11 +43,11 @@ use std::path::Path;
 
 use super::blocks::{PeakFinder, PROGRESS_EVERY};
 use super::estimate::Estimate;
-use super::stacks::{NodeId, StackInterner, StackTrie};
+use super::stacks::{NodeId, StackInterner, StackTrie, ROOT};
 use crate::format::hash::FastMap;
 use crate::format::location_codec::Location;
 use crate::format::trace::{AllocSource, EventKind, Info, LocationTable, ObjectId, Reader, Timestamp, Warning};
-use crate::trace::{SPAN_FILE_PREFIX, THREAD_FILE};
+use crate::trace::{LOST_SAMPLES_FILE, SPAN_FILE_PREFIX, THREAD_FILE};
 use crate::Result;
 
 /// Allocations freed within this many µs of their allocation count as temporary
@@ -242,7 +242,7 @@ impl Frame {
                 let file = &self.file[SPAN_FILE_PREFIX.len()..];
                 format!("span {} ({}:{})", self.function, short_path(file), self.line)
             }
-            FrameKind::Code if self.file.is_empty() => self.function.clone(),
+            FrameKind::Code if self.file.is_empty() || self.file == LOST_SAMPLES_FILE => self.function.clone(),
             FrameKind::Code => format!("{} ({}:{})", self.function, short_path(&self.file), self.line),
         }
     }
@@ -443,6 +443,25 @@ pub struct Analysis {
     /// Sampled allocations by size: entry `i` counts those of more than `2^(i-1)` and at
     /// most `2^i` bytes (entry 0: at most one byte), their sizes rounded up to whole words.
     pub sizes: Vec<Tally>,
+    /// The samples the tracer lost, by cause, as the trace records them (see [`LostSamples`];
+    /// empty when backtraces were not decoded).
+    pub lost: Vec<LostSamples>,
+    /// Whether the trace's writer closed it: false for a trace still being written, or whose
+    /// program was killed before its tracer stopped (see
+    /// [`Reader::closed_by_writer`](crate::trace::Reader::closed_by_writer)).
+    pub closed_by_writer: bool,
+}
+
+/// Samples a tracer lost to one cause (its writer far behind, no memory, no stack): this
+/// crate's tracer writes them into the trace as allocations whose one frame is a location of
+/// file [`LOST_SAMPLES_FILE`] named after the cause (`<samples lost: writer behind>`), freed
+/// at once. They count in allocated totals, which so stay unbiased, and in no live figure.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LostSamples {
+    /// The cause, as the location names it.
+    pub cause: String,
+    /// The lost sample points.
+    pub samples: u64,
 }
 
 /// Per-stack state while reading.
@@ -572,7 +591,13 @@ impl Pass {
         self.end_time = time;
     }
 
-    fn finish(mut self, info: Info, locations: &LocationTable, warnings: Vec<Warning>) -> Analysis {
+    fn finish(
+        mut self,
+        info: Info,
+        locations: &LocationTable,
+        warnings: Vec<Warning>,
+        closed_by_writer: bool,
+    ) -> Analysis {
         self.settle_peak(None);
         if self.live_at.is_some() && !self.snapshot_taken {
             self.snapshot_live_at();
@@ -597,6 +622,7 @@ impl Pass {
             stacks.push(Stack { node, stats });
         }
         let distinct: std::collections::HashSet<&Location> = locations.iter().flat_map(|(_, l)| l).collect();
+        let lost = lost_samples(&stacks, &trie, &frames);
         Analysis {
             counts: self.counts,
             end_time: self.end_time,
@@ -613,8 +639,30 @@ impl Pass {
             code_frames: frames.by_code,
             sizes: self.sizes,
             info,
+            lost,
+            closed_by_writer,
         }
     }
+}
+
+/// The stacks that record lost samples (one frame, at a location of [`LOST_SAMPLES_FILE`]), by
+/// cause.
+fn lost_samples(stacks: &[Stack], trie: &StackTrie, frames: &FrameTable) -> Vec<LostSamples> {
+    let mut lost: Vec<LostSamples> = Vec::new();
+    for stack in stacks.iter().filter(|s| s.node != ROOT && trie.parent(s.node) == ROOT) {
+        let ids = frames.by_code.get(&trie.item(stack.node)).map_or(&[][..], Vec::as_slice);
+        let [id] = ids else { continue };
+        let frame = &frames.frames[*id];
+        if frame.file != LOST_SAMPLES_FILE {
+            continue;
+        }
+        let samples = stack.stats.allocated.samples;
+        match lost.iter_mut().find(|l| l.cause == frame.function) {
+            Some(l) => l.samples = l.samples.saturating_add(samples),
+            None => lost.push(LostSamples { cause: frame.function.clone(), samples }),
+        }
+    }
+    lost
 }
 
 /// Frames interned by content, and the frames of each location code (shared by the traces
@@ -747,7 +795,8 @@ impl Analysis {
             }
         }
         let warnings = reader.take_warnings();
-        Ok(pass.finish(info, reader.locations(), warnings))
+        let closed = reader.closed_by_writer();
+        Ok(pass.finish(info, reader.locations(), warnings, closed))
     }
 
     /// Estimated bytes for `samples` at this trace's rate and word size.
@@ -771,6 +820,20 @@ impl Analysis {
     /// Time from the trace start to its last event, in µs.
     pub fn duration(&self) -> u64 {
         self.end_time.saturating_sub(self.info.start_time)
+    }
+
+    /// All the sample points lost (see [`Analysis::lost`]).
+    pub fn lost_samples(&self) -> u64 {
+        self.lost.iter().fold(0, |sum, l| sum.saturating_add(l.samples))
+    }
+
+    /// The share of the trace's samples that the lost ones are: of the allocated estimate,
+    /// which counts them (0 when nothing was lost).
+    pub fn lost_share(&self) -> f64 {
+        match self.counts.samples {
+            0 => 0.0,
+            all => self.lost_samples() as f64 / all as f64,
+        }
     }
 
     /// True when the file ended inside a packet.

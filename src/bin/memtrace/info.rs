@@ -65,7 +65,39 @@ fn summary(analysis: &Analysis, name: &str) -> Vec<Line> {
         ("Distinct locations", analysis.distinct_locations.to_string()),
         ("Truncated", if analysis.is_truncated() { "yes (analysed up to the cut)" } else { "no" }.to_string()),
     ]);
+    if analysis.origin() == Origin::Rust {
+        lines.push(("Closed by writer", closed(analysis, name)));
+        lines.push(("Samples lost", lost(analysis)));
+    }
     lines
+}
+
+/// Whether the trace's writer closed it, and if not, why not as far as can be told.
+fn closed(analysis: &Analysis, name: &str) -> String {
+    if analysis.closed_by_writer {
+        "yes".to_string()
+    } else if memtrace_rs::trace::writer_holds_lock(std::path::Path::new(name)) {
+        "no: still being written (its writer holds the file's lock); figures stop at what it has flushed".to_string()
+    } else {
+        "no: its writer stopped without closing it (the program was killed?), or it comes from a writer that does \
+         not mark traces"
+            .to_string()
+    }
+}
+
+/// The samples the tracer lost, their share of the allocated estimate, and their causes.
+fn lost(analysis: &Analysis) -> String {
+    let samples = analysis.lost_samples();
+    if samples == 0 {
+        return "none".to_string();
+    }
+    let causes: Vec<String> = analysis.lost.iter().map(|l| format!("{} {}", l.cause, l.samples)).collect();
+    format!(
+        "{samples} samples, {:.1} % of the allocated estimate ({}), counted in allocated figures, in no live figure: {}",
+        analysis.lost_share() * 100.0,
+        format::estimate(&analysis.estimate(samples)),
+        causes.join(", ")
+    )
 }
 
 /// `1.5 MiB ±2.1% (1572864 bytes, 42 samples)`.

@@ -150,6 +150,13 @@ pub fn info(analysis: &Analysis, name: &str, out: &mut impl Write) -> io::Result
         "location_codes": analysis.location_codes,
         "distinct_locations": analysis.distinct_locations,
         "truncated": analysis.is_truncated(),
+        "closed_by_writer": analysis.closed_by_writer,
+        "samples_lost": {
+            "samples": analysis.lost_samples(),
+            "share": number(analysis.lost_share()),
+            "allocated": estimate(&analysis.estimate(analysis.lost_samples())),
+            "by_cause": analysis.lost.iter().map(|l| json!({ "cause": l.cause, "samples": l.samples })).collect::<Vec<_>>(),
+        },
     });
     write_value(&value, out)
 }

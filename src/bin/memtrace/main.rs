@@ -28,7 +28,7 @@ use std::rc::Rc;
 
 use clap::{CommandFactory, Parser, Subcommand};
 
-use memtrace_rs::analysis::{filter, Analysis, FrameTable, Options as AnalysisOptions};
+use memtrace_rs::analysis::{filter, Analysis, FrameTable, Options as AnalysisOptions, Origin};
 use memtrace_rs::trace::{Reader, Warning};
 use output::Output;
 use progress::Progress;
@@ -370,7 +370,9 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
 
 /// Analyse the trace at `path` with a progress bar on a terminal, printing the reader's
 /// warnings to stderr; names shortened unless `full_names`.
-fn analyse(path: &Path, options: AnalysisOptions, full_names: bool) -> Result<Analysis, Failure> {
+fn analyse(path: &Path, mut options: AnalysisOptions, full_names: bool) -> Result<Analysis, Failure> {
+    // Backtraces tell the records of lost samples, which every view warns of.
+    options.stacks = true;
     let mut analysis = with_progress(path, |reader, progress| Analysis::from_reader(reader, &options, progress))?;
     if !full_names {
         analysis.shorten_names();
@@ -378,7 +380,31 @@ fn analyse(path: &Path, options: AnalysisOptions, full_names: bool) -> Result<An
     for warning in &analysis.warnings {
         eprintln!("memtrace: warning: {}: {}", path.display(), describe(warning));
     }
+    if let Some(lost) = describe_lost(&analysis) {
+        eprintln!("memtrace: warning: {}: {lost}", path.display());
+    }
+    if analysis.origin() == Origin::Rust && !analysis.closed_by_writer && memtrace_rs::trace::writer_holds_lock(path) {
+        eprintln!(
+            "memtrace: warning: {}: the trace is still being written (its writer holds the file's lock): figures stop \
+             at what it has flushed",
+            path.display()
+        );
+    }
     Ok(analysis)
+}
+
+/// What the tracer lost, for a warning: `None` when nothing.
+fn describe_lost(analysis: &Analysis) -> Option<String> {
+    let samples = analysis.lost_samples();
+    (samples > 0).then(|| {
+        let causes: Vec<String> = analysis.lost.iter().map(|l| format!("{}: {}", l.cause, l.samples)).collect();
+        format!(
+            "the tracer lost {samples} samples ({:.1} % of the allocated estimate; {}): allocated figures count them \
+             at their own site, live figures leave them out",
+            analysis.lost_share() * 100.0,
+            causes.join(", ")
+        )
+    })
 }
 
 /// Run `pass` on a reader of the trace at `path`, with a progress bar on a terminal.
