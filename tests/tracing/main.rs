@@ -14,6 +14,7 @@ use memtrace_rs::trace::{EventKind, Warning};
 use memtrace_rs::trace::{Info, ObjectId, Reader};
 use memtrace_rs::{currently_tracing, start_tracing, stop_tracing, trace_if_requested, MemtraceAllocator};
 
+mod closing;
 mod estimates;
 mod faults;
 mod heap;
@@ -444,6 +445,7 @@ fn child_role() {
         "heap:mmap-threshold" => heap::child(),
         "sampled-blocks:moves" => sampled_blocks::child(),
         "estimates:grid" => estimates::child(),
+        "closing:held" => closing::child(),
         #[cfg(debug_assertions)]
         "estimates:behind" => estimates::child_behind(),
         "sampled-blocks:c-free" => sampled_blocks::child_freed_by_c(),
