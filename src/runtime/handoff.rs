@@ -17,8 +17,8 @@
 //! process's queue was made for makes a larger one. Alloc samples stop once half the capacity
 //! waits (the writer is far behind), so that frees of sampled blocks have the other half;
 //! a free that still finds the queue full is not waited for (the writer may need the loader
-//! lock, to symbolize, that an application thread in `dlclose` holds) but counted by the
-//! caller and reported: its block then looks alive in the trace. The queue's length is read
+//! lock, to symbolize, that an application thread in `dlclose` holds) but left in `late_frees`
+//! for the writer to take. The queue's length is read
 //! (a cache line the writer keeps writing) only when the pool of frame buffers is empty: a
 //! pooled buffer is one the writer gave back after taking an alloc off the queue, so allocs
 //! sent with pooled buffers can overshoot the limit by at most [`POOL_SIZE`], plus one for

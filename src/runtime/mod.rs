@@ -9,6 +9,7 @@
 //! - [`loader`]: the dynamic loader's list of objects, read under a lock that `fork` waits for;
 //! - [`sampled_set`]: the lock-free set of live sampled blocks, and the alignment of sampled
 //!   blocks that tells a free at once that most blocks were not;
+//! - [`late_frees`]: the frees of sampled blocks that found the queue full, for the writer;
 //! - [`handoff`]: the bounded queue from application threads to the writer, with its pool of
 //!   frame buffers;
 //! - [`spans`]: the spans each thread is inside, and the pseudo-frames that record them and
@@ -26,6 +27,7 @@ pub(crate) mod allocator;
 pub(crate) mod config;
 pub(crate) mod fork_safe_lock;
 pub(crate) mod handoff;
+pub(crate) mod late_frees;
 pub(crate) mod loader;
 pub(crate) mod record;
 pub(crate) mod sampled_set;

@@ -4,7 +4,8 @@
 //! A sampled allocation takes a pooled frame buffer, captures its stack, appends its spans and
 //! thread (`spans`) and queues an alloc message for the writer (after its thread's kernel
 //! name, the first time in a session; the session's first alloc message also wakes the
-//! writer, see `handoff`); a free of a sampled block queues a free message. Nothing here
+//! writer, see `handoff`); a free of a sampled block queues a free message (or, the queue full,
+//! leaves it in `late_frees`). Nothing here
 //! blocks, takes a lock or (in the steady state) allocates.
 //!
 //! A sample is lost only where the writer is far behind (the queue full), no memory is left
@@ -18,6 +19,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::handoff::{self, Msg, NoFrames};
+use super::late_frees;
 use super::sampled_set::{self, SessionTag};
 use super::sampler::{self, WORD_BYTES};
 use super::spans;
@@ -94,7 +96,8 @@ static LOST: [LossCounters; 4] = [NO_LOSS; 4];
 static UNWRITTEN: [LossCounters; 4] = [NO_LOSS; 4];
 
 /// Frees of sampled blocks lost since the current session started because the queue was
-/// full (the blocks look alive in the trace).
+/// full and so were the late frees' slots near their address (the blocks look alive in the
+/// trace).
 static DROPPED_FREES: AtomicU64 = AtomicU64::new(0);
 /// Frees of sampled blocks lost since the current session started because their thread had
 /// too little stack left to send them.
@@ -221,7 +224,7 @@ pub(crate) fn sampled_free(addr: usize, tag: SessionTag) {
     }
     if !unwind::stack_left(FREE_STACK_NEEDED) {
         DROPPED_FREES_STACK.fetch_add(1, Ordering::Relaxed);
-    } else if !channel.try_send(Msg::Free { session, addr, time: now_us() }) {
+    } else if !channel.try_send(Msg::Free { session, addr, time: now_us() }) && !late_frees::put(addr, tag) {
         DROPPED_FREES.fetch_add(1, Ordering::Relaxed);
     }
 }

@@ -11,7 +11,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::handoff::{self, Channel, Msg};
+use super::late_frees;
 use super::record;
+use super::sampled_set;
 use super::sampler::WORD_BYTES;
 use super::span_table::PseudoFrames;
 use super::spans::Pseudo;
@@ -195,9 +197,13 @@ impl TraceWriter {
                     }
                     Msg::Free { addr, time, .. } => self.free(addr, time)?,
                     Msg::ThreadName { tid, name, .. } => self.names.pseudo.kernel_name(tid, name),
-                    Msg::Stop { .. } => return self.write_losses(),
+                    Msg::Stop { .. } => {
+                        self.write_late_frees(true)?;
+                        return self.write_losses();
+                    }
                 }
             }
+            self.write_late_frees(false)?;
             self.write_losses()?;
             let now = Instant::now();
             if now >= next_flush {
@@ -263,6 +269,10 @@ impl TraceWriter {
     }
 
     fn alloc(&mut self, addr: usize, time: Timestamp, length: u64, nsamples: u64, frames: &[u64]) -> crate::Result<()> {
+        if self.ids.contains_key(&addr) && late_frees::take(addr, sampled_set::session_tag(self.session)) {
+            // The block that had the address was freed while the queue was full.
+            self.free(addr, time)?;
+        }
         let time = self.time(time);
         self.set_codes(frames);
         let alloc = NewAlloc { length, nsamples, source: AllocSource::External, callstack: &self.codes, drop: 0 };
@@ -271,6 +281,23 @@ impl TraceWriter {
         self.ids.insert(addr, id);
         self.allocs += 1;
         Ok(())
+    }
+
+    /// Write the frees that found the queue full (see `late_frees`), at the time they are taken:
+    /// those of blocks whose allocs are written (the others are still queued, and wait), or, as
+    /// the session stops (`stopping`: everything queued is written), all.
+    fn write_late_frees(&mut self, stopping: bool) -> crate::Result<()> {
+        let mut result = Ok(());
+        late_frees::drain(Some(sampled_set::session_tag(self.session)), |addr| {
+            if !self.ids.contains_key(&addr) {
+                return stopping;
+            }
+            if result.is_ok() {
+                result = self.free(addr, now_us());
+            }
+            true
+        });
+        result
     }
 
     /// Write the samples lost since the last call (see `record`) as one allocation for each

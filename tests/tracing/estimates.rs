@@ -243,3 +243,45 @@ fn samples_lost_with_the_writer_behind_are_recorded_and_keep_the_total() {
     );
     let _ = std::fs::remove_file(&path);
 }
+
+/// Blocks the late-frees child keeps, then frees: more than the queue's half for frees holds.
+const LATE_FREED_BLOCKS: usize = 300_000;
+
+#[inline(never)]
+fn site_freed_late() -> Vec<Box<[u8; 64]>> {
+    (0..LATE_FREED_BLOCKS).map(|_| black_box(Box::new([0u8; 64]))).collect()
+}
+
+/// The late-frees child: with its writer asleep between doorbells (a debug hook), it keeps more
+/// sampled blocks than the queue has room for frees, then frees them all.
+#[cfg(debug_assertions)]
+pub(super) fn child_frees_behind() {
+    memtrace_rs::__internals::writer_waits_for_its_doorbell();
+    let guard = trace_if_requested();
+    assert!(guard.is_some(), "not tracing");
+    let kept = site_freed_late();
+    drop(kept);
+    drop(guard);
+}
+
+/// Frees that find the queue full with the writer far behind are not lost: every sampled block
+/// the trace holds is freed in it.
+#[test]
+#[cfg(debug_assertions)]
+fn frees_with_the_writer_behind_are_not_lost() {
+    let path = temp_path("estimates-frees-behind");
+    let env = [("MEMTRACE_FILE", path.to_str().unwrap()), ("MEMTRACE_RATE", "1")];
+    let (out, _) =
+        output_within(super::child("estimates:frees-behind", &env), "estimates:frees-behind", Duration::from_secs(120));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let messages = memtrace_messages(&out);
+    assert!(!messages.iter().any(|m| m.contains("frees of sampled blocks were lost")), "{messages:?}");
+    let trace = Trace::read(&path);
+    let sampled: Vec<_> = trace.at_site("::site_freed_late").collect();
+    // More than the queue's half (64 Ki messages at rate 1) that frees may use, the other
+    // holding the samples' own messages.
+    assert!(sampled.len() > 65_536, "{} samples", sampled.len());
+    let alive = sampled.iter().filter(|(id, _)| !trace.collected.contains(id)).count();
+    assert_eq!(alive, 0, "sampled blocks left alive in the trace");
+    let _ = std::fs::remove_file(&path);
+}

@@ -448,6 +448,8 @@ fn child_role() {
         "closing:held" => closing::child(),
         #[cfg(debug_assertions)]
         "estimates:behind" => estimates::child_behind(),
+        #[cfg(debug_assertions)]
+        "estimates:frees-behind" => estimates::child_frees_behind(),
         "sampled-blocks:c-free" => sampled_blocks::child_freed_by_c(),
         #[cfg(feature = "tracing")]
         spans if spans.starts_with("spans-") => spans::child_role(spans),

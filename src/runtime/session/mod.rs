@@ -28,6 +28,7 @@ use crossbeam_channel::{Receiver, Sender};
 use super::config::{config_from_env, valid_rate, StartError, TraceConfig, FILE_VAR, UPSTREAM_FILE_VAR};
 use super::fork_safe_lock::ForkSafeLock;
 use super::handoff::{self, Channel};
+use super::late_frees;
 use super::loader;
 use super::record::{self, Loss, Losses};
 use super::sampler;
@@ -255,6 +256,8 @@ pub fn start_tracing(config: TraceConfig) -> Result<TraceGuard, StartError> {
         })?;
 
     record::take_losses();
+    // Late frees a stopped session's writer never took.
+    late_frees::drain(None, |_| true);
     sampler::configure(config.rate);
     unwind::configure(walker, config.frame_cap);
     spans::configure(config.thread_frames);
@@ -424,8 +427,13 @@ fn finish(session: Session) -> Option<Result<TraceStats, Error>> {
     handoff::unpublish();
     let mut stall = Stall::watch(session.channel, session.stop_timeout);
     // A writer that stopped on a write error no longer drains the queue: then Stop may not
-    // fit, and is not needed.
-    session.channel.send_stop(handoff::session_tag(session.id), || !session.writer.is_finished() && !stall.stalled());
+    // fit, and is not needed. While it does not fit, the writer is woken to make room, rather
+    // than left to its next poll.
+    let alive = || {
+        session.doorbell.ring();
+        !session.writer.is_finished() && !stall.stalled()
+    };
+    session.channel.send_stop(handoff::session_tag(session.id), alive);
     session.doorbell.ring();
     // While it waits, this thread names frames the writer lends it (`symbolize::Desk`), if it
     // has the stack for it and the writer another CPU to run on. It sleeps until a loan comes:
