@@ -248,6 +248,7 @@ fn samples_lost_with_the_writer_behind_are_recorded_and_keep_the_total() {
 const LATE_FREED_BLOCKS: usize = 300_000;
 
 #[inline(never)]
+#[allow(clippy::vec_box)] // Each box is a sampled block of its own.
 fn site_freed_late() -> Vec<Box<[u8; 64]>> {
     (0..LATE_FREED_BLOCKS).map(|_| black_box(Box::new([0u8; 64]))).collect()
 }
