@@ -7,7 +7,7 @@ use std::io;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use super::state::{DEFAULT_FRAME_CAP, MAX_FRAMES};
+use super::state::{memtrace_var, DEFAULT_FRAME_CAP, MAX_FRAMES};
 use super::unwind::Unwinder;
 
 /// Default sampling rate: the probability that any one 8-byte word allocated is sampled.
@@ -205,19 +205,20 @@ impl std::error::Error for StartError {
     }
 }
 
-/// The configuration the environment asks for, writing to `path`.
+/// The configuration the environment asks for, writing to `path` (every variable read through
+/// [`memtrace_var`], which ignores them all in secure-execution mode).
 pub(crate) fn config_from_env(path: OsString) -> Result<TraceConfig, StartError> {
     let mut config = TraceConfig::new(path);
-    if let Some(rate) = rate_from_env(std::env::var_os(RATE_VAR).as_deref())? {
+    if let Some(rate) = rate_from_env(memtrace_var(RATE_VAR).as_deref())? {
         config.rate = rate;
     }
-    if let Some(unwinder) = unwinder_from_env(std::env::var_os(UNWINDER_VAR).as_deref())? {
+    if let Some(unwinder) = unwinder_from_env(memtrace_var(UNWINDER_VAR).as_deref())? {
         config.unwinder = unwinder;
     }
-    if let Some(timeout) = stop_timeout_from_env(std::env::var_os(STOP_TIMEOUT_VAR).as_deref())? {
+    if let Some(timeout) = stop_timeout_from_env(memtrace_var(STOP_TIMEOUT_VAR).as_deref())? {
         config.stop_timeout = timeout;
     }
-    config.context = std::env::var(CONTEXT_VAR).ok().filter(|c| !c.is_empty());
+    config.context = memtrace_var(CONTEXT_VAR).and_then(|c| c.into_string().ok()).filter(|c| !c.is_empty());
     Ok(config)
 }
 

@@ -82,3 +82,25 @@ pub(crate) fn say(line: &str) {
         }
     }
 }
+
+/// Whether the process runs in secure-execution mode (`AT_SECURE`: setuid or setgid, or with
+/// file capabilities), where its environment is its caller's, not to be trusted with the
+/// privileges it was given.
+pub(crate) fn secure_execution() -> bool {
+    // SAFETY: getauxval has no preconditions; an absent entry gives 0.
+    #[cfg(target_os = "linux")]
+    return unsafe { libc::getauxval(libc::AT_SECURE) } != 0;
+    #[cfg(not(target_os = "linux"))]
+    return false;
+}
+
+/// The value of the tracer's environment variable `name` (`MEMTRACE_*`, or upstream's
+/// `MEMTRACE`): every read of one goes through here. `None` in secure-execution mode, as glibc
+/// ignores `MALLOC_TRACE` and jemalloc `MALLOC_CONF` there: a setuid program's user must not
+/// choose the files it writes, nor anything else about its tracing.
+pub(crate) fn memtrace_var(name: &str) -> Option<std::ffi::OsString> {
+    if secure_execution() {
+        return None;
+    }
+    std::env::var_os(name)
+}

@@ -16,6 +16,7 @@ use memtrace_rs::{currently_tracing, start_tracing, stop_tracing, trace_if_reque
 
 mod faults;
 mod heap;
+mod hostile;
 mod pool;
 #[cfg(feature = "tracing")]
 mod spans;
@@ -444,6 +445,7 @@ fn child_role() {
         "pool:moves" => pool::child(),
         #[cfg(feature = "tracing")]
         spans if spans.starts_with("spans-") => spans::child_role(spans),
+        hostile if hostile.starts_with("hostile:") => hostile::child_role(hostile),
         other => assert!(faults::child_role(other), "unknown role {other}"),
     }
 }
@@ -547,7 +549,12 @@ fn temp_path(name: &str) -> PathBuf {
 }
 
 fn child(role: &str, env: &[(&str, &str)]) -> Command {
-    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    child_at(&std::env::current_exe().unwrap(), role, env)
+}
+
+/// [`child`], run from `program`: a copy of this test binary.
+fn child_at(program: &Path, role: &str, env: &[(&str, &str)]) -> Command {
+    let mut cmd = Command::new(program);
     cmd.args(["child_role", "--exact", "--nocapture", "--test-threads=1", "-q"]);
     for var in ["MEMTRACE_FILE", "MEMTRACE", "MEMTRACE_RATE", "MEMTRACE_CONTEXT", "MEMTRACE_UNWINDER"] {
         cmd.env_remove(var);

@@ -34,7 +34,9 @@ use super::sampled_pool;
 use super::sampled_set;
 use super::sampler;
 use super::spans;
-use super::state::{currently_tracing, getpid, now_us, say, MAX_FRAMES, OFF, ON, STATE};
+use super::state::{
+    currently_tracing, getpid, memtrace_var, now_us, say, secure_execution, MAX_FRAMES, OFF, ON, STATE,
+};
 use super::symbolize::{self, Desk, Worker};
 use super::tracer_thread::{self, Doorbell, TracerThread};
 use super::unwind::{self, cfi, Walker};
@@ -153,11 +155,28 @@ struct Session {
 /// and the program runs on untraced. Returns `None` when not tracing; keep the guard alive for as long as the program
 /// should be traced.
 ///
+/// In secure-execution mode (a setuid or setgid program, or one with file capabilities: the
+/// kernel's `AT_SECURE`) every `MEMTRACE` variable is ignored, with one line on stderr if a
+/// file was asked for: its user must not choose the files it writes. [`start_tracing`] from
+/// the program's own code is unaffected.
+///
 /// Call it first thing in `main`, before the program starts threads: removing the variables
 /// edits the process environment, which is not thread-safe (`std::env::remove_var`).
 #[must_use = "tracing stops when the guard is dropped"]
 pub fn trace_if_requested() -> Option<TraceGuard> {
-    let path = [FILE_VAR, UPSTREAM_FILE_VAR].iter().find_map(|var| std::env::var_os(var).filter(|p| !p.is_empty()))?;
+    if secure_execution() {
+        // Only whether a file is asked for is looked at, to say why there is no trace.
+        if let Some(var) =
+            [FILE_VAR, UPSTREAM_FILE_VAR].iter().find(|var| std::env::var_os(var).is_some_and(|p| !p.is_empty()))
+        {
+            say(&format!(
+                "memtrace: {var} is ignored, as is every MEMTRACE variable, in a program that runs with privileges \
+                 its user does not have (setuid, setgid or file capabilities); not tracing"
+            ));
+        }
+        return None;
+    }
+    let path = [FILE_VAR, UPSTREAM_FILE_VAR].iter().find_map(|var| memtrace_var(var).filter(|p| !p.is_empty()))?;
     std::env::remove_var(FILE_VAR);
     std::env::remove_var(UPSTREAM_FILE_VAR);
     match config_from_env(path).and_then(start_tracing) {
