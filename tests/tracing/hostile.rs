@@ -22,8 +22,86 @@ pub(crate) fn child_role(role: &str) {
             site_freed();
             drop(guard);
         }
+        "hostile:sigwait" | "hostile:signalfd" => take_sigterm_on_a_thread(role == "hostile:signalfd"),
+        "hostile:sigpipe" => {
+            // SAFETY: restores the default action, as a program may (std ignores SIGPIPE).
+            unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+            write_until_the_writer_fails("Broken pipe");
+        }
+        "hostile:fsize" => write_until_the_writer_fails("File too large"),
         other => panic!("unknown role {other}"),
     }
+}
+
+/// A set of the one signal `signal`.
+fn signal_set(signal: libc::c_int) -> libc::sigset_t {
+    // SAFETY: a set initialised by sigemptyset before it is added to.
+    unsafe {
+        let mut set = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, signal);
+        set
+    }
+}
+
+/// As a program that shuts down gracefully on SIGTERM, waited for on a thread of its own with
+/// `sigwait` (or read from a `signalfd`), every thread of its own blocking it. The parent
+/// starts it with SIGTERM blocked (libtest's threads too); it is let through on this thread
+/// while tracing starts, as a program that blocks it after `trace_if_requested` does. A
+/// SIGTERM sent to the process meanwhile stays pending until the waiting thread takes it,
+/// unless a thread not blocking it (a tracer thread) takes it first, and dies of it.
+fn take_sigterm_on_a_thread(signalfd: bool) {
+    let term = signal_set(libc::SIGTERM);
+    // SAFETY: changes this thread's mask only.
+    unsafe { libc::pthread_sigmask(libc::SIG_UNBLOCK, &term, std::ptr::null_mut()) };
+    let guard = trace_if_requested().expect("tracing");
+    // SAFETY: as above.
+    unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &term, std::ptr::null_mut()) };
+    site_freed();
+    // SAFETY: a signal to this process, which blocks it on every thread of its own.
+    unsafe { libc::kill(libc::getpid(), libc::SIGTERM) };
+    // Time for a thread not blocking it to take it.
+    std::thread::sleep(Duration::from_millis(200));
+    let waiter = std::thread::spawn(move || {
+        // SAFETY: waits for a signal this thread blocks (inherited), with a set initialised
+        // above; the signalfd is read into a buffer of its size, then closed.
+        unsafe {
+            if signalfd {
+                let fd = libc::signalfd(-1, &term, libc::SFD_CLOEXEC);
+                assert!(fd >= 0);
+                let mut info: libc::signalfd_siginfo = std::mem::zeroed();
+                let size = std::mem::size_of::<libc::signalfd_siginfo>();
+                assert_eq!(libc::read(fd, (&raw mut info).cast(), size), size as isize);
+                libc::close(fd);
+                info.ssi_signo as libc::c_int
+            } else {
+                let mut signal = 0;
+                assert_eq!(libc::sigwait(&term, &mut signal), 0);
+                signal
+            }
+        }
+    });
+    assert_eq!(waiter.join().unwrap(), libc::SIGTERM);
+    site_freed();
+    guard.finish().expect("the trace written");
+    eprintln!("shut down gracefully");
+}
+
+/// Sample every allocation until the writer stops on a write error naming `error` (a reader
+/// gone, the file size limit): the program itself goes on.
+fn write_until_the_writer_fails(error: &str) {
+    let path = std::env::var("MEMTRACE_FILE").unwrap();
+    let config = memtrace_rs::TraceConfig::new(path).rate(1.0);
+    let guard = memtrace_rs::start_tracing(config).expect("tracing");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while memtrace_rs::currently_tracing() {
+        assert!(std::time::Instant::now() < deadline, "the writer never failed");
+        site_freed();
+    }
+    let e = guard.finish().expect_err("a write error");
+    assert!(e.to_string().contains(error), "{e}");
+    site_freed();
+    eprintln!("went on after the writer stopped");
 }
 
 /// The user the setuid test runs its program as.
@@ -101,4 +179,96 @@ fn a_setuid_program_ignores_the_tracing_variables() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(std::fs::metadata(&trace).unwrap().uid(), NOBODY);
     assert!(!Trace::read(&trace).allocs.is_empty());
+}
+
+/// Run `role` tracing into `path` (rate 1 for the roles that set it themselves), `before_exec`
+/// run in the child before it starts: it must end successfully with `said` on stderr, within
+/// a minute.
+fn run_hostile(
+    role: &str,
+    path: &Path,
+    before_exec: impl FnMut() -> std::io::Result<()> + Send + Sync + 'static,
+) -> std::process::Output {
+    let mut cmd = super::child(role, &[("MEMTRACE_FILE", path.to_str().unwrap()), ("MEMTRACE_RATE", "0.01")]);
+    // SAFETY: `before_exec` makes only async-signal-safe calls.
+    unsafe { cmd.pre_exec(before_exec) };
+    let (out, _) = output_within(cmd, role, Duration::from_secs(60));
+    assert!(out.status.success(), "{role}: {:?}\n{}", out.status, String::from_utf8_lossy(&out.stderr));
+    out
+}
+
+/// Block SIGTERM on the calling thread (the child's only one, before it runs the program).
+fn block_sigterm() -> std::io::Result<()> {
+    let term = signal_set(libc::SIGTERM);
+    // SAFETY: changes the calling thread's mask only.
+    unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &term, std::ptr::null_mut()) };
+    Ok(())
+}
+
+/// A SIGTERM sent to a program that takes it on a thread of its own (`sigwait`, `signalfd`),
+/// every other thread of its blocking it, is the program's: the tracer's threads never take
+/// it, and the program shuts down as it would untraced.
+#[test]
+fn sigterm_waited_for_on_a_thread_is_the_programs() {
+    for role in ["hostile:sigwait", "hostile:signalfd"] {
+        let path = super::temp_path(role.trim_start_matches("hostile:"));
+        let out = run_hostile(role, &path, block_sigterm);
+        assert!(String::from_utf8_lossy(&out.stderr).contains("shut down gracefully"));
+        assert!(super::memtrace_messages(&out).is_empty());
+        assert!(!Trace::read(&path).allocs.is_empty());
+        let _ = std::fs::remove_file(&path);
+    }
+}
+
+/// The trace file's size limit (`ulimit -f 512`) reached: the writer's write fails (no
+/// SIGXFSZ, whose default action ends the process) and tracing stops with one message; the
+/// program goes on, and the trace is readable up to the limit.
+#[test]
+fn the_file_size_limit_stops_the_trace_not_the_program() {
+    const LIMIT: u64 = 512 << 10;
+    let path = super::temp_path("fsize");
+    let out = run_hostile("hostile:fsize", &path, || {
+        let limit = libc::rlimit { rlim_cur: LIMIT, rlim_max: libc::RLIM_INFINITY };
+        // SAFETY: a valid limit.
+        unsafe { libc::setrlimit(libc::RLIMIT_FSIZE, &limit) };
+        Ok(())
+    });
+    assert_one_message(&out, "File too large");
+    assert_eq!(std::fs::metadata(&path).unwrap().len(), LIMIT);
+    assert!(!Trace::read(&path).allocs.is_empty());
+    let _ = std::fs::remove_file(&path);
+}
+
+/// A program that restores SIGPIPE's default action, tracing into a FIFO whose reader goes
+/// away: the writer's write fails (no SIGPIPE, which would end the process) and tracing stops
+/// with one message; the program goes on, and what the reader read is a readable trace.
+#[test]
+fn a_reader_gone_stops_the_trace_not_the_program() {
+    use std::io::Read;
+    let path = super::temp_path("sigpipe");
+    let mut reader = super::fifo_reader(&path);
+    let mut cmd = super::child("hostile:sigpipe", &[("MEMTRACE_FILE", path.to_str().unwrap())]);
+    let reading = std::thread::spawn(move || {
+        // The start of the trace, then the reader goes. (A FIFO no process has open for
+        // writing reads as ended: until the child opens it.)
+        let mut read = vec![0; 256 << 10];
+        let (mut filled, deadline) = (0, std::time::Instant::now() + Duration::from_secs(60));
+        while filled < read.len() && std::time::Instant::now() < deadline {
+            match reader.read(&mut read[filled..]).unwrap() {
+                0 => std::thread::sleep(Duration::from_millis(10)),
+                n => filled += n,
+            }
+        }
+        read.truncate(filled);
+        read
+    });
+    cmd.stdin(std::process::Stdio::null());
+    let (out, _) = output_within(cmd, "hostile:sigpipe", Duration::from_secs(60));
+    assert!(out.status.success(), "{:?}\n{}", out.status, String::from_utf8_lossy(&out.stderr));
+    assert_one_message(&out, "Broken pipe");
+    let read = reading.join().unwrap();
+    let _ = std::fs::remove_file(&path);
+    std::fs::write(&path, read).unwrap();
+    assert!(!Trace::read(&path).allocs.is_empty());
+    let _ = std::fs::remove_file(&path);
 }
