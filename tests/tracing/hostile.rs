@@ -29,8 +29,63 @@ pub(crate) fn child_role(role: &str) {
             write_until_the_writer_fails("Broken pipe");
         }
         "hostile:fsize" => write_until_the_writer_fails("File too large"),
+        "hostile:close-all" => close_every_descriptor_then_open_data_files(),
         other => panic!("unknown role {other}"),
     }
+}
+
+/// Environment variable: the directory a `hostile:close-all` child writes its data files in.
+const DATA_DIR_VAR: &str = "MEMTRACE_TEST_DATA_DIR";
+/// The data files a `hostile:close-all` child writes: the last one on the number the trace's
+/// descriptor had.
+const DATA_FILES: usize = 4;
+
+/// The contents of data file `i`.
+fn data(i: usize) -> String {
+    format!("the program's own data, file {i}\n")
+}
+
+/// As a daemon that closes every descriptor from 3 up once started (tracing then), and opens
+/// and writes its data files, one of them on the number the trace had, while it allocates on.
+fn close_every_descriptor_then_open_data_files() {
+    use std::io::Write;
+    use std::os::fd::AsRawFd;
+    let dir = PathBuf::from(std::env::var_os(DATA_DIR_VAR).unwrap());
+    let trace = PathBuf::from(std::env::var_os("MEMTRACE_FILE").unwrap());
+    let trace = std::fs::canonicalize(trace.parent().unwrap()).unwrap().join(trace.file_name().unwrap());
+    let guard = trace_if_requested().expect("tracing");
+    site_freed();
+    // A periodic flush: the trace then holds samples.
+    std::thread::sleep(Duration::from_millis(1200));
+    let trace_fd = std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .filter_map(|entry| {
+            let entry = entry.ok()?;
+            (std::fs::read_link(entry.path()).ok()? == trace)
+                .then(|| entry.file_name().to_str()?.parse::<i32>().ok())?
+        })
+        .next()
+        .expect("the trace's descriptor");
+    // SAFETY: closes descriptors, as a daemon does; nothing of this program's uses them after.
+    assert_eq!(unsafe { libc::syscall(libc::SYS_close_range, 3, u32::MAX, 0) }, 0);
+    let mut files: Vec<std::fs::File> =
+        (0..DATA_FILES).map(|i| std::fs::File::create(dir.join(i.to_string())).unwrap()).collect();
+    let last = files.last().unwrap().as_raw_fd();
+    // SAFETY: descriptors of this program's own.
+    assert_eq!(unsafe { libc::dup2(last, trace_fd) }, trace_fd);
+    // The file on the trace's number alone (the `File` replaced closes its first one).
+    // SAFETY: the descriptor is this program's own from now on, and only this `File` closes it.
+    *files.last_mut().unwrap() = unsafe { std::os::fd::FromRawFd::from_raw_fd(trace_fd) };
+    let end = std::time::Instant::now() + Duration::from_millis(1500);
+    while std::time::Instant::now() < end {
+        site_freed();
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    for (i, file) in files.iter_mut().enumerate() {
+        file.write_all(data(i).as_bytes()).unwrap();
+    }
+    let stopped = guard.finish();
+    eprintln!("stopped: {stopped:?}");
 }
 
 /// A set of the one signal `signal`.
@@ -269,6 +324,28 @@ fn a_reader_gone_stops_the_trace_not_the_program() {
     let read = reading.join().unwrap();
     let _ = std::fs::remove_file(&path);
     std::fs::write(&path, read).unwrap();
+    assert!(!Trace::read(&path).allocs.is_empty());
+    let _ = std::fs::remove_file(&path);
+}
+
+/// A program that closes every descriptor from 3 up while tracing, then opens its data files,
+/// one on the number the trace's descriptor had: the trace stops with one message, and the
+/// data files hold the program's data alone.
+#[test]
+fn a_program_that_closes_every_descriptor_keeps_its_files_to_itself() {
+    let path = super::temp_path("close-all");
+    let dir = tempfile::tempdir().unwrap();
+    let env = [
+        ("MEMTRACE_FILE", path.to_str().unwrap()),
+        ("MEMTRACE_RATE", "0.01"),
+        (DATA_DIR_VAR, dir.path().to_str().unwrap()),
+    ];
+    let (out, _) = output_within(super::child("hostile:close-all", &env), "hostile:close-all", Duration::from_secs(60));
+    assert!(out.status.success(), "{:?}\n{}", out.status, String::from_utf8_lossy(&out.stderr));
+    for i in 0..DATA_FILES {
+        assert_eq!(std::fs::read_to_string(dir.path().join(i.to_string())).unwrap(), data(i), "data file {i}");
+    }
+    assert_one_message(&out, "closed the trace's descriptor");
     assert!(!Trace::read(&path).allocs.is_empty());
     let _ = std::fs::remove_file(&path);
 }

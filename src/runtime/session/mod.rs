@@ -38,6 +38,7 @@ use super::state::{
     currently_tracing, getpid, memtrace_var, now_us, say, secure_execution, MAX_FRAMES, OFF, ON, STATE,
 };
 use super::symbolize::{self, Desk, Worker};
+use super::trace_file::{self, TraceFile};
 use super::tracer_thread::{self, Doorbell, TracerThread};
 use super::unwind::{self, cfi, Walker};
 use super::writer_thread::{write_trace, WriterOutcome, DOMAIN};
@@ -266,7 +267,7 @@ pub fn start_tracing(config: TraceConfig) -> Result<TraceGuard, StartError> {
     let session = file
         .write_all(first_packet.as_bytes())
         .map_err(|e| write_error(e.into()))
-        .map(|()| writer.start(file, info, replaced))
+        .map(|()| writer.start(TraceFile::new(file), info, replaced.map(TraceFile::new)))
         .inspect_err(|_| {
             if created {
                 let _ = std::fs::remove_file(&config.path);
@@ -299,7 +300,7 @@ static NEXT_SESSION: AtomicU64 = AtomicU64::new(1);
 
 /// What a pending writer is sent to start: the trace file (holding its first packet), the
 /// trace's description, and the file it replaced, to close.
-type Setup = (File, Info, Option<File>);
+type Setup = (TraceFile, Info, Option<TraceFile>);
 
 /// The writer thread of a session being started, spawned before the calibration: it puts the
 /// first frame buffers in the pool and takes the spare symbolizer and gets it ready for a
@@ -387,7 +388,7 @@ fn spawn_writer(config: &TraceConfig, options: symbolize::Options, prepare: bool
 
 impl PendingWriter {
     /// Have the writer write the trace `info` describes to `file`: the session, running.
-    fn start(mut self, file: File, info: Info, replaced: Option<File>) -> Session {
+    fn start(mut self, file: TraceFile, info: Info, replaced: Option<TraceFile>) -> Session {
         // Sent into room kept for it: the thread takes it, or has ended (a panic).
         if let Some(setup) = self.setup.take() {
             let _ = setup.send((file, info, replaced));
@@ -578,8 +579,15 @@ fn open_locked(path: &Path) -> Result<Opened, StartError> {
         Some(libc::ENXIO) => StartError::NoReader { path: path.to_owned() },
         _ => StartError::Open { path: path.to_owned(), source },
     };
+    // On a descriptor of the tracer's own before it is locked (see `trace_file`).
     let open = |create: bool, mode: u32| {
-        OpenOptions::new().write(true).create_new(create).mode(mode).custom_flags(libc::O_NONBLOCK).open(path)
+        OpenOptions::new()
+            .write(true)
+            .create_new(create)
+            .mode(mode)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(path)
+            .map(trace_file::move_high)
     };
     let (file, created) = match open(true, 0o600) {
         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => open(false, 0o600).map(|file| (file, false)),
