@@ -35,7 +35,8 @@ use super::sampled_set;
 use super::sampler;
 use super::spans;
 use super::state::{
-    currently_tracing, getpid, memtrace_var, now_us, say, secure_execution, MAX_FRAMES, OFF, ON, STATE,
+    currently_tracing, getpid, memtrace_var, now_us, say, say_without_allocating, secure_execution, MAX_FRAMES, OFF,
+    ON, STATE,
 };
 use super::symbolize::{self, Desk, Worker};
 use super::trace_file::{self, TraceFile};
@@ -441,13 +442,7 @@ fn finish(session: Session) -> Option<Result<TraceStats, Error>> {
         session.writer.forget();
         return None;
     }
-    STATE.store(OFF, Ordering::SeqCst);
-    handoff::unpublish();
-    let mut stall = Stall::watch(session.channel, session.stop_timeout);
-    // A writer that stopped on a write error no longer drains the queue: then Stop may not
-    // fit, and is not needed.
-    session.channel.send_stop(handoff::session_tag(session.id), || !session.writer.is_finished() && !stall.stalled());
-    session.doorbell.ring();
+    let mut stall = send_stop(&session);
     // While it waits, this thread names frames the writer lends it (`symbolize::Desk`), if it
     // has the stack for it and the writer another CPU to run on. It sleeps until a loan comes:
     // spinning for the first one cost more CPU than it saved wall (README, "Benchmarks").
@@ -471,6 +466,24 @@ fn finish(session: Session) -> Option<Result<TraceStats, Error>> {
             },
         }
     };
+    Some(outcome(written))
+}
+
+/// Stop sampling and queue the writer's stop: how the stop then watches it for a stall.
+fn send_stop(session: &Session) -> Stall {
+    STATE.store(OFF, Ordering::SeqCst);
+    handoff::unpublish();
+    let mut stall = Stall::watch(session.channel, session.stop_timeout);
+    // A writer that stopped on a write error no longer drains the queue: then Stop may not
+    // fit, and is not needed.
+    session.channel.send_stop(handoff::session_tag(session.id), || !session.writer.is_finished() && !stall.stalled());
+    session.doorbell.ring();
+    stall
+}
+
+/// The outcome of a session whose writer did what `written` says, its losses reported on
+/// stderr. Allocates nothing.
+fn outcome(written: WriterOutcome) -> Result<TraceStats, Error> {
     let losses = record::take_losses();
     report_losses(&losses);
     let stats = TraceStats {
@@ -483,10 +496,49 @@ fn finish(session: Session) -> Option<Result<TraceStats, Error>> {
         frees_lost: losses.frees,
         frees_lost_no_stack: losses.frees_no_stack,
     };
-    Some(match written.error {
+    match written.error {
         None => Ok(stats),
         Some(e) => Err(e),
-    })
+    }
+}
+
+/// How long the exit hook waits for a start or stop under way on another thread to let go of
+/// the session: a thread that holds it past this (the one calling `exit` itself, interrupted
+/// by the signal whose handler calls it) is not waited for, and the trace is not flushed.
+const EXIT_LOCK_WAIT: Duration = Duration::from_secs(2);
+
+/// How often the exit hook looks whether the writer is done.
+const EXIT_POLL_INTERVAL: Duration = Duration::from_millis(1);
+
+/// End the running session at exit, as [`finish`] does but without allocating or freeing
+/// anything, and in bounded time: `exit` may be called by a signal handler that interrupted
+/// `malloc` on this thread, whose arena's lock is then held for good. So the writer is waited
+/// for by polling, without naming frames beside it, at most until it makes no progress for
+/// the stop timeout (it may need that lock itself); the session and its outcome are leaked,
+/// which at exit costs nothing.
+fn finish_at_exit() {
+    let started = Instant::now();
+    let mut slot = loop {
+        match SESSION.try_lock() {
+            Some(slot) => break slot,
+            None if started.elapsed() < EXIT_LOCK_WAIT => std::thread::sleep(EXIT_POLL_INTERVAL),
+            None => return,
+        }
+    };
+    let Some(session) = slot.running.take() else { return };
+    if session.pid == getpid() {
+        let mut stall = send_stop(&session);
+        let written = loop {
+            match session.outcome.try_recv() {
+                Ok(written) => break written,
+                Err(crossbeam_channel::TryRecvError::Disconnected) => break WriterOutcome::panicked(),
+                Err(crossbeam_channel::TryRecvError::Empty) if stall.stalled() => break give_up(&session),
+                Err(crossbeam_channel::TryRecvError::Empty) => std::thread::sleep(EXIT_POLL_INTERVAL),
+            }
+        };
+        std::mem::forget(outcome(written));
+    }
+    std::mem::forget(session);
 }
 
 /// How often stopping looks at the writer's progress.
@@ -525,7 +577,7 @@ impl Stall {
 fn give_up(session: &Session) -> WriterOutcome {
     session.abandoned.store(true, Ordering::Release);
     handoff::abandon();
-    say(&format!(
+    say_without_allocating(format_args!(
         "memtrace: the trace writer has made no progress writing {} for {:?} (a pipe or FIFO nobody reads, or a file \
          system that does not answer?); gave up waiting: {} queued samples and frees, and what it had not flushed, \
          are not in the trace",
@@ -536,12 +588,12 @@ fn give_up(session: &Session) -> WriterOutcome {
     WriterOutcome { allocs: 0, frees: 0, error: Some(Error::new(ErrorKind::WriterStalled(session.stop_timeout))) }
 }
 
-/// One line on stderr for lost samples, one for lost frees.
+/// One line on stderr for lost samples, one for lost frees (allocating nothing).
 fn report_losses(losses: &Losses) {
     let Losses { writer_behind, table_full, no_memory, no_stack, frees: frees_behind, frees_no_stack } = *losses;
     let dropped = writer_behind + table_full + no_memory + no_stack;
     if dropped > 0 {
-        say(&format!(
+        say_without_allocating(format_args!(
             "memtrace: {dropped} samples were dropped ({writer_behind} with the trace writer too far behind, \
              {table_full} with no room to track their blocks, {no_memory} with no memory left for their stacks, \
              {no_stack} with too little stack left to capture theirs)"
@@ -549,7 +601,7 @@ fn report_losses(losses: &Losses) {
     }
     let frees = frees_behind + frees_no_stack;
     if frees > 0 {
-        say(&format!(
+        say_without_allocating(format_args!(
             "memtrace: {frees} frees of sampled blocks were lost ({frees_behind} with the trace writer too far \
              behind, {frees_no_stack} with too little stack left to send them); the trace shows those blocks as \
              never freed"
@@ -680,9 +732,9 @@ fn register_hooks() {
 }
 
 /// Flush a trace whose guard was never dropped (`std::process::exit`, or `main` returning
-/// with the guard leaked).
+/// with the guard leaked), in bounded time and without allocating ([`finish_at_exit`]).
 extern "C" fn at_exit() {
-    stop_session(None);
+    finish_at_exit();
 }
 
 /// Hold the session lock across `fork`, so that the child never inherits it locked by a
