@@ -453,6 +453,13 @@ fn child_role() {
 /// Run `f` on a stack of its own, switched to with `swapcontext`, as a coroutine library would.
 #[cfg(all(target_os = "linux", target_env = "gnu", any(target_arch = "x86_64", target_arch = "aarch64")))]
 fn on_another_stack<R: Send + 'static>(f: impl FnOnce() -> R + Send + 'static) -> R {
+    let mut stack = vec![0u8; 1 << 20];
+    on_stack(&mut stack, f)
+}
+
+/// Run `f` on `stack`, switched to with `swapcontext`.
+#[cfg(all(target_os = "linux", target_env = "gnu", any(target_arch = "x86_64", target_arch = "aarch64")))]
+fn on_stack<R: Send + 'static>(stack: &mut [u8], f: impl FnOnce() -> R + Send + 'static) -> R {
     use std::sync::{Arc, Mutex};
     type Task = Box<dyn FnOnce() + Send>;
     static TASK: Mutex<Option<Task>> = Mutex::new(None);
@@ -466,7 +473,6 @@ fn on_another_stack<R: Send + 'static>(f: impl FnOnce() -> R + Send + 'static) -
     let result = Arc::new(Mutex::new(None));
     let slot = Arc::clone(&result);
     *TASK.lock().unwrap() = Some(Box::new(move || *slot.lock().unwrap() = Some(f())));
-    let mut stack = vec![0u8; 1 << 20];
     // SAFETY: zeroed contexts are filled by getcontext/swapcontext before use; `task` runs
     // `trampoline` on `stack`, which outlives it, and returns to `main` (`uc_link`) when done.
     unsafe {
@@ -479,7 +485,6 @@ fn on_another_stack<R: Send + 'static>(f: impl FnOnce() -> R + Send + 'static) -
         libc::makecontext(&mut task, trampoline, 0);
         assert_eq!(libc::swapcontext(&mut main, &task), 0);
     }
-    drop(stack);
     let value = result.lock().unwrap().take();
     value.expect("the task ran")
 }

@@ -104,13 +104,14 @@ pub struct TraceStats {
     /// Sampled allocations dropped because no memory was left for their stacks.
     pub dropped_no_memory: u64,
     /// Sampled allocations dropped because their thread had too little stack left to capture
-    /// their stacks.
+    /// their stacks, or ran on a stack whose size the tracer cannot know (a coroutine's,
+    /// switched to with `swapcontext`).
     pub dropped_no_stack: u64,
     /// Frees of sampled blocks lost because the writer was too far behind: the trace shows
     /// those blocks as never freed.
     pub frees_lost: u64,
     /// Frees of sampled blocks lost because their thread had too little stack left to send
-    /// them: the trace shows those blocks as never freed.
+    /// them (or ran on a stack of unknown size): the trace shows those blocks as never freed.
     pub frees_lost_no_stack: u64,
 }
 
@@ -596,14 +597,14 @@ fn report_losses(losses: &Losses) {
         say_without_allocating(format_args!(
             "memtrace: {dropped} samples were dropped ({writer_behind} with the trace writer too far behind, \
              {table_full} with no room to track their blocks, {no_memory} with no memory left for their stacks, \
-             {no_stack} with too little stack left to capture theirs)"
+             {no_stack} with too little stack left, or a stack of unknown size, to capture theirs)"
         ));
     }
     let frees = frees_behind + frees_no_stack;
     if frees > 0 {
         say_without_allocating(format_args!(
             "memtrace: {frees} frees of sampled blocks were lost ({frees_behind} with the trace writer too far \
-             behind, {frees_no_stack} with too little stack left to send them); the trace shows those blocks as \
+             behind, {frees_no_stack} with too little stack left, or a stack of unknown size, to send them); the trace shows those blocks as \
              never freed"
         ));
     }
