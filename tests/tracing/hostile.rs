@@ -33,8 +33,41 @@ pub(crate) fn child_role(role: &str) {
         "hostile:exit-in-handler" => exit_from_a_signal_handler(),
         "hostile:coroutine" => allocate_on_a_small_coroutine_stack(),
         "hostile:altstack" => allocate_in_a_handler_on_a_small_alternate_stack(),
+        "hostile:corrupt-eh-frame" => call_libraries_with_corrupt_unwind_tables(),
         other => panic!("unknown role {other}"),
     }
+}
+
+/// Environment variable: the libraries a `hostile:corrupt-eh-frame` child loads, separated by
+/// colons.
+const LIBRARIES_VAR: &str = "MEMTRACE_TEST_LIBRARIES";
+/// The function each of those libraries exports: it calls the function it is given.
+const CALLS: &str = "hostile_calls";
+
+/// Allocations made through a frame of each library in [`LIBRARIES_VAR`]: every one sampled,
+/// its stack walked through the library's frame, whose unwind tables are corrupt.
+fn call_libraries_with_corrupt_unwind_tables() {
+    extern "C" fn allocate() -> i32 {
+        let blocks: Vec<Vec<u8>> = (0..20).map(|i| std::hint::black_box(vec![i as u8; 100])).collect();
+        blocks.len() as i32
+    }
+    let guard = trace_if_requested();
+    for (i, library) in std::env::var(LIBRARIES_VAR).unwrap().split(':').enumerate() {
+        let path = std::ffi::CString::new(library).unwrap();
+        let symbol = std::ffi::CString::new(CALLS).unwrap();
+        // SAFETY: NUL-terminated strings; the library (built by `build_corrupt_libraries`) has
+        // no constructors, and its function has the type it is called with.
+        unsafe {
+            let handle = libc::dlopen(path.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL);
+            assert!(!handle.is_null(), "{library}");
+            let calls: extern "C" fn(extern "C" fn() -> i32) -> i32 =
+                std::mem::transmute(libc::dlsym(handle, symbol.as_ptr()));
+            assert_eq!(std::hint::black_box(calls(allocate)), 21);
+            libc::dlclose(handle);
+        }
+        eprintln!("called library {i}");
+    }
+    drop(guard);
 }
 
 /// Memory for a stack, with an inaccessible page below it: a stack that overflows faults
@@ -558,4 +591,126 @@ fn small_foreign_stacks_are_never_overflowed() {
         Trace::read(&path);
         let _ = std::fs::remove_file(&path);
     }
+}
+
+/// The file range of the call-frame instructions of the FDE of `symbol` in the ELF object
+/// `image` (whose `.eh_frame` GCC writes: a `zR` CIE, FDEs with 4-byte pc-relative addresses
+/// and no augmentation data).
+fn fde_instructions(image: &[u8], symbol: &str) -> std::ops::Range<usize> {
+    use object::{Object, ObjectSection, ObjectSymbol};
+    let file = object::File::parse(image).unwrap();
+    let function = file.dynamic_symbols().find(|s| s.name() == Ok(symbol)).expect("the symbol").address();
+    let section = file.section_by_name(".eh_frame").expect("an .eh_frame");
+    let (start, size) = section.file_range().unwrap();
+    let (start, size) = (start as usize, size as usize);
+    let word = |at: usize| u32::from_le_bytes(image[at..at + 4].try_into().unwrap());
+    let mut at = 0;
+    while at + 8 <= size {
+        let length = word(start + at) as usize;
+        if length == 0 {
+            break;
+        }
+        let cie_pointer = word(start + at + 4);
+        if cie_pointer != 0 {
+            let pc_begin = (section.address() as i64 + at as i64 + 8 + word(start + at + 8) as i32 as i64) as u64;
+            if pc_begin == function {
+                // Length, CIE pointer, address, size, augmentation data length (0).
+                assert_eq!(image[start + at + 16], 0, "augmentation data");
+                return start + at + 17..start + at + 4 + length;
+            }
+        }
+        at += 4 + length;
+    }
+    panic!("no FDE for {symbol}");
+}
+
+/// Copies of a small C library whose function [`CALLS`] has corrupt call-frame instructions,
+/// in `dir`: instructions no parser knows, a CFA far off the stack, a CFA below the stack
+/// pointer, the CFA in `rbp` (which this code does not set up), then `fuzzed` copies with one
+/// to three random bytes changed (a fixed seed). `None` without a C compiler.
+fn build_corrupt_libraries(dir: &Path, fuzzed: usize) -> Option<Vec<PathBuf>> {
+    let source = dir.join("corrupt.c");
+    let code =
+        format!("__attribute__((noinline)) int {CALLS}(int (*f)(void)) {{\n  int r = f();\n  return r + 1;\n}}\n");
+    std::fs::write(&source, code).unwrap();
+    let built = dir.join("libcorrupt.so");
+    let compiled = std::process::Command::new("cc")
+        .args(["-shared", "-fPIC", "-O1", "-fomit-frame-pointer", "-o"])
+        .arg(&built)
+        .arg(&source)
+        .status()
+        .ok()?;
+    assert!(compiled.success());
+    let image = std::fs::read(&built).unwrap();
+    let range = fde_instructions(&image, CALLS);
+    let length = range.len();
+    let filled = |bytes: &[u8]| -> Vec<u8> { bytes.iter().copied().chain(std::iter::repeat(0)).take(length).collect() };
+    let mut variants = vec![
+        vec![0x3f; length],
+        filled(&[0x0e, 0xff, 0xff, 0xff, 0x7f]),
+        filled(&[0x0e, 0x00]),
+        filled(&[0x0c, 0x06, 0x10]),
+    ];
+    let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
+    let mut random = move || {
+        seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        (seed >> 33) as usize
+    };
+    for _ in 0..fuzzed {
+        let mut instructions = image[range.clone()].to_vec();
+        for _ in 0..1 + random() % 3 {
+            let at = random() % length;
+            instructions[at] = random() as u8;
+        }
+        variants.push(instructions);
+    }
+    let paths = variants
+        .into_iter()
+        .enumerate()
+        .map(|(i, instructions)| {
+            let mut corrupt = image.clone();
+            corrupt[range.clone()].copy_from_slice(&instructions);
+            let path = dir.join(format!("libcorrupt{i}.so"));
+            std::fs::write(&path, corrupt).unwrap();
+            path
+        })
+        .collect();
+    Some(paths)
+}
+
+/// Allocations sampled through the frame of a library whose unwind tables are corrupt (its
+/// function's call-frame instructions, set or fuzzed), with each unwinder: the program runs
+/// as it does untraced, and the trace is readable; the stack ends at that frame where the
+/// tables cannot be followed.
+#[test]
+fn corrupt_unwind_tables_in_a_library_never_crash_the_walk() {
+    const FUZZED: usize = 60;
+    let dir = tempfile::tempdir().unwrap();
+    let Some(libraries) = build_corrupt_libraries(dir.path(), FUZZED) else {
+        assert!(std::env::var_os("CI").is_none(), "no C compiler under CI");
+        eprintln!("no C compiler: not checked");
+        return;
+    };
+    let libraries = libraries.iter().map(|p| p.to_str().unwrap()).collect::<Vec<_>>().join(":");
+    let run = |env: &[(&str, &str)]| {
+        let mut env = env.to_vec();
+        env.push((LIBRARIES_VAR, &libraries));
+        output_within(
+            super::child("hostile:corrupt-eh-frame", &env),
+            "hostile:corrupt-eh-frame",
+            Duration::from_secs(120),
+        )
+        .0
+    };
+    assert!(run(&[]).status.success(), "untraced");
+    let path = super::temp_path("corrupt-eh-frame");
+    for unwinder in ["dwarf", "frame-pointers", ""] {
+        let out =
+            run(&[("MEMTRACE_FILE", path.to_str().unwrap()), ("MEMTRACE_RATE", "1"), ("MEMTRACE_UNWINDER", unwinder)]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let called = stderr.lines().filter(|l| l.starts_with("called library")).count();
+        assert!(out.status.success(), "unwinder {unwinder:?}: {:?} after {called} libraries", out.status);
+        assert!(!Trace::read(&path).allocs.is_empty());
+    }
+    let _ = std::fs::remove_file(&path);
 }
