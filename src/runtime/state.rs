@@ -134,3 +134,14 @@ pub(crate) fn memtrace_var(name: &str) -> Option<std::ffi::OsString> {
     }
     std::env::var_os(name)
 }
+
+/// Whether the calling thread runs under a seccomp filter (a sandbox installed by the program,
+/// which may kill the process at a system call it forbids, such as opening a file): the
+/// tracer then opens no file on it (see `symbolize`). False where the system does not say.
+pub(crate) fn under_seccomp_filter() -> bool {
+    // SAFETY: PR_GET_SECCOMP only reports the calling thread's mode (2: a filter).
+    #[cfg(target_os = "linux")]
+    return unsafe { libc::prctl(libc::PR_GET_SECCOMP) } == 2;
+    #[cfg(not(target_os = "linux"))]
+    return false;
+}

@@ -34,8 +34,71 @@ pub(crate) fn child_role(role: &str) {
         "hostile:coroutine" => allocate_on_a_small_coroutine_stack(),
         "hostile:altstack" => allocate_in_a_handler_on_a_small_alternate_stack(),
         "hostile:corrupt-eh-frame" => call_libraries_with_corrupt_unwind_tables(),
+        "hostile:seccomp" | "hostile:seccomp-all-threads" => {
+            forbid_opening_files_then_allocate(role == "hostile:seccomp-all-threads")
+        }
         other => panic!("unknown role {other}"),
     }
+}
+
+/// Install a seccomp filter that kills the process at any attempt to open a file (`open`,
+/// `openat`, `openat2`, `creat`), on this thread or, with `all_threads`, on every thread of
+/// the process (the tracer's too).
+fn forbid_opening_files(all_threads: bool) {
+    // Classic BPF over `struct seccomp_data` (the system call's number at offset 0).
+    const LOAD_NR: u16 = 0x20; // BPF_LD | BPF_W | BPF_ABS
+    const JUMP_IF_EQUAL: u16 = 0x15; // BPF_JMP | BPF_JEQ | BPF_K
+    const RETURN: u16 = 0x06; // BPF_RET | BPF_K
+    const KILL_PROCESS: u32 = 0x8000_0000;
+    const ALLOW: u32 = 0x7fff_0000;
+    let forbidden = [libc::SYS_open, libc::SYS_openat, libc::SYS_openat2, libc::SYS_creat];
+    let mut filter = vec![libc::sock_filter { code: LOAD_NR, jt: 0, jf: 0, k: 0 }];
+    for (i, nr) in forbidden.iter().enumerate() {
+        // Equal: jump to the kill, after the remaining tests and the allow.
+        let to_kill = (forbidden.len() - i) as u8;
+        filter.push(libc::sock_filter { code: JUMP_IF_EQUAL, jt: to_kill, jf: 0, k: *nr as u32 });
+    }
+    filter.push(libc::sock_filter { code: RETURN, jt: 0, jf: 0, k: ALLOW });
+    filter.push(libc::sock_filter { code: RETURN, jt: 0, jf: 0, k: KILL_PROCESS });
+    let program = libc::sock_fprog { len: filter.len() as u16, filter: filter.as_mut_ptr() };
+    let flags: libc::c_ulong = if all_threads { 1 } else { 0 }; // SECCOMP_FILTER_FLAG_TSYNC
+                                                                // SAFETY: a valid filter program, read by the kernel during the call.
+    unsafe {
+        assert_eq!(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), 0);
+        let installed = libc::syscall(libc::SYS_seccomp, 1 /* SECCOMP_SET_MODE_FILTER */, flags, &program);
+        assert_eq!(installed, 0, "{}", std::io::Error::last_os_error());
+    }
+}
+
+/// As a sandboxed program: tracing started, then a filter that kills the process on opening
+/// any file, then allocations at sites and on threads the tracer has not seen, and the stop.
+fn forbid_opening_files_then_allocate(all_threads: bool) {
+    // Loaded before, first sampled after.
+    let (_, calls) = load_calling_library(&std::env::var(LIBRARIES_VAR).unwrap());
+    let guard = trace_if_requested();
+    // Nothing sampled before the filter (a thread's name is looked up at its first sample), but
+    // time for the writer to get ready, as it does while tracing starts.
+    std::thread::sleep(Duration::from_millis(200));
+    // glibc reads `/proc/sys/vm/overcommit_memory` the first time an arena other than the main
+    // one shrinks: a sandboxed program must have that done before (untraced, it dies of it).
+    let blocks: Vec<Vec<u8>> = (0..4).map(|_| std::hint::black_box(Vec::with_capacity(120 << 10))).collect();
+    drop(blocks);
+    forbid_opening_files(all_threads);
+    for _ in 0..100 {
+        assert_eq!(std::hint::black_box(calls(allocate)), 21);
+    }
+    let kept = super::site_kept();
+    std::thread::spawn(super::site_grown).join().unwrap();
+    // Long enough for the writer's polls and flushes, and for its arena's trimming.
+    for _ in 0..15 {
+        site_freed();
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    drop(kept);
+    if let Some(guard) = guard {
+        guard.finish().expect("the trace written");
+    }
+    eprintln!("done without opening a file");
 }
 
 /// Environment variable: the libraries a `hostile:corrupt-eh-frame` child loads, separated by
@@ -47,27 +110,38 @@ const CALLS: &str = "hostile_calls";
 /// Allocations made through a frame of each library in [`LIBRARIES_VAR`]: every one sampled,
 /// its stack walked through the library's frame, whose unwind tables are corrupt.
 fn call_libraries_with_corrupt_unwind_tables() {
-    extern "C" fn allocate() -> i32 {
-        let blocks: Vec<Vec<u8>> = (0..20).map(|i| std::hint::black_box(vec![i as u8; 100])).collect();
-        blocks.len() as i32
-    }
     let guard = trace_if_requested();
     for (i, library) in std::env::var(LIBRARIES_VAR).unwrap().split(':').enumerate() {
-        let path = std::ffi::CString::new(library).unwrap();
-        let symbol = std::ffi::CString::new(CALLS).unwrap();
-        // SAFETY: NUL-terminated strings; the library (built by `build_corrupt_libraries`) has
-        // no constructors, and its function has the type it is called with.
-        unsafe {
-            let handle = libc::dlopen(path.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL);
-            assert!(!handle.is_null(), "{library}");
-            let calls: extern "C" fn(extern "C" fn() -> i32) -> i32 =
-                std::mem::transmute(libc::dlsym(handle, symbol.as_ptr()));
-            assert_eq!(std::hint::black_box(calls(allocate)), 21);
-            libc::dlclose(handle);
-        }
+        let (handle, calls) = load_calling_library(library);
+        assert_eq!(std::hint::black_box(calls(allocate)), 21);
+        // SAFETY: a handle of ours, whose code is no longer used.
+        unsafe { libc::dlclose(handle) };
         eprintln!("called library {i}");
     }
     drop(guard);
+}
+
+/// The function a library of [`build_calling_library`]'s calls with.
+type Calls = extern "C" fn(extern "C" fn() -> i32) -> i32;
+
+/// Allocate a few blocks through a library's frame.
+extern "C" fn allocate() -> i32 {
+    let blocks: Vec<Vec<u8>> = (0..20).map(|i| std::hint::black_box(vec![i as u8; 100])).collect();
+    blocks.len() as i32
+}
+
+/// Load the library `path` (built by [`build_calling_library`]): its handle and its function.
+fn load_calling_library(path: &str) -> (*mut libc::c_void, Calls) {
+    let (library, symbol) = (std::ffi::CString::new(path).unwrap(), std::ffi::CString::new(CALLS).unwrap());
+    // SAFETY: NUL-terminated strings; the library has no constructors, and its function has the
+    // type it is called with.
+    unsafe {
+        let handle = libc::dlopen(library.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL);
+        assert!(!handle.is_null(), "{path}");
+        let calls = libc::dlsym(handle, symbol.as_ptr());
+        assert!(!calls.is_null());
+        (handle, std::mem::transmute::<*mut libc::c_void, Calls>(calls))
+    }
 }
 
 /// Memory for a stack, with an inaccessible page below it: a stack that overflows faults
@@ -624,16 +698,14 @@ fn fde_instructions(image: &[u8], symbol: &str) -> std::ops::Range<usize> {
     panic!("no FDE for {symbol}");
 }
 
-/// Copies of a small C library whose function [`CALLS`] has corrupt call-frame instructions,
-/// in `dir`: instructions no parser knows, a CFA far off the stack, a CFA below the stack
-/// pointer, the CFA in `rbp` (which this code does not set up), then `fuzzed` copies with one
-/// to three random bytes changed (a fixed seed). `None` without a C compiler.
-fn build_corrupt_libraries(dir: &Path, fuzzed: usize) -> Option<Vec<PathBuf>> {
-    let source = dir.join("corrupt.c");
+/// A small C library in `dir` whose function [`CALLS`] calls the function it is given (no
+/// frame pointer); `None` without a C compiler.
+fn build_calling_library(dir: &Path) -> Option<PathBuf> {
+    let source = dir.join("calls.c");
     let code =
         format!("__attribute__((noinline)) int {CALLS}(int (*f)(void)) {{\n  int r = f();\n  return r + 1;\n}}\n");
     std::fs::write(&source, code).unwrap();
-    let built = dir.join("libcorrupt.so");
+    let built = dir.join("libcalls.so");
     let compiled = std::process::Command::new("cc")
         .args(["-shared", "-fPIC", "-O1", "-fomit-frame-pointer", "-o"])
         .arg(&built)
@@ -641,7 +713,15 @@ fn build_corrupt_libraries(dir: &Path, fuzzed: usize) -> Option<Vec<PathBuf>> {
         .status()
         .ok()?;
     assert!(compiled.success());
-    let image = std::fs::read(&built).unwrap();
+    Some(built)
+}
+
+/// Copies of a small C library whose function [`CALLS`] has corrupt call-frame instructions,
+/// in `dir`: instructions no parser knows, a CFA far off the stack, a CFA below the stack
+/// pointer, the CFA in `rbp` (which this code does not set up), then `fuzzed` copies with one
+/// to three random bytes changed (a fixed seed). `None` without a C compiler.
+fn build_corrupt_libraries(dir: &Path, fuzzed: usize) -> Option<Vec<PathBuf>> {
+    let image = std::fs::read(build_calling_library(dir)?).unwrap();
     let range = fde_instructions(&image, CALLS);
     let length = range.len();
     let filled = |bytes: &[u8]| -> Vec<u8> { bytes.iter().copied().chain(std::iter::repeat(0)).take(length).collect() };
@@ -713,4 +793,30 @@ fn corrupt_unwind_tables_in_a_library_never_crash_the_walk() {
         assert!(!Trace::read(&path).allocs.is_empty());
     }
     let _ = std::fs::remove_file(&path);
+}
+
+/// A program that forbids opening files once tracing has started (a seccomp filter that kills
+/// the process, on its own thread or on every thread): the tracer opens nothing after its
+/// start, and the program runs as it does untraced, its trace readable.
+#[test]
+fn a_sandbox_that_kills_on_open_installed_after_the_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(library) = build_calling_library(dir.path()) else {
+        assert!(std::env::var_os("CI").is_none(), "no C compiler under CI");
+        eprintln!("no C compiler: not checked");
+        return;
+    };
+    let library = library.to_str().unwrap();
+    for role in ["hostile:seccomp", "hostile:seccomp-all-threads"] {
+        let untraced = super::child(role, &[(LIBRARIES_VAR, library)]);
+        let (untraced, _) = output_within(untraced, role, Duration::from_secs(60));
+        assert!(untraced.status.success(), "{role} untraced: {:?}", untraced.status);
+        let path = super::temp_path(role.trim_start_matches("hostile:"));
+        let env = [("MEMTRACE_FILE", path.to_str().unwrap()), ("MEMTRACE_RATE", "0.001"), (LIBRARIES_VAR, library)];
+        let (out, _) = output_within(super::child(role, &env), role, Duration::from_secs(60));
+        assert!(out.status.success(), "{role}: {:?}", out.status);
+        let trace = Trace::read(&path);
+        assert!(trace.at_site("::site_kept").count() > 0);
+        let _ = std::fs::remove_file(&path);
+    }
 }

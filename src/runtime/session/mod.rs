@@ -33,10 +33,11 @@ use super::record::{self, Losses};
 use super::sampled_pool;
 use super::sampled_set;
 use super::sampler;
+use super::span_table;
 use super::spans;
 use super::state::{
-    currently_tracing, getpid, memtrace_var, now_us, say, say_without_allocating, secure_execution, MAX_FRAMES, OFF,
-    ON, STATE,
+    currently_tracing, getpid, memtrace_var, now_us, say, say_without_allocating, secure_execution,
+    under_seccomp_filter, MAX_FRAMES, OFF, ON, STATE,
 };
 use super::symbolize::{self, Desk, Worker};
 use super::trace_file::{self, TraceFile};
@@ -237,6 +238,8 @@ pub fn start_tracing(config: TraceConfig) -> Result<TraceGuard, StartError> {
     }
     // Rules cached by an earlier session may be for code unloaded since.
     cfi::invalidate_if_unloaded();
+    // Read now: a sandbox the program installs later may forbid opening files.
+    span_table::read_process_name();
     let name_start_up_frames = config.rate >= NAME_START_UP_FRAMES_FROM_RATE;
     // Gets ready on its own while the calibration runs on this thread.
     // Read once for the writer and the naming of start-up frames, which say once what is wrong.
@@ -345,6 +348,10 @@ fn spawn_writer(config: &TraceConfig, options: symbolize::Options, prepare: bool
     let lending = Arc::clone(&desk);
     let writer = TracerThread::spawn_beside(c"memtrace-writer", move || {
         channel.fill_pool(handoff::STARTING_POOL);
+        // Now rather than at the first naming: glibc reads `/proc/sys/vm/overcommit_memory`
+        // the first time an arena other than the main one shrinks (here, as the blocks are
+        // freed), and a sandbox the program installs later may kill the process at the open.
+        tracer_thread::grow_arena();
         // (Calibration naming frames meanwhile, if it finds the slot empty, makes one of its
         // own, which this one replaces in the slot when the writer is done.)
         let prepared = prepare
@@ -449,7 +456,9 @@ fn finish(session: Session) -> Option<Result<TraceStats, Error>> {
     // spinning for the first one cost more CPU than it saved wall (README, "Benchmarks").
     let desk = &session.desk;
     let helping = tracer_thread::may_run_elsewhere()
-        && unwind::capture::stack_remaining().is_some_and(|left| left >= symbolize::HELPING_STACK);
+        && unwind::capture::stack_remaining().is_some_and(|left| left >= symbolize::HELPING_STACK)
+        // Naming may open object files, which a sandbox on this thread may punish.
+        && !under_seccomp_filter();
     // Loans no one takes the writer takes back.
     let loans = if helping { desk.loans().clone() } else { crossbeam_channel::never() };
     let written = loop {
