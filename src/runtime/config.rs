@@ -38,7 +38,8 @@ pub struct TraceConfig {
     pub(crate) rate: f64,
     /// A free-form description stored in the trace info.
     pub(crate) context: Option<String>,
-    /// Stack frames recorded per sample, from 1 to [`MAX_FRAMES`].
+    /// Stack frames of code recorded per sample, from 1 to [`MAX_FRAMES`] (pseudo-frames come
+    /// on top).
     pub(crate) frame_cap: usize,
     /// How sampled stacks are captured.
     pub(crate) unwinder: Unwinder,
@@ -76,7 +77,11 @@ impl TraceConfig {
         self
     }
 
-    /// The number of stack frames recorded per sample, from 1 to 128.
+    /// The number of stack frames of code recorded per sample, from 1 to 128 (the innermost
+    /// ones; default 64). Pseudo-frames come on top of these: the thread's (see
+    /// [`thread_frames`](TraceConfig::thread_frames)) and, under `MemtraceLayer`, up to 16
+    /// spans', so a sample holds up to `frame_cap` + 17 frames; never more than 128, the
+    /// outermost frames of code giving way to the pseudo-frames.
     pub fn frame_cap(mut self, frame_cap: usize) -> TraceConfig {
         self.frame_cap = frame_cap;
         self
