@@ -588,8 +588,9 @@ fn give_up(session: &Session) -> WriterOutcome {
     session.abandoned.store(true, Ordering::Release);
     handoff::abandon();
     say_without_allocating(format_args!(
-        "memtrace: the trace writer has made no progress writing {} for {:?} (a pipe or FIFO nobody reads, or a file \
-         system that does not answer?); gave up waiting: {} queued samples and frees, and what it had not flushed, \
+        "memtrace: the trace writer has made no progress writing {} for {:?} (a pipe or FIFO nobody reads, a file \
+         system that does not answer, or an exit from a signal handler that interrupted the allocator?); gave up \
+         waiting: {} queued samples and frees, and what it had not flushed, \
          are not in the trace",
         session.path.display(),
         session.stop_timeout,
