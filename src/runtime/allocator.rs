@@ -101,16 +101,20 @@ impl<A: GlobalAlloc> MemtraceAllocator<A> {
     /// sampled layout, as for the caller's method.
     #[inline(always)]
     unsafe fn sampled(&self, nsamples: u64, layout: Layout, entry: Entry, make: impl Fn(Layout) -> *mut u8) -> *mut u8 {
-        if nsamples == 0 {
+        if nsamples == 0 || record::lost_for_want_of_stack(nsamples, layout.size()) {
             // Kept apart from the sampled case, so that it compiles to a tail call.
             return make(layout);
         }
         let sampled = sampled_layout(layout);
         let ptr = make(sampled);
         if ptr.is_null() {
-            // The sampled layout asks for more than the program did: serve the program's own.
-            record::lost(Loss::NoMemory, nsamples, layout.size());
-            return make(layout);
+            // The sampled layout asks for more than the program did: serve the program's own
+            // (a sample lost if that can be had; if not, the allocation fails as it would).
+            let ptr = make(layout);
+            if !ptr.is_null() {
+                record::lost(Loss::NoMemory, nsamples, layout.size());
+            }
+            return ptr;
         }
         match track(ptr) {
             Some(inserted) => {
@@ -167,6 +171,7 @@ impl<A: GlobalAlloc> MemtraceAllocator<A> {
         was_sampled: bool,
         new_size: usize,
     ) -> *mut u8 {
+        let nsamples = if nsamples != 0 && record::lost_for_want_of_stack(nsamples, new_size) { 0 } else { nsamples };
         // SAFETY: the caller's contract makes `new_size` with `layout`'s alignment a layout.
         let new_layout = unsafe { Layout::from_size_align_unchecked(new_size, layout.align()) };
         let old_layout = if was_sampled { sampled_layout(layout) } else { layout };
@@ -200,18 +205,23 @@ impl<A: GlobalAlloc> MemtraceAllocator<A> {
             moved(unsafe { self.inner.alloc(sampled) })
         };
         if new.is_null() {
-            // The old block is still the program's: as an unsampled block, if the memory is there.
-            record::lost(Loss::NoMemory, nsamples, new_size);
-            if !was_sampled {
+            // The old block is still the program's: as an unsampled block, if the memory is
+            // there (a sample lost), else the `realloc` fails as it would.
+            let out = if was_sampled {
+                // SAFETY: `new_layout` is a layout of nonzero size (the caller's contract).
+                let out = moved(unsafe { self.inner.alloc(new_layout) });
+                if out.is_null() {
+                    // The old block stays the program's at its sampled layout: tracked again
+                    // (by no session), so that its free uses that layout.
+                    track(ptr);
+                }
+                out
+            } else {
                 // SAFETY: forwarded under the caller's contract.
-                return unsafe { self.inner.realloc(ptr, layout, new_size) };
-            }
-            // SAFETY: `new_layout` is a layout of nonzero size (the caller's contract).
-            let out = moved(unsafe { self.inner.alloc(new_layout) });
-            if out.is_null() {
-                // The old block stays the program's at its sampled layout: tracked again (by
-                // no session), so that its free uses that layout.
-                track(ptr);
+                unsafe { self.inner.realloc(ptr, layout, new_size) }
+            };
+            if !out.is_null() {
+                record::lost(Loss::NoMemory, nsamples, new_size);
             }
             return out;
         }

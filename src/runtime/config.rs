@@ -7,7 +7,7 @@ use std::io;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use super::state::{DEFAULT_FRAME_CAP, MAX_FRAMES};
+use super::state::{memtrace_var, DEFAULT_FRAME_CAP, MAX_FRAMES};
 use super::unwind::Unwinder;
 
 /// Default sampling rate: the probability that any one 8-byte word allocated is sampled.
@@ -38,7 +38,8 @@ pub struct TraceConfig {
     pub(crate) rate: f64,
     /// A free-form description stored in the trace info.
     pub(crate) context: Option<String>,
-    /// Stack frames recorded per sample, from 1 to [`MAX_FRAMES`].
+    /// Stack frames of code recorded per sample, from 1 to [`MAX_FRAMES`] (pseudo-frames come
+    /// on top).
     pub(crate) frame_cap: usize,
     /// How sampled stacks are captured.
     pub(crate) unwinder: Unwinder,
@@ -76,7 +77,11 @@ impl TraceConfig {
         self
     }
 
-    /// The number of stack frames recorded per sample, from 1 to 128.
+    /// The number of stack frames of code recorded per sample, from 1 to 128 (the innermost
+    /// ones; default 64). Pseudo-frames come on top of these: the thread's (see
+    /// [`thread_frames`](TraceConfig::thread_frames)) and, under `MemtraceLayer`, up to 16
+    /// spans', so a sample holds up to `frame_cap` + 17 frames; never more than 128, the
+    /// outermost frames of code giving way to the pseudo-frames.
     pub fn frame_cap(mut self, frame_cap: usize) -> TraceConfig {
         self.frame_cap = frame_cap;
         self
@@ -205,19 +210,20 @@ impl std::error::Error for StartError {
     }
 }
 
-/// The configuration the environment asks for, writing to `path`.
+/// The configuration the environment asks for, writing to `path` (every variable read through
+/// [`memtrace_var`], which ignores them all in secure-execution mode).
 pub(crate) fn config_from_env(path: OsString) -> Result<TraceConfig, StartError> {
     let mut config = TraceConfig::new(path);
-    if let Some(rate) = rate_from_env(std::env::var_os(RATE_VAR).as_deref())? {
+    if let Some(rate) = rate_from_env(memtrace_var(RATE_VAR).as_deref())? {
         config.rate = rate;
     }
-    if let Some(unwinder) = unwinder_from_env(std::env::var_os(UNWINDER_VAR).as_deref())? {
+    if let Some(unwinder) = unwinder_from_env(memtrace_var(UNWINDER_VAR).as_deref())? {
         config.unwinder = unwinder;
     }
-    if let Some(timeout) = stop_timeout_from_env(std::env::var_os(STOP_TIMEOUT_VAR).as_deref())? {
+    if let Some(timeout) = stop_timeout_from_env(memtrace_var(STOP_TIMEOUT_VAR).as_deref())? {
         config.stop_timeout = timeout;
     }
-    config.context = std::env::var(CONTEXT_VAR).ok().filter(|c| !c.is_empty());
+    config.context = memtrace_var(CONTEXT_VAR).and_then(|c| c.into_string().ok()).filter(|c| !c.is_empty());
     Ok(config)
 }
 

@@ -32,6 +32,12 @@ impl<T> ForkSafeLock<T> {
         Guard { lock: self }
     }
 
+    /// The lock if it is free, without waiting.
+    pub(crate) fn try_lock(&self) -> Option<Guard<'_, T>> {
+        let taken = self.locked.compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed).is_ok();
+        taken.then_some(Guard { lock: self })
+    }
+
     /// Release the lock held by a guard that was forgotten (the fork handlers).
     pub(crate) fn force_unlock(&self) {
         self.locked.store(false, Ordering::Release);

@@ -20,6 +20,7 @@
 //! - [`record`]: the sampled path of an allocation and of a free;
 //! - [`allocator`]: [`MemtraceAllocator`](allocator::MemtraceAllocator), the hot path;
 //! - [`config`]: [`TraceConfig`](config::TraceConfig), the environment, start errors;
+//! - [`trace_file`]: the trace file's descriptor, checked to be the tracer's own before writes;
 //! - [`writer_thread`]: the thread that owns the trace writer;
 //! - [`session`]: starting and stopping, and the process hooks.
 
@@ -37,6 +38,7 @@ pub(crate) mod span_table;
 pub(crate) mod spans;
 pub(crate) mod state;
 pub(crate) mod symbolize;
+pub(crate) mod trace_file;
 pub(crate) mod tracer_thread;
 pub(crate) mod unwind;
 pub(crate) mod writer_thread;

@@ -147,6 +147,20 @@ pub(crate) fn take_unwritten_losses() -> [Lost; 4] {
     Loss::ALL.map(|cause| UNWRITTEN[cause as usize].take())
 }
 
+/// Whether a sample of `nsamples` points and `size` bytes is lost before anything is done for
+/// it, and count it so: its thread has too little stack left for the sampled path (its block's
+/// allocation at the sampled alignment, the capture), or runs on a stack of unknown extent.
+/// Not while calibrating, which needs its captures and takes them on the stack that starts
+/// tracing.
+#[inline]
+pub(crate) fn lost_for_want_of_stack(nsamples: u64, size: usize) -> bool {
+    let lost_here = STATE.load(Ordering::Relaxed) == ON && !unwind::stack_left_for_capture();
+    if lost_here {
+        lost(Loss::NoStack, nsamples, size);
+    }
+    lost_here
+}
+
 /// Called (inside the tracer) for a sampled block of `size` bytes just allocated at `addr`:
 /// the tag of the session that recorded it, if one did.
 pub(crate) fn sampled_alloc(addr: usize, size: usize, nsamples: u64, entry: Entry) -> Option<SessionTag> {

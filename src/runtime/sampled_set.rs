@@ -99,6 +99,7 @@ static MAPPED: [AtomicPtr<u8>; GENERATIONS] = [UNMAPPED; GENERATIONS];
 /// Entries in the set (approximately, under concurrent updates).
 static LIVE: AtomicUsize = AtomicUsize::new(0);
 
+#[inline(always)]
 fn bucket_bits(generation: usize) -> u32 {
     FIRST_BUCKET_BITS + GROWTH_BITS * generation as u32
 }
@@ -125,11 +126,13 @@ impl Generation {
         (!base.is_null()).then(|| Generation { base, bits: bucket_bits(g) })
     }
 
+    #[inline(always)]
     fn index(&self, addr: usize) -> usize {
         // Fibonacci hashing of the address above its alignment bits.
         (((addr / SAMPLED_ALIGN) as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - self.bits)) as usize
     }
 
+    #[inline(always)]
     fn bucket(&self, index: usize) -> &'static Bucket {
         // SAFETY: `index < 1 << bits` (from `index`), and the mapping holds that many buckets,
         // zero-initialised (free slots), and is never unmapped.
@@ -137,6 +140,7 @@ impl Generation {
     }
 
     /// The word of page bits holding `index`'s page, and its bit.
+    #[inline(always)]
     fn page_bit(&self, index: usize) -> (&AtomicU64, u64) {
         let page = index / BUCKETS_PER_PAGE;
         let bits_at = (1usize << self.bits) * std::mem::size_of::<Bucket>();
@@ -149,6 +153,7 @@ impl Generation {
     /// Whether an insert has written `index`'s page: a page no insert wrote holds no entry, and
     /// reading it would map the shared zero page, which a later write faults out again with a
     /// TLB shoot-down that interrupts the program's other threads.
+    #[inline(always)]
     fn touched(&self, index: usize) -> bool {
         let (word, bit) = self.page_bit(index);
         word.load(Ordering::Relaxed) & bit != 0
@@ -184,17 +189,23 @@ impl Generation {
         self.bucket(index).0.iter().find(|slot| slot.load(Ordering::Relaxed) & !TAG_MASK == addr)
     }
 
-    /// Remove the block at `addr`, returning its entry's tag.
+    /// Remove the block at `addr`, returning its entry's tag. (Loops rather than iterator
+    /// adapters: on the free path of a thread with little stack left, an unoptimised build's
+    /// adapter frames overflowed it.)
+    #[inline(always)]
     fn remove(&self, addr: usize) -> Option<SessionTag> {
         let index = self.index(addr);
         if !self.touched(index) {
             return None;
         }
-        self.bucket(index).0.iter().find_map(|slot| {
+        for slot in &self.bucket(index).0 {
             let entry = slot.load(Ordering::Relaxed);
-            (entry & !TAG_MASK == addr && slot.compare_exchange(entry, 0, Ordering::AcqRel, Ordering::Relaxed).is_ok())
-                .then_some(entry & TAG_MASK)
-        })
+            if entry & !TAG_MASK == addr && slot.compare_exchange(entry, 0, Ordering::AcqRel, Ordering::Relaxed).is_ok()
+            {
+                return Some(entry & TAG_MASK);
+            }
+        }
+        None
     }
 }
 
@@ -229,8 +240,13 @@ fn map_generation(g: usize) -> bool {
 }
 
 /// How many generations are mapped (they are mapped in order).
+#[inline(always)]
 fn mapped() -> usize {
-    MAPPED.iter().take_while(|g| !g.load(Ordering::Acquire).is_null()).count()
+    let mut n = 0;
+    while n < GENERATIONS && !MAPPED[n].load(Ordering::Acquire).is_null() {
+        n += 1;
+    }
+    n
 }
 
 /// The generations mapped, newest first.
@@ -285,9 +301,16 @@ pub(crate) fn insert(addr: usize) -> Option<Inserted> {
 /// address's bucket in each generation whose page of it an insert has written.
 #[inline(never)]
 pub(crate) fn remove(addr: usize) -> Option<SessionTag> {
-    let tag = generations().find_map(|g| g.remove(addr))?;
-    LIVE.fetch_sub(1, Ordering::Relaxed);
-    Some(tag)
+    let mut g = mapped();
+    while g > 0 {
+        g -= 1;
+        let generation = Generation { base: MAPPED[g].load(Ordering::Acquire), bits: bucket_bits(g) };
+        if let Some(tag) = generation.remove(addr) {
+            LIVE.fetch_sub(1, Ordering::Relaxed);
+            return Some(tag);
+        }
+    }
+    None
 }
 
 #[cfg(test)]

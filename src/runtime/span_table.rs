@@ -149,8 +149,6 @@ pub(crate) struct PseudoFrames {
     numbers: FastMap<Box<str>, u32>,
     /// The kernel names threads sent, by kernel id.
     kernel_names: FastMap<u32, KernelName>,
-    /// The process's kernel name (which unnamed threads inherit), once read.
-    process_name: Option<Box<[u8]>>,
 }
 
 impl PseudoFrames {
@@ -182,11 +180,7 @@ impl PseudoFrames {
         }
         let Some(name) = self.kernel_names.get(&tid) else { return unnamed() };
         let name = name.split(|&b| b == 0).next().unwrap_or_default();
-        let process_name = self.process_name.get_or_insert_with(|| {
-            let comm = std::fs::read("/proc/self/comm").unwrap_or_default();
-            comm.strip_suffix(b"\n").unwrap_or(&comm).into()
-        });
-        if name.is_empty() || name == &process_name[..] {
+        if name.is_empty() || name == process_name() {
             return unnamed();
         }
         String::from_utf8_lossy(name).into_owned()
@@ -238,6 +232,22 @@ impl PseudoFrames {
 
 fn pseudo_location(file: &str, line: u32, name: &str) -> Location {
     Location { filename: file.as_bytes().into(), line, start_char: 0, end_char: 0, defname: name.as_bytes().into() }
+}
+
+/// The process's kernel name (which unnamed threads inherit), read once.
+static PROCESS_NAME: std::sync::OnceLock<Box<[u8]>> = std::sync::OnceLock::new();
+
+/// Read the process's name now, while tracing starts, if it was not read before: a sandbox
+/// the program installs later may kill the process at the open.
+pub(crate) fn read_process_name() {
+    process_name();
+}
+
+fn process_name() -> &'static [u8] {
+    PROCESS_NAME.get_or_init(|| {
+        let comm = std::fs::read("/proc/self/comm").unwrap_or_default();
+        comm.strip_suffix(b"\n").unwrap_or(&comm).into()
+    })
 }
 
 #[cfg(test)]

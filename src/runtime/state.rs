@@ -70,7 +70,37 @@ pub(crate) fn say(line: &str) {
     let mut bytes = Vec::with_capacity(line.len() + 1);
     bytes.extend_from_slice(line.as_bytes());
     bytes.push(b'\n');
-    let mut rest = &bytes[..];
+    write_stderr(&bytes);
+}
+
+/// [`say`] a line formatted into a buffer on the stack, cut at [`SAID_WITHOUT_ALLOCATING`]
+/// bytes: what may not allocate (the exit hook) says it so.
+pub(crate) fn say_without_allocating(args: std::fmt::Arguments<'_>) {
+    struct Line {
+        bytes: [u8; SAID_WITHOUT_ALLOCATING],
+        len: usize,
+    }
+    impl std::fmt::Write for Line {
+        fn write_str(&mut self, s: &str) -> std::fmt::Result {
+            // One byte kept for the newline.
+            let n = s.len().min(SAID_WITHOUT_ALLOCATING - 1 - self.len);
+            self.bytes[self.len..self.len + n].copy_from_slice(&s.as_bytes()[..n]);
+            self.len += n;
+            Ok(())
+        }
+    }
+    let mut line = Line { bytes: [0; SAID_WITHOUT_ALLOCATING], len: 0 };
+    let _ = std::fmt::write(&mut line, args);
+    line.bytes[line.len] = b'\n';
+    write_stderr(&line.bytes[..=line.len]);
+}
+
+/// The longest line [`say_without_allocating`] says, with its newline.
+const SAID_WITHOUT_ALLOCATING: usize = 1024;
+
+/// Write `bytes` on stderr in one `write` if it takes them (see [`say`]).
+fn write_stderr(bytes: &[u8]) {
+    let mut rest = bytes;
     while !rest.is_empty() {
         // SAFETY: writing `rest.len()` bytes from a live slice to a file descriptor.
         let written = unsafe { libc::write(libc::STDERR_FILENO, rest.as_ptr().cast(), rest.len()) };
@@ -81,4 +111,37 @@ pub(crate) fn say(line: &str) {
             Err(_) => return,
         }
     }
+}
+
+/// Whether the process runs in secure-execution mode (`AT_SECURE`: setuid or setgid, or with
+/// file capabilities), where its environment is its caller's, not to be trusted with the
+/// privileges it was given.
+pub(crate) fn secure_execution() -> bool {
+    // SAFETY: getauxval has no preconditions; an absent entry gives 0.
+    #[cfg(target_os = "linux")]
+    return unsafe { libc::getauxval(libc::AT_SECURE) } != 0;
+    #[cfg(not(target_os = "linux"))]
+    return false;
+}
+
+/// The value of the tracer's environment variable `name` (`MEMTRACE_*`, or upstream's
+/// `MEMTRACE`): every read of one goes through here. `None` in secure-execution mode, as glibc
+/// ignores `MALLOC_TRACE` and jemalloc `MALLOC_CONF` there: a setuid program's user must not
+/// choose the files it writes, nor anything else about its tracing.
+pub(crate) fn memtrace_var(name: &str) -> Option<std::ffi::OsString> {
+    if secure_execution() {
+        return None;
+    }
+    std::env::var_os(name)
+}
+
+/// Whether the calling thread runs under a seccomp filter (a sandbox installed by the program,
+/// which may kill the process at a system call it forbids, such as opening a file): the
+/// tracer then opens no file on it (see `symbolize`). False where the system does not say.
+pub(crate) fn under_seccomp_filter() -> bool {
+    // SAFETY: PR_GET_SECCOMP only reports the calling thread's mode (2: a filter).
+    #[cfg(target_os = "linux")]
+    return unsafe { libc::prctl(libc::PR_GET_SECCOMP) } == 2;
+    #[cfg(not(target_os = "linux"))]
+    return false;
 }

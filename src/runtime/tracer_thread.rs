@@ -8,6 +8,9 @@
 //! panic) is handed over through a shared slot, so that a thread never joined drops it as it
 //! ends.
 //!
+//! Every tracer thread starts with the program's asynchronous signals blocked
+//! ([`with_async_signals_blocked`]).
+//!
 //! The writer is started off the CPU of the thread that starts tracing, when it may run
 //! elsewhere ([`Steering`]), and then let run anywhere its starter may; the symbolizer's
 //! thread, whose starter (the writer) mostly waits for it, is started as the scheduler likes.
@@ -107,12 +110,15 @@ impl<T: Send + 'static> TracerThread<T> {
             libc::pthread_attr_destroy(attributes.as_mut_ptr());
             error
         };
-        let mut error = create(steering.as_ref().map(|s| &s.elsewhere), &mut thread);
-        if error != 0 && steering.is_some() {
-            // glibc fails the whole creation when it cannot set the new thread's CPUs (a
-            // sandbox that forbids it, a cpuset changed meanwhile): start it without.
-            error = create(None, &mut thread);
-        }
+        let error = with_async_signals_blocked(|| {
+            let error = create(steering.as_ref().map(|s| &s.elsewhere), &mut thread);
+            if error != 0 && steering.is_some() {
+                // glibc fails the whole creation when it cannot set the new thread's CPUs (a
+                // sandbox that forbids it, a cpuset changed meanwhile): start it without.
+                return create(None, &mut thread);
+            }
+            error
+        });
         if error != 0 {
             // SAFETY: the thread was not created: the box is still ours.
             drop(unsafe { Box::from_raw(start as *mut Start<T>) });
@@ -152,6 +158,35 @@ impl<T> Drop for TracerThread<T> {
     fn drop(&mut self) {
         // SAFETY: a live thread never joined: it cleans up after itself as it ends.
         unsafe { libc::pthread_detach(self.thread) };
+    }
+}
+
+/// Run `f` with every asynchronous signal blocked on the calling thread, its signal mask
+/// restored after: a thread started in `f` begins with them blocked, before any of its code
+/// runs, and keeps them so. The program's signals are the program's: a signal sent to the
+/// process (a SIGTERM that a program waits for with `sigwait` or a `signalfd`, with every
+/// thread of its own blocking it) is never taken by a tracer thread, whose default action
+/// would end the process; nor are SIGPIPE and SIGXFSZ, which the writer's writes raise on a
+/// reader gone or past the file size limit: its write fails instead (EPIPE, EFBIG), and the
+/// trace stops with one message. The signals of faults (SIGSEGV, SIGBUS, SIGFPE, SIGILL,
+/// SIGTRAP, SIGSYS) stay unblocked: the kernel would end the process for a fault of a thread
+/// blocking them without calling the program's handler. (glibc keeps its own signals, of
+/// thread cancellation and `setuid`, unblocked whatever is asked.)
+pub(crate) fn with_async_signals_blocked<R>(f: impl FnOnce() -> R) -> R {
+    // SAFETY: the sets are initialised by sigfillset/sigemptyset before use; pthread_sigmask
+    // changes the calling thread's mask only, restored below.
+    unsafe {
+        let mut blocked = std::mem::MaybeUninit::<libc::sigset_t>::uninit();
+        libc::sigfillset(blocked.as_mut_ptr());
+        for fault in [libc::SIGSEGV, libc::SIGBUS, libc::SIGFPE, libc::SIGILL, libc::SIGTRAP, libc::SIGSYS] {
+            libc::sigdelset(blocked.as_mut_ptr(), fault);
+        }
+        let mut before = std::mem::MaybeUninit::<libc::sigset_t>::uninit();
+        libc::sigemptyset(before.as_mut_ptr());
+        libc::pthread_sigmask(libc::SIG_BLOCK, blocked.as_ptr(), before.as_mut_ptr());
+        let result = f();
+        libc::pthread_sigmask(libc::SIG_SETMASK, before.as_ptr(), std::ptr::null_mut());
+        result
     }
 }
 

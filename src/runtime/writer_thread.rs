@@ -4,7 +4,6 @@
 //! least once a second.
 
 use std::collections::VecDeque;
-use std::fs::File;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -19,6 +18,7 @@ use super::span_table::PseudoFrames;
 use super::spans::Pseudo;
 use super::state::{now_us, say, MAX_FRAMES, OFF, STATE};
 use super::symbolize::{self, Worker};
+use super::trace_file::TraceFile;
 use super::tracer_thread::Doorbell;
 use super::unwind::cfi;
 use crate::format::error::{Error, ErrorKind};
@@ -62,7 +62,7 @@ pub(crate) const DOMAIN: u16 = 0;
 
 /// The writer thread's state.
 struct TraceWriter {
-    writer: Writer<File>,
+    writer: Writer<TraceFile>,
     /// Rung by stopping and by the session's first sample, to end the wait between polls.
     doorbell: Arc<Doorbell>,
     /// What names location codes (apart from `writer`, which asks it while it writes).
@@ -106,7 +106,7 @@ impl WriterOutcome {
 pub(crate) fn write_trace(
     channel: &'static Channel,
     session: u32,
-    writer: Writer<File>,
+    writer: Writer<TraceFile>,
     worker: Worker,
     path: &Path,
     abandoned: &AtomicBool,

@@ -23,6 +23,7 @@ pub(super) fn child_role(role: &str) {
         "spans-tokio" => tokio_program(),
         "spans-threads" => threads_program(),
         "spans-writer-start" => writer_start_program(),
+        "spans-frame-cap" => frame_cap_program(),
         other => panic!("unknown role {other}"),
     }
 }
@@ -117,6 +118,33 @@ fn writer_start_program() {
 }
 
 const WRITER_START_SESSIONS: usize = 20;
+
+/// The frame cap of a `spans-frame-cap` child's session.
+const FRAME_CAP: usize = 4;
+/// The spans its allocations are inside.
+const NESTED_SPANS: usize = 3;
+
+/// Allocations deep in a stack, inside [`NESTED_SPANS`] spans, every one sampled, in a session
+/// recording [`FRAME_CAP`] frames.
+fn frame_cap_program() {
+    #[inline(never)]
+    fn deep(depth: usize) -> usize {
+        if depth == 0 {
+            return black_box(Vec::<u8>::with_capacity(100)).capacity();
+        }
+        deep(black_box(depth - 1)) + 1
+    }
+    let path = std::env::var_os("MEMTRACE_FILE").unwrap();
+    let guard = start_tracing(TraceConfig::new(path).rate(1.0).frame_cap(FRAME_CAP)).unwrap();
+    let _outer = info_span!("outer").entered();
+    let _middle = info_span!("middle").entered();
+    let _inner = info_span!("inner").entered();
+    for _ in 0..100 {
+        black_box(deep(20));
+    }
+    drop((_inner, _middle, _outer));
+    guard.finish().unwrap();
+}
 
 fn threads_program() {
     // libtest runs the role on a thread of its own, whose kernel name (`child_role`) the
@@ -340,4 +368,21 @@ fn threads_are_named_and_the_thread_frame_can_be_turned_off() {
     assert!(trace.allocs.values().all(|a| attribution(&trace, a).thread.is_none()));
     let _ = std::fs::remove_file(&path);
     let _ = std::fs::remove_file(&second);
+}
+
+/// The frame cap counts frames of code: the pseudo-frames (spans, the thread) come on top.
+#[test]
+fn the_frame_cap_counts_code_frames_and_pseudo_frames_come_on_top() {
+    let path = temp_path("spans-frame-cap");
+    let out = run("spans-frame-cap", &[("MEMTRACE_FILE", path.to_str().unwrap())]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let trace = Trace::read(&path);
+    let mut most_code_frames = 0;
+    for a in trace.allocs.values().filter(|a| attribution(&trace, a).spans.len() == NESTED_SPANS) {
+        let pseudo = NESTED_SPANS + 1;
+        assert!(a.codes.len() <= FRAME_CAP + pseudo, "{} frames", a.codes.len());
+        most_code_frames = most_code_frames.max(a.codes.len() - pseudo);
+    }
+    assert_eq!(most_code_frames, FRAME_CAP);
+    let _ = std::fs::remove_file(&path);
 }

@@ -32,9 +32,14 @@ use super::late_frees;
 use super::loader;
 use super::record::{self, Loss, Losses};
 use super::sampler;
+use super::span_table;
 use super::spans;
-use super::state::{currently_tracing, getpid, now_us, say, MAX_FRAMES, OFF, ON, STATE};
+use super::state::{
+    currently_tracing, getpid, memtrace_var, now_us, say, say_without_allocating, secure_execution,
+    under_seccomp_filter, MAX_FRAMES, OFF, ON, STATE,
+};
 use super::symbolize::{self, Desk, Worker};
+use super::trace_file::{self, TraceFile};
 use super::tracer_thread::{self, Doorbell, TracerThread};
 use super::unwind::{self, cfi, Walker};
 use super::writer_thread::{write_trace, WriterOutcome, DOMAIN};
@@ -99,7 +104,8 @@ pub struct TraceStats {
     /// blocks at the alignment of sampled blocks.
     pub dropped_no_memory: u64,
     /// Sampled allocations dropped because their thread had too little stack left to capture
-    /// their stacks.
+    /// their stacks, or ran on a stack whose size the tracer cannot know (a coroutine's,
+    /// switched to with `swapcontext`).
     pub dropped_no_stack: u64,
     /// The sample points of all the dropped allocations: `sample_points_dropped × 8 / rate`
     /// estimates the bytes they stand for. The trace records them too, as allocations at a
@@ -111,7 +117,7 @@ pub struct TraceStats {
     /// those blocks as never freed.
     pub frees_lost: u64,
     /// Frees of sampled blocks lost because their thread had too little stack left to send
-    /// them: the trace shows those blocks as never freed.
+    /// them (or ran on a stack of unknown size): the trace shows those blocks as never freed.
     pub frees_lost_no_stack: u64,
 }
 
@@ -158,11 +164,28 @@ struct Session {
 /// and the program runs on untraced. Returns `None` when not tracing; keep the guard alive for as long as the program
 /// should be traced.
 ///
+/// In secure-execution mode (a setuid or setgid program, or one with file capabilities: the
+/// kernel's `AT_SECURE`) every `MEMTRACE` variable is ignored, with one line on stderr if a
+/// file was asked for: its user must not choose the files it writes. [`start_tracing`] from
+/// the program's own code is unaffected.
+///
 /// Call it first thing in `main`, before the program starts threads: removing the variables
 /// edits the process environment, which is not thread-safe (`std::env::remove_var`).
 #[must_use = "tracing stops when the guard is dropped"]
 pub fn trace_if_requested() -> Option<TraceGuard> {
-    let path = [FILE_VAR, UPSTREAM_FILE_VAR].iter().find_map(|var| std::env::var_os(var).filter(|p| !p.is_empty()))?;
+    if secure_execution() {
+        // Only whether a file is asked for is looked at, to say why there is no trace.
+        if let Some(var) =
+            [FILE_VAR, UPSTREAM_FILE_VAR].iter().find(|var| std::env::var_os(var).is_some_and(|p| !p.is_empty()))
+        {
+            say(&format!(
+                "memtrace: {var} is ignored, as is every MEMTRACE variable, in a program that runs with privileges \
+                 its user does not have (setuid, setgid or file capabilities); not tracing"
+            ));
+        }
+        return None;
+    }
+    let path = [FILE_VAR, UPSTREAM_FILE_VAR].iter().find_map(|var| memtrace_var(var).filter(|p| !p.is_empty()))?;
     std::env::remove_var(FILE_VAR);
     std::env::remove_var(UPSTREAM_FILE_VAR);
     match config_from_env(path).and_then(start_tracing) {
@@ -216,6 +239,8 @@ pub fn start_tracing(config: TraceConfig) -> Result<TraceGuard, StartError> {
     }
     // Rules cached by an earlier session may be for code unloaded since.
     cfi::invalidate_if_unloaded();
+    // Read now: a sandbox the program installs later may forbid opening files.
+    span_table::read_process_name();
     let name_start_up_frames = config.rate >= NAME_START_UP_FRAMES_FROM_RATE;
     // Gets ready on its own while the calibration runs on this thread.
     // Read once for the writer and the naming of start-up frames, which say once what is wrong.
@@ -248,7 +273,7 @@ pub fn start_tracing(config: TraceConfig) -> Result<TraceGuard, StartError> {
     let session = file
         .write_all(first_packet.as_bytes())
         .map_err(|e| write_error(e.into()))
-        .map(|()| writer.start(file, info, replaced))
+        .map(|()| writer.start(TraceFile::new(file), info, replaced.map(TraceFile::new)))
         .inspect_err(|_| {
             if created {
                 let _ = std::fs::remove_file(&config.path);
@@ -282,7 +307,7 @@ static NEXT_SESSION: AtomicU64 = AtomicU64::new(1);
 
 /// What a pending writer is sent to start: the trace file (holding its first packet), the
 /// trace's description, and the file it replaced, to close.
-type Setup = (File, Info, Option<File>);
+type Setup = (TraceFile, Info, Option<TraceFile>);
 
 /// The writer thread of a session being started, spawned before the calibration: it puts the
 /// first frame buffers in the pool and takes the spare symbolizer and gets it ready for a
@@ -325,6 +350,10 @@ fn spawn_writer(config: &TraceConfig, options: symbolize::Options, prepare: bool
     let lending = Arc::clone(&desk);
     let writer = TracerThread::spawn_beside(c"memtrace-writer", move || {
         channel.fill_pool(handoff::STARTING_POOL);
+        // Now rather than at the first naming: glibc reads `/proc/sys/vm/overcommit_memory`
+        // the first time an arena other than the main one shrinks (here, as the blocks are
+        // freed), and a sandbox the program installs later may kill the process at the open.
+        tracer_thread::grow_arena();
         // (Calibration naming frames meanwhile, if it finds the slot empty, makes one of its
         // own, which this one replaces in the slot when the writer is done.)
         let prepared = prepare
@@ -370,7 +399,7 @@ fn spawn_writer(config: &TraceConfig, options: symbolize::Options, prepare: bool
 
 impl PendingWriter {
     /// Have the writer write the trace `info` describes to `file`: the session, running.
-    fn start(mut self, file: File, info: Info, replaced: Option<File>) -> Session {
+    fn start(mut self, file: TraceFile, info: Info, replaced: Option<TraceFile>) -> Session {
         // Sent into room kept for it: the thread takes it, or has ended (a panic).
         if let Some(setup) = self.setup.take() {
             let _ = setup.send((file, info, replaced));
@@ -423,24 +452,15 @@ fn finish(session: Session) -> Option<Result<TraceStats, Error>> {
         session.writer.forget();
         return None;
     }
-    STATE.store(OFF, Ordering::SeqCst);
-    handoff::unpublish();
-    let mut stall = Stall::watch(session.channel, session.stop_timeout);
-    // A writer that stopped on a write error no longer drains the queue: then Stop may not
-    // fit, and is not needed. While it does not fit, the writer is woken to make room, rather
-    // than left to its next poll.
-    let alive = || {
-        session.doorbell.ring();
-        !session.writer.is_finished() && !stall.stalled()
-    };
-    session.channel.send_stop(handoff::session_tag(session.id), alive);
-    session.doorbell.ring();
+    let mut stall = send_stop(&session);
     // While it waits, this thread names frames the writer lends it (`symbolize::Desk`), if it
     // has the stack for it and the writer another CPU to run on. It sleeps until a loan comes:
     // spinning for the first one cost more CPU than it saved wall (README, "Benchmarks").
     let desk = &session.desk;
     let helping = tracer_thread::may_run_elsewhere()
-        && unwind::capture::stack_remaining().is_some_and(|left| left >= symbolize::HELPING_STACK);
+        && unwind::capture::stack_remaining().is_some_and(|left| left >= symbolize::HELPING_STACK)
+        // Naming may open object files, which a sandbox on this thread may punish.
+        && !under_seccomp_filter();
     // Loans no one takes the writer takes back.
     let loans = if helping { desk.loans().clone() } else { crossbeam_channel::never() };
     let written = loop {
@@ -458,6 +478,29 @@ fn finish(session: Session) -> Option<Result<TraceStats, Error>> {
             },
         }
     };
+    Some(outcome(written))
+}
+
+/// Stop sampling and queue the writer's stop: how the stop then watches it for a stall.
+fn send_stop(session: &Session) -> Stall {
+    STATE.store(OFF, Ordering::SeqCst);
+    handoff::unpublish();
+    let mut stall = Stall::watch(session.channel, session.stop_timeout);
+    // A writer that stopped on a write error no longer drains the queue: then Stop may not
+    // fit, and is not needed. While it does not fit, the writer is woken to make room, rather
+    // than left to its next poll.
+    let alive = || {
+        session.doorbell.ring();
+        !session.writer.is_finished() && !stall.stalled()
+    };
+    session.channel.send_stop(handoff::session_tag(session.id), alive);
+    session.doorbell.ring();
+    stall
+}
+
+/// The outcome of a session whose writer did what `written` says, its losses reported on
+/// stderr. Allocates nothing.
+fn outcome(written: WriterOutcome) -> Result<TraceStats, Error> {
     let losses = record::take_losses();
     report_losses(&losses);
     let stats = TraceStats {
@@ -472,10 +515,49 @@ fn finish(session: Session) -> Option<Result<TraceStats, Error>> {
         frees_lost: losses.frees,
         frees_lost_no_stack: losses.frees_no_stack,
     };
-    Some(match written.error {
+    match written.error {
         None => Ok(stats),
         Some(e) => Err(e),
-    })
+    }
+}
+
+/// How long the exit hook waits for a start or stop under way on another thread to let go of
+/// the session: a thread that holds it past this (the one calling `exit` itself, interrupted
+/// by the signal whose handler calls it) is not waited for, and the trace is not flushed.
+const EXIT_LOCK_WAIT: Duration = Duration::from_secs(2);
+
+/// How often the exit hook looks whether the writer is done.
+const EXIT_POLL_INTERVAL: Duration = Duration::from_millis(1);
+
+/// End the running session at exit, as [`finish`] does but without allocating or freeing
+/// anything, and in bounded time: `exit` may be called by a signal handler that interrupted
+/// `malloc` on this thread, whose arena's lock is then held for good. So the writer is waited
+/// for by polling, without naming frames beside it, at most until it makes no progress for
+/// the stop timeout (it may need that lock itself); the session and its outcome are leaked,
+/// which at exit costs nothing.
+fn finish_at_exit() {
+    let started = Instant::now();
+    let mut slot = loop {
+        match SESSION.try_lock() {
+            Some(slot) => break slot,
+            None if started.elapsed() < EXIT_LOCK_WAIT => std::thread::sleep(EXIT_POLL_INTERVAL),
+            None => return,
+        }
+    };
+    let Some(session) = slot.running.take() else { return };
+    if session.pid == getpid() {
+        let mut stall = send_stop(&session);
+        let written = loop {
+            match session.outcome.try_recv() {
+                Ok(written) => break written,
+                Err(crossbeam_channel::TryRecvError::Disconnected) => break WriterOutcome::panicked(),
+                Err(crossbeam_channel::TryRecvError::Empty) if stall.stalled() => break give_up(&session),
+                Err(crossbeam_channel::TryRecvError::Empty) => std::thread::sleep(EXIT_POLL_INTERVAL),
+            }
+        };
+        std::mem::forget(outcome(written));
+    }
+    std::mem::forget(session);
 }
 
 /// How often stopping looks at the writer's progress.
@@ -514,9 +596,10 @@ impl Stall {
 fn give_up(session: &Session) -> WriterOutcome {
     session.abandoned.store(true, Ordering::Release);
     handoff::abandon();
-    say(&format!(
-        "memtrace: the trace writer has made no progress writing {} for {:?} (a pipe or FIFO nobody reads, or a file \
-         system that does not answer?); gave up waiting: {} queued samples and frees, and what it had not flushed, \
+    say_without_allocating(format_args!(
+        "memtrace: the trace writer has made no progress writing {} for {:?} (a pipe or FIFO nobody reads, a file \
+         system that does not answer, or an exit from a signal handler that interrupted the allocator?); gave up \
+         waiting: {} queued samples and frees, and what it had not flushed, \
          are not in the trace",
         session.path.display(),
         session.stop_timeout,
@@ -525,16 +608,16 @@ fn give_up(session: &Session) -> WriterOutcome {
     WriterOutcome { allocs: 0, frees: 0, error: Some(Error::new(ErrorKind::WriterStalled(session.stop_timeout))) }
 }
 
-/// One line on stderr for lost samples, one for lost frees.
+/// One line on stderr for lost samples, one for lost frees (allocating nothing).
 fn report_losses(losses: &Losses) {
     let samples = |cause| losses.of(cause).samples;
     let dropped: u64 = losses.samples.iter().map(|lost| lost.samples).sum();
     if dropped > 0 {
         let points: u64 = losses.samples.iter().map(|lost| lost.points).sum();
-        say(&format!(
+        say_without_allocating(format_args!(
             "memtrace: {dropped} samples ({points} sample points) were dropped ({} with the trace writer too far \
-             behind, {} with no room to track their blocks, {} with no memory left, {} with too little stack left \
-             to capture theirs); the trace records them as lost",
+             behind, {} with no room to track their blocks, {} with no memory left, {} with too little stack left, \
+             or a stack of unknown size, to capture theirs); the trace records them as lost",
             samples(Loss::WriterBehind),
             samples(Loss::Untracked),
             samples(Loss::NoMemory),
@@ -544,9 +627,9 @@ fn report_losses(losses: &Losses) {
     let (frees_behind, frees_no_stack) = (losses.frees, losses.frees_no_stack);
     let frees = frees_behind + frees_no_stack;
     if frees > 0 {
-        say(&format!(
+        say_without_allocating(format_args!(
             "memtrace: {frees} frees of sampled blocks were lost ({frees_behind} with the trace writer too far \
-             behind, {frees_no_stack} with too little stack left to send them); the trace shows those blocks as \
+             behind, {frees_no_stack} with too little stack left, or a stack of unknown size, to send them); the trace shows those blocks as \
              never freed"
         ));
     }
@@ -574,8 +657,15 @@ fn open_locked(path: &Path) -> Result<Opened, StartError> {
         Some(libc::ENXIO) => StartError::NoReader { path: path.to_owned() },
         _ => StartError::Open { path: path.to_owned(), source },
     };
+    // On a descriptor of the tracer's own before it is locked (see `trace_file`).
     let open = |create: bool, mode: u32| {
-        OpenOptions::new().write(true).create_new(create).mode(mode).custom_flags(libc::O_NONBLOCK).open(path)
+        OpenOptions::new()
+            .write(true)
+            .create_new(create)
+            .mode(mode)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(path)
+            .map(trace_file::move_high)
     };
     let (file, created) = match open(true, 0o600) {
         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => open(false, 0o600).map(|file| (file, false)),
@@ -668,9 +758,9 @@ fn register_hooks() {
 }
 
 /// Flush a trace whose guard was never dropped (`std::process::exit`, or `main` returning
-/// with the guard leaked).
+/// with the guard leaked), in bounded time and without allocating ([`finish_at_exit`]).
 extern "C" fn at_exit() {
-    stop_session(None);
+    finish_at_exit();
 }
 
 /// Hold the session lock across `fork`, so that the child never inherits it locked by a

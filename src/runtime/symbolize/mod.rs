@@ -132,13 +132,13 @@ pub(crate) const DEBUG_FILES_VAR: &str = "MEMTRACE_DEBUG_FILES";
 /// [`DEBUG_FILES_VAR`]. A bad value is named on stderr and the default kept.
 pub(crate) fn options_from_env() -> Options {
     let mut options = Options::default();
-    if let Some(value) = std::env::var_os(BUDGET_VAR) {
+    if let Some(value) = crate::runtime::state::memtrace_var(BUDGET_VAR) {
         match value.to_str().and_then(|v| v.trim().parse::<usize>().ok()) {
             Some(mib) => options.memory_budget = mib.saturating_mul(1 << 20),
             None => say(&format!("memtrace: {BUDGET_VAR}={value:?} is not a number of MiB; using the default")),
         }
     }
-    if let Some(value) = std::env::var_os(DEBUG_FILES_VAR) {
+    if let Some(value) = crate::runtime::state::memtrace_var(DEBUG_FILES_VAR) {
         match value.to_str() {
             Some("1") => options.separate_debug_files = true,
             Some("0") => options.separate_debug_files = false,

@@ -366,6 +366,12 @@ impl Symbolizer {
         let object = &mut self.objects[index];
         object.last_use = self.clock;
         if matches!(object.state, State::NotLoaded) {
+            // A sandbox the program installed may kill the process at an open: its frames stay
+            // unnamed instead.
+            if crate::runtime::state::under_seccomp_filter() {
+                object.state = State::Failed;
+                return;
+            }
             self.stats.loads += 1;
             object.state = match Loaded::open(&object.path, object.build_id.as_deref(), &self.options) {
                 Some(loaded) => State::Loaded(Box::new(loaded)),

@@ -19,6 +19,7 @@ use super::leading::{Leading, SHIM, SKIP};
 use super::{cfi, frame_pointers};
 use crate::runtime::state::{say, Entry, CALIBRATING, MAX_FRAMES, OFF, STATE};
 use crate::runtime::symbolize;
+use crate::runtime::tracer_thread;
 use crate::runtime::{allocator, sampler};
 
 /// Calibration found no sample of its own: allocations do not reach a `MemtraceAllocator`.
@@ -276,7 +277,11 @@ fn on_a_thread_of_its_own<R: Send>(f: impl Fn() -> R + Sync) -> R {
         return f();
     }
     std::thread::scope(|scope| {
-        match std::thread::Builder::new().name("memtrace-calibrate".into()).spawn_scoped(scope, &f) {
+        // A tracer thread: the program's signals are not its to take.
+        let spawned = tracer_thread::with_async_signals_blocked(|| {
+            std::thread::Builder::new().name("memtrace-calibrate".into()).spawn_scoped(scope, &f)
+        });
+        match spawned {
             Ok(thread) => thread.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
             Err(_) => f(),
         }

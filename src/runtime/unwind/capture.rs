@@ -31,21 +31,40 @@ pub(crate) fn stack_left_for_capture() -> bool {
     stack_left(STACK_NEEDED[WALKER.load(Ordering::Relaxed) as usize])
 }
 
-/// Whether this thread has at least `needed` bytes of stack left below the caller's frame. Also
-/// true when nothing can be known: the thread's stack bounds are unknown, or the code runs on
-/// another stack (a coroutine's, a signal handler's).
+/// Whether this thread has at least `needed` bytes of stack left below the caller's frame.
+/// False when that cannot be known (see [`stack_remaining`]): a capture on a stack of unknown
+/// extent (a coroutine's) could overflow it, so the sample is dropped and counted instead.
 #[inline]
 pub(crate) fn stack_left(needed: usize) -> bool {
-    stack_remaining().is_none_or(|left| left >= needed)
+    stack_remaining().is_some_and(|left| left >= needed)
 }
 
-/// The bytes of this thread's stack left below the caller's frame; `None` when the thread's
-/// stack bounds are unknown or the code runs on another stack.
+/// The bytes of stack left below the caller's frame, on this thread's stack or on the
+/// alternate signal stack a handler runs on; `None` on a stack of unknown extent (a
+/// coroutine's, switched to with `swapcontext`, or an alternate signal stack disarmed while
+/// in use, `SS_AUTODISARM`), or when the thread's stack bounds are unknown.
 #[inline]
 pub(crate) fn stack_remaining() -> Option<usize> {
     let marker = 0u8;
     let sp = std::ptr::addr_of!(marker) as usize;
-    frame_pointers::stack_bounds().filter(|(lo, hi)| (lo..hi).contains(&&sp)).map(|(lo, _)| sp - lo)
+    match frame_pointers::stack_bounds() {
+        Some((lo, hi)) if (lo..hi).contains(&sp) => Some(sp - lo),
+        _ => alternate_stack_remaining(sp),
+    }
+}
+
+/// The bytes below `sp` on the alternate signal stack, if `sp` is on the one this thread runs
+/// a handler on.
+#[cold]
+fn alternate_stack_remaining(sp: usize) -> Option<usize> {
+    // SAFETY: asks for the current alternate stack only, into a zeroed `stack_t`.
+    let current = unsafe {
+        let mut current: libc::stack_t = std::mem::zeroed();
+        (libc::sigaltstack(std::ptr::null(), &mut current) == 0).then_some(current)
+    }?;
+    let lo = current.ss_sp as usize;
+    let on_it = current.ss_flags & libc::SS_ONSTACK != 0 && (lo..lo.saturating_add(current.ss_size)).contains(&sp);
+    on_it.then(|| sp - lo)
 }
 
 /// Record the stack of a sample taken in `entry` with the session's walker into `frames`,
@@ -90,4 +109,45 @@ pub(crate) fn capture(entry: Entry, calibrating: bool, frames: &mut [u64; MAX_FR
         return 0;
     }
     libgcc::capture(skip(Walker::Libgcc), cap, frames)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// On the alternate signal stack a handler runs on, the stack left is what lies below the
+    /// handler's frame there.
+    #[test]
+    fn the_stack_left_on_an_alternate_signal_stack_is_known() {
+        use std::sync::atomic::AtomicIsize;
+        const SIZE: usize = 64 << 10;
+        /// What the handler found: -1 for nothing known.
+        static FOUND: AtomicIsize = AtomicIsize::new(-2);
+        extern "C" fn handler(_: libc::c_int) {
+            FOUND.store(stack_remaining().map_or(-1, |left| left as isize), Ordering::SeqCst);
+        }
+        std::thread::spawn(|| {
+            let mut memory = vec![0u8; SIZE];
+            // SAFETY: the alternate stack lives until disabled below; the handler's signal is
+            // sent to this thread only, and SIGURG is ignored by default elsewhere.
+            unsafe {
+                let stack = libc::stack_t { ss_sp: memory.as_mut_ptr().cast(), ss_flags: 0, ss_size: SIZE };
+                assert_eq!(libc::sigaltstack(&stack, std::ptr::null_mut()), 0);
+                let mut action: libc::sigaction = std::mem::zeroed();
+                action.sa_sigaction = handler as *const () as libc::sighandler_t;
+                action.sa_flags = libc::SA_ONSTACK;
+                let mut before: libc::sigaction = std::mem::zeroed();
+                assert_eq!(libc::sigaction(libc::SIGURG, &action, &mut before), 0);
+                libc::pthread_kill(libc::pthread_self(), libc::SIGURG);
+                libc::sigaction(libc::SIGURG, &before, std::ptr::null_mut());
+                let disabled = libc::stack_t { ss_sp: std::ptr::null_mut(), ss_flags: libc::SS_DISABLE, ss_size: 0 };
+                assert_eq!(libc::sigaltstack(&disabled, std::ptr::null_mut()), 0);
+            }
+            drop(memory);
+        })
+        .join()
+        .unwrap();
+        let found = FOUND.load(Ordering::SeqCst);
+        assert!(found > 0 && (found as usize) < SIZE, "{found}");
+    }
 }

@@ -91,14 +91,19 @@ unsafe fn section_up_to(eh_frame: u64, fde: u64) -> Section {
     section
 }
 
-/// The rule at `pc` from gimli's row for it, mapped as `interp` maps its own row; `None` where
-/// gimli fails or the rule is one the walk does not follow.
-fn gimli_rule(section: &Section, bases: &BaseAddresses, fde: &Fde, pc: u64) -> Option<Rule> {
+/// The rule at `pc` from gimli's row for it, mapped as `interp` maps its own row: rejected
+/// where gimli fails, unsupported where the rule is one the walk does not follow.
+fn gimli_rule(section: &Section, bases: &BaseAddresses, fde: &Fde, pc: u64) -> Rule {
     if fde.is_signal_trampoline() {
-        return None;
+        return Rule::Unsupported;
     }
     let mut context = UnwindContext::<usize, Storage>::new_in();
-    let row = fde.unwind_info_for_address(section, bases, &mut context, pc).ok()?;
+    let Ok(row) = fde.unwind_info_for_address(section, bases, &mut context, pc) else { return Rule::Rejected };
+    followed_rule(row, fde).unwrap_or(Rule::Unsupported)
+}
+
+/// The rule of gimli's `row` of `fde`, if the walk follows it.
+fn followed_rule(row: &gimli::UnwindTableRow<usize, Storage>, fde: &Fde) -> Option<Rule> {
     match row.register(fde.cie().return_address_register()) {
         Some(RegisterRule::Undefined) => return Some(Rule::End),
         Some(RegisterRule::Offset(-8)) => {}
@@ -114,7 +119,7 @@ fn gimli_rule(section: &Section, bases: &BaseAddresses, fde: &Fde, pc: u64) -> O
         Some(RegisterRule::Offset(offset)) => Some(i16::try_from(offset).ok()?),
         Some(_) => return None,
     };
-    let cfa_offset = i32::try_from(cfa_offset).ok().filter(|&o| o >= 8)?;
+    let Some(cfa_offset) = i32::try_from(cfa_offset).ok().filter(|&o| o >= 8) else { return Some(Rule::Rejected) };
     Some(Rule::Step { cfa_in_rbp, cfa_offset, rbp_offset })
 }
 
@@ -138,7 +143,7 @@ fn compare(matches: impl Fn(&str) -> bool) -> (usize, usize, Vec<String>) {
             let ours = unsafe { rule_from_fde(fde as *const u8, start, pc) };
             let theirs = gimli_rule(&section, &bases, &parsed, pc);
             compared += 1;
-            followed += usize::from(ours.is_some());
+            followed += usize::from(matches!(ours, Rule::Step { .. } | Rule::End));
             if ours != theirs {
                 differences.push(format!("{} at {pc:#x} (FDE {fde:#x}): ours {ours:?}, gimli {theirs:?}", object.name));
             }

@@ -4,12 +4,23 @@
 use super::rule::{Rule, RBP, RSP};
 use crate::format::buf::ReadCursor;
 
-/// The rule at `pc` of the FDE at `fde`, which covers code starting at `start`; `None` for
-/// malformed or unsupported CFI.
+/// The rule at `pc` of the FDE at `fde`, which covers code starting at `start`:
+/// [`Rule::Rejected`] for malformed CFI (an entry or an instruction cut short or unknown, a
+/// pointer encoding or a CIE that makes no sense, a restore of no remembered state),
+/// [`Rule::Unsupported`] for CFI the walk does not follow.
 ///
 /// # Safety
 /// `fde` points to an FDE in a mapped `.eh_frame` section, as `_Unwind_Find_FDE` returns.
-pub(super) unsafe fn rule_from_fde(fde: *const u8, start: u64, pc: u64) -> Option<Rule> {
+pub(super) unsafe fn rule_from_fde(fde: *const u8, start: u64, pc: u64) -> Rule {
+    // SAFETY: the caller's contract.
+    unsafe { checked_rule_from_fde(fde, start, pc) }.unwrap_or(Rule::Rejected)
+}
+
+/// [`rule_from_fde`]; `None` for malformed CFI.
+///
+/// # Safety
+/// As for [`rule_from_fde`].
+unsafe fn checked_rule_from_fde(fde: *const u8, start: u64, pc: u64) -> Option<Rule> {
     /// The body of the CIE or FDE at `at`: the bytes after its length word.
     ///
     /// # Safety
@@ -41,9 +52,9 @@ pub(super) unsafe fn rule_from_fde(fde: *const u8, start: u64, pc: u64) -> Optio
     machine.initial = machine.row;
     machine.run(cursor, &cie, pc, start)?;
     if cie.signal_frame {
-        return None;
+        return Some(Rule::Unsupported);
     }
-    machine.row.rule()
+    Some(machine.row.rule().unwrap_or(Rule::Unsupported))
 }
 
 /// The parts of a CIE the walk needs.
@@ -129,6 +140,7 @@ struct Row {
 }
 
 impl Row {
+    /// The walk's rule for this row; `None` for one it does not follow.
     fn rule(&self) -> Option<Rule> {
         match self.return_address {
             Recovery::Undefined => return Some(Rule::End),
@@ -148,7 +160,11 @@ impl Row {
         if self.cfa_is_expression {
             return None;
         }
-        let cfa_offset = i32::try_from(self.cfa_offset).ok().filter(|&o| o >= 8)?;
+        // The return address is stored above the CFA register's stack pointer: a CFA less
+        // than 8 above it is malformed (libgcc would read the return address from wherever).
+        let Some(cfa_offset) = i32::try_from(self.cfa_offset).ok().filter(|&o| o >= 8) else {
+            return Some(Rule::Rejected);
+        };
         Some(Rule::Step { cfa_in_rbp, cfa_offset, rbp_offset })
     }
 }

@@ -16,11 +16,14 @@
 //! A frame whose rule is more than that (the CFA in another register or given by an
 //! expression, the return address or `rbp` saved by an expression or in a register, a signal
 //! frame) ends the walk with "unsupported", and the caller unwinds the whole stack with libgcc
-//! instead; so does code without an FDE, which libgcc may still get through (a signal
-//! trampoline without CFI). Normal stacks end where the return address is undefined (`_start`,
-//! `clone3`). Every memory read is a word inside the live part of this thread's stack, so a
-//! wrong rule can give wrong frames but never a fault; start-up calibration compares this
-//! walk's stacks with libgcc's and does not use it when they differ.
+//! instead. Code without an FDE, unwind tables the parser rejects as malformed, and a rule
+//! that would step off the stack or not up it end the stack at that frame: never libgcc's,
+//! which trusts the tables and could fault on a corrupt library's (and, at an address without
+//! an FDE, reads the code there looking for a signal trampoline). Normal stacks end where the
+//! return address is undefined (`_start`, `clone3`). Every memory read is a word inside the
+//! live part of this thread's stack, so a wrong rule can give wrong frames but never a fault;
+//! start-up calibration compares this walk's stacks with libgcc's and does not use it when
+//! they differ.
 //!
 //! Cached rules go stale when the code at an address changes. Rules are only cached for code
 //! in a loaded ELF object (not for JIT code, whose memory may be reused), and

@@ -12,13 +12,20 @@ pub(crate) enum Rule {
     Step { cfa_in_rbp: bool, cfa_offset: i32, rbp_offset: Option<i16> },
     /// The outermost frame (its return address is undefined).
     End,
-    /// A rule the walk cannot follow, or code without an FDE: libgcc unwinds this stack.
+    /// A rule the walk cannot follow, well formed but beyond what it follows (a signal frame,
+    /// the CFA in another register or given by an expression): libgcc unwinds this stack.
     Unsupported,
+    /// Code without unwind tables, or tables the walk rejects as malformed: the stack ends at
+    /// this frame. libgcc's unwinder, which trusts the tables, could fault on them, and reads
+    /// the code at an address without tables (looking for a signal trampoline), which after
+    /// a corrupt frame may be any address.
+    Rejected,
 }
 
 impl Rule {
     const END: u64 = 1 << 62;
     const UNSUPPORTED: u64 = 2 << 62;
+    const REJECTED: u64 = 3 << 62;
     const CFA_IN_RBP: u64 = 1 << 48;
     const RBP_SAVED: u64 = 1 << 49;
 
@@ -27,6 +34,7 @@ impl Rule {
         match self {
             Rule::End => Rule::END,
             Rule::Unsupported => Rule::UNSUPPORTED,
+            Rule::Rejected => Rule::REJECTED,
             Rule::Step { cfa_in_rbp, cfa_offset, rbp_offset } => {
                 let mut word = cfa_offset as u32 as u64 | (rbp_offset.unwrap_or(0) as u16 as u64) << 32;
                 if cfa_in_rbp {
@@ -45,6 +53,7 @@ impl Rule {
         match word & (3 << 62) {
             Rule::END => Rule::End,
             Rule::UNSUPPORTED => Rule::Unsupported,
+            Rule::REJECTED => Rule::Rejected,
             _ => Rule::Step {
                 cfa_in_rbp: word & Rule::CFA_IN_RBP != 0,
                 cfa_offset: word as u32 as i32,
@@ -63,6 +72,7 @@ mod tests {
         let rules = [
             Rule::End,
             Rule::Unsupported,
+            Rule::Rejected,
             Rule::Step { cfa_in_rbp: false, cfa_offset: 8, rbp_offset: None },
             Rule::Step { cfa_in_rbp: true, cfa_offset: 16, rbp_offset: Some(-16) },
             Rule::Step { cfa_in_rbp: false, cfa_offset: 1 << 20, rbp_offset: Some(-4096) },

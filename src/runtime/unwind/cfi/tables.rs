@@ -42,13 +42,13 @@ fn find_fde(pc: u64) -> Option<(*const u8, u64)> {
 /// The rule for `pc` from the unwind tables, and whether it may be cached: whether `pc` is in
 /// a loaded ELF object (as far as can be told without the loader's lock).
 pub(super) fn rule_from_tables(pc: u64) -> (Rule, bool) {
-    let Some((fde, function)) = find_fde(pc) else { return (Rule::Unsupported, false) };
+    let Some((fde, function)) = find_fde(pc) else { return (Rule::Rejected, false) };
     // SAFETY: a found FDE is in a mapped `.eh_frame` section (of a loaded object, or
     // registered with `__register_frame`), whose CIE precedes it in the same section. It stays
     // mapped while that code stays loaded; as for libgcc's own unwinder, a `dlclose` of it by
     // another thread during this call (possible only if `pc` is not a live frame of this
     // thread, i.e. a wrong rule read a stray word) is the caller's race.
-    let rule = unsafe { rule_from_fde(fde, function, pc) }.unwrap_or(Rule::Unsupported);
+    let rule = unsafe { rule_from_fde(fde, function, pc) };
     (rule, in_loaded_object(pc))
 }
 
@@ -117,6 +117,6 @@ mod tests {
             return;
         }
         assert!(!in_loaded_object(heap));
-        assert_eq!(rule_from_tables(heap), (Rule::Unsupported, false), "no FDE: libgcc's to unwind");
+        assert_eq!(rule_from_tables(heap), (Rule::Rejected, false), "no FDE: the stack ends there");
     }
 }
