@@ -6,7 +6,8 @@
 //! the hostile text in its visible escaped form (`memtrace_rs::analysis::inert`). The name
 //! shown is the one `--inside` and `report --span` accept. (A NUL cannot be in a trace's
 //! string: the format ends strings with one. The runtime writes a NUL of a span's field value
-//! as `\x00`; `tests/tracing/spans.rs` checks that.)
+//! as `\x00`; `tests/tracing/spans.rs` checks that.) `report_browser` opens the report of
+//! this trace in the browsers.
 
 use std::path::Path;
 use std::process::Command;
@@ -53,7 +54,7 @@ fn locations(code: u64) -> Arc<[Location]> {
 /// The hostile trace: `handle` (5 samples) and `render` (3, freed) inside the span on the
 /// thread, and `render` (2) on the thread outside the span; with `more`, `handle` allocates
 /// that many samples more (a trace to diff with).
-fn hostile_trace(more: u64) -> Vec<u8> {
+pub(crate) fn hostile_trace(more: u64) -> Vec<u8> {
     let info = Info {
         executable_name: EXECUTABLE.to_vec(),
         host_name: "host\u{202e}\u{2067}".into(),
