@@ -43,8 +43,9 @@ pub struct Options {
     #[command(flatten)]
     pub trim: Trim,
     /// Only the allocations made inside this `tracing` span of a memtrace-rs trace: a span
-    /// name (`http_request`) or a whole description (`http_request{route=/api/users}`).
-    /// Every view follows them but the peak mark, which stays the whole trace's.
+    /// name (`http_request`) or a whole description (`http_request{route=/api/users}`), as
+    /// shown (control characters as `\x1b`) or raw. Every view follows them but the peak
+    /// mark, which stays the whole trace's.
     #[arg(long, value_name = "NAME|DESCRIPTION")]
     pub span: Option<String>,
 }
