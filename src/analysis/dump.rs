@@ -1,7 +1,10 @@
-//! The text dump of upstream's `dump_trace` (`memtrace dump`, FORMAT.md §13), byte for byte.
+//! The text dump of upstream's `dump_trace` (`memtrace dump`, FORMAT.md §13), byte for byte
+//! but for the control characters, bidi marks and invalid UTF-8 of names, which it shows
+//! [`inert`](super::inert()) where upstream prints them raw.
 
 use std::io::{self, Write};
 
+use super::inert::inert_bytes;
 use crate::format::hash::FastMap;
 use crate::format::location_codec::Location;
 use crate::format::trace::{AllocSource, EventKind, Reader};
@@ -76,9 +79,9 @@ fn format_frame(code: u64, locations: &[Location]) -> Box<[u8]> {
     }
     for l in locations {
         text.push(b' ');
-        text.extend_from_slice(&l.defname);
+        text.extend_from_slice(inert_bytes(&l.defname).as_bytes());
         text.push(b'@');
-        text.extend_from_slice(&l.filename);
+        text.extend_from_slice(inert_bytes(&l.filename).as_bytes());
         text.push(b':');
         put_uint(&mut text, l.line.into());
         text.push(b':');

@@ -6,6 +6,8 @@
 //! trace (each allocation with its alloc and free times) and the [`filter`] that selects
 //! among them are shared by `memtrace hotspots` and the report page. Stacks are kept as
 //! [`stacks`] tries, so memory grows with distinct frames, not with stack depth × stacks.
+//! Every name read from a trace is made [`inert`] as it becomes a [`Frame`], so no output
+//! can pass a trace's control characters or bidi overrides on.
 //!
 //! Byte figures are estimates: each sample of an allocation stands for
 //! `word_size / 8 / sample_rate` bytes ([`Analysis::bytes`]), with a 95 % interval from
@@ -16,6 +18,7 @@ mod copy;
 mod dump;
 mod estimate;
 pub mod filter;
+mod inert;
 mod names;
 mod pass;
 mod sites;
@@ -25,6 +28,7 @@ pub use crate::frames::{is_allocator_frame, is_root_frame};
 pub use copy::{copy, Copied};
 pub use dump::dump;
 pub use estimate::{poisson_interval, Estimate, FEW_SAMPLES, Z};
+pub use inert::{inert, inert_bytes};
 pub use names::short_name;
 pub use pass::{
     estimated_objects, short_path, Analysis, Bucket, Counts, Frame, FrameId, FrameKind, FrameTable, LostSamples,

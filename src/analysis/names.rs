@@ -9,7 +9,7 @@
 
 use std::collections::HashMap;
 
-use super::pass::{Analysis, Frame, FrameId, Origin};
+use super::pass::{Analysis, Frame, FrameId, FrameKind, Origin};
 
 /// Longest name kept whole (in bytes); longer ones keep their two ends.
 const MAX_NAME: usize = 240;
@@ -72,7 +72,7 @@ fn cut(name: String) -> String {
 }
 
 impl Analysis {
-    /// For a Rust trace, shorten every frame's function name ([`short_name`]) and give a
+    /// For a Rust trace, shorten every code frame's function name ([`short_name`]) and give a
     /// function the same name wherever the debug info left out its path: a bare name at a
     /// source line where exactly one path ends with it takes that path. Frames that then
     /// agree are merged. OCaml traces are left alone.
@@ -99,7 +99,12 @@ pub fn shorten(frames: &mut Vec<Frame>, code_frames: &mut HashMap<u64, Vec<Frame
 /// `frames` with their names shortened, frames that then agree merged, and the new id of
 /// each old frame.
 fn shortened(frames: &[Frame]) -> (Vec<Frame>, Vec<FrameId>) {
-    let short: Vec<String> = frames.iter().map(|f| short_name(&f.function)).collect();
+    // Span descriptions and thread names are no function names: they keep their text, which
+    // is what `report --span` matches.
+    let short: Vec<String> = frames
+        .iter()
+        .map(|f| if f.kind() == FrameKind::Code { short_name(&f.function) } else { f.function.clone() })
+        .collect();
     // For each source line, the paths of its functions by their last segment. (A
     // whole file would be too coarse: `call_once` is a dozen functions in one file.)
     let mut paths: HashMap<(&str, u32, &str), Option<&str>> = HashMap::new();

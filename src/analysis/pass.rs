@@ -43,6 +43,7 @@ use std::path::Path;
 
 use super::blocks::{PeakFinder, PROGRESS_EVERY};
 use super::estimate::Estimate;
+use super::inert::inert_bytes;
 use super::stacks::{NodeId, StackInterner, StackTrie, ROOT};
 use crate::format::hash::FastMap;
 use crate::format::location_codec::Location;
@@ -224,6 +225,7 @@ pub enum FrameKind {
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Frame {
     /// The function (or definition) name; for a code without locations, the code in hex.
+    /// Made [`inert`](super::inert()), as is the file.
     pub function: String,
     /// The source file (empty when unknown).
     pub file: String,
@@ -697,13 +699,14 @@ impl FrameTable {
         // A code with no location list (or none at all: code 0 can hit the writer's
         // zero-initialised backtrace cache without ever being defined) is shown as itself.
         let list = locations.get(code).unwrap_or_default();
+        // Names are made inert here, once, so that every output shows the same safe text.
         let frames: Vec<Frame> = if list.is_empty() {
             vec![Frame { function: format!("{code:#x}"), file: String::new(), line: 0 }]
         } else {
             list.iter()
                 .map(|l| Frame {
-                    function: l.defname_str().into_owned(),
-                    file: l.filename_str().into_owned(),
+                    function: inert_bytes(&l.defname).into_owned(),
+                    file: inert_bytes(&l.filename).into_owned(),
                     line: l.line,
                 })
                 .collect()

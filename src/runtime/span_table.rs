@@ -230,8 +230,12 @@ impl PseudoFrames {
     }
 }
 
+/// The location of a span or thread `name`. A string ends at its first NUL (FORMAT.md §1.4),
+/// so a NUL in a span's field value is written as the `\x00` that readers show for one
+/// (`analysis::inert`): the text after it is kept.
 fn pseudo_location(file: &str, line: u32, name: &str) -> Location {
-    Location { filename: file.as_bytes().into(), line, start_char: 0, end_char: 0, defname: name.as_bytes().into() }
+    let defname = name.replace('\0', "\\x00");
+    Location { filename: file.as_bytes().into(), line, start_char: 0, end_char: 0, defname: defname.as_bytes().into() }
 }
 
 /// The process's kernel name (which unnamed threads inherit), read once.
@@ -277,6 +281,9 @@ mod tests {
         let location = PseudoFrames::default().locations(Pseudo::Span(a).code()).unwrap();
         assert_eq!(location[0].filename_str(), "<span>src/x.rs");
         assert_eq!((location[0].line, &*location[0].defname_str()), (7, "req{route=/a}"));
+        let nul = intern(site + 2, "req", "req{v=a\0b}", "src/x.rs", 9);
+        let location = PseudoFrames::default().locations(Pseudo::Span(nul).code()).unwrap();
+        assert_eq!(&*location[0].defname_str(), "req{v=a\\x00b}", "a NUL is shown, not cut at");
     }
 
     #[test]

@@ -5,7 +5,7 @@
 // and 1400 px. puppeteer-core drives both Debian browsers: Chromium over the DevTools
 // protocol, Firefox over WebDriver BiDi (no geckodriver, no browser download).
 // Env: MEMTRACE_BIN, REPORT_TRACE, REPORT_HTML, DIFF_HTML, THIN_HTML, STARTUP_TRACE,
-// STARTUP_HTML, ARTIFACTS (screenshots), BROWSERS (default 'chromium,firefox'), CHROMIUM
+// STARTUP_HTML, HOSTILE_HTML, ARTIFACTS (screenshots), BROWSERS (default 'chromium,firefox'), CHROMIUM
 // (default /usr/bin/chromium), FIREFOX (default /usr/bin/firefox-esr); BIG_REPORT
 // (optional: a report to time opening and filtering).
 import { describe, test, before, after } from 'node:test';
@@ -27,10 +27,11 @@ const LAUNCH = {
 };
 const BROWSERS = (process.env.BROWSERS || 'chromium,firefox').split(',').filter(Boolean);
 
-// Each page's console errors and warnings, uncaught exceptions and requests for anything
-// but the file itself.
+// Each page's console errors and warnings, uncaught exceptions, dialogs (an `alert` that
+// markup in the data would run) and requests for anything but the file itself.
 function watch(page) {
   const errors = [];
+  page.on('dialog', async (d) => { errors.push(`dialog: ${d.message()}`); await d.dismiss(); });
   page.on('console', (m) => { if (['error', 'warn', 'warning'].includes(m.type())) errors.push(`console.${m.type()}: ${m.text()}`); });
   page.on('pageerror', (e) => errors.push(`pageerror: ${e.message}`));
   page.on('request', (r) => { if (!/^(file|data|blob):/.test(r.url())) errors.push(`network request: ${r.url()}`); });
@@ -302,6 +303,26 @@ for (const name of BROWSERS) describe(name, () => {
       let n = await updates(page); await page.select('#f-live', 'end'); await settled(page, n);
       assert.equal(+(await attr(page, '#flamegraph-svg', 'data-total')), 160 * KiB);
       assert.deepEqual((await curves()).map((c) => c.slice(0, 3)), [[cache, 'A', 160 * KiB], [cache, 'B', 320 * KiB]]);
+      assert.deepEqual(errors, []);
+    } finally { await page.close(); }
+  });
+
+  // A trace whose thread, span, function and file names and metadata hold terminal escapes,
+  // bidi overrides, invalid UTF-8 and markup (tests/integration/cli_inert.rs): no markup
+  // runs, and the page shows every such character as its escape (`\u{202e}`), never raw.
+  test('hostile names', async () => {
+    const { page, errors } = await open(browser, env('HOSTILE_HTML'));
+    try {
+      assert.equal(await count(page, 'img, iframe, object, embed'), 0);
+      assert.equal(await count(page, 'script'), 2);
+      // The text of the page but its scripts' (the data is JSON there), SVG titles included.
+      const shown = await page.evaluate(() => { const b = document.body.cloneNode(true); b.querySelectorAll('script').forEach((e) => e.remove()); return b.textContent; });
+      const raw = shown.match(/[\u0000-\u0008\u000b-\u001f\u007f-\u009f\u200b-\u200f\u2028-\u202e\u2060-\u2064\u2066-\u206f\ufeff\ufffd]/u);
+      assert.equal(raw, null, `shown raw: U+${raw?.[0].codePointAt(0).toString(16)}`);
+      for (const escaped of ['thread worker\\x1b]0;PWNED\\x07\\x1b[2J\\x0d\\u{200f}', 'app::handle\\x1b[2J\\xff\\xfe\\u{2066} (src/\\u{202e}sr.evil:7)',
+        'span request{user=</script><img src=x onerror=alert(1)>\\x1b[31m\\u{202e}txt.exe\\x07}', '/usr/bin/app\\x1b]0;PWNED\\x07\\xff', '</script><img src=x onerror=alert(1)>']) {
+        assert.ok(shown.includes(escaped), `the page does not show ${escaped}`);
+      }
       assert.deepEqual(errors, []);
     } finally { await page.close(); }
   });

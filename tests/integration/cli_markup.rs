@@ -6,7 +6,7 @@ use crate::util::cli::*;
 
 /// Parse `xml` completely, checking tag nesting and attribute syntax; returns the root
 /// element's name.
-fn assert_well_formed(xml: &[u8]) -> String {
+pub(crate) fn assert_well_formed(xml: &[u8]) -> String {
     use quick_xml::events::Event;
     let mut reader = quick_xml::Reader::from_reader(xml);
     reader.config_mut().check_end_names = true;

@@ -17,6 +17,8 @@ mod cli_errors;
 #[cfg(feature = "cli")]
 mod cli_golden;
 #[cfg(feature = "cli")]
+mod cli_inert;
+#[cfg(feature = "cli")]
 mod cli_json;
 #[cfg(feature = "cli")]
 mod cli_markup;

@@ -7,7 +7,9 @@
 //! chart, checks that the console stays clean and saves screenshots at 760 and 1400 px in
 //! `target/test-artifacts/` (or `$CARGO_TARGET_DIR/test-artifacts/`), one per browser; it
 //! also opens the diff page, a page thinned by `--limit` and the page of a trace with
-//! start-up frames ([`startup_trace`]), whose sites it compares with `hotspots`'. `hotspots_gives_the_figures_the_page_shows` checks that
+//! start-up frames ([`startup_trace`]), whose sites it compares with `hotspots`', and the
+//! page of `cli_inert`'s trace of hostile names (no markup runs, no control or bidi
+//! character is shown raw). `hotspots_gives_the_figures_the_page_shows` checks that
 //! `memtrace hotspots` with the same filter flags gives the same figures.
 //!
 //! Without `tests/browser/node_modules` (`npm ci` there) the browser test says why and
@@ -192,6 +194,9 @@ fn the_page_shows_the_known_figures_in_a_browser() {
     let (startup, startup_html) = (dir.path().join("startup.ctf"), dir.path().join("startup.html"));
     std::fs::write(&startup, startup_trace()).unwrap();
     memtrace(&["report", &path(&startup), "-o", &path(&startup_html)]);
+    let (hostile, hostile_html) = (dir.path().join("hostile.ctf"), dir.path().join("hostile.html"));
+    std::fs::write(&hostile, crate::cli_inert::hostile_trace(0)).unwrap();
+    memtrace(&["report", &path(&hostile), "-o", &path(&hostile_html)]);
     let target = std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| repo("target"), PathBuf::from);
     let artifacts = target.join("test-artifacts");
     std::fs::create_dir_all(&artifacts).unwrap();
@@ -216,6 +221,7 @@ fn the_page_shows_the_known_figures_in_a_browser() {
         .env("THIN_HTML", &thin)
         .env("STARTUP_TRACE", &startup)
         .env("STARTUP_HTML", &startup_html)
+        .env("HOSTILE_HTML", &hostile_html)
         .env("ARTIFACTS", &artifacts)
         .env("BROWSERS", browsers.join(","))
         .status()

@@ -101,6 +101,10 @@ async fn request(size: usize, nested: bool) -> usize {
 }
 
 const NAMED: &str = "a-thread-name-longer-than-the-kernel-keeps";
+/// A thread name and a span field value that a terminal would obey, and a NUL, which the
+/// format cannot carry in a string.
+const HOSTILE_THREAD: &str = "evil\x1b]0;PWNED\x07\u{202e}";
+const HOSTILE_KIND: &str = "a\0b\x1b[2J";
 
 /// Sessions at rate 1 (every allocation sampled), each to its own file, while their writer
 /// threads start: what a new writer allocates before its code runs must not be sampled (at
@@ -176,6 +180,15 @@ fn threads_program() {
     spawn(Some("short-name"), false);
     spawn(None, false);
     spawn(None, true);
+    std::thread::Builder::new()
+        .name(HOSTILE_THREAD.to_owned())
+        .spawn(|| {
+            let _span = info_span!("job", kind = HOSTILE_KIND).entered();
+            allocate_here();
+        })
+        .unwrap()
+        .join()
+        .unwrap();
     drop(guard);
     let second = std::env::var(SECOND_FILE_VAR).unwrap();
     let guard = start_tracing(TraceConfig::new(second).rate(0.01).thread_frames(false)).unwrap();
@@ -360,8 +373,13 @@ fn threads_are_named_and_the_thread_frame_can_be_turned_off() {
         .collect();
     assert_eq!(unnamed.len(), 2, "{threads:?}");
     threads.retain(|t| !unnamed.contains(t));
-    assert_eq!(threads, ["a-thread-name-longer-than-the-kernel-keeps", "child_role", "short-name"]);
+    assert_eq!(threads, ["a-thread-name-longer-than-the-kernel-keeps", "child_role", HOSTILE_THREAD, "short-name"]);
     assert!(trace.allocs.values().all(|a| attribution(&trace, a).thread.is_some()));
+    // The trace keeps the text as it was (readers show it inert), but for the NUL, written as
+    // the `\x00` readers show for one instead of ending the description.
+    let hostile = trace.allocs.values().filter(|a| attribution(&trace, a).thread.as_deref() == Some(HOSTILE_THREAD));
+    let spans: std::collections::BTreeSet<String> = hostile.flat_map(|a| attribution(&trace, a).spans).collect();
+    assert_eq!(spans, ["job{kind=a\\x00b\x1b[2J}".to_owned()].into(), "{spans:?}");
 
     let trace = Trace::read(&second);
     assert!(trace.allocs.len() > 100);

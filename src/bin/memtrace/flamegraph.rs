@@ -8,7 +8,7 @@
 use std::io::{self, Write};
 
 use memtrace_rs::analysis::{
-    self, ranked, Analysis, FrameId, FrameKind, Grouping, Measure, Options as AnalysisOptions,
+    self, inert_bytes, ranked, Analysis, FrameId, FrameKind, Grouping, Measure, Options as AnalysisOptions,
 };
 
 use super::args::Trim;
@@ -205,12 +205,9 @@ pub fn folded(analysis: &Analysis, measure: Measure, trim: analysis::Trim, root:
                 if i > 0 {
                     line.push(';');
                 }
-                // `;` separates frames and a newline ends the line: neither may appear inside.
-                line.extend(labels[frame].chars().map(|c| match c {
-                    ';' => ',',
-                    c if c.is_control() => ' ',
-                    c => c,
-                }));
+                // `;` separates frames: it may not appear inside. (Names are inert, so no
+                // newline can end the line early.)
+                line.extend(labels[frame].chars().map(|c| if c == ';' { ',' } else { c }));
             }
             line.push_str(&format!(" {count}"));
             Some(line)
@@ -240,7 +237,7 @@ pub fn write_svg(title: &str, folded: &Folded, out: &mut impl Write) -> io::Resu
 
 /// The title of the flame graph of `analysis` for `weight`.
 pub fn title(analysis: &Analysis, weight: &Weight) -> String {
-    format!("{} (estimated): {}", weight.describe(), String::from_utf8_lossy(&analysis.info.executable_name))
+    format!("{} (estimated): {}", weight.describe(), inert_bytes(&analysis.info.executable_name))
 }
 
 /// What [`write()`] drew, for the warnings it calls for.

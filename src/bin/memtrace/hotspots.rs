@@ -3,7 +3,7 @@
 use std::io::{self, Write};
 
 use memtrace_rs::analysis::filter::{self, Collected, Filter, LiveAt};
-use memtrace_rs::analysis::{ranked, Analysis};
+use memtrace_rs::analysis::{inert, ranked, Analysis};
 
 use super::args::Ranking;
 use super::format;
@@ -80,11 +80,17 @@ impl FilterArgs {
             size_under: self.size_under,
             lifetime_at_least: self.lifetime_at_least,
             lifetime_under: self.lifetime_under,
-            inside: self.inside.clone(),
-            not_inside: self.not_inside.clone(),
-            hide: self.hide.clone(),
+            inside: names(&self.inside),
+            not_inside: names(&self.not_inside),
+            hide: names(&self.hide),
         }
     }
+}
+
+/// Names as the frames hold them, [`inert`]: a name is matched whether given as shown or
+/// with the raw characters it shows escaped.
+fn names(given: &[String]) -> Vec<String> {
+    given.iter().map(|name| inert(name).into_owned()).collect()
 }
 
 fn parse_live_at(s: &str) -> Result<LiveAt, String> {

@@ -3,7 +3,7 @@
 use std::io::{self, Write};
 
 use super::format;
-use memtrace_rs::analysis::{Analysis, Origin};
+use memtrace_rs::analysis::{inert_bytes, Analysis, Origin};
 
 /// One `name: value` line of the summary.
 pub(crate) type Line = (&'static str, String);
@@ -15,7 +15,7 @@ pub(crate) type Line = (&'static str, String);
 fn summary(analysis: &Analysis, name: &str) -> Vec<Line> {
     let info = &analysis.info;
     let c = &analysis.counts;
-    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    let text = |b: &[u8]| inert_bytes(b).into_owned();
     let peak_offset = analysis.peak.time.saturating_sub(info.start_time);
     let mut lines = vec![
         ("File", name.to_string()),

@@ -11,7 +11,7 @@
 
 use std::io::{self, Write};
 
-use memtrace_rs::analysis::{ranked, Analysis, Estimate, Origin};
+use memtrace_rs::analysis::{inert_bytes, ranked, Analysis, Estimate, Origin};
 use serde_json::{json, Value};
 
 use super::args::Figure;
@@ -112,7 +112,7 @@ fn write_value(value: &Value, out: &mut impl Write) -> io::Result<()> {
 pub fn info(analysis: &Analysis, name: &str, out: &mut impl Write) -> io::Result<()> {
     let i = &analysis.info;
     let c = &analysis.counts;
-    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    let text = |b: &[u8]| inert_bytes(b).into_owned();
     let origin = analysis.origin();
     let ocaml = (origin == Origin::OCaml).then(|| {
         json!({

@@ -29,7 +29,7 @@
 use std::collections::HashMap;
 use std::io::{self, Write};
 
-use memtrace_rs::analysis::{Analysis, FrameId, Trim};
+use memtrace_rs::analysis::{inert_bytes, Analysis, FrameId, Trim};
 use prost::Message;
 
 use super::profile_proto::{Function, Line, Location, Mapping, Profile, Sample, ValueType};
@@ -76,7 +76,7 @@ pub fn profile(analysis: &Analysis, trim: Trim) -> (Profile, usize) {
         SAMPLE_TYPES.iter().map(|(t, unit)| ValueType { r#type: strings.get(t), unit: strings.get(unit) }).collect();
     let mapping = Mapping {
         id: 1,
-        filename: strings.get(&String::from_utf8_lossy(&analysis.info.executable_name)),
+        filename: strings.get(&inert_bytes(&analysis.info.executable_name)),
         has_functions: true,
         has_filenames: true,
         has_line_numbers: true,

@@ -21,7 +21,7 @@ use std::path::PathBuf;
 
 pub use data::TraceData;
 
-use memtrace_rs::analysis::FrameTable;
+use memtrace_rs::analysis::{inert, FrameTable};
 
 use super::args::Trim;
 use super::format;
@@ -43,8 +43,9 @@ pub struct Options {
     #[command(flatten)]
     pub trim: Trim,
     /// Only the allocations made inside this `tracing` span of a memtrace-rs trace: a span
-    /// name (`http_request`) or a whole description (`http_request{route=/api/users}`).
-    /// Every view follows them but the peak mark, which stays the whole trace's.
+    /// name (`http_request`) or a whole description (`http_request{route=/api/users}`), as
+    /// shown (control characters as `\x1b`) or raw. Every view follows them but the peak
+    /// mark, which stays the whole trace's.
     #[arg(long, value_name = "NAME|DESCRIPTION")]
     pub span: Option<String>,
 }
@@ -63,7 +64,8 @@ pub fn write(frames: &FrameTable, traces: &[TraceData], options: &Options, out: 
         Some(span) => format!("{title}, inside span {span}"),
         None => title,
     };
-    let page = HTML.replace("{{TITLE}}", &format::escape_markup(&title));
+    // The title holds trace file names and the `--span` argument as given: inert too.
+    let page = HTML.replace("{{TITLE}}", &format::escape_markup(&inert(&title)));
     // The markers come from our template, not from the data, so splitting on them is safe.
     let (before_css, rest) = page.split_once("{{CSS}}").expect("the template has {{CSS}}");
     let (before_data, rest) = rest.split_once("{{DATA}}").expect("the template has {{DATA}}");

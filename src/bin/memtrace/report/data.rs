@@ -38,7 +38,7 @@ use serde_json::{json, Value};
 
 use memtrace_rs::analysis::blocks::{self, Block};
 use memtrace_rs::analysis::stacks::{FrameTrie, NodeId, ROOT};
-use memtrace_rs::analysis::{is_allocator_frame, is_root_frame, FrameTable, Origin};
+use memtrace_rs::analysis::{inert, inert_bytes, is_allocator_frame, is_root_frame, FrameTable, Origin};
 use memtrace_rs::trace::{Info, Reader, Warning};
 use memtrace_rs::Result;
 
@@ -103,6 +103,9 @@ impl TraceData {
     ) -> Result<TraceData> {
         let mut blocks = Vec::new();
         let summary = blocks::stream(&mut reader, |block| blocks.push(*block), progress)?;
+        // Frames hold inert names: a span matches given as shown or with its raw characters.
+        let span = span.map(inert);
+        let span = span.as_deref();
         // The trie of frames: each node of the stream's trie of codes becomes the node of
         // its code's last frame. Parents come before their children.
         let stacks = &summary.trie;
@@ -189,7 +192,7 @@ impl TraceData {
 
     fn to_json(&self) -> Value {
         let tick = self.summary.end_us / u64::from(u32::MAX - 1) + 1;
-        let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+        let text = |b: &[u8]| inert_bytes(b).into_owned();
         let signed = |v: &[u32]| v.iter().map(|&x| if x == u32::MAX { -1 } else { i64::from(x) }).collect::<Vec<_>>();
         let info = &self.info;
         let keep = self.thinned.map_or(1.0, |t| t.keep);
