@@ -22,7 +22,7 @@
 //! Design decisions this benchmark settled, with the figures measured then (2-core machine).
 //! The first, fourth and fifth are about the sampled-block filter that `dealloc` read until
 //! 2026-12-03, when the sampled-block pool (`src/runtime/sampled_pool.rs`) replaced it
-//! (README, "Benchmarks"):
+//! (README.md at cfd4150, "Benchmarks"):
 //! - The sampled-block filter (`src/runtime/sampled_set.rs`) has one counter per bucket, not
 //!   one per 32 buckets: in the rows with 20 000 live blocks per thread, ten alternating runs
 //!   of each gave (best, median, ns an operation) at rate 1e-4, with some 300 sampled blocks
