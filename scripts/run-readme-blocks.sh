@@ -4,8 +4,8 @@
 # that fails. A block is runnable when the line before its ```sh fence is
 #   <!-- runnable -->
 # The README's test command is not marked: .ci/run runs it already.
-# Files the blocks create that were not there before (trace.ctf, report.html) are removed
-# afterwards, so that the checkout stays clean.
+# Files the blocks create at paths that were free before (trace.ctf, report.html), ignored by
+# git or not, are removed afterwards, so that the checkout stays as it was.
 #   scripts/run-readme-blocks.sh [FILE.md]      (default README.md)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,7 +25,9 @@ awk -v dir="$blocks" '
 count=$(find "$blocks" -name '*.sh' | wc -l)
 [ "$count" -gt 0 ] || { echo "no runnable block in $readme" >&2; exit 1; }
 
-git ls-files --others --exclude-standard >"$before"
+# Untracked paths, a directory that is untracked as a whole as one entry (target/).
+untracked() { git ls-files --others --directory; }
+untracked >"$before"
 status=0
 for n in $(seq 1 "$count"); do
   echo "--- $readme, runnable block $n of $count:" >&2
@@ -36,7 +38,7 @@ for n in $(seq 1 "$count"); do
     break
   fi
 done
-git ls-files --others --exclude-standard | grep -vxFf "$before" | while IFS= read -r made; do
-  rm -f -- "$made"
+untracked | grep -vxFf "$before" | while IFS= read -r made; do
+  if [ -f "$made" ]; then rm -f -- "$made"; fi
 done || true
 exit "$status"
