@@ -22,7 +22,8 @@
 //! What it measures of the free path: a free of a block whose address is not a multiple of the
 //! sampled-block alignment (`src/runtime/sampled_set.rs`) costs one test of the address; the
 //! few others look the block up in the set of live sampled blocks. (The designs it settled
-//! before, the free filter and the sampled-block pool, are in the changelog.)
+//! before, the free filter and the sampled-block pool, are in the changelog
+//! and in README.md at cfd4150, "Benchmarks".)
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::hint::black_box;

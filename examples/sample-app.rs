@@ -1,7 +1,7 @@
 //! A small program with distinct allocation patterns, traced by memtrace-rs.
 //!
 //! ```text
-//! MEMTRACE_FILE=trace.ctf cargo run --release --features analysis --example sample-app
+//! MEMTRACE_FILE=trace.ctf cargo run --release --example sample-app
 //! ```
 //!
 //! It runs for a second or so: an ingest stage keeps a growing `Vec` of records, a cache

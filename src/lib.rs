@@ -1,11 +1,13 @@
 #![warn(missing_docs)]
 #![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 //! A sampling memory profiler for Rust that writes Jane Street memtrace traces.
 //!
 //! Install [`MemtraceAllocator`] as the global allocator and call [`trace_if_requested`]
 //! at the start of `main`: when `MEMTRACE_FILE` names a file, allocations are sampled by
-//! bytes and written, with their backtraces and frees, to a memtrace (v3) trace that
-//! upstream's OCaml tools and this crate's `memtrace` command line can read.
+//! bytes (each 8-byte word with probability `MEMTRACE_RATE`, `1e-5` by default) and written,
+//! with their backtraces and frees, to a memtrace (v3) trace that upstream's OCaml tools and
+//! this crate's `memtrace` command line can read. Without the variable nothing starts.
 //!
 //! ```no_run
 //! use memtrace_rs::MemtraceAllocator;
@@ -19,7 +21,64 @@
 //! }
 //! ```
 //!
-//! Traces are read with [`trace::Reader`] and written with [`trace::Writer`].
+//! Keep `debug = "line-tables-only"` in the release profile for function names, files and
+//! lines in the trace.
+//!
+//! # Starting and stopping from code
+//!
+//! [`start_tracing`] takes a [`TraceConfig`]; the [`TraceGuard`] it returns stops the trace
+//! when dropped, or with [`TraceGuard::finish`], which says what was written and lost
+//! ([`TraceStats`]).
+//!
+//! ```no_run
+//! # use memtrace_rs::{start_tracing, TraceConfig};
+//! let guard = start_tracing(TraceConfig::new("run.ctf").rate(1e-4).context("nightly job"))?;
+//! // ... the work to profile ...
+//! let stats = guard.finish()?;
+//! eprintln!("{} samples written, {} dropped", stats.samples_written, stats.samples_dropped());
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! # Reading traces
+//!
+//! [`trace::Reader`] streams the events of a trace, one packet in memory; the
+//! [`analysis`] module (feature `analysis`, on by default) is what the command line is built
+//! on: allocation sites, estimates with their intervals, sampled blocks and filters.
+//!
+//! ```no_run
+//! use memtrace_rs::trace::{EventKind, Reader};
+//!
+//! let mut reader = Reader::open("trace.ctf")?;
+//! let (rate, mut samples) = (reader.info().sample_rate, 0);
+//! while let Some(event) = reader.next_event()? {
+//!     if let EventKind::Alloc(alloc) = event.kind {
+//!         samples += alloc.nsamples;
+//!     }
+//! }
+//! println!("about {:.0} bytes allocated", samples as f64 * 8.0 / rate);
+//! # Ok::<(), memtrace_rs::Error>(())
+//! ```
+//!
+//! # Features
+//!
+//! | feature | default | what it adds |
+//! |---|---|---|
+//! | `analysis` | yes | [`analysis`]: the streaming analysis of traces (no dependency) |
+//! | `tracing` | no | `MemtraceLayer`: `tracing` spans as the outermost frames of sampled allocations |
+//! | `cli` | no | the `memtrace` binary: `cargo install memtrace-rs --features cli` |
+//!
+//! # Further reading
+//!
+//! The files below are in the crate's package (and on docs.rs, under "Source"):
+//!
+//! - `README.md`: what it costs, choosing a rate, what it cannot see.
+//! - `docs/GUIDE.md`: every environment variable, names and `Cargo.toml`, spans and threads,
+//!   stopping and stack needs, production use, reading estimates, troubleshooting.
+//! - `docs/CLI.md`: the `memtrace` command line and its report page.
+//! - `docs/BENCHMARKS.md`: the current figures and how to reproduce them.
+//! - `docs/ARCHITECTURE.md`, `docs/FORMAT.md`, `docs/ALLOCATOR-PITFALLS.md`: for
+//!   contributors: the modules and the hot path's invariants, the trace format, and what
+//!   breaks when a global allocator captures stacks.
 
 mod format;
 mod frames;
@@ -28,10 +87,12 @@ mod layer;
 mod runtime;
 
 #[cfg(feature = "analysis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "analysis")))]
 pub mod analysis;
 
 pub use format::error::{Error, ErrorKind, Result};
 #[cfg(feature = "tracing")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tracing")))]
 pub use layer::MemtraceLayer;
 pub use runtime::allocator::MemtraceAllocator;
 pub use runtime::config::{StartError, TraceConfig};

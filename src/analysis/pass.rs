@@ -727,6 +727,21 @@ impl FrameTable {
 
 impl Analysis {
     /// Read the trace at `path`.
+    ///
+    /// The top allocation sites of a trace by estimated bytes, as `memtrace hotspots` ranks
+    /// them:
+    ///
+    /// ```no_run
+    /// use memtrace_rs::analysis::{ranked, Analysis, Grouping, Measure, Options};
+    ///
+    /// let analysis = Analysis::run("trace.ctf".as_ref(), &Options { stacks: true, live_at: None })?;
+    /// for site in ranked(&analysis, Grouping::default(), Measure::Allocated).iter().take(5) {
+    ///     let bytes = analysis.estimate(site.stats.allocated.samples);
+    ///     let frame = site.frames().next().map(|f| &analysis.frames[f]);
+    ///     println!("{bytes:?} {:?}", frame.map(|f| &f.function));
+    /// }
+    /// # Ok::<(), memtrace_rs::Error>(())
+    /// ```
     pub fn run(path: &Path, options: &Options) -> Result<Analysis> {
         Analysis::from_reader(Reader::open(path)?, options, |_| {})
     }

@@ -316,7 +316,7 @@ impl<'a> ReadCursor<'a> {
     /// bytes end first or the value needs more than 64 bits.
     // Always inlined in optimised builds (the compiler inlines the fixed-width reads by
     // itself): as an out-of-line call it made the CFI interpreter's rule computation slower
-    // (see the README's benchmarks). Not in debug builds, where every inlined copy keeps stack
+    // (see docs/BENCHMARKS.md). Not in debug builds, where every inlined copy keeps stack
     // slots of its own and the interpreter, which runs inside the allocator, grew its frame by
     // about 6 KiB.
     #[cfg_attr(not(debug_assertions), inline(always))]

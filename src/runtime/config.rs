@@ -29,6 +29,14 @@ pub(crate) const STOP_TIMEOUT_VAR: &str = "MEMTRACE_STOP_TIMEOUT";
 pub(crate) const DEFAULT_STOP_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// How to trace: see [`start_tracing`](crate::start_tracing).
+///
+/// ```no_run
+/// use memtrace_rs::{start_tracing, TraceConfig, Unwinder};
+///
+/// let config = TraceConfig::new("trace.ctf").rate(1e-4).unwinder(Unwinder::Dwarf).context("load test");
+/// let _guard = start_tracing(config)?;
+/// # Ok::<(), memtrace_rs::StartError>(())
+/// ```
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub struct TraceConfig {

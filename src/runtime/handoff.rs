@@ -99,8 +99,8 @@ pub(crate) fn bytes_for(capacity: usize) -> usize {
 /// Not asked of `malloc`: glibc raises its threshold for serving blocks by `mmap` to the size
 /// of any such block freed (up to 32 MiB). A probe of 8 MiB allocated and freed at start made
 /// every later allocation of the program between 128 KiB and 8 MiB come from the heap instead,
-/// vectors grown by copying instead of `mremap`, and more heap work on every call (README,
-/// "Benchmarks").
+/// vectors grown by copying instead of `mremap`, and more heap work on every call (CHANGELOG.md,
+/// "Fixed").
 pub(crate) fn memory_for(bytes: usize) -> bool {
     // SAFETY: a fresh private anonymous mapping, which nothing else refers to.
     let map = unsafe {

@@ -102,8 +102,8 @@ static DROPPED_FREES: AtomicU64 = AtomicU64::new(0);
 /// Frees of sampled blocks lost since the current session started because their thread had
 /// too little stack left to send them.
 static DROPPED_FREES_STACK: AtomicU64 = AtomicU64::new(0);
-/// The stack sending a free message may take, with room to spare (README, "Stopping and stack
-/// needs"; `tests/tracing` checks the bound).
+/// The stack sending a free message may take, with room to spare (docs/GUIDE.md, "Stopping and
+/// stack needs"; `tests/tracing` checks the bound).
 const FREE_STACK_NEEDED: usize = 4 << 10;
 
 /// Count a sample of `nsamples` sample points and `size` bytes lost to `cause`.

@@ -198,7 +198,7 @@ pub(crate) fn with_async_signals_blocked<R>(f: impl FnOnce() -> R) -> R {
 /// (Linux 6.18), a writer started by a short program's `trace_if_requested` mostly started on
 /// the program's CPU and ran only once the program stopped and waited for it, so that it named
 /// the program's first sample during the stop rather than while the program ran. Started
-/// elsewhere, it ran at once (README, "Benchmarks", has the counts).
+/// elsewhere, it ran at once (README.md at cfd4150, "Benchmarks", has the counts).
 struct Steering {
     /// The CPUs the starter may run on: the thread's own once started.
     allowed: libc::cpu_set_t,
@@ -258,7 +258,7 @@ const ARENA_BLOCKS: usize = 4;
 /// Grow the calling thread's malloc arena by about half a MiB at once, before work that
 /// allocates much of that (naming frames). glibc grows the arena of a thread other than the
 /// first a page at a time as it fills, with an `mprotect` for each page: tens of them for a
-/// short program's first sample (README, "Benchmarks"). Blocks allocated and freed again grow
+/// short program's first sample (README.md at cfd4150, "Benchmarks"). Blocks allocated and freed again grow
 /// it in a few calls; when glibc then trims the free space it keeps the pages accessible, so
 /// that refilling them takes no more calls.
 pub(crate) fn grow_arena() {

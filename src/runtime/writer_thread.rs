@@ -35,7 +35,7 @@ const POOL_FILLED_AFTER: Duration = Duration::from_millis(20);
 /// it gave back those of the samples it took), `running_for` into its loop, fills it up to
 /// [`handoff::INITIAL_POOL`]: once the program has taken half the starting ones, or has run
 /// long enough to need more. A short program's few samples never do, and their page faults are
-/// spared (README, "Benchmarks").
+/// spared (README.md at cfd4150, "Benchmarks").
 fn pool_wanted(pooled: usize, running_for: Duration) -> bool {
     pooled <= handoff::STARTING_POOL / 2 || running_for >= POOL_FILLED_AFTER
 }

@@ -455,7 +455,7 @@ fn finish(session: Session) -> Option<Result<TraceStats, Error>> {
     let mut stall = send_stop(&session);
     // While it waits, this thread names frames the writer lends it (`symbolize::Desk`), if it
     // has the stack for it and the writer another CPU to run on. It sleeps until a loan comes:
-    // spinning for the first one cost more CPU than it saved wall (README, "Benchmarks").
+    // spinning for the first one cost more CPU than it saved wall (README.md at cfd4150, "Benchmarks").
     let desk = &session.desk;
     let helping = tracer_thread::may_run_elsewhere()
         && unwind::capture::stack_remaining().is_some_and(|left| left >= symbolize::HELPING_STACK)

@@ -1403,7 +1403,7 @@ pub(super) fn address_finder(needle: &[u8]) -> memchr::memmem::Finder<'_> {
 /// first. Zero is nearly half of a Rust program's `.debug_info` (44 % of jaq's), and small
 /// numbers (attribute values, LEB128 digits) most of the rest; memchr's own ranking, made for
 /// text, counts them rare, and so looked first for an address's high zero bytes or a small
-/// low one (README, "Benchmarks").
+/// low one (README.md at cfd4150, "Benchmarks").
 struct DwarfBytes;
 
 impl memchr::arch::all::packedpair::HeuristicFrequencyRank for DwarfBytes {

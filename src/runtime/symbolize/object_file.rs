@@ -528,7 +528,7 @@ fn elf_functions<'a, Elf: FileHeader<Endian = Endianness>>(
 /// The function symbols of `symbols` (see [`SymbolTable::for_each_function`]). Generic over
 /// the byte order, so that a table read as little-endian (the common case, given its own type
 /// by `for_each_function`) reads each field with a plain load rather than a check of the
-/// file's byte order (README, "Benchmarks").
+/// file's byte order (README.md at cfd4150, "Benchmarks").
 fn functions_of<'a, S: object::read::elf::Sym>(
     symbols: &'a [S],
     endian: S::Endian,

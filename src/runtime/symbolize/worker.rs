@@ -9,7 +9,7 @@
 //! of its addresses named on the thread. That is all a short program needs (its first samples
 //! are named as it runs and at its stop, which waits for them), and a thread for it only
 //! added to the wait: its start, a first turn that can come a millisecond later, a wake-up for
-//! each answer and one to join it (README, "Benchmarks"). One address is not interrupted: it
+//! each answer and one to join it (README.md at cfd4150, "Benchmarks"). One address is not interrupted: it
 //! stops the draining of the queue for as long as it takes (tens of milliseconds at most in
 //! an unoptimised build, as measured there), which the queue, sized for 0.125 s of a program
 //! allocating 8 GB/s, absorbs. A writer whose session is stopping has nothing more coming to

@@ -20,7 +20,7 @@ pub(crate) fn configure(walker: Walker, frame_cap: usize) {
 
 /// Stack a capture may take below the sampled path's check, per [`Walker`] (indexed by
 /// `Walker as usize`): what unoptimised builds were measured to take, with room to spare
-/// (README, "Stopping and stack needs"; `tests/tracing` checks the bounds). The cached DWARF walk hands the stacks
+/// (docs/GUIDE.md, "Stopping and stack needs"; `tests/tracing` checks the bounds). The cached DWARF walk hands the stacks
 /// it cannot follow to libgcc, so it needs libgcc's room too.
 pub(crate) const STACK_NEEDED: [usize; 3] = [16 << 10, 8 << 10, 16 << 10];
 

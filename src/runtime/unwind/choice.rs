@@ -24,7 +24,7 @@ pub enum Unwinder {
     ///
     /// On x86_64 Linux with glibc, the stack is walked with the rules of each return address,
     /// worked out from the tables the first time the address is met and cached: cheap once the
-    /// program's call sites have been seen (see the README's benchmark section). A
+    /// program's call sites have been seen (see docs/BENCHMARKS.md). A
     /// stack that needs more than those rules can express (rare: stack realignment, a signal
     /// frame) is unwound by libgcc's `_Unwind_Backtrace`, as every stack is on other
     /// platforms or if start-up calibration finds the cached walk's stacks differ from
@@ -36,7 +36,7 @@ pub enum Unwinder {
     /// sample could deadlock against a thread inside `dlopen`/`dlclose`; tracing then says so
     /// on stderr when it starts (ALLOCATOR-PITFALLS §3).
     Dwarf = 0,
-    /// Walk the frame-pointer chain: the cheapest walker (see the README's benchmark section),
+    /// Walk the frame-pointer chain: the cheapest walker (see docs/BENCHMARKS.md),
     /// and never touches the dynamic loader or an unwinder lock. Needs the program
     /// built with `-C force-frame-pointers=yes` (e.g. `RUSTFLAGS="-C force-frame-pointers=yes"`;
     /// the precompiled std keeps frame pointers since Rust 1.79); a function without one hides

@@ -1,8 +1,8 @@
 //! A differential test of the CFI interpreter: our rule and the rule read off gimli's
 //! `UnwindTable` row agree at every 16th address of every FDE of the test binary and of libc.
 //! gimli is an independent, fuzzed parser and evaluator; it is not used on the sampled path
-//! because a rule computation with it costs 2.5–3 times ours and much more stack (see the
-//! README's benchmark section).
+//! because a rule computation with it costs 2.5–3 times ours and much more stack (see
+//! docs/BENCHMARKS.md).
 
 use gimli::{
     BaseAddresses, CfaRule, EhFrame, EhFrameOffset, EndianSlice, FrameDescriptionEntry, LittleEndian, ReaderOffset,

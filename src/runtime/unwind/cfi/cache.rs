@@ -14,7 +14,7 @@ const MAX_SET_BITS: u32 = 14;
 /// return addresses of a short program's stacks (its calibration's and its first samples').
 /// Every page in use takes two page faults when a program's first stacks are walked, a read
 /// of the zero page and then a copy for the first rule cached there: 64 KiB at first took 29
-/// of them from `jaq -n 1` (README, "Benchmarks"), where a program whose stacks outgrow the
+/// of them from `jaq -n 1` (README.md at cfd4150, "Benchmarks"), where a program whose stacks outgrow the
 /// sets doubles them after as many evictions, a few times, at the cost of the rules missed
 /// again after each doubling.
 const START_SET_BITS: u32 = 6;

@@ -1,6 +1,6 @@
 //! DWARF unwinding with a cache of unwind rules (x86_64 Linux with glibc): the same stacks as
 //! libgcc's unwinder, at a fraction of its cost once the rules are cached (the figures are in
-//! the README's benchmark section).
+//! docs/BENCHMARKS.md).
 //!
 //! To step from a frame to its caller, the walk needs three facts about the frame's code
 //! address: how to compute the canonical frame address (the CFA: `rsp + n` or `rbp + n`), that
