@@ -19,6 +19,10 @@
 //! }
 //! ```
 //!
+//! Heap profiles of the running program, in pprof's format, are taken with [`profile`] (or
+//! served over HTTP: [`TraceConfig::http`], `MEMTRACE_HTTP`), also from a session without a
+//! trace file ([`TraceConfig::profile_only`]).
+//!
 //! Traces are read with [`trace::Reader`] and written with [`trace::Writer`].
 
 mod format;
@@ -35,6 +39,9 @@ pub use format::error::{Error, ErrorKind, Result};
 pub use layer::MemtraceLayer;
 pub use runtime::allocator::MemtraceAllocator;
 pub use runtime::config::{StartError, TraceConfig};
+pub use runtime::profile::{
+    http_response, profile, profile_delta, HttpResponse, Profile, ProfileError, ProfileKind, MAX_DELTA,
+};
 pub use runtime::session::{start_tracing, stop_tracing, trace_if_requested, TraceGuard, TraceStats};
 pub use runtime::state::currently_tracing;
 pub use runtime::unwind::Unwinder;

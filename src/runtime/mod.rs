@@ -20,14 +20,21 @@
 //! - [`record`]: the sampled path of an allocation and of a free;
 //! - [`allocator`]: [`MemtraceAllocator`](allocator::MemtraceAllocator), the hot path;
 //! - [`config`]: [`TraceConfig`](config::TraceConfig), the environment, start errors;
+//! - [`live_profile`]: the writer's live profile (live blocks and allocations by stack, the
+//!   peak), and the mailbox profiles are asked for through;
 //! - [`writer_thread`]: the thread that owns the trace writer;
+//! - [`profile`]: heap profiles on demand, encoded as pprof or folded stacks;
+//! - [`http`]: the profile endpoint;
 //! - [`session`]: starting and stopping, and the process hooks.
 
 pub(crate) mod allocator;
 pub(crate) mod config;
 pub(crate) mod fork_safe_lock;
 pub(crate) mod handoff;
+pub(crate) mod http;
+pub(crate) mod live_profile;
 pub(crate) mod loader;
+pub(crate) mod profile;
 pub(crate) mod record;
 pub(crate) mod sampled_pool;
 pub(crate) mod sampled_set;

@@ -16,6 +16,7 @@ use memtrace_rs::{currently_tracing, start_tracing, stop_tracing, trace_if_reque
 
 mod faults;
 mod heap;
+mod live_profile;
 mod pool;
 #[cfg(feature = "tracing")]
 mod spans;
@@ -441,6 +442,8 @@ fn child_role() {
         symbols if symbols.starts_with("symbols:") => symbols::child(symbols),
         #[cfg(all(target_os = "linux", target_env = "gnu"))]
         "heap:mmap-threshold" => heap::child(),
+        "live:serve" => live_profile::serving_child(),
+        "live:api" => live_profile::api_child(),
         "pool:moves" => pool::child(),
         #[cfg(feature = "tracing")]
         spans if spans.starts_with("spans-") => spans::child_role(spans),
@@ -549,7 +552,8 @@ fn temp_path(name: &str) -> PathBuf {
 fn child(role: &str, env: &[(&str, &str)]) -> Command {
     let mut cmd = Command::new(std::env::current_exe().unwrap());
     cmd.args(["child_role", "--exact", "--nocapture", "--test-threads=1", "-q"]);
-    for var in ["MEMTRACE_FILE", "MEMTRACE", "MEMTRACE_RATE", "MEMTRACE_CONTEXT", "MEMTRACE_UNWINDER"] {
+    for var in ["MEMTRACE_FILE", "MEMTRACE", "MEMTRACE_RATE", "MEMTRACE_CONTEXT", "MEMTRACE_UNWINDER", "MEMTRACE_HTTP"]
+    {
         cmd.env_remove(var);
     }
     cmd.env(ROLE_VAR, role).env("RUST_BACKTRACE", "0").stdout(std::process::Stdio::null());
