@@ -1,6 +1,7 @@
 //! Live heap profiles: a child with known live, freed and peak sites (and threads that keep
 //! allocating) serves its profiles over HTTP, and `go tool pprof` reads them; the estimates
-//! must be within 4 sigma of the truth. Also sessions for profiles only (from the environment
+//! must be within 4 sigma of the truth, with the thread's and (with the `tracing` feature) the
+//! span's frames at the root. Also sessions for profiles only (from the environment
 //! and from code), the framework helper, and bad requests to the endpoint.
 
 use std::collections::HashMap;
@@ -41,6 +42,26 @@ fn site_kept_by_thread() -> Vec<Vec<u8>> {
 const THREAD_BYTES: f64 = (THREAD_COUNT * THREAD_SIZE + THREAD_COUNT * 24) as f64;
 /// The name of the thread that allocates at `site_kept_by_thread`: its thread frame.
 const KEEPER: &str = "live-keeper";
+/// The span it allocates in (with the `tracing` feature): its span frame.
+#[cfg(feature = "tracing")]
+const KEEPING_SPAN: &str = "keeping";
+
+/// `site_kept_by_thread`, in a span when spans are recorded.
+fn kept_by_thread() -> Vec<Vec<u8>> {
+    #[cfg(feature = "tracing")]
+    let _span = tracing::info_span!("keeping").entered();
+    site_kept_by_thread()
+}
+
+/// Record spans (with the `tracing` feature).
+fn record_spans() {
+    #[cfg(feature = "tracing")]
+    {
+        use tracing_subscriber::layer::SubscriberExt;
+        let layer = memtrace_rs::MemtraceLayer::new();
+        tracing::subscriber::set_global_default(tracing_subscriber::registry().with(layer)).unwrap();
+    }
+}
 
 const CHURNED_COUNT: usize = 100_000;
 const CHURNED_SIZE: usize = 1_000;
@@ -96,7 +117,7 @@ fn known_program() -> (Vec<Vec<Vec<u8>>>, impl FnOnce()) {
         })
         .collect();
     let live = site_live_big();
-    let kept = std::thread::Builder::new().name(KEEPER.into()).spawn(site_kept_by_thread).unwrap().join().unwrap();
+    let kept = std::thread::Builder::new().name(KEEPER.into()).spawn(kept_by_thread).unwrap().join().unwrap();
     site_churned();
     drop(black_box(site_peak()));
     let stop_busy = move || {
@@ -109,6 +130,7 @@ fn known_program() -> (Vec<Vec<Vec<u8>>>, impl FnOnce()) {
 /// The child of the endpoint's tests: the known program, traced as the environment says; then
 /// `ready` on stderr, and `delta` on stdin runs `site_delta`, until stdin closes.
 pub(super) fn serving_child() {
+    record_spans();
     let guard = memtrace_rs::trace_if_requested();
     assert!(guard.is_some());
     assert!(std::env::var_os("MEMTRACE_HTTP").is_none(), "variable not cleared");
@@ -131,6 +153,7 @@ pub(super) fn serving_child() {
 pub(super) fn api_child() {
     let dir = PathBuf::from(std::env::var_os("MEMTRACE_TEST_DIR").unwrap());
     assert!(matches!(memtrace_rs::profile(ProfileKind::Heap), Err(memtrace_rs::ProfileError::NotRunning)));
+    record_spans();
     let guard = memtrace_rs::start_tracing(TraceConfig::profile_only().rate(RATE)).unwrap();
     let (live, stop_busy) = known_program();
     let write = |name: &str, bytes: &[u8]| std::fs::write(dir.join(name), bytes).unwrap();
@@ -286,6 +309,8 @@ fn check_known_profiles(heap: &str, allocs: &str, peak: &str) {
     assert_within_4_sigma("live site", bytes_of(&inuse, "site_live_big"), LIVE_BYTES);
     assert_within_4_sigma("thread's site", bytes_of(&inuse, "site_kept_by_thread"), THREAD_BYTES);
     assert!(bytes_of(&inuse, KEEPER) >= bytes_of(&inuse, "site_kept_by_thread"), "no thread frame");
+    #[cfg(feature = "tracing")]
+    assert!(bytes_of(&inuse, KEEPING_SPAN) >= bytes_of(&inuse, "site_kept_by_thread"), "no span frame");
     assert_eq!(bytes_of(&inuse, "site_churned"), 0.0);
     assert_eq!(bytes_of(&inuse, "site_peak"), 0.0);
     // No allocator frame is a function of the profile (trimmed as the CLI does).
@@ -348,6 +373,8 @@ fn live_profiles_over_http_match_the_truth() {
         .sum();
     assert_within_4_sigma("live site, folded", live, LIVE_BYTES);
     assert!(folded.lines().any(|l| l.starts_with(KEEPER) && l.contains("site_kept_by_thread")), "{folded}");
+    #[cfg(feature = "tracing")]
+    assert!(folded.lines().any(|l| l.starts_with(&format!("{KEEPER};{KEEPING_SPAN};"))), "{folded}");
     // A delta: `go tool pprof -seconds 3` asks for `allocs?seconds=3`; `site_delta` runs in it.
     let addr = serving.url("/debug/pprof/allocs");
     let fetch = std::thread::spawn(move || pprof_top(&addr, "alloc_space", &["-seconds=3"]));
