@@ -23,9 +23,11 @@
 //! - [`live_profile`]: the writer's live profile (live blocks and allocations by stack, the
 //!   peak), and the mailbox profiles are asked for through;
 //! - [`writer_thread`]: the thread that owns the trace writer;
-//! - [`profile`]: heap profiles on demand, encoded as pprof or folded stacks;
-//! - [`http`]: the profile endpoint;
-//! - [`session`]: starting and stopping, and the process hooks.
+//! - [`http`]: the profile endpoint, which answers with `profile`'s answers (the one use of a
+//!   later module);
+//! - [`session`]: starting and stopping, and the process hooks;
+//! - [`profile`]: heap profiles on demand from the running session's writer, encoded as pprof
+//!   or folded stacks, and the answers to HTTP requests for them.
 
 pub(crate) mod allocator;
 pub(crate) mod config;

@@ -91,9 +91,11 @@ impl Drop for TraceGuard {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct TraceStats {
-    /// Sampled allocations written to the trace.
+    /// Sampled allocations written to the trace (counted in the profile, in a session for
+    /// profiles only).
     pub samples_written: u64,
-    /// Frees of sampled blocks written to the trace.
+    /// Frees of sampled blocks written to the trace (counted in the profile, in a session for
+    /// profiles only).
     pub frees_written: u64,
     /// Sampled allocations dropped because the writer was too far behind.
     pub dropped_writer_behind: u64,
