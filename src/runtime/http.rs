@@ -86,7 +86,12 @@ fn serve(listener: &TcpListener, mailbox: &Mailbox, stopped: &Receiver<()>) {
         if unsafe { libc::poll(&mut poll, 1, STOP_CHECK.as_millis() as libc::c_int) } <= 0 {
             continue;
         }
-        let Ok((stream, _)) = listener.accept() else { continue };
+        let Ok((stream, _)) = listener.accept() else {
+            // Out of descriptors, say: the connection waits in the backlog meanwhile, and the
+            // listener, still readable, must not make this a busy loop.
+            std::thread::sleep(STOP_CHECK);
+            continue;
+        };
         // Whatever the client does, the cost is this connection's.
         let _ = answer(stream, mailbox, stopped);
     }
