@@ -10,7 +10,7 @@
 
 use std::io::Read;
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, RawFd};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TryRecvError};
@@ -33,6 +33,8 @@ const STOP_WAIT: Duration = Duration::from_secs(1);
 /// A running endpoint; stopped by [`Endpoint::stop`].
 pub(crate) struct Endpoint {
     thread: TracerThread<()>,
+    /// The listening socket's descriptor (the thread owns the socket).
+    listener: RawFd,
     /// Dropped to stop the thread.
     stop: Sender<()>,
 }
@@ -49,13 +51,14 @@ pub(crate) fn start(addr: SocketAddr, any_address: bool, mailbox: Mailbox) -> Re
     let listener = TcpListener::bind(addr).map_err(|e| format!("cannot serve profiles on {addr}: {e}"))?;
     let bound = listener.local_addr().map_err(|e| format!("cannot serve profiles on {addr}: {e}"))?;
     listener.set_nonblocking(true).map_err(|e| format!("cannot serve profiles on {addr}: {e}"))?;
+    let fd = listener.as_raw_fd();
     let (stop, stopped) = crossbeam_channel::bounded(0);
     let thread = TracerThread::spawn(c"memtrace-http", move || serve(&listener, &mailbox, &stopped))
         .map_err(|e| format!("cannot start the profile endpoint's thread: {e}"))?;
     if addr.port() == 0 {
         super::state::say(&format!("memtrace: serving heap profiles at http://{bound}/debug/pprof/heap"));
     }
-    Ok(Endpoint { thread, stop })
+    Ok(Endpoint { thread, listener: fd, stop })
 }
 
 impl Endpoint {
@@ -75,6 +78,15 @@ impl Endpoint {
     /// Leave the thread alone: in a forked child, which does not have it.
     pub(crate) fn forget(self) {
         self.thread.forget();
+    }
+
+    /// In a forked child (once, right after the fork), close the copy of the listening socket:
+    /// no thread here answers it, and it would keep the port taken, its connections waiting,
+    /// after the parent stops serving.
+    pub(crate) fn close_in_forked_child(&self) {
+        // SAFETY: the child's copy of the descriptor, which nothing in the child uses (the
+        // thread that owns the socket is the parent's), closed once.
+        unsafe { libc::close(self.listener) };
     }
 }
 

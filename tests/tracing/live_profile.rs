@@ -180,6 +180,27 @@ pub(super) fn api_child() {
     assert!(matches!(memtrace_rs::profile(ProfileKind::Heap), Err(memtrace_rs::ProfileError::NotRunning)));
 }
 
+/// The child of the fork test: serving at `MEMTRACE_HTTP`, it forks a child that outlives
+/// its session; once the session stopped, the port is free.
+pub(super) fn fork_child() {
+    let addr: SocketAddr = std::env::var("MEMTRACE_HTTP").unwrap().parse().unwrap();
+    let guard = memtrace_rs::trace_if_requested();
+    assert!(guard.is_some());
+    // SAFETY: the forked child only sleeps and exits.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        std::thread::sleep(Duration::from_secs(2));
+        // SAFETY: ends the forked child at once, as it is.
+        unsafe { libc::_exit(0) };
+    }
+    drop(guard);
+    let rebound = std::net::TcpListener::bind(addr);
+    let mut status = 0;
+    // SAFETY: waits for our own child.
+    unsafe { libc::waitpid(pid, &mut status, 0) };
+    rebound.unwrap_or_else(|e| panic!("{addr} still taken after the stop: {e}"));
+}
+
 // ---------------------------------------------------------------------------------------------
 // Parent side
 
@@ -528,4 +549,17 @@ fn raise_open_files_limit() {
             libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
         }
     }
+}
+
+/// A forked child does not keep its parent's endpoint's port: once the parent's session
+/// stops, the port is free while the child lives on.
+#[test]
+fn a_forked_child_does_not_keep_the_port() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let path = super::temp_path("live-fork");
+    let addr = format!("127.0.0.1:{port}");
+    let env = [("MEMTRACE_FILE", path.to_str().unwrap()), ("MEMTRACE_HTTP", &addr)];
+    let (out, _) = super::run_within("live:fork", &env, Duration::from_secs(60));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let _ = std::fs::remove_file(&path);
 }

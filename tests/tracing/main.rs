@@ -444,6 +444,7 @@ fn child_role() {
         "heap:mmap-threshold" => heap::child(),
         "live:serve" => live_profile::serving_child(),
         "live:api" => live_profile::api_child(),
+        "live:fork" => live_profile::fork_child(),
         "pool:moves" => pool::child(),
         #[cfg(feature = "tracing")]
         spans if spans.starts_with("spans-") => spans::child_role(spans),

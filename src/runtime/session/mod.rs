@@ -723,7 +723,8 @@ extern "C" fn after_fork_in_parent() {
 }
 
 /// The child never traces into its parent's file: stop sampling at once; the parent's
-/// session is forgotten (without touching its writer) when the child stops or restarts.
+/// session is forgotten (without touching its writer) when the child stops or restarts. Nor
+/// does it keep its parent's profile endpoint's port.
 extern "C" fn after_fork_in_child() {
     STATE.store(OFF, Ordering::SeqCst);
     loader::after_fork();
@@ -731,6 +732,9 @@ extern "C" fn after_fork_in_child() {
     // `before_fork` locked SESSION in the parent on the thread that is the child's only
     // thread, and forgot the guard.
     SESSION.force_unlock();
+    if let Some(endpoint) = SESSION.lock().running.as_ref().and_then(|s| s.http.as_ref()) {
+        endpoint.close_in_forked_child();
+    }
 }
 
 #[cfg(test)]
