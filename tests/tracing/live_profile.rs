@@ -444,6 +444,12 @@ fn profiles_from_code_in_a_session_for_profiles_only() {
     check_delta(&pprof_top(&file("delta.pb.gz"), "alloc_space", &[]));
     let response = pprof_top(&file("response.pb.gz"), "inuse_space", &[]);
     assert_within_4_sigma("live site, framework helper", bytes_of(&response, "site_live_big"), LIVE_BYTES);
+    // Files and lines: the allocation's line in `site_live_big` is in this file.
+    let by_line = pprof_top(&file("heap.pb.gz"), "inuse_space", &["-lines"]);
+    assert!(
+        by_line.keys().any(|l| l.contains("site_live_big") && l.contains("tests/tracing/live_profile.rs:")),
+        "{by_line:?}"
+    );
     let folded = std::fs::read_to_string(file("heap.folded")).unwrap();
     assert!(folded.lines().any(|l| l.contains("site_live_big")), "{folded}");
     let left: Vec<_> = std::fs::read_dir(cwd.path()).unwrap().collect();
