@@ -69,7 +69,13 @@ pub(crate) struct LiveProfile {
 /// The live heap at its highest so far (by sample points, which bytes are proportional to).
 /// Copying every stack's live figures at each new high would cost as much as the stacks at
 /// each sample of a growing heap: they are copied only when the heap first falls from a new
-/// high (dhat's way), and until then the current live figures are the peak's.
+/// high (dhat's way), and until then the current live figures are the peak's. A heap that
+/// rises and falls around its high would still make that a copy per sample: once copied, a
+/// peak is replaced only by a higher one by more than 1/[`PEAK_MARGIN`] of it, so that the
+/// peak profile is of a time when the live heap was within that of its highest.
+const PEAK_MARGIN: u64 = 1024;
+
+/// See [`PEAK_MARGIN`].
 #[derive(Default)]
 struct Peak {
     samples: u64,
@@ -123,7 +129,9 @@ impl LiveProfile {
         entry.allocated.add(figures);
         entry.live.add(figures);
         self.live_samples += nsamples;
-        if self.live_samples > self.peak.samples {
+        // A new high while at the high, or one above the copied peak by more than its margin.
+        let margin = if self.peak.is_now { 0 } else { self.peak.samples / PEAK_MARGIN };
+        if self.live_samples > self.peak.samples + margin {
             self.peak.samples = self.live_samples;
             self.peak.is_now = true;
             self.peak.at = Some(SystemTime::now());
@@ -308,6 +316,22 @@ mod tests {
         p.free(0x77);
         let s = p.snapshot();
         assert_eq!((live_of(&s, 0), live_of(&s, 1)), ((1, 6), (4, 4)));
+    }
+
+    /// Once copied, a peak is replaced only by a high above it by more than its margin.
+    #[test]
+    fn a_copied_peak_is_replaced_only_by_a_higher_one_beyond_its_margin() {
+        let mut p = LiveProfile::new(1.0);
+        p.alloc(0x10, 1, 2048, &[1], named);
+        p.free(0x10);
+        p.alloc(0x20, 1, 2050, &[2], named);
+        p.free(0x20);
+        let s = p.snapshot();
+        assert_eq!((s.stacks[0].at_peak.samples, s.stacks[1].at_peak.samples), (2048, 0));
+        p.alloc(0x30, 1, 2051, &[2], named);
+        p.alloc(0x40, 1, 1, &[2], named);
+        let s = p.snapshot();
+        assert_eq!((s.stacks[0].at_peak.samples, s.stacks[1].at_peak.samples), (0, 2052));
     }
 
     /// A block allocated again at an address whose free was lost is counted once.

@@ -40,7 +40,9 @@ pub enum ProfileKind {
     /// `/debug/pprof/allocs`).
     Allocs,
     /// What was live when the live heap was at its highest so far (tcmalloc's peak-heap
-    /// profile): sample types `inuse_objects` and `inuse_space`.
+    /// profile; within 1/1024 of the highest, which spares the writer a copy of every stack's
+    /// figures each time a heap near its high rises again): sample types `inuse_objects` and
+    /// `inuse_space`.
     Peak,
 }
 
