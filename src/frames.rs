@@ -6,7 +6,8 @@
 //! The runtime uses the first two to find where a captured stack leaves the tracer
 //! ([`is_allocator_shim`], [`is_tracer_frame`]); the analysis uses the others to find the
 //! frame that allocated ([`is_allocator_frame`]) and where the program's own code starts
-//! ([`is_root_frame`]), both re-exported by `memtrace_rs::analysis`.
+//! ([`is_root_frame`]), both re-exported by `memtrace_rs::analysis`; [`kept_frames`] is the
+//! trimming of a stack by them that the CLI and the live profiles share.
 
 // Without the analysis, only the runtime's part of the list is used.
 #![cfg_attr(not(feature = "analysis"), allow(dead_code))]
@@ -122,4 +123,35 @@ pub fn is_root_frame(function: &str, file: &str) -> bool {
         || C_ROOTS.contains(&function)
         || RUST_ROOT_PREFIXES.iter().any(|p| path.starts_with(p))
         || ROOT_FILES.iter().any(|p| file.contains(p))
+}
+
+/// Whether a frame is a span or thread pseudo-frame (see `span_table`),
+/// by its file.
+fn is_pseudo_frame(file: &str) -> bool {
+    file == crate::runtime::span_table::THREAD_FILE || file.starts_with(crate::runtime::span_table::SPAN_FILE_PREFIX)
+}
+
+/// The indexes of the `len` frames of a stack (innermost first, `frame(i)` the function and
+/// file of the `i`th) that are kept: without the allocator frames at the inner end unless
+/// `keep_allocator_frames`, and without the root frames below the span and thread
+/// pseudo-frames at the outer end (which are kept) unless `keep_root_frames`. A stack of
+/// allocator frames only is kept whole.
+pub(crate) fn kept_frames<'a>(
+    len: usize,
+    keep_allocator_frames: bool,
+    keep_root_frames: bool,
+    frame: impl Fn(usize) -> (&'a str, &'a str),
+) -> impl Iterator<Item = usize> {
+    let mut start = 0;
+    if !keep_allocator_frames {
+        start = (0..len).find(|&i| !is_allocator_frame(frame(i).0, frame(i).1)).unwrap_or(0);
+    }
+    let code_end = (start..len).rev().find(|&i| !is_pseudo_frame(frame(i).1)).map_or(start, |i| i + 1);
+    let mut end = code_end;
+    if !keep_root_frames {
+        if let Some(last) = (start..end).rev().find(|&i| !is_root_frame(frame(i).0, frame(i).1)) {
+            end = last + 1;
+        }
+    }
+    (start..end).chain(code_end..len)
 }

@@ -39,6 +39,13 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
+//! # Heap profiles of a running program
+//!
+//! [`profile`] takes a heap profile of the running session, in pprof's format (or folded
+//! stacks), which [`TraceConfig::http`] and `MEMTRACE_HTTP` also serve over HTTP for
+//! `go tool pprof`, Pyroscope or Parca; a session may run for profiles only, without a trace
+//! file ([`TraceConfig::profile_only`]).
+//!
 //! # Reading traces
 //!
 //! [`trace::Reader`] streams the events of a trace, one packet in memory; the
@@ -96,6 +103,9 @@ pub use format::error::{Error, ErrorKind, Result};
 pub use layer::MemtraceLayer;
 pub use runtime::allocator::MemtraceAllocator;
 pub use runtime::config::{StartError, TraceConfig};
+pub use runtime::profile::{
+    http_response, profile, profile_delta, HttpResponse, Profile, ProfileError, ProfileKind, MAX_DELTA,
+};
 pub use runtime::session::{start_tracing, stop_tracing, trace_if_requested, TraceGuard, TraceStats};
 pub use runtime::state::currently_tracing;
 pub use runtime::unwind::Unwinder;

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use super::pass::{Analysis, Frame, FrameId, FrameKind, Measure, StackStats};
 use super::stacks::{FrameTrie, NodeId, ROOT};
 use crate::format::hash::FastMap;
-use crate::frames::{is_allocator_frame, is_root_frame};
+use crate::frames::{is_allocator_frame, is_root_frame, kept_frames};
 
 /// How stacks are grouped into sites.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -47,20 +47,11 @@ impl Trim {
     /// below the span and thread pseudo-frames at the outer end, which are kept, as
     /// [`ranked`] does.
     pub fn kept(self, analysis: &Analysis, frames: &[FrameId]) -> Vec<usize> {
-        let frame = |i: usize| &analysis.frames[frames[i]];
-        let mut start = 0;
-        if !self.keep_allocator_frames {
-            start = (0..frames.len()).find(|&i| !is_allocator_frame(&frame(i).function, &frame(i).file)).unwrap_or(0);
-        }
-        let code_end =
-            (start..frames.len()).rev().find(|&i| frame(i).kind() == FrameKind::Code).map_or(start, |i| i + 1);
-        let mut end = code_end;
-        if !self.keep_root_frames {
-            if let Some(last) = (start..end).rev().find(|&i| !is_root_frame(&frame(i).function, &frame(i).file)) {
-                end = last + 1;
-            }
-        }
-        (start..end).chain(code_end..frames.len()).collect()
+        let frame = |i: usize| {
+            let frame = &analysis.frames[frames[i]];
+            (&frame.function[..], &frame.file[..])
+        };
+        kept_frames(frames.len(), self.keep_allocator_frames, self.keep_root_frames, frame).collect()
     }
 }
 

@@ -7,4 +7,5 @@ pub mod buf;
 pub(crate) mod error;
 pub(crate) mod hash;
 pub mod location_codec;
+pub(crate) mod pprof;
 pub(crate) mod trace;

@@ -4,6 +4,7 @@
 use std::ffi::{OsStr, OsString};
 use std::fmt;
 use std::io;
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -25,6 +26,11 @@ pub(crate) const CONTEXT_VAR: &str = "MEMTRACE_CONTEXT";
 pub(crate) const UNWINDER_VAR: &str = "MEMTRACE_UNWINDER";
 /// Environment variable holding the stop timeout in seconds (see [`TraceConfig::stop_timeout`]).
 pub(crate) const STOP_TIMEOUT_VAR: &str = "MEMTRACE_STOP_TIMEOUT";
+/// Environment variable naming the address of the profile endpoint (see [`TraceConfig::http`]):
+/// alone, a session for profiles only.
+pub(crate) const HTTP_VAR: &str = "MEMTRACE_HTTP";
+/// Environment variable that, `1`, lets [`HTTP_VAR`] name an address other than a loopback one.
+pub(crate) const HTTP_ANY_ADDRESS_VAR: &str = "MEMTRACE_HTTP_ANY_ADDRESS";
 /// How long stopping waits for the writer thread by default.
 pub(crate) const DEFAULT_STOP_TIMEOUT: Duration = Duration::from_secs(1);
 
@@ -40,8 +46,8 @@ pub(crate) const DEFAULT_STOP_TIMEOUT: Duration = Duration::from_secs(1);
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub struct TraceConfig {
-    /// The trace file; created (mode 0600) or truncated.
-    pub(crate) path: PathBuf,
+    /// The trace file, created (mode 0600) or truncated; `None` for profiles only.
+    pub(crate) path: Option<PathBuf>,
     /// Probability that any one 8-byte word allocated is sampled, in (0, 1].
     pub(crate) rate: f64,
     /// A free-form description stored in the trace info.
@@ -55,6 +61,10 @@ pub struct TraceConfig {
     pub(crate) thread_frames: bool,
     /// How long stopping waits for the writer thread to write what is queued.
     pub(crate) stop_timeout: Duration,
+    /// Where the profile endpoint listens, if anywhere.
+    pub(crate) http: Option<SocketAddr>,
+    /// Whether the endpoint may listen on an address other than a loopback one.
+    pub(crate) http_on_any_address: bool,
 }
 
 impl TraceConfig {
@@ -62,14 +72,41 @@ impl TraceConfig {
     /// context.
     pub fn new(path: impl Into<PathBuf>) -> TraceConfig {
         TraceConfig {
-            path: path.into(),
+            path: Some(path.into()),
             rate: DEFAULT_RATE,
             context: None,
             frame_cap: DEFAULT_FRAME_CAP,
             unwinder: Unwinder::default(),
             thread_frames: true,
             stop_timeout: DEFAULT_STOP_TIMEOUT,
+            http: None,
+            http_on_any_address: false,
         }
+    }
+
+    /// A configuration for profiles only (see [`crate::profile`]): the same sampling, no
+    /// trace file.
+    pub fn profile_only() -> TraceConfig {
+        TraceConfig { path: None, ..TraceConfig::new("") }
+    }
+
+    /// Serve heap profiles over HTTP at `addr` while the session runs, on a thread of the
+    /// tracer's: `GET /debug/pprof/heap`, `/debug/pprof/allocs`, `/debug/pprof/peak`, with
+    /// `?seconds=N` for a delta and `?format=folded` for folded stacks (see
+    /// [`crate::http_response`]); port 0 picks a free port, said on stderr. Only a loopback
+    /// address is served unless [`TraceConfig::http_on_any_address`] allows others; an endpoint
+    /// that cannot start is reported on stderr in one line, and the session runs without it.
+    pub fn http(mut self, addr: SocketAddr) -> TraceConfig {
+        self.http = Some(addr);
+        self
+    }
+
+    /// Whether [`TraceConfig::http`] may name an address other than a loopback one (off by
+    /// default: anyone who can reach the address can read the program's profiles, which name
+    /// its code).
+    pub fn http_on_any_address(mut self, allowed: bool) -> TraceConfig {
+        self.http_on_any_address = allowed;
+        self
     }
 
     /// The sampling rate: the probability that any one 8-byte word allocated is sampled,
@@ -218,10 +255,11 @@ impl std::error::Error for StartError {
     }
 }
 
-/// The configuration the environment asks for, writing to `path` (every variable read through
-/// [`memtrace_var`], which ignores them all in secure-execution mode).
-pub(crate) fn config_from_env(path: OsString) -> Result<TraceConfig, StartError> {
-    let mut config = TraceConfig::new(path);
+/// The configuration the environment asks for, writing to `path` (`None`: profiles only);
+/// every variable read through [`memtrace_var`], which ignores them all in secure-execution
+/// mode.
+pub(crate) fn config_from_env(path: Option<OsString>) -> Result<TraceConfig, StartError> {
+    let mut config = path.map_or_else(TraceConfig::profile_only, TraceConfig::new);
     if let Some(rate) = rate_from_env(memtrace_var(RATE_VAR).as_deref())? {
         config.rate = rate;
     }
@@ -232,7 +270,30 @@ pub(crate) fn config_from_env(path: OsString) -> Result<TraceConfig, StartError>
         config.stop_timeout = timeout;
     }
     config.context = memtrace_var(CONTEXT_VAR).and_then(|c| c.into_string().ok()).filter(|c| !c.is_empty());
+    config.http = http_from_env(http_requested().as_deref())?;
+    config.http_on_any_address = memtrace_var(HTTP_ANY_ADDRESS_VAR).is_some_and(|v| v == "1");
     Ok(config)
+}
+
+/// The value of [`HTTP_VAR`], unless unset or empty.
+pub(crate) fn http_requested() -> Option<OsString> {
+    memtrace_var(HTTP_VAR).filter(|v| !v.is_empty())
+}
+
+/// The endpoint address given by the value of [`HTTP_VAR`] (`IP:PORT`, or `localhost:PORT`):
+/// `None` when unset or empty.
+fn http_from_env(value: Option<&OsStr>) -> Result<Option<SocketAddr>, StartError> {
+    let Some(value) = value.filter(|v| !v.is_empty()) else { return Ok(None) };
+    let text = value.to_str().map(str::trim).unwrap_or_default();
+    let localhost = text.strip_prefix("localhost:").map(|port| format!("127.0.0.1:{port}"));
+    match localhost.as_deref().unwrap_or(text).parse::<SocketAddr>() {
+        Ok(addr) => Ok(Some(addr)),
+        Err(_) => Err(StartError::InvalidVariable {
+            var: HTTP_VAR,
+            value: value.to_string_lossy().into_owned(),
+            expected: "an address and port such as 127.0.0.1:6060",
+        }),
+    }
 }
 
 /// The stop timeout given by the value of [`STOP_TIMEOUT_VAR`] (seconds): `None` when unset or
@@ -314,6 +375,20 @@ mod tests {
                 e.to_string(),
                 format!("{STOP_TIMEOUT_VAR} must be a number of seconds, got {bad:?}; not tracing")
             );
+        }
+    }
+
+    #[test]
+    fn http_variable_parsing() {
+        assert!(http_from_env(None).unwrap().is_none());
+        assert!(http_from_env(Some(OsStr::new(""))).unwrap().is_none());
+        let parsed = |v: &str| http_from_env(Some(OsStr::new(v))).unwrap().unwrap().to_string();
+        assert_eq!(parsed("127.0.0.1:6060"), "127.0.0.1:6060");
+        assert_eq!(parsed("localhost:0"), "127.0.0.1:0");
+        assert_eq!(parsed("[::1]:80"), "[::1]:80");
+        for bad in ["6060", "localhost", "example.com:80", "127.0.0.1:99999"] {
+            let e = http_from_env(Some(OsStr::new(bad))).unwrap_err();
+            assert!(matches!(&e, StartError::InvalidVariable { var: HTTP_VAR, value, .. } if value == bad), "{e:?}");
         }
     }
 

@@ -21,15 +21,24 @@
 //! - [`allocator`]: [`MemtraceAllocator`](allocator::MemtraceAllocator), the hot path;
 //! - [`config`]: [`TraceConfig`](config::TraceConfig), the environment, start errors;
 //! - [`trace_file`]: the trace file's descriptor, checked to be the tracer's own before writes;
+//! - [`live_profile`]: the writer's live profile (live blocks and allocations by stack, the
+//!   peak), and the mailbox profiles are asked for through;
 //! - [`writer_thread`]: the thread that owns the trace writer;
-//! - [`session`]: starting and stopping, and the process hooks.
+//! - [`http`]: the profile endpoint, which answers with `profile`'s answers (the one use of a
+//!   later module);
+//! - [`session`]: starting and stopping, and the process hooks;
+//! - [`profile`]: heap profiles on demand from the running session's writer, encoded as pprof
+//!   or folded stacks, and the answers to HTTP requests for them.
 
 pub(crate) mod allocator;
 pub(crate) mod config;
 pub(crate) mod fork_safe_lock;
 pub(crate) mod handoff;
+pub(crate) mod http;
 pub(crate) mod late_frees;
+pub(crate) mod live_profile;
 pub(crate) mod loader;
+pub(crate) mod profile;
 pub(crate) mod record;
 pub(crate) mod sampled_set;
 pub(crate) mod sampler;

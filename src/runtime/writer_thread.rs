@@ -1,7 +1,8 @@
 //! The writer thread: it owns the trace [`Writer`], takes the samples off the hand-off queue,
 //! assigns object ids and keeps the address → id map of live sampled blocks, symbolizes each
 //! new frame address once (and names each new pseudo-frame, see `span_table`), and flushes at
-//! least once a second.
+//! least once a second. Beside the trace (or instead of it, in a session for profiles only), it
+//! keeps the live profile (`live_profile`) and answers the requests for it.
 
 use std::collections::VecDeque;
 use std::path::Path;
@@ -11,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use super::handoff::{self, Channel, Msg};
 use super::late_frees;
+use super::live_profile::{LiveProfile, Request};
 use super::record;
 use super::sampled_set;
 use super::sampler::WORD_BYTES;
@@ -25,6 +27,7 @@ use crate::format::error::{Error, ErrorKind};
 use crate::format::hash::FastMap;
 use crate::format::location_codec::Location;
 use crate::format::trace::{AllocSource, NewAlloc, ObjectId, Timestamp, Writer};
+use crossbeam_channel::Receiver;
 
 /// The writer flushes at least this often.
 const FLUSH_INTERVAL: Duration = Duration::from_secs(1);
@@ -62,7 +65,11 @@ pub(crate) const DOMAIN: u16 = 0;
 
 /// The writer thread's state.
 struct TraceWriter {
-    writer: Writer<TraceFile>,
+    /// `None` in a session for profiles only.
+    writer: Option<Writer<TraceFile>>,
+    /// The live profile, and where it is asked for.
+    live: LiveProfile,
+    requests: Receiver<Request>,
     /// Rung by stopping and by the session's first sample, to end the wait between polls.
     doorbell: Arc<Doorbell>,
     /// What names location codes (apart from `writer`, which asks it while it writes).
@@ -103,18 +110,23 @@ impl WriterOutcome {
 /// trace. A write error stops tracing with one message on stderr (none in a forked child, nor
 /// once the session has `abandoned` this writer: stopping gave up waiting for it, and
 /// reported it).
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn write_trace(
     channel: &'static Channel,
     session: u32,
-    writer: Writer<TraceFile>,
+    writer: Option<Writer<TraceFile>>,
+    (live, requests): (LiveProfile, Receiver<Request>),
     worker: Worker,
     path: &Path,
     abandoned: &AtomicBool,
     doorbell: Arc<Doorbell>,
 ) -> WriterOutcome {
-    let start_time = writer.start_time();
+    // Event times only matter in the trace.
+    let start_time = writer.as_ref().map_or(Timestamp::default(), Writer::start_time);
     let mut state = TraceWriter {
         writer,
+        live,
+        requests,
         doorbell,
         names: Names {
             channel,
@@ -142,7 +154,7 @@ pub(crate) fn write_trace(
         (allocs, frees) = (state.allocs, state.frees);
         // Not after a panic, which may have left it half-updated.
         spare = state.names.worker.take_symbolizer();
-        result.and_then(|()| state.writer.close_marked().map(drop))
+        result.and_then(|()| state.writer.take().map_or(Ok(()), |writer| writer.close_marked().map(drop)))
     }));
     // Also after a panic: the bell holds the writer's thread.
     channel.no_first_sample_bell();
@@ -178,6 +190,7 @@ impl TraceWriter {
         loop {
             // As the program left it: the round gives back the buffers of the samples it takes.
             let pooled = channel.pooled();
+            self.live.take_requests(&self.requests);
             let mut received = 0;
             while received < POLL_BATCH {
                 let Some(msg) = next_message(channel, &mut self.names.backlog) else { break };
@@ -205,10 +218,11 @@ impl TraceWriter {
             }
             self.write_late_frees(false)?;
             self.write_losses()?;
+            self.live.answer(received < POLL_BATCH);
             let now = Instant::now();
             if now >= next_flush {
-                if self.writer.has_unflushed_events() {
-                    self.writer.flush()?;
+                if let Some(writer) = self.writer.as_mut().filter(|w| w.has_unflushed_events()) {
+                    writer.flush()?;
                 }
                 next_flush = now + FLUSH_INTERVAL;
             }
@@ -269,17 +283,19 @@ impl TraceWriter {
     }
 
     fn alloc(&mut self, addr: usize, time: Timestamp, length: u64, nsamples: u64, frames: &[u64]) -> crate::Result<()> {
-        if self.ids.contains_key(&addr) && late_frees::take(addr, sampled_set::session_tag(self.session)) {
+        if self.holds(addr) && late_frees::take(addr, sampled_set::session_tag(self.session)) {
             // The block that had the address was freed while the queue was full.
             self.free(addr, time)?;
         }
         let time = self.time(time);
         self.set_codes(frames);
+        self.profile_alloc(addr, length, nsamples);
+        self.allocs += 1;
+        let Some(writer) = self.writer.as_mut() else { return Ok(()) };
         let alloc = NewAlloc { length, nsamples, source: AllocSource::External, callstack: &self.codes, drop: 0 };
         let (names, codes) = (&mut self.names, &self.codes);
-        let id = self.writer.put_alloc(DOMAIN, time, &alloc, |code| names.locations_of(code, codes))?;
+        let id = writer.put_alloc(DOMAIN, time, &alloc, |code| names.locations_of(code, codes))?;
         self.ids.insert(addr, id);
-        self.allocs += 1;
         Ok(())
     }
 
@@ -289,7 +305,7 @@ impl TraceWriter {
     fn write_late_frees(&mut self, stopping: bool) -> crate::Result<()> {
         let mut result = Ok(());
         late_frees::drain(Some(sampled_set::session_tag(self.session)), |addr| {
-            if !self.ids.contains_key(&addr) {
+            if !self.holds(addr) {
                 return stopping;
             }
             if result.is_ok() {
@@ -300,11 +316,19 @@ impl TraceWriter {
         result
     }
 
+    /// Whether the block at `addr` is one this writer has written the alloc of (in the trace,
+    /// or in the live profile of a session without one).
+    fn holds(&self, addr: usize) -> bool {
+        self.ids.contains_key(&addr) || self.live.holds(addr)
+    }
+
     /// Write the samples lost since the last call (see `record`) as one allocation for each
     /// cause, of all their sample points and words, at the cause's pseudo-location, collected at
-    /// once: allocated totals stay unbiased, live ones are not inflated, and every reader sees
-    /// the loss as a site of its own.
+    /// once: allocated totals stay unbiased, live ones are not inflated, and every reader (and
+    /// the live profile) sees the loss as a site of its own.
     fn write_losses(&mut self) -> crate::Result<()> {
+        /// The address the live profile counts a loss at: no sampled block's (they are aligned).
+        const LOST: usize = 1;
         for (cause, lost) in record::take_unwritten_losses().into_iter().enumerate() {
             if lost.points == 0 {
                 continue;
@@ -313,6 +337,9 @@ impl TraceWriter {
             self.codes.clear();
             self.codes.push(Pseudo::Lost(cause as u32).code());
             let length = lost.bytes.div_ceil(WORD_BYTES);
+            self.profile_alloc(LOST, length, lost.points);
+            self.live.free(LOST);
+            let Some(writer) = self.writer.as_mut() else { continue };
             let alloc = NewAlloc {
                 length,
                 nsamples: lost.points,
@@ -321,22 +348,33 @@ impl TraceWriter {
                 drop: 0,
             };
             let (names, codes) = (&mut self.names, &self.codes);
-            let id = self.writer.put_alloc(DOMAIN, time, &alloc, |code| names.locations_of(code, codes))?;
-            self.writer.put_collect(DOMAIN, time, id)?;
+            let id = writer.put_alloc(DOMAIN, time, &alloc, |code| names.locations_of(code, codes))?;
+            writer.put_collect(DOMAIN, time, id)?;
         }
         Ok(())
     }
 
     fn free(&mut self, addr: usize, time: Timestamp) -> crate::Result<()> {
+        let profiled = self.live.free(addr);
+        if self.writer.is_none() {
+            self.frees += u64::from(profiled);
+            return Ok(());
+        }
         match self.ids.remove(&addr) {
             Some(id) => {
                 let time = self.time(time);
                 self.frees += 1;
-                self.writer.put_collect(DOMAIN, time, id)
+                self.writer.as_mut().map_or(Ok(()), |writer| writer.put_collect(DOMAIN, time, id))
             }
             // A block of an earlier session, or a stale table entry: not in this trace.
             None => Ok(()),
         }
+    }
+
+    /// Count the sample being written (its codes set) in the live profile.
+    fn profile_alloc(&mut self, addr: usize, length: u64, nsamples: u64) {
+        let (names, codes) = (&mut self.names, &self.codes);
+        self.live.alloc(addr, length, nsamples, codes, |code| names.locations_of(code, codes));
     }
 }
 

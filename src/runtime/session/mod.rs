@@ -25,10 +25,14 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
 
-use super::config::{config_from_env, valid_rate, StartError, TraceConfig, FILE_VAR, UPSTREAM_FILE_VAR};
+use super::config::{
+    config_from_env, http_requested, valid_rate, StartError, TraceConfig, FILE_VAR, HTTP_VAR, UPSTREAM_FILE_VAR,
+};
 use super::fork_safe_lock::ForkSafeLock;
 use super::handoff::{self, Channel};
+use super::http;
 use super::late_frees;
+use super::live_profile::{self, LiveProfile, Mailbox};
 use super::loader;
 use super::record::{self, Loss, Losses};
 use super::sampler;
@@ -91,9 +95,11 @@ impl Drop for TraceGuard {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct TraceStats {
-    /// Sampled allocations written to the trace.
+    /// Sampled allocations written to the trace (counted in the profile, in a session for
+    /// profiles only).
     pub samples_written: u64,
-    /// Frees of sampled blocks written to the trace.
+    /// Frees of sampled blocks written to the trace (counted in the profile, in a session for
+    /// profiles only).
     pub frees_written: u64,
     /// Sampled allocations dropped because the writer was too far behind.
     pub dropped_writer_behind: u64,
@@ -151,15 +157,23 @@ struct Session {
     /// Set when stopping gives up waiting for the writer (it then reports nothing).
     abandoned: Arc<AtomicBool>,
     stop_timeout: Duration,
+    /// The trace file, or what stands for it in messages (a session for profiles only).
     path: std::path::PathBuf,
+    /// Where its writer takes requests for profiles.
+    profiles: Mailbox,
+    /// Its profile endpoint, if it serves one.
+    http: Option<http::Endpoint>,
 }
 
 /// Start tracing if the environment asks for it: `MEMTRACE_FILE` (or upstream's `MEMTRACE`)
 /// names the trace file, `MEMTRACE_RATE` the sampling rate (default 1e-5), and
-/// `MEMTRACE_CONTEXT` an optional description.
+/// `MEMTRACE_CONTEXT` an optional description. `MEMTRACE_HTTP=127.0.0.1:PORT` serves heap
+/// profiles at that address (see [`TraceConfig::http`]; another address than a loopback one
+/// only with `MEMTRACE_HTTP_ANY_ADDRESS=1`); alone, without a file, it starts a session for
+/// profiles only.
 ///
-/// The file variables are removed from the environment, so that child processes are not
-/// traced into the same file. Problems (a malformed rate, an unwritable or locked file, a
+/// The file and endpoint variables are removed from the environment, so that child processes
+/// are not traced into the same file, nor try the same port. Problems (a malformed rate, an unwritable or locked file, a
 /// FIFO that no process reads) are reported on stderr in one line starting with `memtrace: `,
 /// and the program runs on untraced. Returns `None` when not tracing; keep the guard alive for as long as the program
 /// should be traced.
@@ -174,9 +188,10 @@ struct Session {
 #[must_use = "tracing stops when the guard is dropped"]
 pub fn trace_if_requested() -> Option<TraceGuard> {
     if secure_execution() {
-        // Only whether a file is asked for is looked at, to say why there is no trace.
-        if let Some(var) =
-            [FILE_VAR, UPSTREAM_FILE_VAR].iter().find(|var| std::env::var_os(var).is_some_and(|p| !p.is_empty()))
+        // Only whether a file or an endpoint is asked for is looked at, to say why there is none.
+        if let Some(var) = [FILE_VAR, UPSTREAM_FILE_VAR, HTTP_VAR]
+            .iter()
+            .find(|var| std::env::var_os(var).is_some_and(|p| !p.is_empty()))
         {
             say(&format!(
                 "memtrace: {var} is ignored, as is every MEMTRACE variable, in a program that runs with privileges \
@@ -185,10 +200,16 @@ pub fn trace_if_requested() -> Option<TraceGuard> {
         }
         return None;
     }
-    let path = [FILE_VAR, UPSTREAM_FILE_VAR].iter().find_map(|var| memtrace_var(var).filter(|p| !p.is_empty()))?;
+    let path = [FILE_VAR, UPSTREAM_FILE_VAR].iter().find_map(|var| memtrace_var(var).filter(|p| !p.is_empty()));
+    if path.is_none() && http_requested().is_none() {
+        return None;
+    }
     std::env::remove_var(FILE_VAR);
     std::env::remove_var(UPSTREAM_FILE_VAR);
-    match config_from_env(path).and_then(start_tracing) {
+    // Read before it is removed.
+    let config = config_from_env(path);
+    std::env::remove_var(HTTP_VAR);
+    match config.and_then(start_tracing) {
         Ok(guard) => Some(guard),
         Err(e) => {
             say(&format!("memtrace: {e}"));
@@ -265,20 +286,30 @@ pub fn start_tracing(config: TraceConfig) -> Result<TraceGuard, StartError> {
         start_time,
         context: config.context.clone().map(String::into_bytes),
     };
-    let write_error = |source| StartError::Write { path: config.path.clone(), source };
-    // A first packet that cannot be written (a context too long for a packet) must not cost
-    // the file: check it before opening.
-    let first_packet = trace_info_packet(&info).map_err(write_error)?;
-    let Opened { mut file, created, replaced } = open_locked(&config.path)?;
-    let session = file
-        .write_all(first_packet.as_bytes())
-        .map_err(|e| write_error(e.into()))
-        .map(|()| writer.start(TraceFile::new(file), info, replaced.map(TraceFile::new)))
-        .inspect_err(|_| {
-            if created {
-                let _ = std::fs::remove_file(&config.path);
-            }
-        })?;
+    let mut session = match &config.path {
+        Some(path) => {
+            let write_error = |source| StartError::Write { path: path.clone(), source };
+            // A first packet that cannot be written (a context too long for a packet) must not
+            // cost the file: check it before opening.
+            let first_packet = trace_info_packet(&info).map_err(write_error)?;
+            let Opened { mut file, created, replaced } = open_locked(path)?;
+            file.write_all(first_packet.as_bytes())
+                .map_err(|e| write_error(e.into()))
+                .map(|()| writer.start(Some(TraceFile::new(file)), info, replaced.map(TraceFile::new)))
+                .inspect_err(|_| {
+                    if created {
+                        let _ = std::fs::remove_file(path);
+                    }
+                })?
+        }
+        // Profiles only: the same session without a file.
+        None => writer.start(None, info, None),
+    };
+    session.http = config.http.and_then(|addr| {
+        http::start(addr, config.http_on_any_address, session.profiles.clone())
+            .inspect_err(|e| say(&format!("memtrace: {e}")))
+            .ok()
+    });
 
     record::take_losses();
     // Late frees a stopped session's writer never took.
@@ -305,9 +336,9 @@ const NAME_START_UP_FRAMES_FROM_RATE: f64 = 2.5e-4;
 /// Session ids, so that a guard only stops its own session.
 static NEXT_SESSION: AtomicU64 = AtomicU64::new(1);
 
-/// What a pending writer is sent to start: the trace file (holding its first packet), the
-/// trace's description, and the file it replaced, to close.
-type Setup = (TraceFile, Info, Option<TraceFile>);
+/// What a pending writer is sent to start: the trace file (holding its first packet; none for
+/// profiles only), the trace's description, and the file it replaced, to close.
+type Setup = (Option<TraceFile>, Info, Option<TraceFile>);
 
 /// The writer thread of a session being started, spawned before the calibration: it puts the
 /// first frame buffers in the pool and takes the spare symbolizer and gets it ready for a
@@ -343,9 +374,12 @@ fn spawn_writer(config: &TraceConfig, options: symbolize::Options, prepare: bool
     let (ready_tx, ready) = crossbeam_channel::bounded(1);
     let (setup, setup_rx) = crossbeam_channel::bounded::<Setup>(1);
     let abandoned = Arc::new(AtomicBool::new(false));
-    let (path, given_up) = (config.path.clone(), Arc::clone(&abandoned));
+    let path = config.path.clone().unwrap_or_else(|| "(no file: profiles only)".into());
+    let given_up = Arc::clone(&abandoned);
     let doorbell = Arc::new(Doorbell::default());
     let rung = Arc::clone(&doorbell);
+    let (profiles, requests) = live_profile::mailbox(Arc::clone(&doorbell));
+    let (rate, written) = (config.rate, path.clone());
     let desk = Arc::new(Desk::default());
     let lending = Arc::clone(&desk);
     let writer = TracerThread::spawn_beside(c"memtrace-writer", move || {
@@ -373,12 +407,14 @@ fn spawn_writer(config: &TraceConfig, options: symbolize::Options, prepare: bool
             return;
         };
         let symbolizer = prepared.unwrap_or_else(|| symbolize::take_spare(options));
-        let writer = Writer::after_info_packet(file, &info).check_pid_on_flush(true);
+        let writer = file.map(|file| Writer::after_info_packet(file, &info).check_pid_on_flush(true));
         let _ = ready_tx.send(());
         // Freeing the replaced file's blocks, here, after a start that waits has stopped waiting.
         drop(replaced);
         let worker = Worker::new(symbolizer).lending_at(lending);
-        let _ = outcome_tx.send(write_trace(channel, tag, writer, worker, &path, &given_up, rung));
+        let live = (LiveProfile::new(rate), requests);
+        let outcome = write_trace(channel, tag, writer, live, worker, &written, &given_up, rung);
+        let _ = outcome_tx.send(outcome);
     })
     .map_err(StartError::Spawn)?;
     let session = Session {
@@ -391,7 +427,9 @@ fn spawn_writer(config: &TraceConfig, options: symbolize::Options, prepare: bool
         outcome,
         abandoned,
         stop_timeout: config.stop_timeout,
-        path: config.path.clone(),
+        path,
+        profiles,
+        http: None,
     };
     let ready = (handoff::capacity_for(config.rate) == handoff::MAX_CAPACITY).then_some(ready);
     Ok(PendingWriter { setup: Some(setup), ready, session: Some(session) })
@@ -399,7 +437,7 @@ fn spawn_writer(config: &TraceConfig, options: symbolize::Options, prepare: bool
 
 impl PendingWriter {
     /// Have the writer write the trace `info` describes to `file`: the session, running.
-    fn start(mut self, file: TraceFile, info: Info, replaced: Option<TraceFile>) -> Session {
+    fn start(mut self, file: Option<TraceFile>, info: Info, replaced: Option<TraceFile>) -> Session {
         // Sent into room kept for it: the thread takes it, or has ended (a panic).
         if let Some(setup) = self.setup.take() {
             let _ = setup.send((file, info, replaced));
@@ -447,10 +485,16 @@ fn stop_session(only: Option<u64>) -> Option<Result<TraceStats, Error>> {
 /// End `session`: stop sampling, let the writer drain and close the trace (naming meanwhile
 /// frames it lends), report losses on stderr. `None` in a forked child, which never touches
 /// its parent's writer.
-fn finish(session: Session) -> Option<Result<TraceStats, Error>> {
+fn finish(mut session: Session) -> Option<Result<TraceStats, Error>> {
     if session.pid != getpid() {
+        if let Some(endpoint) = session.http.take() {
+            endpoint.forget();
+        }
         session.writer.forget();
         return None;
+    }
+    if let Some(endpoint) = session.http.take() {
+        endpoint.stop();
     }
     let mut stall = send_stop(&session);
     // While it waits, this thread names frames the writer lends it (`symbolize::Desk`), if it
@@ -558,6 +602,13 @@ fn finish_at_exit() {
         std::mem::forget(outcome(written));
     }
     std::mem::forget(session);
+}
+
+/// Where the running session's writer takes requests for profiles: `None` without a session
+/// (or in a forked child, where its writer does not run).
+pub(crate) fn profile_mailbox() -> Option<Mailbox> {
+    let slot = SESSION.lock();
+    slot.running.as_ref().filter(|s| s.pid == getpid()).map(|s| s.profiles.clone())
 }
 
 /// How often stopping looks at the writer's progress.
@@ -778,7 +829,8 @@ extern "C" fn after_fork_in_parent() {
 }
 
 /// The child never traces into its parent's file: stop sampling at once; the parent's
-/// session is forgotten (without touching its writer) when the child stops or restarts.
+/// session is forgotten (without touching its writer) when the child stops or restarts. Nor
+/// does it keep its parent's profile endpoint's port.
 extern "C" fn after_fork_in_child() {
     STATE.store(OFF, Ordering::SeqCst);
     loader::after_fork();
@@ -786,6 +838,9 @@ extern "C" fn after_fork_in_child() {
     // `before_fork` locked SESSION in the parent on the thread that is the child's only
     // thread, and forgot the guard.
     SESSION.force_unlock();
+    if let Some(endpoint) = SESSION.lock().running.as_ref().and_then(|s| s.http.as_ref()) {
+        endpoint.close_in_forked_child();
+    }
 }
 
 #[cfg(test)]

@@ -1,0 +1,370 @@
+//! Heap profiles of the running program, on demand: [`profile`] and [`profile_delta`] take
+//! one from the running session's writer (see `live_profile`), [`Profile`] encodes it as pprof
+//! or folded stacks, and [`http_response`] answers the requests of `/debug/pprof/…` for the
+//! built-in endpoint (`runtime::http`) and for a web framework's handler.
+
+use std::borrow::Cow;
+use std::fmt;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use super::live_profile::{Figures, Mailbox, NoSnapshot, Snapshot, StackFigures};
+use super::session;
+use crate::format::hash::FastMap;
+use crate::format::location_codec::Location;
+use crate::format::pprof::{Line, PprofWriter};
+use crate::frames::kept_frames;
+
+/// Bytes a word stands for: sample points are drawn per 8-byte word allocated.
+const WORD_BYTES: f64 = 8.0;
+/// How long a request waits for the writer to answer: it answers between rounds of messages,
+/// which naming the frames of a large program's first samples can make seconds long.
+const ANSWER_TIMEOUT: Duration = Duration::from_secs(30);
+/// The longest delta profile: a request for more is refused.
+pub const MAX_DELTA: Duration = Duration::from_secs(600);
+
+/// Go's heap-profile sample types, in value order.
+const SAMPLE_TYPES: [(&str, &str); 4] =
+    [("alloc_objects", "count"), ("alloc_space", "bytes"), ("inuse_objects", "count"), ("inuse_space", "bytes")];
+/// The sample types of a peak profile.
+const PEAK_SAMPLE_TYPES: [(&str, &str); 2] = [("inuse_objects", "count"), ("inuse_space", "bytes")];
+
+/// Which heap profile to take.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ProfileKind {
+    /// What is live now, and what was allocated since the session started (Go's
+    /// `/debug/pprof/heap`): sample types `alloc_objects`, `alloc_space`, `inuse_objects`,
+    /// `inuse_space`, shown by `inuse_space`.
+    Heap,
+    /// The same profile as [`ProfileKind::Heap`] shown by `alloc_space` (Go's
+    /// `/debug/pprof/allocs`).
+    Allocs,
+    /// What was live when the live heap was at its highest so far (tcmalloc's peak-heap
+    /// profile; within 1/1024 of the highest, which spares the writer a copy of every stack's
+    /// figures each time a heap near its high rises again): sample types `inuse_objects` and
+    /// `inuse_space`.
+    Peak,
+}
+
+impl ProfileKind {
+    fn sample_types(self) -> &'static [(&'static str, &'static str)] {
+        match self {
+            ProfileKind::Heap | ProfileKind::Allocs => &SAMPLE_TYPES,
+            ProfileKind::Peak => &PEAK_SAMPLE_TYPES,
+        }
+    }
+
+    fn default_sample_type(self) -> &'static str {
+        match self {
+            ProfileKind::Allocs => "alloc_space",
+            ProfileKind::Heap | ProfileKind::Peak => "inuse_space",
+        }
+    }
+}
+
+/// Why no profile was taken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ProfileError {
+    /// No session is running in this process.
+    NotRunning,
+    /// The session ended before its profile was taken.
+    Ended,
+    /// Too many profiles are being taken at once, or the writer did not answer in time.
+    Busy,
+    /// A delta of a [`ProfileKind::Peak`] profile, or over more than [`MAX_DELTA`].
+    InvalidDelta,
+}
+
+impl fmt::Display for ProfileError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            ProfileError::NotRunning => "no memtrace session is running",
+            ProfileError::Ended => "the memtrace session ended before the profile was taken",
+            ProfileError::Busy => "the memtrace writer is busy: too many profiles at once, or no answer in time",
+            ProfileError::InvalidDelta => "a delta profile is of heap or allocs, over at most 600 seconds",
+        })
+    }
+}
+
+impl std::error::Error for ProfileError {}
+
+impl From<NoSnapshot> for ProfileError {
+    fn from(e: NoSnapshot) -> ProfileError {
+        match e {
+            NoSnapshot::Ended => ProfileError::Ended,
+            NoSnapshot::Busy => ProfileError::Busy,
+        }
+    }
+}
+
+/// A heap profile of the running program: estimates from its sampled allocations, by stack.
+/// Encode it with [`Profile::pprof`] or [`Profile::folded`].
+#[derive(Clone)]
+pub struct Profile {
+    kind: ProfileKind,
+    rate: f64,
+    /// When it was taken and the time it covers.
+    time: SystemTime,
+    duration: Duration,
+    /// Each stack's values, one per sample type of `kind`.
+    stacks: Vec<(StackFigures, Vec<f64>)>,
+}
+
+impl fmt::Debug for Profile {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Profile").field("kind", &self.kind).field("stacks", &self.stacks.len()).finish()
+    }
+}
+
+/// Take a profile of the running session (one started with [`crate::start_tracing`] or
+/// [`crate::trace_if_requested`], with a trace file or for profiles only). The session's
+/// writer builds it between two rounds of samples; no application thread waits for it.
+///
+/// ```no_run
+/// let heap = memtrace_rs::profile(memtrace_rs::ProfileKind::Heap)?;
+/// std::fs::write("heap.pb.gz", heap.pprof())?; // go tool pprof -top heap.pb.gz
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub fn profile(kind: ProfileKind) -> Result<Profile, ProfileError> {
+    let mailbox = session::profile_mailbox().ok_or(ProfileError::NotRunning)?;
+    Ok(Profile::of(kind, &mailbox.snapshot(ANSWER_TIMEOUT)?))
+}
+
+/// What was allocated (and the change of what is live) during the next `over`: two profiles
+/// `over` apart, subtracted (Go's `heap?seconds=N`); this waits `over`. `kind` is
+/// [`ProfileKind::Heap`] or [`ProfileKind::Allocs`], `over` at most [`MAX_DELTA`].
+pub fn profile_delta(kind: ProfileKind, over: Duration) -> Result<Profile, ProfileError> {
+    let mailbox = session::profile_mailbox().ok_or(ProfileError::NotRunning)?;
+    delta(&mailbox, kind, over, || {
+        std::thread::sleep(over);
+        true
+    })
+}
+
+/// The delta profile of `kind` over `over` from the writer of `mailbox`, `wait` waiting `over`
+/// (false: it was interrupted, the session ends).
+pub(crate) fn delta(
+    mailbox: &Mailbox,
+    kind: ProfileKind,
+    over: Duration,
+    wait: impl FnOnce() -> bool,
+) -> Result<Profile, ProfileError> {
+    if kind == ProfileKind::Peak || over > MAX_DELTA {
+        return Err(ProfileError::InvalidDelta);
+    }
+    let before = mailbox.snapshot(ANSWER_TIMEOUT)?;
+    if !wait() {
+        return Err(ProfileError::Ended);
+    }
+    let after = mailbox.snapshot(ANSWER_TIMEOUT)?;
+    let mut profile = Profile::of(kind, &after);
+    let earlier: FastMap<u32, Vec<f64>> =
+        Profile::of(kind, &before).stacks.into_iter().map(|(stack, values)| (stack.id, values)).collect();
+    for (stack, values) in &mut profile.stacks {
+        if let Some(earlier) = earlier.get(&stack.id) {
+            values.iter_mut().zip(earlier).for_each(|(v, e)| *v -= e);
+        }
+    }
+    profile.stacks.retain(|(_, values)| values.iter().any(|&v| v != 0.0));
+    profile.duration = after.taken.duration_since(before.taken).unwrap_or_default();
+    Ok(profile)
+}
+
+/// A mailbox's profile of `kind` (the built-in endpoint's).
+pub(crate) fn profile_from(mailbox: &Mailbox, kind: ProfileKind) -> Result<Profile, ProfileError> {
+    Ok(Profile::of(kind, &mailbox.snapshot(ANSWER_TIMEOUT)?))
+}
+
+impl Profile {
+    fn of(kind: ProfileKind, snapshot: &Snapshot) -> Profile {
+        let bytes = |f: Figures| f.samples as f64 * WORD_BYTES / snapshot.rate;
+        let stacks = snapshot
+            .stacks
+            .iter()
+            .map(|stack| {
+                let values = match kind {
+                    ProfileKind::Heap | ProfileKind::Allocs => {
+                        vec![stack.allocated.objects, bytes(stack.allocated), stack.live.objects, bytes(stack.live)]
+                    }
+                    ProfileKind::Peak => vec![stack.at_peak.objects, bytes(stack.at_peak)],
+                };
+                (stack.clone(), values)
+            })
+            .filter(|(_, values)| values.iter().any(|&v| v != 0.0))
+            .collect();
+        let (time, since) = match kind {
+            ProfileKind::Peak => (snapshot.peak_at.unwrap_or(snapshot.taken), snapshot.started),
+            _ => (snapshot.taken, snapshot.started),
+        };
+        Profile { kind, rate: snapshot.rate, time, duration: time.duration_since(since).unwrap_or_default(), stacks }
+    }
+
+    /// Which profile this is.
+    pub fn kind(&self) -> ProfileKind {
+        self.kind
+    }
+
+    /// The profile as a gzipped pprof protobuf, in the convention of Go's heap profiles:
+    /// what `go tool pprof`, Grafana Pyroscope and Parca read. Each stack is a sample, leaf
+    /// first, without the allocator frames at its leaf and the start-up frames at its root
+    /// (as `memtrace pprof` trims them), with span and thread frames at its root; values are
+    /// estimates, rounded.
+    pub fn pprof(&self) -> Vec<u8> {
+        let executable = std::env::current_exe().map(|p| p.into_os_string().into_encoded_bytes()).unwrap_or_default();
+        let period = (WORD_BYTES / self.rate).round() as i64;
+        let mut out = PprofWriter::new(
+            self.kind.sample_types(),
+            self.kind.default_sample_type(),
+            ("space", "bytes"),
+            period,
+            &executable,
+        );
+        let mut locations = Vec::new();
+        let mut values = Vec::new();
+        for (stack, figures) in &self.stacks {
+            let frames = flat_frames(stack);
+            locations.clear();
+            let mut kept = kept_of(&frames).peekable();
+            while let Some(first) = kept.next() {
+                // One location per frame address: its kept inlined functions, innermost first.
+                let mut run = vec![first];
+                while let Some(next) = kept.next_if(|&i| frames[i].code == frames[first].code) {
+                    run.push(next);
+                }
+                locations.push(out.location(run.iter().map(|&i| {
+                    let location = frames[i].location;
+                    Line { function: &location.defname, file: &location.filename, line: location.line }
+                })));
+            }
+            values.clear();
+            values.extend(figures.iter().map(|&v| v.round() as i64));
+            out.sample(&locations, &values);
+        }
+        let nanos = |d: Duration| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX);
+        let comment = format!("memtrace-rs: estimated from sampled allocations (sample rate {:e})", self.rate);
+        out.finish(nanos(self.time.duration_since(UNIX_EPOCH).unwrap_or_default()), nanos(self.duration), &[&comment])
+    }
+
+    /// The profile as folded stacks (`frame;frame;frame value` lines, root first), the input
+    /// of flame graph tools (inferno, flamegraph.pl, speedscope), by the default sample type
+    /// (`inuse_space`, or `alloc_space` for [`ProfileKind::Allocs`]) in bytes. Stacks are
+    /// trimmed as in [`Profile::pprof`]; stacks of zero bytes are left out.
+    pub fn folded(&self) -> String {
+        let index = self.kind.sample_types().iter().position(|(t, _)| *t == self.kind.default_sample_type());
+        let index = index.expect("the default sample type is one of the kind's");
+        let mut out = String::new();
+        for (stack, figures) in &self.stacks {
+            let value = figures[index].round() as i64;
+            if value == 0 {
+                continue;
+            }
+            let frames = flat_frames(stack);
+            let kept: Vec<usize> = kept_of(&frames).collect();
+            for (n, &i) in kept.iter().rev().enumerate() {
+                if n > 0 {
+                    out.push(';');
+                }
+                // A `;` would split the frame.
+                out.push_str(&frames[i].function.replace(';', ","));
+            }
+            out.push_str(&format!(" {value}\n"));
+        }
+        out
+    }
+}
+
+/// One frame of a stack: a function of a location code's inlined functions.
+struct Frame<'a> {
+    code: usize,
+    location: &'a Location,
+    function: Cow<'a, str>,
+    file: Cow<'a, str>,
+}
+
+/// The frames of `stack`, innermost first (a code's inlined functions innermost first).
+fn flat_frames(stack: &StackFigures) -> Vec<Frame<'_>> {
+    let mut frames = Vec::new();
+    for (code, locations) in stack.frames.iter().enumerate() {
+        for location in locations.iter().rev() {
+            frames.push(Frame { code, location, function: location.defname_str(), file: location.filename_str() });
+        }
+    }
+    frames
+}
+
+/// The indexes of the kept `frames`, innermost first.
+fn kept_of<'a>(frames: &'a [Frame<'a>]) -> impl Iterator<Item = usize> + 'a {
+    kept_frames(frames.len(), false, false, |i| (&frames[i].function[..], &frames[i].file[..]))
+}
+
+/// An answer to an HTTP request for a profile (see [`http_response`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct HttpResponse {
+    /// The status code: 200, 400 (a malformed query), 404 (no such profile), 503 (no
+    /// session, or the writer busy).
+    pub status: u16,
+    /// The body's `Content-Type`.
+    pub content_type: &'static str,
+    /// The body: the profile, or a one-line explanation.
+    pub body: Vec<u8>,
+}
+
+/// The answer to a `GET` of `path_and_query` (`/debug/pprof/heap?seconds=10`), for a web
+/// framework's handler to return (see `examples/axum-profiles.rs`); the built-in endpoint
+/// (`MEMTRACE_HTTP`) answers the same. Paths: `/debug/pprof/heap` (what is live),
+/// `/debug/pprof/allocs` (what was allocated) and `/debug/pprof/peak` (what was live at the
+/// peak); `?seconds=N`: the delta over the next N seconds (heap and allocs, waits N
+/// seconds); `?format=folded`: folded stacks for a flame graph instead of pprof.
+pub fn http_response(path_and_query: &str) -> HttpResponse {
+    match session::profile_mailbox() {
+        Some(mailbox) => respond(&mailbox, path_and_query, |over| {
+            std::thread::sleep(over);
+            true
+        }),
+        None => text(503, "no memtrace session is running"),
+    }
+}
+
+/// [`http_response`] from the writer of `mailbox`, `wait(over)` waiting out a delta's time
+/// (false: interrupted).
+pub(crate) fn respond(mailbox: &Mailbox, path_and_query: &str, wait: impl FnOnce(Duration) -> bool) -> HttpResponse {
+    let (path, query) = path_and_query.split_once('?').unwrap_or((path_and_query, ""));
+    let kind = match path.trim_end_matches('/') {
+        "/debug/pprof/heap" => ProfileKind::Heap,
+        "/debug/pprof/allocs" => ProfileKind::Allocs,
+        "/debug/pprof/peak" => ProfileKind::Peak,
+        _ => return text(404, "no such profile: try /debug/pprof/heap, /debug/pprof/allocs or /debug/pprof/peak"),
+    };
+    let (mut seconds, mut folded) = (None, false);
+    for (name, value) in query.split('&').filter_map(|pair| pair.split_once('=')) {
+        match name {
+            "seconds" => match value.parse::<u64>() {
+                Ok(n) if n > 0 && Duration::from_secs(n) <= MAX_DELTA => seconds = Some(Duration::from_secs(n)),
+                _ => return text(400, "seconds must be a whole number from 1 to 600"),
+            },
+            "format" if value == "folded" => folded = true,
+            "format" if value == "pprof" => folded = false,
+            "format" => return text(400, "format must be pprof or folded"),
+            // Go's other parameters (gc, debug) mean nothing here.
+            _ => {}
+        }
+    }
+    let profile = match seconds {
+        Some(over) => delta(mailbox, kind, over, || wait(over)),
+        None => profile_from(mailbox, kind),
+    };
+    match profile {
+        Ok(profile) if folded => {
+            HttpResponse { status: 200, content_type: "text/plain; charset=utf-8", body: profile.folded().into_bytes() }
+        }
+        Ok(profile) => HttpResponse { status: 200, content_type: "application/octet-stream", body: profile.pprof() },
+        Err(e @ ProfileError::InvalidDelta) => text(400, &e.to_string()),
+        Err(e) => text(503, &e.to_string()),
+    }
+}
+
+fn text(status: u16, message: &str) -> HttpResponse {
+    HttpResponse { status, content_type: "text/plain; charset=utf-8", body: format!("{message}\n").into_bytes() }
+}
