@@ -25,7 +25,7 @@ pub use crate::frames::{is_allocator_frame, is_root_frame};
 pub use copy::{copy, Copied};
 pub use dump::dump;
 pub use estimate::{poisson_interval, Estimate, FEW_SAMPLES, Z};
-pub use names::short_name;
+pub use names::{frame_identity, short_name};
 pub use pass::{
     estimated_objects, short_path, Analysis, Bucket, Counts, Frame, FrameId, FrameKind, FrameTable, Measure, Options,
     Origin, Peak, Stack, StackStats, Tally, Timeline, TEMPORARY_US,

@@ -9,7 +9,7 @@
 
 use std::collections::HashMap;
 
-use super::pass::{Analysis, Frame, FrameId, Origin};
+use super::pass::{short_path, Analysis, Frame, FrameId, FrameKind, Origin};
 
 /// Longest name kept whole (in bytes); longer ones keep their two ends.
 const MAX_NAME: usize = 240;
@@ -131,6 +131,38 @@ fn shortened(frames: &[Frame]) -> (Vec<Frame>, Vec<FrameId>) {
     (merged, remap)
 }
 
+/// What a frame is, whatever the build and run that wrote it: the key by which the frames of
+/// two traces are matched (`memtrace diff`). A code frame with a source line is its file
+/// (without the machine's prefixes, [`short_path`]), line and the last segment of its name,
+/// with closures spelt one way: line-tables-only debug info names inlined functions without
+/// their path (`reserve_entries`), fuller debug info with it
+/// (`indexmap::map::core::reserve_entries`), and `{{closure}}` or `{closure#0}` by the
+/// demangling. Other code frames are their name (object+offset names are the same in every
+/// run). A thread the runtime named after its id (`thread-12345`, which changes from run to
+/// run) is any such thread.
+pub fn frame_identity(frame: &Frame) -> String {
+    match frame.kind() {
+        FrameKind::Thread => {
+            let unnamed =
+                frame.function.strip_prefix("thread-").is_some_and(|id| id.bytes().all(|b| b.is_ascii_digit()));
+            if unnamed {
+                "thread thread-*".to_string()
+            } else {
+                frame.label()
+            }
+        }
+        FrameKind::Span => frame.label(),
+        FrameKind::Code if frame.file.is_empty() => frame.function.clone(),
+        FrameKind::Code => {
+            let name = short_name(&frame.function);
+            let last = name.rsplit_once("::").map_or(name.as_str(), |(_, last)| last);
+            let last =
+                if last.starts_with("{{closure}}") || last.starts_with("{closure#") { "{closure}" } else { last };
+            format!("{}:{}:{last}", short_path(&frame.file), frame.line)
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -154,6 +186,31 @@ mod tests {
             ("Stdlib.(<>)", "Stdlib.(<>)"),
         ] {
             assert_eq!(short_name(long), short, "{long}");
+        }
+    }
+
+    #[test]
+    fn a_function_is_one_frame_across_debug_levels_and_runs() {
+        let frame = |function: &str, file: &str, line| Frame { function: function.into(), file: file.into(), line };
+        let registry = "/home/u/.cargo/registry/src/index.crates.io-1949cf8c6b5b557f/indexmap-2.7.0/src/map/core.rs";
+        for (a, b) in [
+            (
+                frame("reserve_entries<K, V>", registry, 228),
+                frame("indexmap::map::core::reserve_entries", registry, 228),
+            ),
+            (frame("{closure#0}", "src/app.rs", 7), frame("app::run::{{closure}}", "src/app.rs", 7)),
+            (frame("libc.so.6+0x2724a", "/lib/libc.so.6", 0), frame("libc.so.6+0x2724a", "/lib/libc.so.6", 0)),
+            (frame("thread-12906", "<thread>", 0), frame("thread-19103", "<thread>", 0)),
+        ] {
+            assert_eq!(frame_identity(&a), frame_identity(&b), "{a:?} {b:?}");
+        }
+        for (a, b) in [
+            (frame("reserve_entries", "src/a.rs", 228), frame("reserve_entries", "src/a.rs", 229)),
+            (frame("app::f", "src/a.rs", 1), frame("app::g", "src/a.rs", 1)),
+            (frame("main", "<thread>", 0), frame("thread-1", "<thread>", 0)),
+            (frame("main", "<thread>", 0), frame("main", "", 0)),
+        ] {
+            assert_ne!(frame_identity(&a), frame_identity(&b), "{a:?} {b:?}");
         }
     }
 

@@ -273,7 +273,20 @@ for (const name of BROWSERS) describe(name, () => {
       const cli = execFileSync(env('MEMTRACE_BIN'), ['hotspots', env('STARTUP_TRACE')]).toString().split('\n').slice(2).filter((l) => /^ +\d/.test(l));
       assert.deepEqual(cli.map((l) => { const [, samples, site] = /^ *\S+ \S+ +\S+ +\S+ +(\d+) +\S+ +(.*)$/.exec(l); return [site, samples]; }), rows);
       const titles = (await all(page, '#flamegraph-svg g title', 'e.textContent')).map((t) => t.split(' — ')[0]);
-      assert.deepEqual(titles.sort(), ['all', 'app::run (src/app.rs:20)', 'std::rt::lang_start_internal (library/std/src/rt.rs:1)', '_start', 'main'].sort());
+      const libc = 'libc.so.6+0x2724a (/lib/x86_64-linux-gnu/libc.so.6:1)';
+      assert.deepEqual(titles.sort(), ['all', 'thread main', 'app::run (src/app.rs:20)', 'std::rt::lang_start_internal (library/std/src/rt.rs:1)', '_start', 'main', libc].sort());
+      // The frames from a node out to the thread's, as the flame graph draws them.
+      const outward = async (label) => page.evaluate((label) => {
+        const title = (g) => g.querySelector('title').textContent.split(' — ')[0];
+        const gs = [...document.querySelectorAll('#flamegraph-svg g')], byNode = new Map(gs.map((g) => [g.dataset.node, g]));
+        const out = []; for (let g = gs.find((g) => title(g) === label); g && g.dataset.node !== '0'; g = byNode.get(g.dataset.parent)) out.push(title(g));
+        return out;
+      }, label);
+      // Trimmed: the outermost frame under the thread is the program's own.
+      assert.deepEqual(await outward('app::run (src/app.rs:20)'), ['app::run (src/app.rs:20)', 'thread main']);
+      // Unticked, the start-up frames are back, in their order.
+      const n = await updates(page); await click(page, '#f-trim-root'); await settled(page, n);
+      assert.deepEqual(await outward('app::run (src/app.rs:20)'), ['app::run (src/app.rs:20)', 'main', libc, '_start', 'thread main']);
       assert.deepEqual(errors, []);
     } finally { await page.close(); }
   });

@@ -275,6 +275,17 @@ impl Symbolizer {
         return_addresses.iter().map(|&ra| wanted.is_some() && object(ra) == wanted).collect()
     }
 
+    /// A name for the code at `return_address` that no symbol names: the file name of the
+    /// object holding it and the address's offset in that object as linked
+    /// (`libc.so.6+0x2724a`), which is the same in every run whatever the load address and is
+    /// what `addr2line -e OBJECT` takes; with the object's path and, where it has one, its
+    /// build-id, which tell the file to symbolize it with later. `None` outside every object.
+    pub fn place_in_object(&mut self, return_address: u64) -> Option<(String, String)> {
+        self.refresh_if_changed();
+        let object = &self.objects[self.find_object(return_address.checked_sub(1)?)?];
+        Some(object_place(&object.path, object.build_id.as_deref(), return_address.wrapping_sub(object.base)))
+    }
+
     fn estimated_bytes(&self) -> usize {
         let strings: usize = self.strings.iter().map(|s| s.len() + 48).sum();
         self.objects.iter().map(|o| o.state.bytes()).sum::<usize>() + self.cache_bytes + strings
@@ -507,6 +518,18 @@ impl State {
             _ => 0,
         }
     }
+}
+
+/// The name and file [`Symbolizer::place_in_object`] gives an address at `offset` in the
+/// object at `path` with `build_id`.
+pub(super) fn object_place(path: &std::path::Path, build_id: Option<&[u8]>, offset: u64) -> (String, String) {
+    let file_name = path.file_name().unwrap_or(path.as_os_str()).to_string_lossy();
+    let mut file = path.to_string_lossy().into_owned();
+    if let Some(id) = build_id {
+        file.push_str(" build-id ");
+        file.extend(id.iter().map(|b| format!("{b:02x}")));
+    }
+    (format!("{file_name}+{offset:#x}"), file)
 }
 
 /// The answer of `raw` frames, their strings made shared by `share`.

@@ -239,12 +239,17 @@ function buildTree(results) {
     // analysis::Trim::kept): hidden frames are left out first; then allocator machinery is
     // trimmed from the inner end (trimTo: the nearest ancestor-or-self that is neither),
     // and start-up frames (analysis::is_root_frame) from the outer end: a node whose path
-    // from the outermost frame is all start-up (or hidden) frames is left out. A stack made
-    // only of allocator frames keeps them, and one made only of start-up frames too.
+    // from the outermost frame is all start-up (or hidden) frames, below the thread and span
+    // frames that stay outermost, is left out. A stack made only of allocator frames keeps
+    // them, and one made only of start-up frames too.
     const trimTo = new Int32Array(t.nNodes);
     for (let i = 1; i < t.nNodes; i++) trimTo[i] = FR.alloc[t.frame[i]] || hideFrame[t.frame[i]] ? trimTo[t.parent[i]] : i;
-    const startup = new Uint8Array(t.nNodes);
-    if (F.trimRoot) for (let i = 1; i < t.nNodes; i++) startup[i] = (FR.root[t.frame[i]] || hideFrame[t.frame[i]]) && (t.parent[i] === 0 || startup[t.parent[i]]) ? 1 : 0;
+    const outerPseudo = new Uint8Array(t.nNodes), startup = new Uint8Array(t.nNodes);
+    for (let i = 1; i < t.nNodes; i++) {
+      const p = t.parent[i], outer = p === 0 || outerPseudo[p];
+      outerPseudo[i] = FR.pseudo[t.frame[i]] && outer ? 1 : 0;
+      if (F.trimRoot) startup[i] = (FR.root[t.frame[i]] || hideFrame[t.frame[i]]) && (outer || startup[p]) ? 1 : 0;
+    }
     // Display nodes, memoised per node, and whether the path passes through the focused
     // frame: [0] with start-up frames trimmed, [1] kept.
     const focus = flame.focus;
@@ -519,7 +524,7 @@ function drawFlame() {
     const label = i === 0 ? (DIFF ? 'all (B − A)' : 'all') : frameLabel(tr.frame[i]);
     const text = `${label} — ${fmtM(val(tr, i))}${DIFF ? ` (A ${fmtM(tr.tot[0][i])}, B ${fmtM(tr.tot[1][i])})` : ''}`;
     const title = text + `, ${Math.round(DIFF ? tr.totN[1][i] : tr.totN[0][i])} samples`;
-    let h = `<g data-node="${i}"${cls ? ` class="${cls}"` : ''}><rect x="${xs[i].toFixed(1)}" y="${yy}" width="${Math.max(ws[i] - 0.5, 0.5).toFixed(1)}" height="${ROW - 1}" fill="${colorFor(i)}"/><title>${esc(title)}</title>`;
+    let h = `<g data-node="${i}" data-parent="${tr.parent[i]}"${cls ? ` class="${cls}"` : ''}><rect x="${xs[i].toFixed(1)}" y="${yy}" width="${Math.max(ws[i] - 0.5, 0.5).toFixed(1)}" height="${ROW - 1}" fill="${colorFor(i)}"/><title>${esc(title)}</title>`;
     if (ws[i] > 40) {
       const maxc = Math.floor((ws[i] - 6) / 6.2); const s = text.length > maxc ? text.slice(0, Math.max(0, maxc - 1)) + '…' : text;
       h += `<text x="${(xs[i] + 3).toFixed(1)}" y="${yy + 12.5}">${esc(s)}</text>`;
