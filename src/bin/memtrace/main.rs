@@ -91,13 +91,19 @@ enum Command {
         #[command(flatten)]
         options: flamegraph::Options,
     },
-    /// Write a gzipped pprof heap profile (alloc_objects, alloc_space, inuse_objects, inuse_space).
+    /// Write a gzipped pprof heap profile (alloc_objects, alloc_space, inuse_objects, inuse_space;
+    /// in use at the peak unless --inuse-at says otherwise).
     Pprof {
         /// The trace file.
         file: PathBuf,
         /// Where to write the profile (conventionally *.pb.gz); `-` for stdout.
         #[arg(short, long)]
         output: PathBuf,
+        /// When the inuse_* sample types (pprof's default view) count what is live: at the peak
+        /// of the live estimate (the default: a finished program has often freed everything by
+        /// its end), at the end, or at a time after the start (`1.5s`, `250ms`).
+        #[arg(long, value_name = "peak|end|TIME", default_value = "peak", value_parser = pprof::parse_inuse_at)]
+        inuse_at: pprof::InuseAt,
         /// Which frames are trimmed from the stacks.
         #[command(flatten)]
         trim: args::Trim,
@@ -285,11 +291,25 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
             }
             Ok(())
         }
-        Command::Pprof { file, output, trim } => {
-            let analysis = analyse(&file, AnalysisOptions { stacks: true, live_at: None })?;
+        Command::Pprof { file, output, inuse_at, trim } => {
+            let live_at = match inuse_at {
+                pprof::InuseAt::Time(us) => Some(us),
+                _ => None,
+            };
+            let analysis = analyse(&file, AnalysisOptions { stacks: true, live_at })?;
+            if let (pprof::InuseAt::Time(us), end) = (inuse_at, analysis.duration()) {
+                if us > end {
+                    let why = format!(
+                        "--inuse-at {} is after the trace's last event, at {}",
+                        format::seconds(us),
+                        format::seconds(end)
+                    );
+                    return Err(Failure::refused(&file, why));
+                }
+            }
             let mut left_out = 0;
             to_file(&output, &[&file], |out| {
-                left_out = pprof::write(&analysis, trim.frames(), out)?;
+                left_out = pprof::write(&analysis, trim.frames(), inuse_at, out)?;
                 Ok(())
             })?;
             if left_out > 0 {
