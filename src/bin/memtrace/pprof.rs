@@ -33,7 +33,7 @@
 use std::collections::HashMap;
 use std::io::{self, Write};
 
-use memtrace_rs::analysis::{Analysis, FrameId, StackStats, Tally, Trim};
+use memtrace_rs::analysis::{Analysis, FrameId, FrameKind, StackStats, Tally, Trim};
 use prost::Message;
 
 use super::profile_proto::{Function, Line, Location, Mapping, Profile, Sample, ValueType};
@@ -175,14 +175,20 @@ pub fn profile(analysis: &Analysis, trim: Trim, inuse_at: InuseAt) -> (Profile, 
                     .iter()
                     .map(|&f| {
                         let frame = &analysis.frames[f];
-                        let key = (frame.function.clone(), frame.file.clone());
-                        let function_id = *function_ids.entry(key).or_insert_with(|| {
+                        // A thread or span pseudo-frame is named as the other outputs label
+                        // it (`thread main`), never as a function (C's `main`).
+                        let name = match frame.kind() {
+                            FrameKind::Code => frame.function.clone(),
+                            _ => frame.label(),
+                        };
+                        let key = (name, frame.file.clone());
+                        let function_id = *function_ids.entry(key.clone()).or_insert_with(|| {
                             let id = functions.len() as u64 + 1;
                             // No system name: pprof would take a name equal to it for an
                             // undemangled C++ one and shorten it (`::call_once`, `::fmt`).
                             functions.push(Function {
                                 id,
-                                name: strings.get(&frame.function),
+                                name: strings.get(&key.0),
                                 system_name: 0,
                                 filename: strings.get(&frame.file),
                                 start_line: 0,
