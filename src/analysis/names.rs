@@ -99,14 +99,18 @@ pub fn shorten(frames: &mut Vec<Frame>, code_frames: &mut HashMap<u64, Vec<Frame
 /// `frames` with their names shortened, frames that then agree merged, and the new id of
 /// each old frame.
 fn shortened(frames: &[Frame]) -> (Vec<Frame>, Vec<FrameId>) {
-    let short: Vec<String> = frames.iter().map(|f| short_name(&f.function)).collect();
+    // Span and thread names are text as written (`decode{ty=Vec<u8>}`), not function names.
+    let short: Vec<String> = frames
+        .iter()
+        .map(|f| if f.kind() == FrameKind::Code { short_name(&f.function) } else { f.function.clone() })
+        .collect();
     // For each source line, the paths of its functions by their last segment. (A
     // whole file would be too coarse: `call_once` is a dozen functions in one file.)
     let mut paths: HashMap<(&str, u32, &str), Option<&str>> = HashMap::new();
     for (frame, name) in frames.iter().zip(&short) {
         if let Some((_, last)) = name.rsplit_once("::") {
             paths
-                .entry((frame.file.as_str(), frame.line, last))
+                .entry((frame.file.as_str(), frame.line, closure_spelt_one_way(last)))
                 .and_modify(|p| *p = p.filter(|p| *p == name.as_str()))
                 .or_insert(Some(name.as_str()));
         }
@@ -114,7 +118,7 @@ fn shortened(frames: &[Frame]) -> (Vec<Frame>, Vec<FrameId>) {
     let named: Vec<&str> = frames
         .iter()
         .zip(&short)
-        .map(|(frame, name)| match paths.get(&(frame.file.as_str(), frame.line, name.as_str())) {
+        .map(|(frame, name)| match paths.get(&(frame.file.as_str(), frame.line, closure_spelt_one_way(name))) {
             Some(Some(path)) if !name.contains("::") => path,
             _ => name.as_str(),
         })
@@ -145,6 +149,16 @@ fn shortened(frames: &[Frame]) -> (Vec<Frame>, Vec<FrameId>) {
         })
         .collect();
     (merged, remap)
+}
+
+/// A closure's name segment as `{closure}`, however the demangler (`{{closure}}`) or the debug
+/// info (`{closure#0}`) spelt it; any other segment as it is.
+fn closure_spelt_one_way(segment: &str) -> &str {
+    if segment.starts_with("{{closure}}") || segment.starts_with("{closure#") {
+        "{closure}"
+    } else {
+        segment
+    }
 }
 
 /// A bare Rust function name (`{closure#0}`, `next`, `from_iter`: line-tables-only debug info
@@ -203,9 +217,7 @@ pub fn frame_identity(frame: &Frame) -> String {
         FrameKind::Code if frame.file.is_empty() => frame.function.clone(),
         FrameKind::Code => {
             let name = short_name(&frame.function);
-            let last = name.rsplit_once("::").map_or(name.as_str(), |(_, last)| last);
-            let last =
-                if last.starts_with("{{closure}}") || last.starts_with("{closure#") { "{closure}" } else { last };
+            let last = closure_spelt_one_way(name.rsplit_once("::").map_or(name.as_str(), |(_, last)| last));
             format!("{}:{}:{last}", short_path(&frame.file), frame.line)
         }
     }
@@ -276,6 +288,26 @@ mod tests {
             names,
             ["app::a::{closure#0}", "app::b::{closure#0}", "app::b::Walk::next", "next", "from_elem", "from_elem"]
         );
+        // A closure inlined (`{closure#0}`, from the debug info) and out of line (named by its
+        // symbol) at one line is one frame.
+        let (merged, _) = shortened(&[
+            frame("{closure#0}", "/work/app/src/a.rs", 3),
+            frame("app::run::{{closure}}", "/work/app/src/a.rs", 3),
+        ]);
+        assert_eq!(merged.iter().map(|f| f.function.as_str()).collect::<Vec<_>>(), ["app::run::{{closure}}"]);
+    }
+
+    #[test]
+    fn span_and_thread_names_are_kept_as_written() {
+        let frame = |function: &str, file: &str| Frame { function: function.into(), file: file.into(), line: 1 };
+        let (merged, _) = shortened(&[
+            frame("decode{ty=Vec<u8>}", "<span>src/codec.rs"),
+            frame("decode{ty=Vec<String>}", "<span>src/codec.rs"),
+            frame("pool<2>", "<thread>"),
+            frame("decode<u8>", "src/codec.rs"),
+        ]);
+        let names: Vec<&str> = merged.iter().map(|f| f.function.as_str()).collect();
+        assert_eq!(names, ["decode{ty=Vec<u8>}", "decode{ty=Vec<String>}", "pool<2>", "decode"]);
     }
 
     #[test]

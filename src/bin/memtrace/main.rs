@@ -377,6 +377,11 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
                 }
                 traces.push(trace);
             }
+            if let Some(span) = options.span.as_deref() {
+                if !frames.frames.iter().any(|f| f.is_span(span)) {
+                    return Err(Failure::refused(&file, report::no_such_span(span, &frames)));
+                }
+            }
             // The names the other subcommands show (Analysis::shorten_names).
             if !full_names && traces.iter().all(report::TraceData::is_rust) {
                 let remap = frames.shorten_names();
