@@ -234,6 +234,9 @@ pub fn write_svg(title: &str, folded: &Folded, out: &mut impl Write) -> io::Resu
     options.count_name = "bytes".to_string();
     options.colors = inferno::flamegraph::Palette::Basic(inferno::flamegraph::color::BasicPalette::Mem);
     options.deterministic = true;
+    // A label too long for its frame keeps its start, the function's name, not its end (the
+    // line number).
+    options.text_truncate_direction = inferno::flamegraph::TextTruncateDirection::Right;
     options.factor = folded.unit();
     inferno::flamegraph::from_lines(&mut options, folded.lines.iter().map(String::as_str), out)
 }
