@@ -21,7 +21,7 @@ mod timeline;
 
 use std::cell::Cell;
 use std::fmt;
-use std::io::{self, BufWriter, Write};
+use std::io::{self, BufWriter, IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::rc::Rc;
@@ -239,6 +239,19 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
         Command::Hotspots { file, options } => {
             let mut analysis = analyse(&file, AnalysisOptions { stacks: true, live_at: None })?;
             let filter = options.filter.filter();
+            if let Some(filter::LiveAt::Time(at)) = filter.live {
+                // As `flamegraph --live-at` and `pprof --inuse-at`: a time past the end is a
+                // mistake, not the end.
+                let end = analysis.duration();
+                if at > end {
+                    let why = format!(
+                        "--live-at {} is after the trace's last event, at {}",
+                        format::seconds(at),
+                        format::seconds(end)
+                    );
+                    return Err(Failure::refused(&file, why));
+                }
+            }
             if filter.selects() {
                 if options.ranking.by.figure != args::Figure::Allocated {
                     let why = "--by cannot be combined with filter flags: say --live-at peak or --live-at end";
@@ -292,6 +305,10 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
             Ok(())
         }
         Command::Pprof { file, output, inuse_at, trim } => {
+            if output.as_os_str() == "-" && io::stdout().is_terminal() {
+                let why = "the profile is gzip, not for a terminal: say -o FILE or send stdout to a file or pipe";
+                Cli::command().error(clap::error::ErrorKind::InvalidValue, why).exit();
+            }
             let live_at = match inuse_at {
                 pprof::InuseAt::Time(us) => Some(us),
                 _ => None,
@@ -343,8 +360,15 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
                 let total = diff::total(&a, &b, &options);
                 if diff::exceeds(&total, limit) {
                     let unit = if options.per_second { "/s" } else { "" };
+                    let allowed = match limit {
+                        diff::Limit::Bytes(bytes) => format!("{}{unit}", format::bytes(bytes)),
+                        diff::Limit::Percent(p) => {
+                            format!("{p}% of the base, {}{unit}", format::bytes(total.base.value * p / 100.0))
+                        }
+                    };
                     eprintln!(
-                        "memtrace: {}: {} grew by {}{unit} (±{}{unit}) from {}, more than the limit allows",
+                        "memtrace: {}: {} grew by {}{unit} (±{}{unit}) from {}, more than the limit of {allowed}, \
+                         beyond the sampling noise",
                         new.display(),
                         options.ranking.by.describe(),
                         format::bytes(total.delta()),
