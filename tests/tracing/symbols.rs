@@ -44,6 +44,23 @@ pub(super) fn child(role: &str) {
             // SAFETY: nothing of the library is used after this.
             unsafe { libc::dlclose(handle) };
         }
+        "symbols:dlopen-churn" => {
+            let libraries = std::env::var(SECOND_FILE_VAR).unwrap();
+            let (alpha, beta) = libraries.split_once(':').unwrap();
+            // Alpha, loaded before the start, stays; beta, a plugin, is loaded, called back and
+            // closed at once, again and again.
+            let (kept, _) = call_library(alpha, "alpha_calls", allocate_from_alpha);
+            let _guard = trace_if_requested();
+            for _ in 0..200 {
+                call_library(alpha, "alpha_calls", allocate_from_alpha);
+                let (handle, _) = call_library(beta, "beta_calls", allocate_from_beta);
+                // SAFETY: nothing of the library is used after this.
+                assert_eq!(unsafe { libc::dlclose(handle) }, 0);
+            }
+            // SAFETY: nothing of the library is used after this (the trace is written at exit,
+            // from the program's frames and the libraries' names already taken).
+            black_box(kept);
+        }
         "symbols:fork" => fork_while_symbolizing(),
         #[cfg(debug_assertions)]
         "symbols:fork-in-loader" => fork_while_in_the_loader(),
@@ -311,6 +328,47 @@ fn libraries_loaded_while_tracing_are_named_and_unloads_forgotten() {
     // Else the case the test is for, names of an unloaded library's range, was not exercised.
     let same = std::fs::read_to_string(format!("{}.same", alpha.display())).unwrap();
     assert_eq!(same, "1", "beta was loaded elsewhere than at alpha's address");
+    let _ = std::fs::remove_file(&path);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A plugin host: a library loaded before the start, and another loaded after it, called back
+/// at rate 1 and closed at once, 200 times over: the frames of both are named, the second's
+/// although the writer names most of them after its unload.
+#[test]
+fn a_library_unloaded_at_once_keeps_its_names() {
+    let dir = temp_path("dlopen-churn").with_extension("d");
+    std::fs::create_dir_all(&dir).unwrap();
+    let (Some(alpha), Some(beta)) = (build_library(&dir, "alpha", false), build_library(&dir, "beta", false)) else {
+        assert!(std::env::var_os("CI").is_none(), "no C compiler under CI");
+        eprintln!("no C compiler: not checked");
+        return;
+    };
+    let path = temp_path("dlopen-churn");
+    let libraries = format!("{}:{}", alpha.display(), beta.display());
+    let out = run(
+        "symbols:dlopen-churn",
+        &[("MEMTRACE_FILE", path.to_str().unwrap()), ("MEMTRACE_RATE", "1"), (SECOND_FILE_VAR, &libraries)],
+    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let trace = Trace::read(&path);
+    let (mut samples, mut unnamed) = ([0u64; 2], [0u64; 2]);
+    for a in trace.allocs.values() {
+        let names: Vec<Location> = trace.frames(a).flatten().cloned().collect();
+        for (k, (caller, library)) in
+            [("allocate_from_alpha", "alpha_calls"), ("allocate_from_beta", "beta_calls")].iter().enumerate()
+        {
+            if names.iter().any(|l| l.defname_str().ends_with(caller)) {
+                samples[k] += a.nsamples;
+                if !names.iter().any(|l| l.defname_str() == *library) {
+                    unnamed[k] += a.nsamples;
+                }
+            }
+        }
+    }
+    eprintln!("samples from alpha, beta: {samples:?}; of which unnamed: {unnamed:?}");
+    assert!(samples.iter().all(|&n| n > 1000), "{samples:?}");
+    assert_eq!(unnamed, [0, 0], "frames left unnamed of {samples:?}");
     let _ = std::fs::remove_file(&path);
     let _ = std::fs::remove_dir_all(&dir);
 }
