@@ -693,8 +693,9 @@ fn frames_that_addr2line_names_are_named() {
 /// - `hotspots --stacks` holds no start-up frame (the C library's, named by object and offset,
 ///   or the standard library's) and no raw address: each stack's outermost code frame is the
 ///   program's `main`;
-/// - two runs of one build, and the two builds, diff to nothing beyond the sampling noise: a
-///   function is one frame across runs (load addresses) and debug levels (bare or full names);
+/// - two runs of one build, and the two builds, diff to nothing beyond the sampling noise (all
+///   stacks matched, each within twice its margin): a function is one frame across runs (load
+///   addresses) and debug levels (bare or full names);
 /// - `go tool pprof -top` of the line-tables build (with no flags: in-use space at the peak)
 ///   is not empty, and every function in it has a path: no bare inlined name (`{closure#0}`,
 ///   `call_once`) for pprof to merge across files.
@@ -737,9 +738,22 @@ fn release_stacks_read_right_across_runs_and_debug_levels() {
         let mains = frames.iter().filter(|f| f.starts_with("memtrace_release_sites::main ")).count();
         assert_eq!(mains, sites, "every stack's outermost frame is main:\n{stacks}");
     }
+    // Every stack of one run matches one of the other, and differs by no more than sampling
+    // noise: within twice its 95% margin (a false alarm once in some ten thousand stacks,
+    // where the 95% margin alone would give one in twenty).
+    let bytes = |number: &str, unit: &str| -> f64 {
+        let scale = ["B", "KiB", "MiB", "GiB"].iter().position(|u| *u == unit).unwrap();
+        number.trim_start_matches(['+', '-', '±']).parse::<f64>().unwrap() * 1024f64.powi(scale as i32)
+    };
     for (base, new) in [(&runs[0], &runs[1]), (&runs[0], &runs[2])] {
-        let diff = cli(&["diff", "--stacks", &p(base), &p(new)]);
-        assert!(diff.lines().next().unwrap().ends_with(" 0 beyond the sampling noise"), "{diff}");
+        let diff = cli(&["diff", "--stacks", "--top", "1000", &p(base), &p(new)]);
+        for row in diff.lines().skip(2) {
+            // Base, new, change and margin, each a number and a unit, then the stack.
+            let words: Vec<&str> = row.split_whitespace().take(8).collect();
+            let [before, after, change, margin] = [0, 2, 4, 6].map(|i| bytes(words[i], words[i + 1]));
+            assert!(before > 0.0 && after > 0.0, "unmatched:\n{row}\n{diff}");
+            assert!(change <= 2.0 * margin, "beyond the noise:\n{row}\n{diff}");
+        }
     }
     let (profile, whole) = (temp_path("release-stacks.pb.gz"), temp_path("release-stacks-whole.pb.gz"));
     cli(&["pprof", &p(&runs[0]), "-o", &p(&profile)]);
