@@ -74,14 +74,41 @@ pub fn is_allocator_frame(function: &str, file: &str) -> bool {
         || LIBRARY_FILES.iter().any(|p| file.contains(p))
 }
 
-/// C start-up and thread entry points, matched exactly.
-const C_ROOTS: [&str; 8] =
-    ["_start", "__libc_start_main", "__libc_start_call_main", "start_thread", "clone", "clone3", "__clone", "__clone3"];
+/// C start-up and thread entry points, matched exactly; and `__rust_try`, the function without
+/// debug info that std's `catch_unwind` calls through.
+const C_ROOTS: [&str; 9] = [
+    "_start",
+    "__libc_start_main",
+    "__libc_start_call_main",
+    "start_thread",
+    "clone",
+    "clone3",
+    "__clone",
+    "__clone3",
+    "__rust_try",
+];
 
-/// Prefixes (after any leading `<`) of the standard library's code that runs `main` or a
-/// spawned thread's closure: the runtime's start, panic catching, the thread spawn
-/// closures and the `FnOnce` calls between them.
-const RUST_ROOT_PREFIXES: [&str; 9] = [
+/// File names of the C libraries (glibc's libc and, before 2.34, its libpthread; musl's), whose
+/// frames at the outer end of a stack are the code that starts the program or a thread. Their
+/// start-up functions are local: with no symbol table (Debian's libc has only its exports) they
+/// are named by object and offset (`libc.so.6+0x2724a`).
+const C_LIBRARIES: [&str; 4] = ["libc.so", "libc-", "libpthread", "ld-musl-"];
+
+/// Whether `function` names code by its object and offset (`libc.so.6+0x2724a`, see
+/// `Symbolizer::place_in_object`), in an object of the C library.
+fn is_c_library_offset(function: &str) -> bool {
+    function.rsplit_once("+0x").is_some_and(|(object, offset)| {
+        !offset.is_empty()
+            && offset.bytes().all(|b| b.is_ascii_hexdigit())
+            && C_LIBRARIES.iter().any(|library| object.starts_with(library))
+    })
+}
+
+/// Prefixes (after any leading `<`) of the code that runs `main`, a spawned thread's closure
+/// or an async task: the standard library's start, panic catching, thread spawn closures and
+/// the `FnOnce` calls between them; tokio's scheduler and task harness, which poll a task's
+/// future on a worker thread; `tracing`'s `Instrumented` wrapper around a future.
+const RUST_ROOT_PREFIXES: [&str; 14] = [
     "std::rt::",
     "std::panicking::",
     "std::panic::",
@@ -89,10 +116,20 @@ const RUST_ROOT_PREFIXES: [&str; 9] = [
     "std::sys::thread::",
     "std::thread::",
     "core::ops::function::",
+    "core::panic::",
+    "tokio::runtime::",
+    "tokio::task::",
+    "tokio::loom::",
+    "tracing::instrument::Instrumented",
     "alloc::boxed::Box<dyn core::ops::function::FnOnce",
     // The same with its generic arguments elided (`analysis::short_name`).
     "alloc::boxed::Box as core::ops::function::FnOnce",
 ];
+
+/// Crates (the start of their source directory's name) and parts of the source paths in them of
+/// the same code: tokio's scheduler and task harness, `tracing`'s instrumented futures.
+const CRATE_ROOT_FILES: [(&str, &[&str]); 2] =
+    [("/tokio-1.", &["/src/runtime/", "/src/task/", "/src/loom/"]), ("/tracing-0.1.", &["/src/instrument.rs"])];
 
 /// Source paths of the same code (line-tables-only debug info names inlined frames without
 /// their path: `lang_start`, `call_once`, `{closure#0}`), and of the C library's start-up.
@@ -121,8 +158,10 @@ pub fn is_root_frame(function: &str, file: &str) -> bool {
     let c_main = function == "main" && (file.is_empty() || file == "<unknown>");
     c_main
         || C_ROOTS.contains(&function)
+        || is_c_library_offset(function)
         || RUST_ROOT_PREFIXES.iter().any(|p| path.starts_with(p))
         || ROOT_FILES.iter().any(|p| file.contains(p))
+        || CRATE_ROOT_FILES.iter().any(|(krate, parts)| file.contains(krate) && parts.iter().any(|p| file.contains(p)))
 }
 
 /// Whether a frame is a span or thread pseudo-frame (see `span_table`),

@@ -247,7 +247,11 @@ pub fn parse_time(s: &str) -> std::result::Result<u64, String> {
 /// Parse `LO:HI`, two times.
 pub fn parse_range(s: &str) -> std::result::Result<(u64, u64), String> {
     let (lo, hi) = s.split_once(':').ok_or_else(|| format!("not a range: {s:?} (say 150ms:450ms)"))?;
-    Ok((parse_time(lo)?, parse_time(hi)?))
+    let (lo, hi) = (parse_time(lo)?, parse_time(hi)?);
+    if lo > hi {
+        return Err(format!("not a range: {s:?} ends before it starts (say LO:HI, LO no later than HI)"));
+    }
+    Ok((lo, hi))
 }
 
 /// Parse a size: bytes, or a number with a unit (`B`, `KiB`/`K`, `MiB`/`M`, `GiB`/`G`).

@@ -117,6 +117,11 @@ for (const name of BROWSERS) describe(name, () => {
       assert.match(await text(page, '#peak-label'), /peak 660 KiB at 319ms/);
       assert.equal(+(await attr(page, '#flamegraph-svg', 'data-total')), 1060 * KiB);
       assert.match(await text(page, '#filter-totals'), /170 of 170 blocks, 1\.04 MiB \(1060 samples\)/);
+      // The live curve reaches the peak it labels (which falls between two of its points), and
+      // with no filter set its legend says so.
+      assert.equal(+(await attr(page, '#timeline-svg', 'data-live-max')), +(await attr(page, '#timeline-svg', 'data-peak-bytes')));
+      assert.equal(+(await attr(page, '#timeline-svg', 'data-peak-bytes')), 660 * KiB);
+      assert.match(await text(page, '#timeline-legend'), /^live: max 660 KiB$/);
 
       // Drag on the chart from 150 ms to 450 ms: 'allocated between'.
       const box = await (await page.$('#timeline-svg')).boundingBox();
@@ -270,11 +275,28 @@ for (const name of BROWSERS) describe(name, () => {
     const { page, errors } = await open(browser, env('STARTUP_HTML'));
     try {
       const rows = (await cells(page, '#sites tbody tr')).map((r) => [r[0], r[4]]);
-      assert.deepEqual(rows, [['app::run (src/app.rs:20)', '5'], ['std::rt::lang_start_internal (library/std/src/rt.rs:1)', '3']]);
+      assert.deepEqual(rows, [['app::parse (src/app.rs:40)', '50'], ['app::run (src/app.rs:20)', '5'], ['std::rt::lang_start_internal (library/std/src/rt.rs:1)', '3']]);
+      // The live curve reaches the peak it labels, though the peak lasts a microsecond, far
+      // less than the chart's step.
+      assert.equal(+(await attr(page, '#timeline-svg', 'data-peak-bytes')), 58 * 800);
+      assert.equal(+(await attr(page, '#timeline-svg', 'data-live-max')), 58 * 800);
       const cli = execFileSync(env('MEMTRACE_BIN'), ['hotspots', env('STARTUP_TRACE')]).toString().split('\n').slice(2).filter((l) => /^ +\d/.test(l));
       assert.deepEqual(cli.map((l) => { const [, samples, site] = /^ *\S+ \S+ +\S+ +\S+ +(\d+) +\S+ +(.*)$/.exec(l); return [site, samples]; }), rows);
       const titles = (await all(page, '#flamegraph-svg g title', 'e.textContent')).map((t) => t.split(' — ')[0]);
-      assert.deepEqual(titles.sort(), ['all', 'app::run (src/app.rs:20)', 'std::rt::lang_start_internal (library/std/src/rt.rs:1)', '_start', 'main'].sort());
+      const libc = 'libc.so.6+0x2724a (/lib/x86_64-linux-gnu/libc.so.6:1)';
+      assert.deepEqual(titles.sort(), ['all', 'thread main', 'app::parse (src/app.rs:40)', 'app::run (src/app.rs:20)', 'std::rt::lang_start_internal (library/std/src/rt.rs:1)', '_start', 'main', libc].sort());
+      // The frames from a node out to the thread's, as the flame graph draws them.
+      const outward = async (label) => page.evaluate((label) => {
+        const title = (g) => g.querySelector('title').textContent.split(' — ')[0];
+        const gs = [...document.querySelectorAll('#flamegraph-svg g')], byNode = new Map(gs.map((g) => [g.dataset.node, g]));
+        const out = []; for (let g = gs.find((g) => title(g) === label); g && g.dataset.node !== '0'; g = byNode.get(g.dataset.parent)) out.push(title(g));
+        return out;
+      }, label);
+      // Trimmed: the outermost frame under the thread is the program's own.
+      assert.deepEqual(await outward('app::run (src/app.rs:20)'), ['app::run (src/app.rs:20)', 'thread main']);
+      // Unticked, the start-up frames are back, in their order.
+      const n = await updates(page); await click(page, '#f-trim-root'); await settled(page, n);
+      assert.deepEqual(await outward('app::run (src/app.rs:20)'), ['app::run (src/app.rs:20)', 'main', libc, '_start', 'thread main']);
       assert.deepEqual(errors, []);
     } finally { await page.close(); }
   });

@@ -271,3 +271,54 @@ fn short_and_long_help_agree() {
     assert_eq!(first(&short), first(&long), "-h and --help begin differently");
     assert!(short.starts_with("Analyse memtrace traces"), "{short}");
 }
+
+/// The edges of the command line's options, made consistent: a time past the trace's end is
+/// refused by every option that takes one; a time has units everywhere; a range that ends
+/// before it starts is refused; a gzip profile is not written to a terminal; ranking by span
+/// a trace without spans says why there are none; figures read as English ("1 sample", the
+/// column named after what is ranked); `--fail-above` says the limit it compared against.
+#[test]
+fn option_edges_are_consistent() {
+    let dir = tempfile::tempdir().unwrap();
+    let known = write_trace(dir.path(), "known.ctf", &known_trace());
+    // The known trace lasts 70 µs.
+    expect_failure(
+        &["hotspots", "{}", "--live-at", "1s"],
+        &known,
+        &["--live-at 1.000000 s", "after the trace's last event"],
+    );
+    expect_failure(&["pprof", "{}", "-o", "x.pb.gz", "--inuse-at", "1s"], &known, &["after the trace's last event"]);
+    let folded = dir.path().join("at.folded");
+    let folded = folded.to_str().unwrap();
+    memtrace_ok(dir.path(), &["flamegraph", known.to_str().unwrap(), "--folded", "--live-at", "25us", "-o", folded]);
+    assert!(std::fs::read_to_string(folded).unwrap().contains("app::load"), "25 µs in, load's block is live");
+    let o = memtrace(&["hotspots", known.to_str().unwrap(), "--allocated-between", "5ms:1ms"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("ends before it starts"), "{}", stderr(&o));
+
+    let by_span = memtrace_ok(dir.path(), &["hotspots", known.to_str().unwrap(), "--by", "span"]);
+    assert!(by_span.lines().nth(1).unwrap().ends_with("  span"), "{by_span}");
+    assert!(by_span.contains("note: the trace has no spans"), "{by_span}");
+    let mut one = TraceBuilder::new();
+    one.alloc(10, 1, &[4, 1]);
+    let one = write_trace(dir.path(), "one.ctf", &one.finish());
+    let hotspots = memtrace_ok(dir.path(), &["hotspots", one.to_str().unwrap()]);
+    assert!(hotspots.lines().next().unwrap().ends_with(" in 1 sample"), "{hotspots}");
+
+    let mut grown = TraceBuilder::new();
+    grown.alloc(10, 1000, &[4, 1]);
+    let grown = write_trace(dir.path(), "grown.ctf", &grown.finish());
+    let o = memtrace(&["diff", one.to_str().unwrap(), grown.to_str().unwrap(), "--fail-above", "10%"]);
+    assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
+    assert!(stderr(&o).contains("more than the limit of 10% of the base, 80 B, beyond"), "{}", stderr(&o));
+
+    // A terminal, as `script` gives one.
+    let command = format!("{} pprof {} -o -", env!("CARGO_BIN_EXE_memtrace"), known.display());
+    match Command::new("script").args(["-qec", &command, "/dev/null"]).output() {
+        Ok(o) => {
+            let shown = String::from_utf8_lossy(&o.stdout);
+            assert!(!o.status.success() && shown.contains("not for a terminal"), "{shown}");
+        }
+        Err(_) => eprintln!("no script (util-linux): the terminal case is not checked"),
+    }
+}

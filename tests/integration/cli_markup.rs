@@ -98,6 +98,35 @@ fn svgs_are_well_formed() {
     assert!(chart.contains("peak 6.2 KiB at 40 µs"), "the peak is marked");
 }
 
+/// A label too long for its frame is cut at its end: it starts with the function's name. The
+/// SVG's script writes the labels as it loads: Chromium runs it (`--dump-dom`).
+#[test]
+fn flame_graph_labels_keep_their_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let long = "app::reader::a_function_with_a_name_long_enough_to_be_cut";
+    let mut t = TraceBuilder::new();
+    t.alloc_with(10, 90, &[4, 1], locations);
+    t.alloc_with(20, 30, &[7, 1], |code| if code == 7 { location_at(long, "src/reader.rs") } else { locations(code) });
+    write_trace(dir.path(), "long.ctf", &t.finish());
+    output(dir.path(), "flamegraph", "long.ctf", "flame.svg", &[]);
+    let url = format!("file://{}", dir.path().join("flame.svg").display());
+    let dumped = std::process::Command::new("chromium")
+        .args(["--headless", "--no-sandbox", "--disable-gpu", "--dump-dom", &url])
+        .output();
+    let Ok(dumped) = dumped else {
+        assert!(std::env::var_os("CI").is_none(), "no chromium under CI");
+        return eprintln!("no chromium: not checked");
+    };
+    let dom = String::from_utf8_lossy(&dumped.stdout);
+    let labels: Vec<&str> = dom.split("<text ").filter_map(|t| t.split_once('>')?.1.split('<').next()).collect();
+    let cut: Vec<&str> = labels.iter().copied().filter(|l| l.ends_with("..") && l.len() > 2).collect();
+    assert!(!cut.is_empty(), "no label was cut: {labels:?}");
+    for label in cut {
+        assert!(label.starts_with("app::") || long.starts_with(label.trim_end_matches('.')), "{label} of {labels:?}");
+    }
+    assert!(labels.iter().any(|l| l.starts_with("app::reader::a_fun")), "{labels:?}");
+}
+
 #[test]
 fn timeline_csv() {
     let dir = tempfile::tempdir().unwrap();

@@ -73,21 +73,44 @@ fn known_trace_profile() {
     assert_eq!(p.mapping.len(), 1);
     assert_eq!(string(&p, p.mapping[0].filename), "/usr/bin/test-app");
 
+    // In use: live at the peak (40 µs: parse's second block and load's), by default.
     let samples = samples(&p);
     assert_eq!(
         samples,
         vec![
-            (expect(&PARSE), vec![200, 5600, 0, 0]),
-            (expect(&LOAD), vec![100, 2400, 0, 0]),
-            (expect(&REHASH), vec![100, 800, 100, 800]),
+            (expect(&PARSE), vec![200, 5600, 100, 4000]),
+            (expect(&LOAD), vec![100, 2400, 100, 2400]),
+            (expect(&REHASH), vec![100, 800, 0, 0]),
         ]
     );
+    assert!(p.comment.iter().any(|&c| string(&p, c).ends_with("what is live at the peak of the live estimate")));
     // One location per distinct code, with the code as its address.
     assert_eq!(p.location.len(), 8);
     let mut addresses: Vec<u64> = p.location.iter().map(|l| l.address).collect();
     addresses.sort();
     assert_eq!(addresses, (1..=8).collect::<Vec<_>>());
     assert!(p.location.iter().all(|l| l.mapping_id == 1 && l.line.len() == 1));
+}
+
+/// `--inuse-at` chooses when the in-use sample types count what is live: at the end, or at a
+/// time; a time past the trace's end is refused, as `flamegraph --live-at` refuses it.
+#[test]
+fn in_use_at_the_end_or_at_a_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = write_trace(dir.path(), "known.ctf", &known_trace());
+    let inuse = |at: &str| -> Vec<Vec<i64>> {
+        let p = round_trip(&trace, &["--keep-allocator-frames", "--inuse-at", at]);
+        let moment = string(&p, *p.comment.last().unwrap()).to_string();
+        assert!(moment.contains(if at == "end" { "the end of the trace" } else { "after the start" }), "{moment}");
+        p.sample.iter().map(|s| s.value[2..].to_vec()).collect()
+    };
+    // PARSE, LOAD, REHASH: only rehash's block is live at the end; at 25 µs, parse's first
+    // block and load's.
+    assert_eq!(inuse("end"), [vec![0, 0], vec![0, 0], vec![100, 800]]);
+    assert_eq!(inuse("25us"), [vec![100, 1600], vec![100, 2400], vec![0, 0]]);
+    let run = memtrace(dir.path(), &["pprof", trace.to_str().unwrap(), "-o", "late.pb.gz", "--inuse-at", "1s"]);
+    assert!(!run.status.success() && run.stderr.contains("after the trace's last event"), "{}", run.stderr);
+    assert!(!dir.path().join("late.pb.gz").exists());
 }
 
 #[test]
@@ -99,9 +122,9 @@ fn allocator_frames_are_trimmed_by_default() {
     assert_eq!(
         samples,
         vec![
-            (expect(&PARSE[2..]), vec![200, 5600, 0, 0]),
-            (expect(&LOAD[1..]), vec![100, 2400, 0, 0]),
-            (expect(&REHASH[1..]), vec![100, 800, 100, 800]),
+            (expect(&PARSE[2..]), vec![200, 5600, 100, 4000]),
+            (expect(&LOAD[1..]), vec![100, 2400, 100, 2400]),
+            (expect(&REHASH[1..]), vec![100, 800, 0, 0]),
         ]
     );
     assert_eq!(p.location.len(), 4, "one location per kept code");
@@ -111,7 +134,7 @@ fn allocator_frames_are_trimmed_by_default() {
 #[test]
 fn upstream_profile_keeps_totals_and_inlined_frames() {
     let a = upstream("ocamlopt");
-    let p = round_trip(&data("ocamlopt.ctf"), &[]);
+    let p = round_trip(&data("ocamlopt.ctf"), &["--inuse-at", "end"]);
     assert_eq!(p.sample.len(), a.stacks.len());
     let total = |i: usize| p.sample.iter().map(|s| s.value[i]).sum::<i64>();
     assert_eq!(total(1), 670_400_000, "alloc_space: 1676 samples of 400000 bytes");
@@ -136,6 +159,10 @@ fn go_pprof_shows_full_names_and_no_allocator_frame_on_top() {
         println!("skipped: go is not installed");
         return;
     };
+    let flat: Vec<&str> = rows.iter().filter(|(flat, _)| flat != "0").map(|(_, name)| name.as_str()).collect();
+    assert_eq!(flat, ["app::parse", "app::load"], "{rows:?}");
+    // With no flags pprof opens on in-use space, here at the peak: not empty.
+    let rows = pprof_top(&dir.path().join("trimmed.pb.gz"), &[]).unwrap();
     let flat: Vec<&str> = rows.iter().filter(|(flat, _)| flat != "0").map(|(_, name)| name.as_str()).collect();
     assert_eq!(flat, ["app::parse", "app::load"], "{rows:?}");
     // With every frame kept, pprof must show the names whole: given a system name equal to

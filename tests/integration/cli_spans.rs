@@ -143,7 +143,9 @@ fn the_command_line_ranks_draws_reports_and_diffs_by_span() {
     assert_eq!(blocks, "2");
     assert_eq!(report(&["--span", "http_request{route=/api/users}"]).1, "1");
     assert_eq!(report(&["--span", "encode"]).1, "1");
-    assert_eq!(report(&["--span", "nothing"]).1, "0");
+    // A span the trace does not have is refused (`span_text_is_kept_and_taken_back`).
+    let run = cli::memtrace(dir.path(), &["report", path, "-o", "nothing.html", "--span", "nothing"]);
+    assert!(!run.status.success() && run.stderr.contains("no span has this name"), "{}", run.stderr);
     assert_eq!(report(&[]).1, "3");
 
     let new = write_trace(dir.path(), "spans-new.ctf", &trace(true));
@@ -169,4 +171,37 @@ fn pprof_trims_start_up_frames_below_spans_and_threads() {
     assert!(!users.iter().any(|f| f.contains("lang_start")), "{users:?}");
     assert!(users.last().is_some_and(|f| f == "thread worker-0"), "{users:?}");
     assert!(users.iter().any(|f| f.starts_with("app::")), "{users:?}");
+}
+
+/// A span's description is shown as written (its field values keep their `<…>`), so that two
+/// spans that differ only there stay two, and the text shown is text `report --span` takes; a
+/// span the trace does not have is refused, saying which it has.
+#[test]
+fn span_text_is_kept_and_taken_back() {
+    const BYTES: u64 = 0xFFFF_0000_0000_0010;
+    const STRINGS: u64 = 0xFFFF_0000_0000_0011;
+    let locations = |code| match code {
+        BYTES => cli::location_on_line("decode{ty=Vec<u8>}", &format!("{SPAN_FILE_PREFIX}src/codec.rs"), 5),
+        STRINGS => cli::location_on_line("decode{ty=Vec<String>}", &format!("{SPAN_FILE_PREFIX}src/codec.rs"), 5),
+        code => locations(code),
+    };
+    let mut writer = Writer::new(Vec::new(), &info()).unwrap();
+    for (at, nsamples, span) in [(10, 3, BYTES), (20, 5, STRINGS)] {
+        let stack = [4, 2, 1, span, MAIN];
+        let alloc = NewAlloc { length: nsamples, nsamples, source: AllocSource::External, callstack: &stack, drop: 0 };
+        writer.put_alloc(0, START + at, &alloc, locations).unwrap();
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let trace = write_trace(dir.path(), "spans.ctf", &writer.close().unwrap());
+    let path = trace.to_str().unwrap();
+    let spans = memtrace_ok(dir.path(), &["hotspots", path, "--by", "span"]);
+    assert!(spans.contains("span decode{ty=Vec<String>} (src/codec.rs:5)"), "{spans}");
+    assert!(spans.contains("span decode{ty=Vec<u8>} (src/codec.rs:5)"), "{spans}");
+    memtrace_ok(dir.path(), &["report", path, "--span", "decode{ty=Vec<u8>}", "-o", "u8.html"]);
+    let page = std::fs::read_to_string(dir.path().join("u8.html")).unwrap();
+    assert!(page.contains("inside span decode{ty=Vec"), "the title names the span");
+    let run = cli::memtrace(dir.path(), &["report", path, "--span", "decode{ty=Vec}", "-o", "none.html"]);
+    assert!(!run.status.success(), "{}", run.stderr);
+    assert!(run.stderr.contains("`decode{ty=Vec<String>}`, `decode{ty=Vec<u8>}`"), "{}", run.stderr);
+    assert!(!dir.path().join("none.html").exists());
 }

@@ -25,6 +25,8 @@ mod cli_markup;
 #[cfg(feature = "cli")]
 mod cli_pprof;
 #[cfg(feature = "cli")]
+mod cli_real_stacks;
+#[cfg(feature = "cli")]
 mod cli_robustness;
 #[cfg(feature = "cli")]
 mod cli_sample_app;

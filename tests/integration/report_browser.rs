@@ -232,9 +232,11 @@ fn the_page_shows_the_known_figures_in_a_browser() {
     }
 }
 
-/// A trace with start-up frames: one stack made only of them (and the allocator), whose
-/// site is then its innermost start-up frame, and one through `app::run`, whose site is
-/// `app::run`.
+/// A trace with start-up frames below the thread's pseudo-frame (the C `main`, the C
+/// library's start-up code named by object and offset as Debian's libc leaves it, `_start`):
+/// one stack made only of them (and the allocator), whose site is then its innermost start-up
+/// frame, and one through `app::run`, whose site is `app::run`; and the trace's peak, a block of
+/// `app::parse` live for a microsecond.
 fn startup_trace() -> Vec<u8> {
     use crate::util::cli::{location_at, locations, TraceBuilder};
     let startup = |code| match code {
@@ -244,11 +246,16 @@ fn startup_trace() -> Vec<u8> {
         ),
         21 => location_at("_start", ""),
         22 => location_at("main", ""),
+        23 => location_at("libc.so.6+0x2724a", "/lib/x86_64-linux-gnu/libc.so.6"),
+        24 => location_at("main", "<thread>"),
         code => locations(code),
     };
     let mut t = TraceBuilder::new();
-    t.alloc_with(10, 3, &[6, 20, 22, 21], startup);
-    t.alloc_with(20, 5, &[6, 2, 22, 21], startup);
+    t.alloc_with(10, 3, &[6, 20, 22, 23, 21, 24], startup);
+    t.alloc_with(20, 5, &[6, 2, 22, 23, 21, 24], startup);
+    // The peak: 50 samples more, live for 1 µs a second in, between two points of the chart.
+    let brief = t.alloc_with(1_000_000, 50, &[6, 4, 2, 22, 23, 21, 24], startup);
+    t.free(1_000_001, brief);
     t.finish()
 }
 

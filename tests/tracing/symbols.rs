@@ -2,7 +2,7 @@
 //! libraries, forks while the writer symbolizes, start-up with little memory, and a release
 //! build's frames against binutils' `addr2line`.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::ffi::CString;
 use std::hint::black_box;
 use std::os::unix::process::CommandExt;
@@ -43,6 +43,23 @@ pub(super) fn child(role: &str) {
             std::thread::sleep(Duration::from_secs(1));
             // SAFETY: nothing of the library is used after this.
             unsafe { libc::dlclose(handle) };
+        }
+        "symbols:dlopen-churn" => {
+            let libraries = std::env::var(SECOND_FILE_VAR).unwrap();
+            let (alpha, beta) = libraries.split_once(':').unwrap();
+            // Alpha, loaded before the start, stays; beta, a plugin, is loaded, called back and
+            // closed at once, again and again.
+            let (kept, _) = call_library(alpha, "alpha_calls", allocate_from_alpha);
+            let _guard = trace_if_requested();
+            for _ in 0..200 {
+                call_library(alpha, "alpha_calls", allocate_from_alpha);
+                let (handle, _) = call_library(beta, "beta_calls", allocate_from_beta);
+                // SAFETY: nothing of the library is used after this.
+                assert_eq!(unsafe { libc::dlclose(handle) }, 0);
+            }
+            // SAFETY: nothing of the library is used after this (the trace is written at exit,
+            // from the program's frames and the libraries' names already taken).
+            black_box(kept);
         }
         "symbols:fork" => fork_while_symbolizing(),
         #[cfg(debug_assertions)]
@@ -311,6 +328,47 @@ fn libraries_loaded_while_tracing_are_named_and_unloads_forgotten() {
     // Else the case the test is for, names of an unloaded library's range, was not exercised.
     let same = std::fs::read_to_string(format!("{}.same", alpha.display())).unwrap();
     assert_eq!(same, "1", "beta was loaded elsewhere than at alpha's address");
+    let _ = std::fs::remove_file(&path);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A plugin host: a library loaded before the start, and another loaded after it, called back
+/// at rate 1 and closed at once, 200 times over: the frames of both are named, the second's
+/// although the writer names most of them after its unload.
+#[test]
+fn a_library_unloaded_at_once_keeps_its_names() {
+    let dir = temp_path("dlopen-churn").with_extension("d");
+    std::fs::create_dir_all(&dir).unwrap();
+    let (Some(alpha), Some(beta)) = (build_library(&dir, "alpha", false), build_library(&dir, "beta", false)) else {
+        assert!(std::env::var_os("CI").is_none(), "no C compiler under CI");
+        eprintln!("no C compiler: not checked");
+        return;
+    };
+    let path = temp_path("dlopen-churn");
+    let libraries = format!("{}:{}", alpha.display(), beta.display());
+    let out = run(
+        "symbols:dlopen-churn",
+        &[("MEMTRACE_FILE", path.to_str().unwrap()), ("MEMTRACE_RATE", "1"), (SECOND_FILE_VAR, &libraries)],
+    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let trace = Trace::read(&path);
+    let (mut samples, mut unnamed) = ([0u64; 2], [0u64; 2]);
+    for a in trace.allocs.values() {
+        let names: Vec<Location> = trace.frames(a).flatten().cloned().collect();
+        for (k, (caller, library)) in
+            [("allocate_from_alpha", "alpha_calls"), ("allocate_from_beta", "beta_calls")].iter().enumerate()
+        {
+            if names.iter().any(|l| l.defname_str().ends_with(caller)) {
+                samples[k] += a.nsamples;
+                if !names.iter().any(|l| l.defname_str() == *library) {
+                    unnamed[k] += a.nsamples;
+                }
+            }
+        }
+    }
+    eprintln!("samples from alpha, beta: {samples:?}; of which unnamed: {unnamed:?}");
+    assert!(samples.iter().all(|&n| n > 1000), "{samples:?}");
+    assert_eq!(unnamed, [0, 0], "frames left unnamed of {samples:?}");
     let _ = std::fs::remove_file(&path);
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -627,4 +685,110 @@ fn frames_that_addr2line_names_are_named() {
     }
     assert!(named_by_binutils > 5, "{named_by_binutils} frames named by addr2line");
     let _ = std::fs::remove_file(&path);
+}
+
+/// Whole stacks of the release builds of a small program, through the `memtrace` command line:
+/// a build with line tables only (the recommended profile) and one with `debug = 1`, each run
+/// twice.
+/// - `hotspots --stacks` holds no start-up frame (the C library's, named by object and offset,
+///   or the standard library's) and no raw address: each stack's outermost code frame is the
+///   program's `main`;
+/// - two runs of one build, and the two builds, diff to nothing beyond the sampling noise (all
+///   stacks matched, each within twice its margin): a function is one frame across runs (load
+///   addresses) and debug levels (bare or full names);
+/// - `go tool pprof -top` of the line-tables build (with no flags: in-use space at the peak)
+///   is not empty, and every function in it has a path: no bare inlined name (`{closure#0}`,
+///   `call_once`) for pprof to merge across files.
+#[test]
+fn release_stacks_read_right_across_runs_and_debug_levels() {
+    let Some(memtrace) = option_env!("CARGO_BIN_EXE_memtrace") else {
+        eprintln!("the memtrace command line is not built (feature cli): not checked");
+        return;
+    };
+    let Some(fixture) = release_sites_fixture() else { return };
+    let line_tables = build_release_sites(&fixture, &[("LTO", "off"), ("OPT_LEVEL", "3")]);
+    let debug_1 = build_release_sites(&fixture, &[("LTO", "off"), ("OPT_LEVEL", "3"), ("DEBUG", "1")]);
+    let traced = |program: &Path, name: &str| {
+        let path = temp_path(name);
+        let out =
+            Command::new(program).env("MEMTRACE_FILE", &path).env("MEMTRACE_RATE", "0.01").output().expect("run it");
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        path
+    };
+    let cli = |args: &[&str]| {
+        let out = Command::new(memtrace).args(args).output().expect("run memtrace");
+        assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let p = |path: &Path| path.to_str().unwrap().to_string();
+    let runs = [
+        traced(&line_tables, "release-stacks-a"),
+        traced(&line_tables, "release-stacks-b"),
+        traced(&debug_1, "release-stacks-debug-1"),
+    ];
+    for run in &runs {
+        let stacks = cli(&["hotspots", "--stacks", "--top", "1000", "--frames", "1000", &p(run)]);
+        let frames: Vec<&str> = stacks.lines().skip(2).map(|l| l.split("  ").last().unwrap().trim()).collect();
+        for frame in &frames {
+            let start_up = ["lang_start", "__rust_begin_short_backtrace", "_start", "libc.so", "0x7f", "main (<"];
+            assert!(!start_up.iter().any(|s| frame.contains(s)), "{frame}:\n{stacks}");
+        }
+        // The last line of each stack (before the next's figures) is its outermost frame.
+        let sites = stacks.lines().skip(2).filter(|l| !l.starts_with("      ")).count();
+        let mains = frames.iter().filter(|f| f.starts_with("memtrace_release_sites::main ")).count();
+        assert_eq!(mains, sites, "every stack's outermost frame is main:\n{stacks}");
+    }
+    // Every stack of one run matches one of the other, and differs by no more than sampling
+    // noise: within twice its 95% margin (a false alarm once in some ten thousand stacks,
+    // where the 95% margin alone would give one in twenty).
+    let bytes = |number: &str, unit: &str| -> f64 {
+        let scale = ["B", "KiB", "MiB", "GiB"].iter().position(|u| *u == unit).unwrap();
+        number.trim_start_matches(['+', '-', '±']).parse::<f64>().unwrap() * 1024f64.powi(scale as i32)
+    };
+    for (base, new) in [(&runs[0], &runs[1]), (&runs[0], &runs[2])] {
+        let diff = cli(&["diff", "--stacks", "--top", "1000", &p(base), &p(new)]);
+        for row in diff.lines().skip(2) {
+            // Base, new, change and margin, each a number and a unit, then the stack.
+            let words: Vec<&str> = row.split_whitespace().take(8).collect();
+            let [before, after, change, margin] = [0, 2, 4, 6].map(|i| bytes(words[i], words[i + 1]));
+            assert!(before > 0.0 && after > 0.0, "unmatched:\n{row}\n{diff}");
+            assert!(change <= 2.0 * margin, "beyond the noise:\n{row}\n{diff}");
+        }
+    }
+    let (profile, whole) = (temp_path("release-stacks.pb.gz"), temp_path("release-stacks-whole.pb.gz"));
+    cli(&["pprof", &p(&runs[0]), "-o", &p(&profile)]);
+    // With every frame kept: the standard library's, inlined into the program's, bring the bare
+    // names of line tables (`call_once`, `with_capacity_in` of `Vec` and of `RawVec`).
+    cli(&["pprof", &p(&runs[0]), "-o", &p(&whole), "--keep-root-frames", "--keep-allocator-frames"]);
+    // `go tool pprof -top` with `args`: the output and its rows past the five figures.
+    let top = |profile: &Path, args: &[&str]| -> Option<(String, Vec<String>)> {
+        let out = Command::new("go").args(["tool", "pprof", "-top"]).args(args).arg(profile).output().ok()?;
+        let top = String::from_utf8(out.stdout).unwrap();
+        let rows = top.lines().skip_while(|l| !l.trim_start().starts_with("flat")).skip(1);
+        let names = rows.map(|row| row.split_whitespace().skip(5).collect::<Vec<_>>().join(" ")).collect();
+        Some((top, names))
+    };
+    let Some((shown, rows)) = top(&profile, &[]) else {
+        assert!(std::env::var_os("CI").is_none(), "go is not installed");
+        return;
+    };
+    assert!(rows.len() >= 2, "an empty profile:\n{shown}");
+    // pprof merges functions by name: no name may stand for functions of two files.
+    let (shown, rows) = top(&whole, &["-filefunctions", "-sample_index=alloc_space"]).unwrap();
+    let mut files_of: HashMap<&str, HashSet<&str>> = HashMap::new();
+    for row in &rows {
+        let row = row.strip_suffix(" (inline)").unwrap_or(row);
+        let (name, file) = match row.rfind(" /") {
+            Some(at) => (&row[..at], &row[at + 1..]),
+            None => row.rsplit_once(' ').unwrap(),
+        };
+        files_of.entry(name).or_default().insert(file);
+    }
+    assert!(files_of.len() > 10, "{shown}");
+    for (name, files) in files_of {
+        assert_eq!(files.len(), 1, "{name} names functions of {files:?}:\n{shown}");
+    }
+    for path in runs.iter().chain([&profile, &whole]) {
+        let _ = std::fs::remove_file(path);
+    }
 }

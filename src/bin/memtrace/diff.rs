@@ -1,8 +1,9 @@
 //! `memtrace diff`: the sites whose estimated bytes changed between two traces, those
 //! beyond the sampling noise first, and an optional regression gate for CI.
 //!
-//! Sites are matched by their labels (function, file and line), so the two traces may come
-//! from different builds or runs of the program. A change is beyond the noise when it is
+//! Sites are matched frame by frame by what each frame is ([`frame_identity`]: its file, line and
+//! function, however the build's debug info spelt it; a thread named after its id as any such
+//! thread), so the two traces may come from different builds or runs of the program. A change is beyond the noise when it is
 //! larger than its 95 % margin: the sample counts of both sides are Poisson, so the change
 //! of `n_new × b_new − n_base × b_base` bytes (`b` the bytes per sample of each trace) has
 //! a standard deviation of about `√(n_new × b_new² + n_base × b_base²)`.
@@ -15,7 +16,7 @@ use std::io::{self, Write};
 use std::sync::Arc;
 
 use memtrace_rs::analysis::stacks::{FrameTrie, NodeId, ROOT};
-use memtrace_rs::analysis::{ranked, Analysis, Site, Z};
+use memtrace_rs::analysis::{frame_identity, ranked, Analysis, Site, Z};
 
 use super::args::Ranking;
 use super::format;
@@ -86,7 +87,8 @@ impl Side {
     }
 }
 
-/// The labels of the sites of both traces, as a trie of label ids.
+/// The frames of the sites of both traces, as a trie of frame ids: a frame is matched by its
+/// [`frame_identity`] and shown with the label it has where it is first seen (the base).
 #[derive(Debug, Default)]
 pub struct Names {
     labels: Vec<String>,
@@ -95,17 +97,18 @@ pub struct Names {
 }
 
 impl Names {
-    fn id(&mut self, label: String) -> usize {
+    /// The id of the frame of identity `identity`, labelled `label` if it is new.
+    fn id(&mut self, identity: String, label: impl FnOnce() -> String) -> usize {
         let next = self.labels.len();
-        *self.ids.entry(label).or_insert_with_key(|label| {
-            self.labels.push(label.clone());
+        *self.ids.entry(identity).or_insert_with(|| {
+            self.labels.push(label());
             next
         })
     }
 
-    /// The label id of each frame of `analysis`.
+    /// The id of each frame of `analysis`.
     fn of_frames(&mut self, analysis: &Analysis) -> Vec<usize> {
-        analysis.frames.iter().map(|f| self.id(f.label())).collect()
+        analysis.frames.iter().map(|f| self.id(frame_identity(f), || f.label())).collect()
     }
 
     /// The node of `site`, of one ranking of `analysis` whose frames have the label ids
@@ -119,7 +122,8 @@ impl Names {
         site_nodes: &mut Vec<Option<NodeId>>,
     ) -> NodeId {
         if site.is_empty() {
-            let id = self.id(site.label(analysis));
+            let label = site.label(analysis);
+            let id = self.id(label.clone(), || label);
             return self.trie.child(ROOT, id);
         }
         let sites = site.trie();

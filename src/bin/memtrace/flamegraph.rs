@@ -71,8 +71,9 @@ pub struct Weight {
     /// Bytes live when the total live estimate peaks.
     #[arg(long)]
     pub live_peak: bool,
-    /// Bytes live at this many seconds after the trace start.
-    #[arg(long, value_name = "SECONDS", value_parser = parse_seconds)]
+    /// Bytes live at this time after the trace start (`1.5s`, `250ms`; a plain number is
+    /// seconds).
+    #[arg(long, value_name = "TIME", value_parser = parse_seconds)]
     pub live_at: Option<f64>,
 }
 
@@ -115,12 +116,10 @@ impl Weight {
     }
 }
 
-/// A non-negative number of seconds.
+/// A time as the filters take it (`1.5s`, `250ms`, `2min`; a plain number is seconds), in
+/// seconds.
 fn parse_seconds(s: &str) -> Result<f64, String> {
-    match s.trim_end_matches('s').parse::<f64>() {
-        Ok(v) if v.is_finite() && v >= 0.0 => Ok(v),
-        _ => Err(format!("`{s}` is not a non-negative number of seconds")),
-    }
+    memtrace_rs::analysis::filter::parse_time(s).map(|us| us as f64 / 1e6)
 }
 
 /// Largest sum of the counts of folded stacks: flame-graph tools (inferno included) add the
@@ -231,6 +230,9 @@ pub fn write_svg(title: &str, folded: &Folded, out: &mut impl Write) -> io::Resu
     options.count_name = "bytes".to_string();
     options.colors = inferno::flamegraph::Palette::Basic(inferno::flamegraph::color::BasicPalette::Mem);
     options.deterministic = true;
+    // A label too long for its frame keeps its start, the function's name, not its end (the
+    // line number).
+    options.text_truncate_direction = inferno::flamegraph::TextTruncateDirection::Right;
     options.factor = folded.unit();
     inferno::flamegraph::from_lines(&mut options, folded.lines.iter().map(String::as_str), out)
 }

@@ -3,7 +3,7 @@
 use std::io::{self, Write};
 
 use memtrace_rs::analysis::filter::{self, Collected, Filter, LiveAt};
-use memtrace_rs::analysis::{inert, ranked, Analysis};
+use memtrace_rs::analysis::{inert, ranked, Analysis, FrameKind, Site};
 
 use super::args::Ranking;
 use super::format;
@@ -120,18 +120,24 @@ pub fn write(analysis: &Analysis, name: &str, options: &Options, out: &mut impl 
     };
     write!(
         out,
-        "Top {} of {} {what} of {name} by {by} (estimated): total {} in {} samples",
+        "Top {} of {} {what} of {name} by {by} (estimated): total {} in {} sample{}",
         ranked.len().min(options.ranking.top),
         ranked.len(),
         format::estimate(&total),
-        total.samples
+        total.samples,
+        if total.samples == 1 { "" } else { "s" }
     )?;
     if filter.selects() {
         writeln!(out, ", {} sampled allocations", analysis.totals().allocs)?;
     } else {
         writeln!(out)?;
     }
-    writeln!(out, "{:>12} {:>7} {:>8} {:>9} {:>10}  site", "bytes", "±95%", "%", "samples", "count")?;
+    let column = match options.ranking.by.kind {
+        FrameKind::Code => "site",
+        FrameKind::Span => "span",
+        FrameKind::Thread => "thread",
+    };
+    writeln!(out, "{:>12} {:>7} {:>8} {:>9} {:>10}  {column}", "bytes", "±95%", "%", "samples", "count")?;
     if ranked.is_empty() {
         writeln!(out, "(none: no sampled allocation counts towards {})", options.ranking.by.describe())?;
     }
@@ -163,6 +169,14 @@ pub fn write(analysis: &Analysis, name: &str, options: &Options, out: &mut impl 
     }
     if rough {
         writeln!(out, "{}", format::ROUGH_NOTE)?;
+    }
+    let kind = options.ranking.by.kind;
+    if kind != FrameKind::Code && ranked.iter().all(Site::is_empty) && !ranked.is_empty() {
+        let (what, how) = match kind {
+            FrameKind::Span => ("spans", "memtrace-rs's tracing layer (MemtraceLayer) records them"),
+            _ => ("threads", "memtrace-rs records them"),
+        };
+        writeln!(out, "note: the trace has no {what}: {how}; traces of other programs (OCaml's) have none")?;
     }
     Ok(())
 }

@@ -21,7 +21,7 @@ mod timeline;
 
 use std::cell::Cell;
 use std::fmt;
-use std::io::{self, BufWriter, Write};
+use std::io::{self, BufWriter, IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::rc::Rc;
@@ -91,13 +91,19 @@ enum Command {
         #[command(flatten)]
         options: flamegraph::Options,
     },
-    /// Write a gzipped pprof heap profile (alloc_objects, alloc_space, inuse_objects, inuse_space).
+    /// Write a gzipped pprof heap profile (alloc_objects, alloc_space, inuse_objects, inuse_space;
+    /// in use at the peak unless --inuse-at says otherwise).
     Pprof {
         /// The trace file.
         file: PathBuf,
         /// Where to write the profile (conventionally *.pb.gz); `-` for stdout.
         #[arg(short, long)]
         output: PathBuf,
+        /// When the inuse_* sample types (pprof's default view) count what is live: at the peak
+        /// of the live estimate (the default: a finished program has often freed everything by
+        /// its end), at the end, or at a time after the start (`1.5s`, `250ms`).
+        #[arg(long, value_name = "peak|end|TIME", default_value = "peak", value_parser = pprof::parse_inuse_at)]
+        inuse_at: pprof::InuseAt,
         /// Which frames are trimmed from the stacks.
         #[command(flatten)]
         trim: args::Trim,
@@ -233,6 +239,19 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
         Command::Hotspots { file, options } => {
             let mut analysis = analyse(&file, AnalysisOptions { stacks: true, live_at: None })?;
             let filter = options.filter.filter();
+            if let Some(filter::LiveAt::Time(at)) = filter.live {
+                // As `flamegraph --live-at` and `pprof --inuse-at`: a time past the end is a
+                // mistake, not the end.
+                let end = analysis.duration();
+                if at > end {
+                    let why = format!(
+                        "--live-at {} is after the trace's last event, at {}",
+                        format::seconds(at),
+                        format::seconds(end)
+                    );
+                    return Err(Failure::refused(&file, why));
+                }
+            }
             if filter.selects() {
                 if options.ranking.by.figure != args::Figure::Allocated {
                     let why = "--by cannot be combined with filter flags: say --live-at peak or --live-at end";
@@ -285,11 +304,29 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
             }
             Ok(())
         }
-        Command::Pprof { file, output, trim } => {
-            let analysis = analyse(&file, AnalysisOptions { stacks: true, live_at: None })?;
+        Command::Pprof { file, output, inuse_at, trim } => {
+            if output.as_os_str() == "-" && io::stdout().is_terminal() {
+                let why = "the profile is gzip, not for a terminal: say -o FILE or send stdout to a file or pipe";
+                Cli::command().error(clap::error::ErrorKind::InvalidValue, why).exit();
+            }
+            let live_at = match inuse_at {
+                pprof::InuseAt::Time(us) => Some(us),
+                _ => None,
+            };
+            let analysis = analyse(&file, AnalysisOptions { stacks: true, live_at })?;
+            if let (pprof::InuseAt::Time(us), end) = (inuse_at, analysis.duration()) {
+                if us > end {
+                    let why = format!(
+                        "--inuse-at {} is after the trace's last event, at {}",
+                        format::seconds(us),
+                        format::seconds(end)
+                    );
+                    return Err(Failure::refused(&file, why));
+                }
+            }
             let mut left_out = 0;
             to_file(&output, &[&file], |out| {
-                left_out = pprof::write(&analysis, trim.frames(), out)?;
+                left_out = pprof::write(&analysis, trim.frames(), inuse_at, out)?;
                 Ok(())
             })?;
             if left_out > 0 {
@@ -323,8 +360,15 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
                 let total = diff::total(&a, &b, &options);
                 if diff::exceeds(&total, limit) {
                     let unit = if options.per_second { "/s" } else { "" };
+                    let allowed = match limit {
+                        diff::Limit::Bytes(bytes) => format!("{}{unit}", format::bytes(bytes)),
+                        diff::Limit::Percent(p) => {
+                            format!("{p}% of the base, {}{unit}", format::bytes(total.base.value * p / 100.0))
+                        }
+                    };
                     eprintln!(
-                        "memtrace: {}: {} grew by {}{unit} (±{}{unit}) from {}, more than the limit allows",
+                        "memtrace: {}: {} grew by {}{unit} (±{}{unit}) from {}, more than the limit of {allowed}, \
+                         beyond the sampling noise",
                         new.display(),
                         options.ranking.by.describe(),
                         format::bytes(total.delta()),
@@ -356,6 +400,11 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
                     eprintln!("memtrace: warning: {}: {}", path.display(), describe(warning));
                 }
                 traces.push(trace);
+            }
+            if let Some(span) = options.span.as_deref() {
+                if !frames.frames.iter().any(|f| f.is_span(span)) {
+                    return Err(Failure::refused(&file, report::no_such_span(span, &frames)));
+                }
             }
             // The names the other subcommands show (Analysis::shorten_names).
             if !full_names && traces.iter().all(report::TraceData::is_rust) {

@@ -1,7 +1,11 @@
 //! `memtrace pprof`: a gzipped pprof profile in the convention of Go's heap profiles.
 //!
 //! Sample types are `alloc_objects/count`, `alloc_space/bytes`, `inuse_objects/count` and
-//! `inuse_space/bytes` ("in use" meaning live at the end of the trace); every distinct stack
+//! `inuse_space/bytes`, the last pprof's default view. "In use" means live at the peak of the
+//! trace's live estimate unless asked otherwise ([`InuseAt`]: at the end, or at a time): at
+//! the end of a finished program most of its heap is usually freed, and a default view of
+//! nothing ("Total samples = 0") tells a reader nothing. The profile's comments say which
+//! moment it is. Every distinct stack
 //! is one sample, leaf first, without the allocator frames at its leaf and the runtime's
 //! start-up frames at its root unless asked (the rule of `hotspots`). Each location code
 //! becomes one pprof location whose lines are its inlined frames (those kept), so `go tool
@@ -29,7 +33,7 @@
 use std::collections::HashMap;
 use std::io::{self, Write};
 
-use memtrace_rs::analysis::{inert_bytes, Analysis, FrameId, Trim};
+use memtrace_rs::analysis::{inert_bytes, Analysis, FrameId, FrameKind, StackStats, Tally, Trim};
 use prost::Message;
 
 use super::profile_proto::{Function, Line, Location, Mapping, Profile, Sample, ValueType};
@@ -41,6 +45,46 @@ pub const SAMPLE_TYPES: [(&str, &str); 4] =
 /// Most location ids in the samples of a profile (128 MiB of them in memory, a profile of
 /// tens of MiB).
 pub const MAX_LOCATION_IDS: usize = 16 << 20;
+
+/// When the `inuse_*` sample types count what is live.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InuseAt {
+    /// At the peak of the total live estimate.
+    Peak,
+    /// At the end of the trace.
+    End,
+    /// At this many µs after the start.
+    Time(u64),
+}
+
+impl InuseAt {
+    /// The live figure of `stats` at this moment.
+    fn live(self, stats: &StackStats) -> Tally {
+        match self {
+            InuseAt::Peak => stats.live_peak,
+            InuseAt::End => stats.live_end,
+            InuseAt::Time(_) => stats.live_at,
+        }
+    }
+
+    /// The moment, for the profile's comment.
+    fn describe(self) -> String {
+        match self {
+            InuseAt::Peak => "at the peak of the live estimate".to_string(),
+            InuseAt::End => "at the end of the trace".to_string(),
+            InuseAt::Time(us) => format!("at {} after the start", super::format::seconds(us)),
+        }
+    }
+}
+
+/// `--inuse-at`: `peak`, `end` or a time (`1.5s`, `250ms`; a plain number is seconds).
+pub fn parse_inuse_at(s: &str) -> Result<InuseAt, String> {
+    match s {
+        "peak" => Ok(InuseAt::Peak),
+        "end" => Ok(InuseAt::End),
+        t => memtrace_rs::analysis::filter::parse_time(t).map(InuseAt::Time),
+    }
+}
 
 /// The string table being built.
 #[derive(Default)]
@@ -70,7 +114,7 @@ impl Strings {
 /// The profile of `analysis`, its stacks trimmed as `trim` says (the same stack may then
 /// appear in several samples, which pprof adds up), and how many stacks were left out
 /// (see [`MAX_LOCATION_IDS`]).
-pub fn profile(analysis: &Analysis, trim: Trim) -> (Profile, usize) {
+pub fn profile(analysis: &Analysis, trim: Trim, inuse_at: InuseAt) -> (Profile, usize) {
     let mut strings = Strings::new();
     let sample_type =
         SAMPLE_TYPES.iter().map(|(t, unit)| ValueType { r#type: strings.get(t), unit: strings.get(unit) }).collect();
@@ -131,14 +175,20 @@ pub fn profile(analysis: &Analysis, trim: Trim) -> (Profile, usize) {
                     .iter()
                     .map(|&f| {
                         let frame = &analysis.frames[f];
-                        let key = (frame.function.clone(), frame.file.clone());
-                        let function_id = *function_ids.entry(key).or_insert_with(|| {
+                        // A thread or span pseudo-frame is named as the other outputs label
+                        // it (`thread main`), never as a function (C's `main`).
+                        let name = match frame.kind() {
+                            FrameKind::Code => frame.function.clone(),
+                            _ => frame.label(),
+                        };
+                        let key = (name, frame.file.clone());
+                        let function_id = *function_ids.entry(key.clone()).or_insert_with(|| {
                             let id = functions.len() as u64 + 1;
                             // No system name: pprof would take a name equal to it for an
                             // undemangled C++ one and shorten it (`::call_once`, `::fmt`).
                             functions.push(Function {
                                 id,
-                                name: strings.get(&frame.function),
+                                name: strings.get(&key.0),
                                 system_name: 0,
                                 filename: strings.get(&frame.file),
                                 start_line: 0,
@@ -156,24 +206,24 @@ pub fn profile(analysis: &Analysis, trim: Trim) -> (Profile, usize) {
             at += run;
         }
         let s = &stack.stats;
-        let value = [
-            s.allocated.objects,
-            analysis.bytes(s.allocated.samples),
-            s.live_end.objects,
-            analysis.bytes(s.live_end.samples),
-        ]
-        .iter()
-        .map(|v| v.round() as i64)
-        .collect();
+        let live = inuse_at.live(s);
+        let value =
+            [s.allocated.objects, analysis.bytes(s.allocated.samples), live.objects, analysis.bytes(live.samples)]
+                .iter()
+                .map(|v| v.round() as i64)
+                .collect();
         samples.push(Sample { location_id, value, label: Vec::new() });
     }
     let info = &analysis.info;
     let period = info.bytes_for_samples(1).round() as i64;
     let period_type = Some(ValueType { r#type: strings.get("space"), unit: strings.get("bytes") });
-    let comment = vec![strings.get(&format!(
-        "memtrace: estimated from sampled allocations (sample rate {:e}, {}-bit words)",
-        info.sample_rate, info.word_size
-    ))];
+    let comment = vec![
+        strings.get(&format!(
+            "memtrace: estimated from sampled allocations (sample rate {:e}, {}-bit words)",
+            info.sample_rate, info.word_size
+        )),
+        strings.get(&format!("memtrace: inuse_objects and inuse_space are what is live {}", inuse_at.describe())),
+    ];
     let default_sample_type = strings.get("inuse_space");
     let profile = Profile {
         sample_type,
@@ -195,9 +245,9 @@ pub fn profile(analysis: &Analysis, trim: Trim) -> (Profile, usize) {
 
 /// Write the gzipped profile of `analysis` to `out`; returns how many stacks were left out
 /// (see [`MAX_LOCATION_IDS`]).
-pub fn write(analysis: &Analysis, trim: Trim, out: impl Write) -> io::Result<usize> {
+pub fn write(analysis: &Analysis, trim: Trim, inuse_at: InuseAt, out: impl Write) -> io::Result<usize> {
     let mut gz = flate2::write::GzEncoder::new(out, flate2::Compression::default());
-    let (profile, left_out) = profile(analysis, trim);
+    let (profile, left_out) = profile(analysis, trim, inuse_at);
     gz.write_all(&profile.encode_to_vec())?;
     gz.finish()?.flush()?;
     Ok(left_out)

@@ -21,7 +21,7 @@ use std::path::PathBuf;
 
 pub use data::TraceData;
 
-use memtrace_rs::analysis::{inert, FrameTable};
+use memtrace_rs::analysis::{inert, FrameKind, FrameTable};
 
 use super::args::Trim;
 use super::format;
@@ -95,6 +95,22 @@ fn base64(data: &[u8]) -> String {
         }
     }
     out
+}
+
+/// Why `--span SPAN` selects nothing in a trace whose frames are `frames`: no span is called so,
+/// and which spans there are (or that the trace has none, as a trace not written by
+/// memtrace-rs with its tracing layer).
+pub fn no_such_span(span: &str, frames: &FrameTable) -> String {
+    let mut names: Vec<&str> =
+        frames.frames.iter().filter(|f| f.kind() == FrameKind::Span).map(|f| f.function.as_str()).collect();
+    names.sort_unstable();
+    names.dedup();
+    if names.is_empty() {
+        return format!("--span {span}: the trace has no spans (they come from memtrace-rs's tracing layer)");
+    }
+    let shown = names.iter().take(20).map(|n| format!("`{n}`")).collect::<Vec<_>>().join(", ");
+    let more = if names.len() > 20 { format!(" and {} more", names.len() - 20) } else { String::new() };
+    format!("--span {span}: no span has this name or description; the trace's spans are {shown}{more}")
 }
 
 #[cfg(test)]

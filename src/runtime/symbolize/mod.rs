@@ -152,14 +152,16 @@ pub(crate) fn options_from_env() -> Options {
 /// contains the code, then one per inlined function, without the allocator shim and what is
 /// inlined into it when the shim is itself inlined, shortened to fit a location record
 /// ([`location_codec::shorten_to_fit`]). An address with no symbol gives one location named
-/// after the address.
+/// after its object and its offset there ([`Symbolizer::place_in_object`]), or after the
+/// address itself when it is in no object.
 pub fn symbolize(symbolizer: &mut Symbolizer, addr: u64) -> Arc<[Location]> {
-    locations(addr, symbolizer.symbolize(addr))
+    let answer = symbolizer.symbolize(addr);
+    locations(addr, answer, symbolizer)
 }
 
 /// The locations of the code at return address `addr` whose functions are `answer`, as
 /// [`symbolize`] gives them.
-fn locations(addr: u64, answer: symbolizer::Answer) -> Arc<[Location]> {
+fn locations(addr: u64, answer: symbolizer::Answer, symbolizer: &mut Symbolizer) -> Arc<[Location]> {
     let unknown_file: Arc<[u8]> = Arc::from(&b"<unknown>"[..]);
     let mut locations: Vec<Location> = answer
         .iter()
@@ -173,12 +175,13 @@ fn locations(addr: u64, answer: symbolizer::Answer) -> Arc<[Location]> {
         })
         .collect();
     if locations.is_empty() {
+        let (name, file) = symbolizer.place_in_object(addr).unzip();
         locations.push(Location {
-            filename: unknown_file,
+            filename: file.map_or(unknown_file, |f| f.into_bytes().into()),
             line: 0,
             start_char: 0,
             end_char: 0,
-            defname: format!("{addr:#x}").into_bytes().into(),
+            defname: name.unwrap_or_else(|| format!("{addr:#x}")).into_bytes().into(),
         });
     }
     drop_inlined_shim(&mut locations);
@@ -326,5 +329,53 @@ mod tests {
         let locations = symbolize(&mut Symbolizer::new(), 8);
         assert_eq!(locations.len(), 1);
         assert_eq!(locations[0].defname_str(), "0x8");
+    }
+
+    /// Code that no symbol names (a library stripped of its symbol table and debug info, as
+    /// Debian's libc is of its local functions) is named after its object and its offset there,
+    /// the address less the object's load address, with the object's path and build-id.
+    #[test]
+    fn code_without_a_symbol_is_named_by_object_and_offset() {
+        use std::os::unix::ffi::OsStrExt;
+        let dir = std::env::temp_dir().join(format!("symbolize-place-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let source = dir.join("place.c");
+        std::fs::write(
+            &source,
+            "static int hidden(int x) { return x * 7; }\nvoid *hidden_address(void) { return (void *)hidden; }\n",
+        )
+        .unwrap();
+        let library = dir.join("libplace.so");
+        let built = std::process::Command::new("cc")
+            .args(["-shared", "-fPIC", "-O1", "-s", "-Wl,--build-id", "-o"])
+            .arg(&library)
+            .arg(&source)
+            .status();
+        if !built.is_ok_and(|s| s.success()) {
+            assert!(std::env::var_os("CI").is_none(), "no C compiler under CI");
+            eprintln!("skipped: no C compiler");
+            return;
+        }
+        let path = std::ffi::CString::new(library.as_os_str().as_bytes()).unwrap();
+        // SAFETY: NUL-terminated strings; the library has no constructors, and `hidden_address`
+        // takes nothing and returns a pointer.
+        let (hidden, base) = unsafe {
+            let handle = libc::dlopen(path.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL);
+            assert!(!handle.is_null(), "dlopen {library:?}");
+            let f = libc::dlsym(handle, c"hidden_address".as_ptr());
+            assert!(!f.is_null());
+            let hidden_address: extern "C" fn() -> *mut libc::c_void = std::mem::transmute(f);
+            let hidden = hidden_address() as u64;
+            let mut info: libc::Dl_info = std::mem::zeroed();
+            assert_ne!(libc::dladdr(hidden as *const libc::c_void, &mut info), 0);
+            (hidden, info.dli_fbase as u64)
+        };
+        // A return address a few bytes into `hidden`.
+        let locations = symbolize(&mut Symbolizer::new(), hidden + 2);
+        assert_eq!(locations.len(), 1, "{locations:?}");
+        assert_eq!(locations[0].defname_str(), format!("libplace.so+{:#x}", hidden + 2 - base));
+        let file = locations[0].filename_str();
+        assert!(file.starts_with(&format!("{} build-id ", library.display())), "{file}");
+        std::fs::remove_dir_all(&dir).ok();
     }
 }

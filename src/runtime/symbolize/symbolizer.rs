@@ -11,8 +11,10 @@
 //!   is scanned again when the loader's `dlpi_adds`/`dlpi_subs` counters moved (a `dlopen` or
 //!   `dlclose` happened), checked on every call. Objects are keyed by (path, load bias,
 //!   build-id, or device+inode where there is no build-id); an object that is gone takes its
-//!   parsed state and its cached answers with it, so code loaded later at the same addresses
-//!   gets its own names.
+//!   cached answers with it, so code loaded later at the same addresses gets its own names,
+//!   but is kept aside ([`MAX_UNLOADED`] of the last): an address that no loaded object holds
+//!   is looked up there, so that a library unloaded right after its frames were sampled
+//!   (a plugin called once and closed) still names them when the writer gets to them.
 //! * An object's file is parsed ([`object_file`]) the first time an
 //!   address in it is asked for, or before, when the writer gets ready for its first sample
 //!   ([`Symbolizer::prepare`]: the program's and the C library's).
@@ -92,8 +94,13 @@ pub struct Stats {
 /// Symbolizes addresses of the current process. Owned by one thread; `Send`, not `Sync`.
 pub struct Symbolizer {
     options: Options,
+    /// The loaded objects (in the loader's order, the program first), then those unloaded
+    /// since they were seen, most recently unloaded first.
     objects: Vec<Object>,
-    /// (start, end, index into `objects`) of every `PT_LOAD` segment, sorted by start.
+    /// How many of `objects` are loaded.
+    loaded: usize,
+    /// (start, end, index into `objects`) of every `PT_LOAD` segment of the loaded objects,
+    /// sorted by start.
     ranges: Vec<(u64, u64, usize)>,
     /// `dlpi_adds`/`dlpi_subs` at the last scan; `None` when the loader lacks them.
     counters: Option<(u64, u64)>,
@@ -127,6 +134,7 @@ impl Symbolizer {
         Symbolizer {
             options,
             objects: Vec::new(),
+            loaded: 0,
             ranges: Vec::new(),
             counters: None,
             scanned: false,
@@ -202,9 +210,12 @@ impl Symbolizer {
         }
         let index = index?;
         let frames = self.lookup_in(index, pc);
-        let id = self.objects[index].id;
-        self.cache_bytes += 64 + frames.as_ref().map_or(0, |f| f.len() * std::mem::size_of::<Frame>());
-        self.cache.insert(pc, (id, frames.clone()));
+        // An unloaded object's answers are not kept: another object may be loaded there next.
+        if index < self.loaded {
+            let id = self.objects[index].id;
+            self.cache_bytes += 64 + frames.as_ref().map_or(0, |f| f.len() * std::mem::size_of::<Frame>());
+            self.cache.insert(pc, (id, frames.clone()));
+        }
         self.enforce_budget(index);
         frames
     }
@@ -275,15 +286,32 @@ impl Symbolizer {
         return_addresses.iter().map(|&ra| wanted.is_some() && object(ra) == wanted).collect()
     }
 
+    /// A name for the code at `return_address` that no symbol names: the file name of the
+    /// object holding it and the address's offset in that object as linked
+    /// (`libc.so.6+0x2724a`), which is the same in every run whatever the load address and is
+    /// what `addr2line -e OBJECT` takes; with the object's path and, where it has one, its
+    /// build-id, which tell the file to symbolize it with later. `None` outside every object.
+    pub fn place_in_object(&mut self, return_address: u64) -> Option<(String, String)> {
+        self.refresh_if_changed();
+        let object = &self.objects[self.find_object(return_address.checked_sub(1)?)?];
+        Some(object_place(&object.path, object.build_id.as_deref(), return_address.wrapping_sub(object.base)))
+    }
+
     fn estimated_bytes(&self) -> usize {
         let strings: usize = self.strings.iter().map(|s| s.len() + 48).sum();
         self.objects.iter().map(|o| o.state.bytes()).sum::<usize>() + self.cache_bytes + strings
     }
 
+    /// The object holding `pc`: a loaded one, else the one unloaded most recently that held it.
     fn find_object(&self, pc: u64) -> Option<usize> {
-        let i = self.ranges.partition_point(|r| r.0 <= pc).checked_sub(1)?;
-        let (start, end, index) = self.ranges[i];
-        (start <= pc && pc < end).then_some(index)
+        let loaded = self.ranges.partition_point(|r| r.0 <= pc).checked_sub(1).and_then(|i| {
+            let (start, end, index) = self.ranges[i];
+            (start <= pc && pc < end).then_some(index)
+        });
+        loaded.or_else(|| {
+            let mut unloaded = self.objects.iter().enumerate().skip(self.loaded);
+            unloaded.find(|(_, o)| o.segments.iter().any(|&(start, end)| start <= pc && pc < end)).map(|(i, _)| i)
+        })
     }
 
     /// Get ready for a first address before it comes: list the loaded objects and open those
@@ -335,15 +363,29 @@ impl Symbolizer {
                     segments: s.segments,
                     state: State::NotLoaded,
                     last_use: 0,
+                    unloaded_at: None,
                 }
             });
+            // Loaded again (the same file at the same address).
+            let object = Object { unloaded_at: None, ..object };
             self.objects.push(object);
         }
-        if !old.is_empty() {
+        self.loaded = self.objects.len();
+        // The objects unloaded before, in their order, after those unloaded now.
+        let mut before: Vec<Object> = Vec::new();
+        let mut now: Vec<Object> = Vec::new();
+        for object in old.into_values() {
+            if object.unloaded_at.is_some() {
+                before.push(object);
+            } else {
+                now.push(object);
+            }
+        }
+        if !now.is_empty() {
             // Unloaded: forget their answers, so that whatever is loaded at their addresses next
             // is looked up afresh.
-            self.stats.unloaded += old.len() as u64;
-            let gone: HashSet<u64> = old.values().map(|o| o.id).collect();
+            self.stats.unloaded += now.len() as u64;
+            let gone: HashSet<u64> = now.iter().map(|o| o.id).collect();
             self.cache.retain(|_, (id, _)| !gone.contains(id));
             self.cache_bytes = self
                 .cache
@@ -351,8 +393,11 @@ impl Symbolizer {
                 .map(|(_, f)| 64 + f.as_ref().map_or(0, |f| f.len() * std::mem::size_of::<Frame>()))
                 .sum();
         }
-        self.ranges = self
-            .objects
+        let scan = self.stats.scans;
+        now.iter_mut().for_each(|o| o.unloaded_at = Some(scan));
+        before.sort_by_key(|o| std::cmp::Reverse(o.unloaded_at));
+        self.objects.extend(now.into_iter().chain(before).take(MAX_UNLOADED));
+        self.ranges = self.objects[..self.loaded]
             .iter()
             .enumerate()
             .flat_map(|(i, o)| o.segments.iter().map(move |&(start, end)| (start, end, i)))
@@ -480,6 +525,10 @@ impl Symbolizer {
 /// See [`Symbolizer::enforce_budget`].
 const MIN_LOOKUPS_BEFORE_EVICTION: u64 = 256;
 
+/// How many unloaded objects are kept aside to name the frames sampled in them before they
+/// were unloaded.
+const MAX_UNLOADED: usize = 32;
+
 #[derive(Clone, PartialEq, Eq, Hash, Debug)]
 struct Key {
     path: PathBuf,
@@ -497,6 +546,8 @@ struct Object {
     segments: Vec<(u64, u64)>,
     state: State,
     last_use: u64,
+    /// The scan that found it unloaded; `None` while it is loaded.
+    unloaded_at: Option<u64>,
 }
 
 enum State {
@@ -513,6 +564,18 @@ impl State {
             _ => 0,
         }
     }
+}
+
+/// The name and file [`Symbolizer::place_in_object`] gives an address at `offset` in the
+/// object at `path` with `build_id`.
+pub(super) fn object_place(path: &std::path::Path, build_id: Option<&[u8]>, offset: u64) -> (String, String) {
+    let file_name = path.file_name().unwrap_or(path.as_os_str()).to_string_lossy();
+    let mut file = path.to_string_lossy().into_owned();
+    if let Some(id) = build_id {
+        file.push_str(" build-id ");
+        file.extend(id.iter().map(|b| format!("{b:02x}")));
+    }
+    (format!("{file_name}+{offset:#x}"), file)
 }
 
 /// The answer of `raw` frames, their strings made shared by `share`.
@@ -695,6 +758,34 @@ pub(super) mod tests {
             eprintln!("beta loaded at alpha's address");
         }
         assert!(s.stats().unloaded >= 1, "{:?}", s.stats());
+        // SAFETY: nothing of the library is used after this.
+        unsafe { libc::dlclose(hb) };
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    /// A library unloaded after the symbolizer saw it loaded still names its code (frames
+    /// sampled before the unload, named after it), and nothing of it is kept for the next
+    /// library loaded at its addresses.
+    #[test]
+    fn an_unloaded_library_still_names_its_frames() {
+        let dir = std::env::temp_dir().join(format!("symbolizer-unloaded-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (Some(a), Some(b)) = (build_so(&dir, "gone", "gone_fn"), build_so(&dir, "next", "next_fn")) else {
+            assert!(std::env::var_os("CI").is_none(), "no C compiler under CI");
+            eprintln!("skipped: no C compiler");
+            return;
+        };
+        let mut s = Symbolizer::new();
+        let (ha, fa) = dlopen_sym(&a, "gone_fn");
+        // A scan with the library loaded, as the writer's naming of other frames makes.
+        s.symbolize(known_function as *const () as usize as u64 + 1);
+        // SAFETY: nothing of the library is used after this.
+        unsafe { libc::dlclose(ha) };
+        let frames = s.symbolize_pc(fa).expect("gone_fn not named after the unload");
+        assert_eq!(innermost_name(&frames), "gone_fn");
+        assert!(s.stats().unloaded >= 1, "{:?}", s.stats());
+        let (hb, fb) = dlopen_sym(&b, "next_fn");
+        assert_eq!(innermost_name(&s.symbolize_pc(fb).expect("next_fn not named")), "next_fn");
         // SAFETY: nothing of the library is used after this.
         unsafe { libc::dlclose(hb) };
         std::fs::remove_dir_all(&dir).ok();

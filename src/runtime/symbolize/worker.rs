@@ -260,7 +260,7 @@ fn named(
     }
     if let Some((loan, desk)) = loan {
         for (k, answer) in desk.settle(loan).unwrap_or_default() {
-            locations[k] = Some(super::locations(addrs[k], answer));
+            locations[k] = Some(super::locations(addrs[k], answer, symbolizer));
         }
         // Those the helper failed to name.
         for k in 0..addrs.len() {

@@ -38,7 +38,7 @@ use serde_json::{json, Value};
 
 use memtrace_rs::analysis::blocks::{self, Block};
 use memtrace_rs::analysis::stacks::{FrameTrie, NodeId, ROOT};
-use memtrace_rs::analysis::{inert, inert_bytes, is_allocator_frame, is_root_frame, FrameTable, Origin};
+use memtrace_rs::analysis::{inert, inert_bytes, is_allocator_frame, is_root_frame, FrameKind, FrameTable, Origin};
 use memtrace_rs::trace::{Info, Reader, Warning};
 use memtrace_rs::Result;
 
@@ -262,7 +262,8 @@ pub fn write_json(
             "strings": strings, "fn": functions, "file": files, "label": label_ids,
             "line": list.iter().map(|f| f.line).collect::<Vec<_>>(),
             "alloc": list.iter().map(|f| u8::from(is_allocator_frame(&f.function, &f.file))).collect::<Vec<_>>(),
-            "root": list.iter().map(|f| u8::from(is_root_frame(&f.function, &f.file))).collect::<Vec<_>>(),
+            "root": list.iter().map(|f| u8::from(f.kind() == FrameKind::Code && is_root_frame(&f.function, &f.file))).collect::<Vec<_>>(),
+            "pseudo": list.iter().map(|f| u8::from(f.kind() != FrameKind::Code)).collect::<Vec<_>>(),
         },
         "traces": traces.iter().map(TraceData::to_json).collect::<Vec<_>>(),
     });

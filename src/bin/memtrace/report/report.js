@@ -92,6 +92,21 @@ function poisson95(n) {
   return [byar(n, -1), byar(n + 1, 1)];
 }
 const LOW = 10; // figures from fewer samples are marked
+// A step between time ticks of at least `raw` µs: 1, 2 or 5 × 10ⁿ below a second, then whole
+// seconds, minutes and hours that a clock divides into (never 100 s).
+function timeStep(raw) {
+  if (raw <= 5e5) return niceStep(raw);
+  const steps = [1, 2, 5, 10, 15, 20, 30, 60, 120, 300, 600, 900, 1200, 1800, 3600, 7200, 10800, 21600, 43200, 86400];
+  const s = steps.find((s) => raw <= s * 1e6);
+  return s ? s * 1e6 : Math.ceil(raw / 864e8) * 864e8;
+}
+// A tick's time: as fmtTime below a minute, then in minutes and seconds (`1min 30s`), never a
+// fraction of a minute.
+function fmtTick(us) {
+  if (us < 6e7) return fmtTime(us);
+  const s = Math.round(us / 1e6), h = Math.floor(s / 3600), m = Math.floor((s % 3600) / 60), sec = s % 60;
+  return [h ? `${h}h` : '', m ? `${m}min` : '', sec ? `${sec}s` : ''].filter(Boolean).join(' ') || '0s';
+}
 function niceStep(raw) { const p = Math.pow(10, Math.floor(Math.log10(raw))); const r = raw / p; return (r <= 1 ? 1 : r <= 2 ? 2 : r <= 5 ? 5 : 10) * p; }
 function el(tag, attrs, parent) { const e = document.createElementNS(SVGNS, tag); for (const k in attrs) e.setAttribute(k, attrs[k]); if (parent) parent.appendChild(e); return e; }
 
@@ -207,15 +222,29 @@ $('f-reset').addEventListener('click', () => { $('filters').reset(); trimDefault
 
 // ------------------------------------------------------------------ per-filter computation
 const NB = 600; // timeline samples
-function liveSeries(t, idx, bucketW) { // live bytes at sample times k*dt, k = 0..NB
-  const dt = DUR / NB, d = new Float64Array(NB + 2), { a, f, ns, bps } = t;
-  for (let j = 0; j < idx.length; j++) {
-    const i = idx[j]; const x = ns[i] * bps;
-    d[Math.min(NB + 1, Math.ceil(a[i] / dt))] += x;
-    if (f[i] >= 0) d[Math.min(NB + 1, Math.ceil(f[i] / dt))] -= x;
+// The live bytes of the blocks `idx` (ascending: in allocation order) over the trace: at each
+// of the NB + 1 points k·dt, the most live in the bucket ((k−1)·dt, k·dt] (at 0, at time 0),
+// so that the curve reaches every peak between two points, the labelled one included.
+// Events at one time count together, as for the command line's peak (blocks::PeakFinder).
+function liveSeries(t, idx) {
+  const dt = DUR / NB, { a, f, ns, bps } = t, out = new Float64Array(NB + 1);
+  const chosen = (t.chosen ||= new Uint8Array(t.n)); chosen.fill(0);
+  for (let j = 0; j < idx.length; j++) chosen[idx[j]] = 1;
+  // Freed blocks by free time, sorted once per trace.
+  const byFree = (t.byFree ||= Int32Array.from(Array.from({ length: t.n }, (_, i) => i).filter((i) => f[i] >= 0).sort((x, y) => f[x] - f[y])));
+  let live = 0, ja = 0, jf = 0, cur = 0;
+  for (;;) {
+    while (jf < byFree.length && !chosen[byFree[jf]]) jf++;
+    const time = Math.min(ja < idx.length ? a[idx[ja]] : Infinity, jf < byFree.length ? f[byFree[jf]] : Infinity);
+    if (time === Infinity) break;
+    const b = Math.min(NB, Math.ceil(time / dt));
+    while (cur < b) out[++cur] = live; // what is live as the bucket starts
+    for (; ja < idx.length && a[idx[ja]] === time; ja++) live += ns[idx[ja]] * bps;
+    for (; jf < byFree.length && (!chosen[byFree[jf]] || f[byFree[jf]] === time); jf++) if (chosen[byFree[jf]]) live -= ns[byFree[jf]] * bps;
+    out[b] = Math.max(out[b], live);
   }
-  const out = new Float64Array(NB + 1); let acc = 0;
-  for (let k = 0; k <= NB; k++) { acc += d[k]; out[k] = acc < 1e-6 ? 0 : acc; }
+  while (cur < NB) out[++cur] = live;
+  for (let k = 0; k <= NB; k++) if (out[k] < 1e-6) out[k] = 0;
   return out;
 }
 const allIdx = traces.map((t) => { const u = new Uint32Array(t.n); for (let i = 0; i < t.n; i++) u[i] = i; return u; });
@@ -239,12 +268,17 @@ function buildTree(results) {
     // analysis::Trim::kept): hidden frames are left out first; then allocator machinery is
     // trimmed from the inner end (trimTo: the nearest ancestor-or-self that is neither),
     // and start-up frames (analysis::is_root_frame) from the outer end: a node whose path
-    // from the outermost frame is all start-up (or hidden) frames is left out. A stack made
-    // only of allocator frames keeps them, and one made only of start-up frames too.
+    // from the outermost frame is all start-up (or hidden) frames, below the thread and span
+    // frames that stay outermost, is left out. A stack made only of allocator frames keeps
+    // them, and one made only of start-up frames too.
     const trimTo = new Int32Array(t.nNodes);
     for (let i = 1; i < t.nNodes; i++) trimTo[i] = FR.alloc[t.frame[i]] || hideFrame[t.frame[i]] ? trimTo[t.parent[i]] : i;
-    const startup = new Uint8Array(t.nNodes);
-    if (F.trimRoot) for (let i = 1; i < t.nNodes; i++) startup[i] = (FR.root[t.frame[i]] || hideFrame[t.frame[i]]) && (t.parent[i] === 0 || startup[t.parent[i]]) ? 1 : 0;
+    const outerPseudo = new Uint8Array(t.nNodes), startup = new Uint8Array(t.nNodes);
+    for (let i = 1; i < t.nNodes; i++) {
+      const p = t.parent[i], outer = p === 0 || outerPseudo[p];
+      outerPseudo[i] = FR.pseudo[t.frame[i]] && outer ? 1 : 0;
+      if (F.trimRoot) startup[i] = (FR.root[t.frame[i]] || hideFrame[t.frame[i]]) && (outer || startup[p]) ? 1 : 0;
+    }
     // Display nodes, memoised per node, and whether the path passes through the focused
     // frame: [0] with start-up frames trimmed, [1] kept.
     const focus = flame.focus;
@@ -328,13 +362,13 @@ function yAxis(c, max, fmt) {
 function xAxes(c, wall) {
   const g = el('g', { class: 'axis' }, c.svg);
   // A wall-clock label is about 80 px wide: keep its ticks far enough apart.
-  const step = niceStep(DUR / Math.max(2, Math.floor(c.pw / (wall ? 150 : 110))));
+  const step = timeStep(DUR / Math.max(2, Math.floor(c.pw / (wall ? 150 : 110))));
   el('line', { x1: c.m.l, x2: c.m.l + c.pw, y1: c.m.t + c.ph, y2: c.m.t + c.ph }, g);
   for (let t = 0; t <= DUR + 1e-9; t += step) {
     const x = c.x(t);
     el('line', { x1: x, x2: x, y1: c.m.t + c.ph, y2: c.m.t + c.ph + 4 }, g);
     const anchor = x < c.m.l + 30 ? 'start' : x > c.m.l + c.pw - 40 ? 'end' : 'middle';
-    el('text', { x, y: c.m.t + c.ph + 16, 'text-anchor': anchor }, g).textContent = fmtTime(t);
+    el('text', { x, y: c.m.t + c.ph + 16, 'text-anchor': anchor }, g).textContent = fmtTick(t);
     if (wall) {
       const d = new Date((traces[0].T.info.start_us + t) / 1000);
       const s = d.toISOString().slice(11, step < 1e6 ? 23 : 19);
@@ -376,8 +410,10 @@ function drawTimeline() {
   if (lt != null) el('line', { x1: c.x(lt), x2: c.x(lt), y1: c.m.t, y2: c.m.t + c.ph, stroke: '#d9480f', 'stroke-width': 1.5, class: 'live-at' }, c.svg);
   const fmax = Math.max(...filt.map((s) => Math.max(...s)));
   const leg = el('text', { x: c.m.l + 6, y: c.m.t + 12, id: 'timeline-legend' }, c.svg);
-  leg.textContent = `filtered: max ${fmtBytes(fmax)}${DIFF ? ' (A dashed, B solid)' : ''}`;
-  Object.assign(c.svg.dataset, { x0: c.m.l, x1: c.m.l + c.pw, t0: 0, t1: DUR, filteredMax: fmax, peakBytes: peaks[peaks.length - 1] });
+  const filtered = R.some((r, ti) => r.length < traces[ti].n);
+  leg.textContent = `${filtered ? 'filtered' : 'live'}: max ${fmtBytes(fmax)}${DIFF ? ' (A dashed, B solid)' : ''}`;
+  const liveMax = Math.max(...totalSeries[totalSeries.length - 1]);
+  Object.assign(c.svg.dataset, { x0: c.m.l, x1: c.m.l + c.pw, t0: 0, t1: DUR, filteredMax: fmax, liveMax, peakBytes: peaks[peaks.length - 1] });
   c.svg.id = 'timeline-svg';
   // drag to select
   const sel = el('rect', { y: c.m.t, height: c.ph, fill: '#1f5fbf', 'fill-opacity': 0.15, visibility: 'hidden' }, c.svg);
@@ -407,7 +443,8 @@ $('timeline').addEventListener('keydown', (e) => {
 });
 
 // ------------------------------------------------------------------ per-site live heap
-const PALETTE = ['#1f5fbf', '#d9480f', '#2b8a3e', '#ae3ec9', '#e8590c', '#1098ad', '#c2255c', '#5c940d', '#862e9c', '#495057'];
+// Ten colours that no two of look alike (Tableau 10).
+const PALETTE = ['#4e79a7', '#f28e2b', '#e15759', '#76b7b2', '#59a14f', '#edc948', '#b07aa1', '#ff9da7', '#9c755f', '#79706e'];
 function siteOfStack(t) { // per stack node: display site frame (innermost visible non-allocator frame), NO_SITE none
   const hideFrame = hiddenFrames();
   const vis = new Int32Array(t.nNodes).fill(NO_SITE), nonAlloc = new Int32Array(t.nNodes).fill(NO_SITE);
@@ -519,7 +556,7 @@ function drawFlame() {
     const label = i === 0 ? (DIFF ? 'all (B − A)' : 'all') : frameLabel(tr.frame[i]);
     const text = `${label} — ${fmtM(val(tr, i))}${DIFF ? ` (A ${fmtM(tr.tot[0][i])}, B ${fmtM(tr.tot[1][i])})` : ''}`;
     const title = text + `, ${Math.round(DIFF ? tr.totN[1][i] : tr.totN[0][i])} samples`;
-    let h = `<g data-node="${i}"${cls ? ` class="${cls}"` : ''}><rect x="${xs[i].toFixed(1)}" y="${yy}" width="${Math.max(ws[i] - 0.5, 0.5).toFixed(1)}" height="${ROW - 1}" fill="${colorFor(i)}"/><title>${esc(title)}</title>`;
+    let h = `<g data-node="${i}" data-parent="${tr.parent[i]}"${cls ? ` class="${cls}"` : ''}><rect x="${xs[i].toFixed(1)}" y="${yy}" width="${Math.max(ws[i] - 0.5, 0.5).toFixed(1)}" height="${ROW - 1}" fill="${colorFor(i)}"/><title>${esc(title)}</title>`;
     if (ws[i] > 40) {
       const maxc = Math.floor((ws[i] - 6) / 6.2); const s = text.length > maxc ? text.slice(0, Math.max(0, maxc - 1)) + '…' : text;
       h += `<text x="${(xs[i] + 3).toFixed(1)}" y="${yy + 12.5}">${esc(s)}</text>`;
@@ -708,7 +745,8 @@ function drawPoi() {
     const i = todo.shift(); const w = Math.abs(val(tr, i));
     const kids = [...tr.kids[i].values()].filter((k) => Math.abs(val(tr, k)) >= 0.05 * total).sort((p, q) => Math.abs(val(tr, q)) - Math.abs(val(tr, p)));
     if (kids.length && Math.abs(val(tr, kids[0])) >= 0.8 * w) { todo.push(kids[0]); continue; }
-    if (i > 0) out.push(i);
+    // Threads and spans are where the stacks run, not points of interest themselves.
+    if (i > 0 && !FR.pseudo[tr.frame[i]]) out.push(i);
     for (const k of kids) todo.push(k);
   }
   const path = (i) => { const p = []; for (let x = i; x > 0; x = tr.parent[x]) p.push(fnOf(tr.frame[x])); return p.reverse(); };

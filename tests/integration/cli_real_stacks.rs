@@ -1,0 +1,136 @@
+//! Whole stacks of traces written by real programs (the sample app: a main thread and a pool
+//! of workers; the tokio example: a multi-thread runtime with spans), read back in every
+//! output that shows them: no stack holds a start-up frame (the standard library's, tokio's
+//! scheduler, the C library's, named or by object and offset) or a raw address, and the
+//! outermost frame under the thread's is the program's own. The stacks of two runs of one
+//! program match, whatever the load addresses and thread ids.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use crate::util::cli::memtrace_ok;
+
+/// An example built by `cargo test` next to the test binaries.
+fn example(name: &str) -> PathBuf {
+    let deps = std::env::current_exe().unwrap().parent().unwrap().to_path_buf();
+    deps.parent().unwrap().join("examples").join(name)
+}
+
+/// Run `program` traced at `rate` into `trace`.
+fn trace_run(program: &str, rate: &str, trace: &Path) {
+    let out = Command::new(example(program))
+        .env("MEMTRACE_FILE", trace)
+        .env("MEMTRACE_RATE", rate)
+        .output()
+        .expect("run the example");
+    assert!(out.status.success(), "{program}: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// Parts of the names of the frames that start a program, a thread or a task, which no
+/// trimmed stack may hold (raw addresses and the C library by object and offset included).
+const START_UP: [&str; 14] = [
+    "lang_start",
+    "__rust_begin_short_backtrace",
+    "catch_unwind",
+    "__rust_try",
+    "thread_start",
+    "spawn_unchecked::{",
+    "__libc_start",
+    "start_thread",
+    "clone3",
+    "_start",
+    "libc.so",
+    "0x7f",
+    "tokio::runtime::scheduler::multi_thread::worker::run",
+    "tokio::runtime::task::harness",
+];
+
+fn assert_no_start_up_frame(what: &str, frame: &str) {
+    assert!(!START_UP.iter().any(|s| frame.contains(s)), "{what}: a start-up frame: {frame}");
+}
+
+/// The stacks of `hotspots --stacks` as labels (`function (file:line)`, `thread name`), each
+/// innermost first.
+fn hotspots_stacks(trace: &Path) -> Vec<Vec<String>> {
+    let args = ["hotspots", "--stacks", "--top", "10000", "--frames", "10000", "--format", "json", &p(trace)];
+    let doc: serde_json::Value = serde_json::from_str(&memtrace_ok(Path::new("."), &args)).unwrap();
+    let label = |f: &serde_json::Value| match (f["function"].as_str().unwrap(), f["file"].as_str().unwrap()) {
+        (name, "<thread>") => format!("thread {name}"),
+        (name, file) if file.starts_with("<span>") => format!("span {name}"),
+        (name, file) => format!("{name} ({file})"),
+    };
+    doc["sites"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["frames"].as_array().unwrap().iter().map(label).collect())
+        .collect()
+}
+
+fn p(path: &Path) -> String {
+    path.to_str().unwrap().to_string()
+}
+
+/// Every output's stacks of `trace`, whose program's own functions start with `program`:
+/// hotspots, folded flame graph, pprof as `go tool pprof -traces` reads it.
+fn check_stacks(trace: &Path, program: &str) {
+    let stacks = hotspots_stacks(trace);
+    assert!(stacks.len() > 3, "{stacks:?}");
+    for stack in &stacks {
+        for frame in stack {
+            assert_no_start_up_frame("hotspots --stacks", frame);
+        }
+    }
+    // The stacks of most bytes: their outermost code frame (under span and thread frames) is
+    // the program's own.
+    for stack in stacks.iter().take(3) {
+        let outermost = stack.iter().rev().find(|f| !f.starts_with("thread ") && !f.starts_with("span ")).unwrap();
+        assert!(outermost.starts_with(program), "{outermost} in {stack:?}");
+        assert!(stack.last().unwrap().starts_with("thread "), "{stack:?}");
+    }
+    let folded = memtrace_ok(Path::new("."), &["flamegraph", "--folded", &p(trace), "-o", "-"]);
+    for line in folded.lines() {
+        let (stack, _) = line.rsplit_once(' ').unwrap();
+        for frame in stack.split(';') {
+            assert_no_start_up_frame("flamegraph --folded", frame);
+        }
+    }
+    let profile = trace.with_extension("pb.gz");
+    memtrace_ok(Path::new("."), &["pprof", &p(trace), "-o", &p(&profile)]);
+    let Ok(out) = Command::new("go").args(["tool", "pprof", "-traces"]).arg(&profile).output() else {
+        assert!(std::env::var_os("CI").is_none(), "go is not installed");
+        return;
+    };
+    let traces = String::from_utf8(out.stdout).unwrap();
+    assert!(out.status.success() && traces.contains(program), "{traces}");
+    for line in traces.lines() {
+        assert_no_start_up_frame("go tool pprof -traces", line);
+    }
+}
+
+#[test]
+fn stacks_of_a_thread_pool_hold_no_start_up_frame_and_two_runs_match() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (dir.path().join("a.ctf"), dir.path().join("b.ctf"));
+    trace_run("sample-app", "1e-4", &a);
+    trace_run("sample-app", "1e-4", &b);
+    check_stacks(&a, "sample_app::");
+    // The app's pipeline runs for a set time, so its bytes differ from run to run; but every
+    // stack is matched: none is only in one run, beyond the noise, as a stack with a raw
+    // address or a thread id in it would be.
+    let diff = memtrace_ok(Path::new("."), &["diff", "--stacks", "--top", "10000", "--frames", "100", &p(&a), &p(&b)]);
+    let rows: Vec<&str> = diff.lines().skip(2).collect();
+    assert!(rows.len() >= 4, "{diff}");
+    for row in rows {
+        let (base, new) = (row[..12].trim(), row[13..25].trim());
+        assert!(row.ends_with("(within noise)") || (base != "0 B" && new != "0 B"), "unmatched:\n{row}\n{diff}");
+    }
+}
+
+#[test]
+fn stacks_of_tokio_workers_hold_no_start_up_frame() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("tokio.ctf");
+    trace_run("tokio-spans", "1e-3", &trace);
+    check_stacks(&trace, "tokio_spans::");
+}
