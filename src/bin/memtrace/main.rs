@@ -402,8 +402,10 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
                 traces.push(trace);
             }
             if let Some(span) = options.span.as_deref() {
-                if !frames.frames.iter().any(|f| f.is_span(span)) {
-                    return Err(Failure::refused(&file, report::no_such_span(span, &frames)));
+                // Taken as shown (trace text is shown inert) or raw, and never echoed raw.
+                let span = memtrace_rs::analysis::inert(span);
+                if !frames.frames.iter().any(|f| f.is_span(&span)) {
+                    return Err(Failure::refused(&file, report::no_such_span(&span, &frames)));
                 }
             }
             // The names the other subcommands show (Analysis::shorten_names).
