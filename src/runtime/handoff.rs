@@ -12,8 +12,8 @@
 //! kept chunks of the arena pinned: glibc then trimmed and re-grew the arenas differently, and
 //! the program paid in `madvise` calls and page faults in its own code.
 //!
-//! The queue is bounded, and sized for the sampling rate ([`capacity_for`]: 8 Ki messages at
-//! the default rate, 128 Ki from about 2.5e-4 on); a session at a higher rate than the
+//! The queue is bounded, and sized for the sampling rate ([`capacity_for`]: 16 Ki messages at
+//! the default rate, 128 Ki from about 1.25e-4 on); a session at a higher rate than the
 //! process's queue was made for makes a larger one. Alloc samples stop once half the capacity
 //! waits (the writer is far behind), so that frees of sampled blocks have the other half;
 //! a free that still finds the queue full is not waited for (the writer may need the loader
@@ -57,11 +57,12 @@ const MIN_CAPACITY: usize = 1 << 10;
 /// [`BACKLOG_SECONDS`] while the writer does not take from it (asleep between polls, or not
 /// scheduled on a loaded machine). While it waits for a frame's name, it takes the queue into
 /// a backlog of its own (see `writer_thread`), so a long symbolization needs no room here.
-/// Half a second, not less: allocs may take only half the queue, frees come with them, and an
-/// eighth of a second lost samples of a loop allocating and freeing 32 KiB blocks at 1e-4 on a
-/// loaded machine (`tests/tracing/estimates.rs`).
+/// A second: allocs may take only half the queue and frees come with them; an eighth of a
+/// second lost samples of a loop allocating and freeing 32 KiB blocks at 1e-4 on a loaded
+/// machine, and half a second did too with an unoptimised writer next to other tests
+/// (`tests/tracing/estimates.rs`).
 const SIZED_FOR_BYTES_PER_SECOND: f64 = 8e9;
-const BACKLOG_SECONDS: f64 = 0.5;
+const BACKLOG_SECONDS: f64 = 1.0;
 /// Frame buffers the pool holds at most: 2 MiB. The writer returns buffers when it wakes, so
 /// the pool must outlast a poll interval: with 512 buffers it ran dry at rate 1e-5 in the
 /// allocation benchmark, and each new buffer was a `calloc` on the sampled path and a
@@ -78,8 +79,8 @@ pub(crate) const STARTING_POOL: usize = 32;
 
 /// The queue capacity for sampling `rate`: [`BACKLOG_SECONDS`] of samples of a program
 /// allocating [`SIZED_FOR_BYTES_PER_SECOND`], a power of two in
-/// [`MIN_CAPACITY`]..=[`MAX_CAPACITY`]. At the default rate, 8 Ki messages (448 KiB); from
-/// about 2.5e-4 on, the maximum (7 MiB).
+/// [`MIN_CAPACITY`]..=[`MAX_CAPACITY`]. At the default rate, 16 Ki messages (896 KiB); from
+/// about 1.25e-4 on, the maximum (7 MiB).
 pub(crate) fn capacity_for(rate: f64) -> usize {
     let samples = rate * SIZED_FOR_BYTES_PER_SECOND / 8.0 * BACKLOG_SECONDS;
     let wanted = if samples.is_finite() { samples.clamp(1.0, MAX_CAPACITY as f64) as usize } else { MAX_CAPACITY };
@@ -482,8 +483,8 @@ mod tests {
 
     #[test]
     fn the_queue_is_sized_for_the_rate() {
-        assert_eq!(capacity_for(1e-5), 8 << 10);
-        assert_eq!(capacity_for(1e-4), 64 << 10);
+        assert_eq!(capacity_for(1e-5), 16 << 10);
+        assert_eq!(capacity_for(1e-4), 128 << 10);
         assert_eq!(capacity_for(1.0), MAX_CAPACITY);
         assert_eq!(capacity_for(1e-9), MIN_CAPACITY);
         assert_eq!(capacity_for(f64::NAN), MAX_CAPACITY);

@@ -234,6 +234,24 @@ fn samples_lost_with_the_writer_behind_are_recorded_and_keep_the_total() {
     assert_eq!(lost["by_cause"][0]["cause"], "<samples lost: writer behind>", "{lost}");
     assert!(lost["share"].as_f64().unwrap() > 0.1, "{lost}");
     assert_eq!(info["closed_by_writer"], true);
+    // Every view warns.
+    let report = path.with_extension("html");
+    for args in [
+        &["hotspots"][..],
+        &["timeline", "-o", "-"],
+        &["pprof", "-o", report.to_str().unwrap()],
+        &["report", "-o", report.to_str().unwrap()],
+    ] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_memtrace"))
+            .args(&args[..1])
+            .arg(&path)
+            .args(&args[1..])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success() && stderr.contains("the tracer lost"), "{args:?}: {stderr}");
+    }
+    let _ = std::fs::remove_file(&report);
     // The whole program's allocations: the site's, and the few of the test harness's child.
     let total = info["allocated"]["bytes"].as_f64().unwrap();
     assert!(

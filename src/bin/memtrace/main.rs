@@ -399,6 +399,16 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
                 for warning in &trace.warnings {
                     eprintln!("memtrace: warning: {}: {}", path.display(), describe(warning));
                 }
+                warn_if_being_written(path, trace.is_rust() && !trace.closed_by_writer);
+                if trace.lost_samples > 0 {
+                    eprintln!(
+                        "memtrace: warning: {}: the tracer lost {} samples ({:.1} % of the allocated estimate), shown \
+                         at their own sites <samples lost: ...>; live figures leave them out",
+                        path.display(),
+                        trace.lost_samples,
+                        trace.lost_samples as f64 * 100.0 / trace.all_samples.max(1) as f64
+                    );
+                }
                 traces.push(trace);
             }
             if let Some(span) = options.span.as_deref() {
@@ -434,14 +444,20 @@ fn analyse(path: &Path, mut options: AnalysisOptions, full_names: bool) -> Resul
     if let Some(lost) = describe_lost(&analysis) {
         eprintln!("memtrace: warning: {}: {lost}", path.display());
     }
-    if analysis.origin() == Origin::Rust && !analysis.closed_by_writer && memtrace_rs::trace::writer_holds_lock(path) {
+    warn_if_being_written(path, analysis.origin() == Origin::Rust && !analysis.closed_by_writer);
+    Ok(analysis)
+}
+
+/// Warn that the trace at `path` is still being written, if it is `unclosed` and its writer
+/// holds the file's lock.
+fn warn_if_being_written(path: &Path, unclosed: bool) {
+    if unclosed && memtrace_rs::trace::writer_holds_lock(path) {
         eprintln!(
             "memtrace: warning: {}: the trace is still being written (its writer holds the file's lock): figures stop \
              at what it has flushed",
             path.display()
         );
     }
-    Ok(analysis)
 }
 
 /// What the tracer lost, for a warning: `None` when nothing.

@@ -351,7 +351,7 @@ type Setup = (Option<TraceFile>, Info, Option<TraceFile>);
 /// thread's first turn took milliseconds on a loaded machine, and it is started off the
 /// starter's CPU for that, [`TracerThread::spawn_beside`]; it is a [`TracerThread`], marked
 /// the tracer's before any of its code runs, so nothing it allocates is sampled). Except where
-/// the queue is at its largest (from rate 2.5e-4 on) and holds less than its backlog time of
+/// the queue is at its largest (from rate 1.25e-4 on) and holds less than its backlog time of
 /// samples: there sixteen threads sampling at once filled it while the new writer waited for
 /// its first turns, and the start waits until the writer is ready.
 struct PendingWriter {

@@ -39,7 +39,7 @@ use serde_json::{json, Value};
 use memtrace_rs::analysis::blocks::{self, Block};
 use memtrace_rs::analysis::stacks::{FrameTrie, NodeId, ROOT};
 use memtrace_rs::analysis::{inert, inert_bytes, is_allocator_frame, is_root_frame, FrameKind, FrameTable, Origin};
-use memtrace_rs::trace::{Info, Reader, Warning};
+use memtrace_rs::trace::{Info, Reader, Warning, LOST_SAMPLES_FILE};
 use memtrace_rs::Result;
 
 /// How a trace was thinned to fit the limit (see the [module documentation](self)).
@@ -72,6 +72,12 @@ pub struct TraceData {
     pub blocks: Vec<Block>,
     /// How the blocks were thinned, if they were.
     pub thinned: Option<Thinning>,
+    /// The sample points the tracer lost, as the trace records them (`Analysis::lost`), and
+    /// all its samples.
+    pub lost_samples: u64,
+    pub all_samples: u64,
+    /// Whether the trace's writer closed it (`Reader::closed_by_writer`).
+    pub closed_by_writer: bool,
 }
 
 impl TraceData {
@@ -120,12 +126,20 @@ impl TraceData {
         if span.is_some() {
             blocks.retain(|b| inside[b.stack as usize]);
         }
-        let parent = (0..trie.len() as NodeId).map(|n| if n == ROOT { u32::MAX } else { trie.parent(n) }).collect();
+        let parent: Vec<u32> =
+            (0..trie.len() as NodeId).map(|n| if n == ROOT { u32::MAX } else { trie.parent(n) }).collect();
         let frame = (0..trie.len() as NodeId).map(|n| if n == ROOT { u32::MAX } else { trie.item(n) as u32 }).collect();
         for b in &mut blocks {
             b.stack = node_of[b.stack as usize];
         }
         blocks.sort_by_key(|b| b.alloc_us);
+        // The records of lost samples: one frame, at a location of the tracer's loss file.
+        let lost = |b: &&Block| {
+            parent.get(b.stack as usize) == Some(&(ROOT as u32))
+                && frames.frames[trie.item(b.stack) as usize].file == LOST_SAMPLES_FILE
+        };
+        let lost_samples = blocks.iter().filter(lost).fold(0u64, |sum, b| sum.saturating_add(b.nsamples));
+        let all_samples = blocks.iter().fold(0u64, |sum, b| sum.saturating_add(b.nsamples));
         let mut data = TraceData {
             name: name.to_string(),
             info: reader.info().clone(),
@@ -135,6 +149,9 @@ impl TraceData {
             frame,
             blocks,
             thinned: None,
+            lost_samples,
+            all_samples,
+            closed_by_writer: reader.closed_by_writer(),
         };
         if data.blocks.len() > limit {
             data.thin(limit);
