@@ -279,7 +279,14 @@ fn child_role() {
             // buckets of 8 slots that it replaced).
             let guard = trace_if_requested();
             assert!(guard.is_some());
-            let kept: Vec<Box<[u8; 16]>> = (0..400_000).map(|_| black_box(Box::new([1u8; 16]))).collect();
+            // In steps, with a pause between, for the writer to keep up: what is tested is room
+            // in the set, not the writer's speed (an unoptimised writer next to other tests fell
+            // behind 400 000 samples allocated at once).
+            let mut kept: Vec<Box<[u8; 16]>> = Vec::with_capacity(400_000);
+            for _ in 0..20 {
+                kept.extend((0..20_000).map(|_| black_box(Box::new([1u8; 16]))));
+                std::thread::sleep(Duration::from_millis(20));
+            }
             drop(guard);
             drop(kept);
         }

@@ -58,10 +58,10 @@ fn site_moved(blocks: &mut Vec<*mut u8>) {
     }));
 }
 
-/// Whether the blocks of [`moved`] all lie on 4 KiB boundaries: the alignment of sampled blocks.
-/// (The system allocator's blocks of 3 000 bytes lie 16 bytes past a boundary, or anywhere.)
+/// Whether the blocks of [`moved`] all lie on 512-byte boundaries: the alignment of sampled
+/// blocks. (The system allocator's blocks lie 16 bytes past a boundary, or anywhere.)
 fn sampled_aligned(blocks: &[*mut u8]) -> bool {
-    blocks.iter().all(|&p| (p as usize).is_multiple_of(4096))
+    blocks.iter().all(|&p| (p as usize).is_multiple_of(512))
 }
 
 /// Free the blocks of [`moved`].

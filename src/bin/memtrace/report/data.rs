@@ -135,8 +135,7 @@ impl TraceData {
         blocks.sort_by_key(|b| b.alloc_us);
         // The records of lost samples: one frame, at a location of the tracer's loss file.
         let lost = |b: &&Block| {
-            parent.get(b.stack as usize) == Some(&ROOT)
-                && frames.frames[trie.item(b.stack)].file == LOST_SAMPLES_FILE
+            parent.get(b.stack as usize) == Some(&ROOT) && frames.frames[trie.item(b.stack)].file == LOST_SAMPLES_FILE
         };
         let lost_samples = blocks.iter().filter(lost).fold(0u64, |sum, b| sum.saturating_add(b.nsamples));
         let all_samples = blocks.iter().fold(0u64, |sum, b| sum.saturating_add(b.nsamples));
