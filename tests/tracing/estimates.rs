@@ -262,8 +262,10 @@ fn samples_lost_with_the_writer_behind_are_recorded_and_keep_the_total() {
     let _ = std::fs::remove_file(&path);
 }
 
-/// Blocks the late-frees child keeps, then frees: more than the queue's half for frees holds.
-const LATE_FREED_BLOCKS: usize = 300_000;
+/// Blocks the late-frees child keeps, then frees: enough that their frees overflow the queue
+/// (128 Ki messages at rate 1, half of them the samples'), few enough for the late frees'
+/// slots to take the rest (without them, frees are lost: checked).
+const LATE_FREED_BLOCKS: usize = 150_000;
 
 #[inline(never)]
 #[allow(clippy::vec_box)] // Each box is a sampled block of its own.
