@@ -301,28 +301,6 @@ pub(crate) fn insert(addr: usize) -> Option<Inserted> {
     }
 }
 
-/// Whether the block at `addr` may be in the set: some generation has had an insert on the
-/// page of the address's bucket. Reads a bit of each generation's page map, no entry: the free
-/// path asks first, inline, so that most frees of unsampled blocks at an aligned address (one
-/// in 32 of glibc's small blocks, more of mimalloc's, whose blocks of a size class lie at its
-/// multiples) go straight to the inner allocator.
-#[inline(always)]
-pub(crate) fn may_hold(addr: usize) -> bool {
-    let mut g = 0;
-    while g < GENERATIONS {
-        let base = MAPPED[g].load(Ordering::Acquire);
-        if base.is_null() {
-            return false;
-        }
-        let generation = Generation { base, bits: bucket_bits(g) };
-        if generation.touched(generation.index(addr)) {
-            return true;
-        }
-        g += 1;
-    }
-    false
-}
-
 /// If the block at `addr` is in the set, remove it and return its entry's tag. Reads the
 /// address's bucket in each generation whose page of it an insert has written.
 #[inline(never)]
@@ -418,7 +396,6 @@ mod tests {
             insert(a).expect("room").tag(session_tag(i as u32));
         }
         assert!(generations().count() >= 2, "no generation was added");
-        assert!(addrs.iter().all(|&a| may_hold(a)), "a held block said not held");
         for (i, &a) in addrs.iter().enumerate() {
             assert_eq!(remove(a), Some(session_tag(i as u32)), "{a:#x}");
         }
@@ -489,7 +466,7 @@ mod tests {
 
     /// Only the pages an insert used become resident, and a lookup whose bucket is on a page no
     /// insert has used does not read it (on a generation of its own: the set's are shared by
-    /// the tests running at once). `may_hold` says so of every block the set holds.
+    /// the tests running at once).
     #[test]
     fn only_pages_in_use_become_resident() {
         let bits = FIRST_BUCKET_BITS;
