@@ -23,8 +23,9 @@
 use std::borrow::Cow;
 use std::fmt::Write;
 
-/// `text` with every control and format character written as a visible escape (see the
-/// [module documentation](self)); borrowed when there is none.
+/// `text` with every control and format character written as a visible escape: C0 and DEL as
+/// `\x1b`, C1 and the format characters (bidi marks, overrides and isolates, zero-width
+/// characters, U+2028/U+2029) as `\u{202e}`; borrowed when there is none.
 pub fn inert(text: &str) -> Cow<'_, str> {
     let Some(first) = text.find(shown_escaped) else { return Cow::Borrowed(text) };
     let mut out = String::with_capacity(text.len() + 8);

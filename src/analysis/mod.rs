@@ -6,7 +6,7 @@
 //! trace (each allocation with its alloc and free times) and the [`filter`] that selects
 //! among them are shared by `memtrace hotspots` and the report page. Stacks are kept as
 //! [`stacks`] tries, so memory grows with distinct frames, not with stack depth × stacks.
-//! Every name read from a trace is made [`inert`] as it becomes a [`Frame`], so no output
+//! Every name read from a trace is made [`inert`](fn@inert) as it becomes a [`Frame`], so no output
 //! can pass a trace's control characters or bidi overrides on.
 //!
 //! Byte figures are estimates: each sample of an allocation stands for

@@ -199,7 +199,7 @@ impl StackStats {
 /// A distinct backtrace and its figures.
 #[derive(Debug, Clone)]
 pub struct Stack {
-    /// The backtrace's node in [`Analysis::trie`] ([`ROOT`](super::stacks::ROOT) when
+    /// The backtrace's node in [`Analysis::trie`] ([`ROOT`] when
     /// backtraces were not decoded).
     pub node: NodeId,
     /// The stack's figures.
