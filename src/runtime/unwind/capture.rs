@@ -74,8 +74,9 @@ fn alternate_stack_remaining(sp: usize) -> Option<usize> {
 /// walk's cache misses read unwind tables.
 ///
 /// A walk that cannot take a stack (stack bounds unknown on this thread, a sample taken on
-/// another stack, a frame the cached DWARF walk cannot follow) hands it to libgcc, which drops
-/// its own calibrated leading frames. A calibration capture is only ever its walker's own:
+/// another stack, a well-formed rule the cached DWARF walk does not follow) hands it to
+/// libgcc, which drops its own calibrated leading frames; unwind tables the DWARF walk rejects
+/// end the stack instead (see `cfi`). A calibration capture is only ever its walker's own:
 /// none when the walk fails.
 #[inline(always)]
 pub(crate) fn capture(entry: Entry, calibrating: bool, frames: &mut [u64; MAX_FRAMES]) -> usize {
