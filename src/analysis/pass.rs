@@ -244,9 +244,15 @@ impl Frame {
                 let file = &self.file[SPAN_FILE_PREFIX.len()..];
                 format!("span {} ({}:{})", self.function, short_path(file), self.line)
             }
-            FrameKind::Code if self.file.is_empty() || self.file == LOST_SAMPLES_FILE => self.function.clone(),
+            FrameKind::Code if self.file.is_empty() || self.records_lost_samples() => self.function.clone(),
             FrameKind::Code => format!("{} ({}:{})", self.function, short_path(&self.file), self.line),
         }
+    }
+
+    /// Whether this is the location of the tracer's records of lost samples (see
+    /// [`LostSamples`]), the one frame of their stacks.
+    pub fn records_lost_samples(&self) -> bool {
+        self.file == LOST_SAMPLES_FILE
     }
 
     /// Whether this is the frame of a span described as `span`: its whole description
@@ -655,7 +661,7 @@ fn lost_samples(stacks: &[Stack], trie: &StackTrie, frames: &FrameTable) -> Vec<
         let ids = frames.by_code.get(&trie.item(stack.node)).map_or(&[][..], Vec::as_slice);
         let [id] = ids else { continue };
         let frame = &frames.frames[*id];
-        if frame.file != LOST_SAMPLES_FILE {
+        if !frame.records_lost_samples() {
             continue;
         }
         let samples = stack.stats.allocated.samples;

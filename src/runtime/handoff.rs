@@ -57,10 +57,9 @@ const MIN_CAPACITY: usize = 1 << 10;
 /// [`BACKLOG_SECONDS`] while the writer does not take from it (asleep between polls, or not
 /// scheduled on a loaded machine). While it waits for a frame's name, it takes the queue into
 /// a backlog of its own (see `writer_thread`), so a long symbolization needs no room here.
-/// A second: allocs may take only half the queue and frees come with them; an eighth of a
-/// second lost samples of a loop allocating and freeing 32 KiB blocks at 1e-4 on a loaded
-/// machine, and half a second did too with an unoptimised writer next to other tests
-/// (`tests/tracing/estimates.rs`).
+/// A second: allocs may take only half the queue and frees come with them; less lost samples
+/// of a loop allocating and freeing 32 KiB blocks at 1e-4 next to other tests
+/// (`tests/tracing/estimates.rs`, the churn case).
 const SIZED_FOR_BYTES_PER_SECOND: f64 = 8e9;
 const BACKLOG_SECONDS: f64 = 1.0;
 /// Frame buffers the pool holds at most: 2 MiB. The writer returns buffers when it wakes, so

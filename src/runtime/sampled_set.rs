@@ -36,9 +36,9 @@ use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 /// The alignment of every sampled block: a power of two whose low bits hold an entry's tag.
 /// An address is a multiple of it by chance for about 1 in 32 of glibc's small blocks, whose
 /// frees then look in the set (a bit of its page map, mostly). Not larger: glibc serves an
-/// aligned block from a chunk larger by the alignment and frees the rest, and jaq filtering
-/// 13.7 MB peaked 24 MiB higher at rate 1e-4 with 4 KiB (3 MiB at the default rate) than with
-/// no alignment at all.
+/// aligned block from a chunk larger by the alignment and frees the rest, so the program's peak
+/// memory grows with the alignment times the live samples (docs/BENCHMARKS.md, "Whole
+/// processes").
 pub(crate) const SAMPLED_ALIGN: usize = 512;
 /// The low bits of an entry that hold its tag.
 const TAG_MASK: usize = SAMPLED_ALIGN - 1;

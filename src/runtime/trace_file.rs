@@ -12,8 +12,8 @@ use std::os::fd::{FromRawFd, IntoRawFd, RawFd};
 /// fewer than twice as many (then half the limit): a program's own files, given the lowest
 /// numbers free, reach it only once it holds that many open. Within the 64 a process's table
 /// of descriptors starts with: a descriptor beyond the table grows it, which in a process with
-/// a second thread (the writer is started first) waits for an RCU grace period, some 10 ms
-/// of every start (`strace` of `jaq -n 1`: 10.5 ms in `fcntl(F_DUPFD_CLOEXEC, 512)`).
+/// a second thread (the writer is started first) waits for an RCU grace period, which every
+/// start would pay (milliseconds).
 const HIGH_DESCRIPTOR: libc::rlim_t = 48;
 
 /// `file` on a descriptor of the tracer's own, high and closed on `exec` (see

@@ -400,15 +400,7 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
                     eprintln!("memtrace: warning: {}: {}", path.display(), describe(warning));
                 }
                 warn_if_being_written(path, trace.is_rust() && !trace.closed_by_writer);
-                if trace.lost_samples > 0 {
-                    eprintln!(
-                        "memtrace: warning: {}: the tracer lost {} samples ({:.1} % of the allocated estimate), shown \
-                         at their own sites <samples lost: ...>; live figures leave them out",
-                        path.display(),
-                        trace.lost_samples,
-                        trace.lost_samples as f64 * 100.0 / trace.all_samples.max(1) as f64
-                    );
-                }
+                warn_if_samples_lost(path, trace.lost_samples, trace.all_samples);
                 traces.push(trace);
             }
             if let Some(span) = options.span.as_deref() {
@@ -441,9 +433,7 @@ fn analyse(path: &Path, mut options: AnalysisOptions, full_names: bool) -> Resul
     for warning in &analysis.warnings {
         eprintln!("memtrace: warning: {}: {}", path.display(), describe(warning));
     }
-    if let Some(lost) = describe_lost(&analysis) {
-        eprintln!("memtrace: warning: {}: {lost}", path.display());
-    }
+    warn_if_samples_lost(path, analysis.lost_samples(), analysis.counts.samples);
     warn_if_being_written(path, analysis.origin() == Origin::Rust && !analysis.closed_by_writer);
     Ok(analysis)
 }
@@ -460,18 +450,17 @@ fn warn_if_being_written(path: &Path, unclosed: bool) {
     }
 }
 
-/// What the tracer lost, for a warning: `None` when nothing.
-fn describe_lost(analysis: &Analysis) -> Option<String> {
-    let samples = analysis.lost_samples();
-    (samples > 0).then(|| {
-        let causes: Vec<String> = analysis.lost.iter().map(|l| format!("{}: {}", l.cause, l.samples)).collect();
-        format!(
-            "the tracer lost {samples} samples ({:.1} % of the allocated estimate; {}): allocated figures count them \
-             at their own site, live figures leave them out",
-            analysis.lost_share() * 100.0,
-            causes.join(", ")
-        )
-    })
+/// Warn that the tracer lost `lost` of the trace's `all` samples at `path` (their records are
+/// sites of their own, `<samples lost: CAUSE>`), if it lost any.
+fn warn_if_samples_lost(path: &Path, lost: u64, all: u64) {
+    if lost > 0 {
+        eprintln!(
+            "memtrace: warning: {}: the tracer lost {lost} samples ({:.1} % of the allocated estimate), shown at \
+             their own sites <samples lost: CAUSE>: allocated figures count them, live figures leave them out",
+            path.display(),
+            lost as f64 * 100.0 / all.max(1) as f64
+        );
+    }
 }
 
 /// Run `pass` on a reader of the trace at `path`, with a progress bar on a terminal.

@@ -39,7 +39,7 @@ use serde_json::{json, Value};
 use memtrace_rs::analysis::blocks::{self, Block};
 use memtrace_rs::analysis::stacks::{FrameTrie, NodeId, ROOT};
 use memtrace_rs::analysis::{inert, inert_bytes, is_allocator_frame, is_root_frame, FrameKind, FrameTable, Origin};
-use memtrace_rs::trace::{Info, Reader, Warning, LOST_SAMPLES_FILE};
+use memtrace_rs::trace::{Info, Reader, Warning};
 use memtrace_rs::Result;
 
 /// How a trace was thinned to fit the limit (see the [module documentation](self)).
@@ -135,7 +135,7 @@ impl TraceData {
         blocks.sort_by_key(|b| b.alloc_us);
         // The records of lost samples: one frame, at a location of the tracer's loss file.
         let lost = |b: &&Block| {
-            parent.get(b.stack as usize) == Some(&ROOT) && frames.frames[trie.item(b.stack)].file == LOST_SAMPLES_FILE
+            parent.get(b.stack as usize) == Some(&ROOT) && frames.frames[trie.item(b.stack)].records_lost_samples()
         };
         let lost_samples = blocks.iter().filter(lost).fold(0u64, |sum, b| sum.saturating_add(b.nsamples));
         let all_samples = blocks.iter().fold(0u64, |sum, b| sum.saturating_add(b.nsamples));
