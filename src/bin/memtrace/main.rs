@@ -240,17 +240,7 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
             let mut analysis = analyse(&file, AnalysisOptions { stacks: true, live_at: None })?;
             let filter = options.filter.filter();
             if let Some(filter::LiveAt::Time(at)) = filter.live {
-                // As `flamegraph --live-at` and `pprof --inuse-at`: a time past the end is a
-                // mistake, not the end.
-                let end = analysis.duration();
-                if at > end {
-                    let why = format!(
-                        "--live-at {} is after the trace's last event, at {}",
-                        format::seconds(at),
-                        format::seconds(end)
-                    );
-                    return Err(Failure::refused(&file, why));
-                }
+                refuse_past_the_end(&file, "--live-at", at, &analysis)?;
             }
             if filter.selects() {
                 if options.ranking.by.figure != args::Figure::Allocated {
@@ -273,11 +263,7 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
         Command::Flamegraph { file, output, options } => {
             let analysis = analyse(&file, options.weight.analysis_options())?;
             if let Some(at) = options.weight.live_at {
-                let end = analysis.duration();
-                if at * 1e6 > end as f64 {
-                    let why = format!("--live-at {at} s is after the trace's last event, at {}", format::seconds(end));
-                    return Err(Failure::refused(&file, why));
-                }
+                refuse_past_the_end(&file, "--live-at", (at * 1e6).ceil() as u64, &analysis)?;
             }
             let mut drawn = flamegraph::Drawn::default();
             to_file(&output, &[&file], |out| {
@@ -314,15 +300,8 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
                 _ => None,
             };
             let analysis = analyse(&file, AnalysisOptions { stacks: true, live_at })?;
-            if let (pprof::InuseAt::Time(us), end) = (inuse_at, analysis.duration()) {
-                if us > end {
-                    let why = format!(
-                        "--inuse-at {} is after the trace's last event, at {}",
-                        format::seconds(us),
-                        format::seconds(end)
-                    );
-                    return Err(Failure::refused(&file, why));
-                }
+            if let pprof::InuseAt::Time(us) = inuse_at {
+                refuse_past_the_end(&file, "--inuse-at", us, &analysis)?;
             }
             let mut left_out = 0;
             to_file(&output, &[&file], |out| {
@@ -436,6 +415,18 @@ fn analyse(path: &Path, mut options: AnalysisOptions, full_names: bool) -> Resul
     warn_if_samples_lost(path, analysis.lost_samples(), analysis.counts.samples);
     warn_if_being_written(path, analysis.origin() == Origin::Rust && !analysis.closed_by_writer);
     Ok(analysis)
+}
+
+/// Refuse a time (`option`, `at` µs from the start) after the last event of `analysis`, the
+/// trace at `file`: a mistake, not the end.
+fn refuse_past_the_end(file: &Path, option: &str, at: u64, analysis: &Analysis) -> Result<(), Failure> {
+    let end = analysis.duration();
+    if at > end {
+        let why =
+            format!("{option} {} is after the trace's last event, at {}", format::seconds(at), format::seconds(end));
+        return Err(Failure::refused(file, why));
+    }
+    Ok(())
 }
 
 /// Warn that the trace at `path` is still being written, if it is `unclosed` and its writer
