@@ -35,6 +35,40 @@ pub(crate) fn move_high(file: File) -> File {
     unsafe { File::from_raw_fd(moved) }
 }
 
+/// Write all of `bytes` to `file` from a thread of the program's (the trace's first packet, as
+/// tracing starts), as the tracer's threads write: a reader gone (a FIFO's) or the file size
+/// limit reached fails the write with `EPIPE` or `EFBIG` instead of raising SIGPIPE or SIGXFSZ,
+/// whose default actions end the process. The two are blocked on this thread for the write; an
+/// instance the write raised is then taken, one that was pending before is left to the program.
+pub(crate) fn write_all_without_signals(file: &mut File, bytes: &[u8]) -> io::Result<()> {
+    // SAFETY: sigset_t values filled in by sigemptyset/sigaddset/sigpending before use, and a
+    // mask change of the calling thread alone, restored before returning.
+    unsafe {
+        let mut held: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut held);
+        libc::sigaddset(&mut held, libc::SIGPIPE);
+        libc::sigaddset(&mut held, libc::SIGXFSZ);
+        let mut mask: libc::sigset_t = std::mem::zeroed();
+        libc::pthread_sigmask(libc::SIG_BLOCK, &held, &mut mask);
+        let mut pending_before: libc::sigset_t = std::mem::zeroed();
+        libc::sigpending(&mut pending_before);
+        let written = file.write_all(bytes);
+        if written.is_err() {
+            for signal in [libc::SIGPIPE, libc::SIGXFSZ] {
+                if libc::sigismember(&pending_before, signal) == 0 {
+                    let mut one: libc::sigset_t = std::mem::zeroed();
+                    libc::sigemptyset(&mut one);
+                    libc::sigaddset(&mut one, signal);
+                    let now = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+                    libc::sigtimedwait(&one, std::ptr::null_mut(), &now);
+                }
+            }
+        }
+        libc::pthread_sigmask(libc::SIG_SETMASK, &mask, std::ptr::null_mut());
+        written
+    }
+}
+
 /// The trace file: written only while its descriptor is still the file it was opened as, and
 /// closed only then.
 pub(crate) struct TraceFile {
@@ -116,6 +150,50 @@ mod tests {
         // SAFETY: a descriptor of ours.
         assert_ne!(unsafe { libc::fcntl(fd, libc::F_GETFD) } & libc::FD_CLOEXEC, 0);
         let _ = std::fs::remove_file(path);
+    }
+
+    /// In a child forked for it, with SIGPIPE's and SIGXFSZ's default actions (which end the
+    /// process): a write to a pipe with no reader, and one past a file size limit of 0, fail
+    /// with `EPIPE` and `EFBIG`, and the child lives on, with neither signal left pending.
+    #[test]
+    fn a_write_at_start_fails_rather_than_raise_sigpipe_or_sigxfsz() {
+        let (path, mut file) = temp_file("fsize");
+        let mut pipe = [0; 2];
+        // SAFETY: room for the two descriptors.
+        assert_eq!(unsafe { libc::pipe(pipe.as_mut_ptr()) }, 0);
+        // SAFETY: the child makes only async-signal-safe calls (the writes' errors are codes,
+        // no allocation) and ends with `_exit`.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            // SAFETY: as above; `pipe[1]`'s `File` is the child's only owner of it.
+            unsafe {
+                libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+                libc::signal(libc::SIGXFSZ, libc::SIG_DFL);
+                libc::close(pipe[0]);
+                let limit = libc::rlimit { rlim_cur: 0, rlim_max: libc::RLIM_INFINITY };
+                libc::setrlimit(libc::RLIMIT_FSIZE, &limit);
+                let mut reader_gone = File::from_raw_fd(pipe[1]);
+                let epipe = write_all_without_signals(&mut reader_gone, b"trace").err().and_then(|e| e.raw_os_error());
+                let efbig = write_all_without_signals(&mut file, b"trace").err().and_then(|e| e.raw_os_error());
+                let mut pending: libc::sigset_t = std::mem::zeroed();
+                libc::sigpending(&mut pending);
+                let none_pending = libc::sigismember(&pending, libc::SIGPIPE) == 0
+                    && libc::sigismember(&pending, libc::SIGXFSZ) == 0;
+                let ok = epipe == Some(libc::EPIPE) && efbig == Some(libc::EFBIG) && none_pending;
+                libc::_exit(if ok { 0 } else { 1 });
+            }
+        }
+        // SAFETY: descriptors of ours, and the child just forked.
+        let status = unsafe {
+            libc::close(pipe[0]);
+            libc::close(pipe[1]);
+            let mut status = 0;
+            assert_eq!(libc::waitpid(pid, &mut status, 0), pid);
+            status
+        };
+        let _ = std::fs::remove_file(path);
+        assert!(libc::WIFEXITED(status), "the child was ended by signal {}", libc::WTERMSIG(status));
+        assert_eq!(libc::WEXITSTATUS(status), 0, "a write did not fail as it should, or left a signal pending");
     }
 
     #[test]

@@ -29,6 +29,13 @@ pub(crate) fn child_role(role: &str) {
             write_until_the_writer_fails("Broken pipe");
         }
         "hostile:fsize" => write_until_the_writer_fails("File too large"),
+        "hostile:fsize-at-start" => {
+            let guard = trace_if_requested();
+            assert!(!memtrace_rs::currently_tracing());
+            site_freed();
+            drop(guard);
+            eprintln!("went on untraced");
+        }
         "hostile:close-all" => close_every_descriptor_then_open_data_files(),
         "hostile:exit-in-handler" => exit_from_a_signal_handler(),
         "hostile:coroutine" => allocate_on_a_small_coroutine_stack(),
@@ -547,6 +554,23 @@ fn the_file_size_limit_stops_the_trace_not_the_program() {
     assert_eq!(std::fs::metadata(&path).unwrap().len(), LIMIT);
     assert!(!Trace::read(&path).allocs.is_empty());
     let _ = std::fs::remove_file(&path);
+}
+
+/// A file size limit of 0: the trace's first write, made on the program's thread as tracing
+/// starts, fails (no SIGXFSZ there either); the start fails with one message, leaves no file,
+/// and the program runs on untraced.
+#[test]
+fn a_file_size_limit_of_zero_fails_the_start_not_the_program() {
+    let path = super::temp_path("fsize-at-start");
+    let out = run_hostile("hostile:fsize-at-start", &path, || {
+        let limit = libc::rlimit { rlim_cur: 0, rlim_max: libc::RLIM_INFINITY };
+        // SAFETY: a valid limit.
+        unsafe { libc::setrlimit(libc::RLIMIT_FSIZE, &limit) };
+        Ok(())
+    });
+    assert_one_message(&out, "File too large");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("went on untraced"));
+    assert!(!path.exists(), "the failed start left its file");
 }
 
 /// A program that restores SIGPIPE's default action, tracing into a FIFO whose reader goes

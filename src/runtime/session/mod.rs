@@ -293,7 +293,7 @@ pub fn start_tracing(config: TraceConfig) -> Result<TraceGuard, StartError> {
             // cost the file: check it before opening.
             let first_packet = trace_info_packet(&info).map_err(write_error)?;
             let Opened { mut file, created, replaced } = open_locked(path)?;
-            file.write_all(first_packet.as_bytes())
+            trace_file::write_all_without_signals(&mut file, first_packet.as_bytes())
                 .map_err(|e| write_error(e.into()))
                 .map(|()| writer.start(Some(TraceFile::new(file)), info, replaced.map(TraceFile::new)))
                 .inspect_err(|_| {
