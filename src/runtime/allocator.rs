@@ -10,8 +10,9 @@
 //!   ([`record`] captures the stack and sends an alloc message) **before** the pointer is
 //!   returned.
 //! - `dealloc`, traced or not: a block whose address is not a multiple of
-//!   [`sampled_set::SAMPLED_ALIGN`] was not sampled (one AND and a branch, no memory read).
-//!   Otherwise, out of line, the sampled-block set is asked; a sampled block is removed, its
+//!   [`sampled_set::SAMPLED_ALIGN`] was not sampled (one AND and a branch, no memory read),
+//!   nor one whose slot of the set's counting filter is empty ([`sampled_set::may_hold`], one
+//!   byte read). Otherwise, out of line, the set is asked; a sampled block is removed, its
 //!   free sent **before** the block is freed (so that a reuse of the address can never reach
 //!   the writer ahead of the free), and freed with the layout it was allocated with.
 //! - `realloc`: the old block is looked up as for `dealloc`, and the new block sampled on its
@@ -394,7 +395,7 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for MemtraceAllocator<A> {
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
         // No `enabled()`: a sampled block is freed with its sampled layout whenever it is freed,
         // and a free that finds a block of a stopped session records nothing.
-        if may_be_sampled(ptr as usize) {
+        if may_be_sampled(ptr as usize) && sampled_set::may_hold(ptr as usize) {
             // SAFETY: forwarded under the caller's contract.
             return unsafe { self.dealloc_maybe_sampled(ptr, layout) };
         }
@@ -404,7 +405,7 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for MemtraceAllocator<A> {
 
     #[inline]
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        if may_be_sampled(ptr as usize) {
+        if may_be_sampled(ptr as usize) && sampled_set::may_hold(ptr as usize) {
             // SAFETY: under the caller's contract.
             return unsafe { self.realloc_maybe_sampled(ptr, layout, new_size) };
         }

@@ -24,6 +24,11 @@
 //! million live entries), or the address space for a new one cannot be had; the caller then
 //! allocates the block unsampled and records the loss.
 //!
+//! Before any of that, a free at an aligned address asks [`may_hold`]: a counting filter of
+//! the set's entries, 64 KiB in all, so the frees of unsampled blocks at aligned addresses
+//! (many of them over allocators whose blocks of a size class lie at multiples of its size, as
+//! mimalloc's do) mostly read one byte there rather than a bucket of a table of megabytes.
+//!
 //! Memory ordering: a block is inserted before its address is returned to the program, and
 //! any thread that frees it got the address through some synchronisation that orders it after
 //! that return; read-write coherence then guarantees the freeing thread's loads see the insert
@@ -31,7 +36,7 @@
 //! removes it.
 
 use std::alloc::Layout;
-use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 
 /// The alignment of every sampled block: a power of two whose low bits hold an entry's tag.
 /// An address is a multiple of it by chance for about 1 in 32 of glibc's small blocks, whose
@@ -94,6 +99,43 @@ struct Bucket([AtomicUsize; SLOTS]);
 struct Generation {
     base: *mut u8,
     bits: u32,
+}
+
+/// log2 of the counting filter's slots.
+const FILTER_BITS: u32 = 16;
+/// A filter slot's count that stays: more entries than it counts may hash to the slot.
+const FILTER_STUCK: u8 = u8::MAX;
+
+/// The counting filter in front of the set: for each slot, how many of the set's entries hash
+/// to it, so a slot at 0 holds none and a free there goes straight to the inner allocator.
+/// Counts are changed only on the sampled path (an insert, a removal); a count that reaches
+/// [`FILTER_STUCK`] stays there, which can only cost lookups, never miss an entry. Static and
+/// zero-initialised: a program that never samples only ever reads it.
+#[allow(clippy::declare_interior_mutable_const)] // Only used to initialise `FILTER`.
+const EMPTY: AtomicU8 = AtomicU8::new(0);
+static FILTER: [AtomicU8; 1 << FILTER_BITS] = [EMPTY; 1 << FILTER_BITS];
+
+/// The filter slot of the block at `addr`.
+#[inline(always)]
+fn filter_slot(addr: usize) -> &'static AtomicU8 {
+    // Fibonacci hashing, with a multiplier of its own so that a slot's addresses spread over
+    // the generations' buckets.
+    let index = ((addr / SAMPLED_ALIGN) as u64).wrapping_mul(0xD6E8_FEB8_6659_FD93) >> (64 - FILTER_BITS);
+    &FILTER[index as usize]
+}
+
+/// Add one entry to `slot`'s count (`by` 1) or take one from it (`by` -1), unless it is stuck.
+fn count(slot: &AtomicU8, by: i8) {
+    let _ = slot
+        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| (n != FILTER_STUCK).then(|| n.wrapping_add_signed(by)));
+}
+
+/// Whether the block at `addr` (a multiple of [`SAMPLED_ALIGN`]) may be in the set: false only
+/// if no entry of the set hashes to its filter slot. One relaxed load; the ordering argument of
+/// the module doc holds for the count an insert added as for the entry itself.
+#[inline(always)]
+pub(crate) fn may_hold(addr: usize) -> bool {
+    filter_slot(addr).load(Ordering::Relaxed) != 0
 }
 
 /// The generations mapped so far, oldest first: a null pointer past the last.
@@ -283,6 +325,8 @@ pub(crate) fn insert(addr: usize) -> Option<Inserted> {
         slot.store(addr, Ordering::Relaxed);
         return Some(Inserted { slot, addr });
     }
+    // Counted before the entry is written, so that a free that finds the entry finds the count.
+    count(filter_slot(addr), 1);
     let live = LIVE.fetch_add(1, Ordering::Relaxed) + 1;
     let generations_mapped = mapped();
     let newest_bucket_bits = bucket_bits(generations_mapped.saturating_sub(1));
@@ -296,6 +340,7 @@ pub(crate) fn insert(addr: usize) -> Option<Inserted> {
         // The address's bucket is full in every generation: a new one, whatever the count.
         if !map_generation(mapped()) {
             LIVE.fetch_sub(1, Ordering::Relaxed);
+            count(filter_slot(addr), -1);
             return None;
         }
     }
@@ -311,6 +356,7 @@ pub(crate) fn remove(addr: usize) -> Option<SessionTag> {
         let generation = Generation { base: MAPPED[g].load(Ordering::Acquire), bits: bucket_bits(g) };
         if let Some(tag) = generation.remove(addr) {
             LIVE.fetch_sub(1, Ordering::Relaxed);
+            count(filter_slot(addr), -1);
             return Some(tag);
         }
     }
@@ -396,6 +442,7 @@ mod tests {
             insert(a).expect("room").tag(session_tag(i as u32));
         }
         assert!(generations().count() >= 2, "no generation was added");
+        assert!(addrs.iter().all(|&a| may_hold(a)), "the filter turned away a held block");
         for (i, &a) in addrs.iter().enumerate() {
             assert_eq!(remove(a), Some(session_tag(i as u32)), "{a:#x}");
         }
@@ -494,6 +541,24 @@ mod tests {
         assert!(resident(page_addr(a)) && g.touched(g.index(a)));
         assert!(!resident(page_addr(b)), "an insert made another page resident");
         assert_eq!(g.remove(a), Some(5));
+    }
+
+    /// A filter slot counts its entries up and down, until it is stuck: then it stays, since
+    /// it no longer knows how many hash to it.
+    #[test]
+    fn a_filter_slot_counts_until_it_sticks() {
+        let slot = AtomicU8::new(0);
+        count(&slot, 1);
+        count(&slot, 1);
+        count(&slot, -1);
+        assert_eq!(slot.load(Ordering::Relaxed), 1);
+        count(&slot, -1);
+        assert_eq!(slot.load(Ordering::Relaxed), 0);
+        for _ in 0..FILTER_STUCK as usize + 10 {
+            count(&slot, 1);
+        }
+        count(&slot, -1);
+        assert_eq!(slot.load(Ordering::Relaxed), FILTER_STUCK);
     }
 
     #[test]

@@ -177,8 +177,8 @@ mod tests {
                 let efbig = write_all_without_signals(&mut file, b"trace").err().and_then(|e| e.raw_os_error());
                 let mut pending: libc::sigset_t = std::mem::zeroed();
                 libc::sigpending(&mut pending);
-                let none_pending = libc::sigismember(&pending, libc::SIGPIPE) == 0
-                    && libc::sigismember(&pending, libc::SIGXFSZ) == 0;
+                let none_pending =
+                    libc::sigismember(&pending, libc::SIGPIPE) == 0 && libc::sigismember(&pending, libc::SIGXFSZ) == 0;
                 let ok = epipe == Some(libc::EPIPE) && efbig == Some(libc::EFBIG) && none_pending;
                 libc::_exit(if ok { 0 } else { 1 });
             }
