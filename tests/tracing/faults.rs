@@ -56,7 +56,7 @@ pub(crate) fn child_role(role: &str) -> bool {
             // Else the test did not test the wait past the timeout.
             assert!(stopping.elapsed() > Duration::from_millis(1), "stopped within the timeout");
             assert!(stats.samples_written >= BUSY_STOP_BLOCKS as u64, "{stats:?}");
-            let lost = stats.dropped_writer_behind + stats.dropped_table_full + stats.dropped_no_memory;
+            let lost = stats.dropped_writer_behind + stats.dropped_untracked + stats.dropped_no_memory;
             assert_eq!(lost, 0, "{stats:?}");
             drop(blocks);
         }

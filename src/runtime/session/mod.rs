@@ -104,8 +104,8 @@ pub struct TraceStats {
     /// Sampled allocations dropped because the writer was too far behind.
     pub dropped_writer_behind: u64,
     /// Sampled allocations dropped because there was no room to track their blocks (the
-    /// sampled-block set could not grow).
-    pub dropped_table_full: u64,
+    /// sampled-block set could not grow): the cause the trace calls "untracked".
+    pub dropped_untracked: u64,
     /// Sampled allocations dropped because no memory was left for their stacks, or for their
     /// blocks at the alignment of sampled blocks.
     pub dropped_no_memory: u64,
@@ -130,7 +130,7 @@ pub struct TraceStats {
 impl TraceStats {
     /// All sampled allocations dropped, whatever the reason.
     pub fn samples_dropped(&self) -> u64 {
-        self.dropped_writer_behind + self.dropped_table_full + self.dropped_no_memory + self.dropped_no_stack
+        self.dropped_writer_behind + self.dropped_untracked + self.dropped_no_memory + self.dropped_no_stack
     }
 }
 
@@ -551,7 +551,7 @@ fn outcome(written: WriterOutcome) -> Result<TraceStats, Error> {
         samples_written: written.allocs,
         frees_written: written.frees,
         dropped_writer_behind: losses.of(Loss::WriterBehind).samples,
-        dropped_table_full: losses.of(Loss::Untracked).samples,
+        dropped_untracked: losses.of(Loss::Untracked).samples,
         dropped_no_memory: losses.of(Loss::NoMemory).samples,
         dropped_no_stack: losses.of(Loss::NoStack).samples,
         sample_points_dropped: losses.samples.iter().map(|lost| lost.points).sum(),
