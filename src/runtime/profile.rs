@@ -39,7 +39,9 @@ pub enum ProfileKind {
     /// `inuse_space`, shown by `inuse_space`.
     Heap,
     /// The same profile as [`ProfileKind::Heap`] shown by `alloc_space` (Go's
-    /// `/debug/pprof/allocs`).
+    /// `/debug/pprof/allocs`). Of the stacks with nothing live, the 8 192 sampled last keep
+    /// their own figures; older ones share one `<stacks folded: …>` pseudo-stack (file
+    /// `<memtrace>`), so that the session's memory stays bounded and totals stay exact.
     Allocs,
     /// What was live when the live heap was at its highest so far (tcmalloc's peak-heap
     /// profile; within 1/1024 of the highest, which spares the writer a copy of every stack's
@@ -133,8 +135,8 @@ pub fn profile(kind: ProfileKind) -> Result<Profile, ProfileError> {
     Ok(Profile::of(kind, &mailbox.snapshot(ANSWER_TIMEOUT)?))
 }
 
-/// What was allocated (and the change of what is live) during the next `over`: two profiles
-/// `over` apart, subtracted (Go's `heap?seconds=N`); this waits `over`. `kind` is
+/// What was allocated (and the change of what is live) during the next `over`, not the last:
+/// two profiles `over` apart, subtracted (Go's `heap?seconds=N`); this waits `over`. `kind` is
 /// [`ProfileKind::Heap`] or [`ProfileKind::Allocs`], `over` at most [`MAX_DELTA`].
 pub fn profile_delta(kind: ProfileKind, over: Duration) -> Result<Profile, ProfileError> {
     let mailbox = session::profile_mailbox().ok_or(ProfileError::NotRunning)?;
