@@ -249,9 +249,12 @@ impl LiveProfile {
     /// The profile as it stands: every stack with something allocated, the folded stacks'
     /// pseudo-stack, and the stacks live at the peak.
     pub(crate) fn snapshot(&self) -> Snapshot {
-        let at_peak = |id: u64, s: &Stack| match self.peak.is_now {
-            true => s.live,
-            false => self.peak.live.get(&id).map(|(_, figures)| *figures).unwrap_or_default(),
+        let at_peak = |id: u64, s: &Stack| {
+            if self.peak.is_now {
+                s.live
+            } else {
+                self.peak.live.get(&id).map(|(_, figures)| *figures).unwrap_or_default()
+            }
         };
         let mut stacks: Vec<StackFigures> = self
             .stacks
