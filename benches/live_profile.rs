@@ -1,19 +1,78 @@
 //! What a live profile request costs: the time of a `GET /debug/pprof/heap` of the built-in
-//! endpoint (the writer's snapshot, pprof encoding, gzip), the profile's size, and the memory
-//! the requests add (peak RSS), with 10k and 100k live sampled blocks over 1,000 distinct
-//! stacks, in a session for profiles only.
+//! endpoint (the writer's snapshot, pprof encoding, gzip), the profile's size, and the memory a
+//! request takes (the bytes allocated while it is answered, and how far the process's heap
+//! rises above where it was, counted by an allocator under `MemtraceAllocator`), with 10k and
+//! 100k live sampled blocks over 1,000 distinct stacks, in a session for profiles only.
 //!
 //! `cargo bench --bench live_profile` (one run: it prints its figures, no statistics).
 
+use std::alloc::{GlobalAlloc, Layout, System};
 use std::hint::black_box;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
 use memtrace_rs::{MemtraceAllocator, TraceConfig};
 
 #[global_allocator]
-static GLOBAL: MemtraceAllocator = MemtraceAllocator::system();
+static GLOBAL: MemtraceAllocator<Counting> = MemtraceAllocator::new(Counting);
+
+/// The system allocator, counting the bytes it allocates, those in use and their highest.
+struct Counting;
+
+static ALLOCATED: AtomicUsize = AtomicUsize::new(0);
+static IN_USE: AtomicUsize = AtomicUsize::new(0);
+static HIGHEST: AtomicUsize = AtomicUsize::new(0);
+
+impl Counting {
+    fn grew(by: usize) {
+        ALLOCATED.fetch_add(by, Relaxed);
+        let in_use = IN_USE.fetch_add(by, Relaxed) + by;
+        HIGHEST.fetch_max(in_use, Relaxed);
+    }
+
+    fn shrank(by: usize) {
+        IN_USE.fetch_sub(by, Relaxed);
+    }
+}
+
+// SAFETY: each method is the system allocator's, with counting on the side.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        // SAFETY: as the caller promised.
+        let p = unsafe { System.alloc(layout) };
+        if !p.is_null() {
+            Counting::grew(layout.size());
+        }
+        p
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        // SAFETY: as the caller promised.
+        let p = unsafe { System.alloc_zeroed(layout) };
+        if !p.is_null() {
+            Counting::grew(layout.size());
+        }
+        p
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: as the caller promised.
+        unsafe { System.dealloc(ptr, layout) };
+        Counting::shrank(layout.size());
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        // SAFETY: as the caller promised.
+        let p = unsafe { System.realloc(ptr, layout, new_size) };
+        if !p.is_null() {
+            Counting::shrank(layout.size());
+            Counting::grew(new_size);
+        }
+        p
+    }
+}
 
 /// Distinct stacks: three nested recursions of 0..10 calls each.
 const DEPTHS: usize = 10;
@@ -53,14 +112,6 @@ fn live_blocks(n: usize) -> Blocks {
     blocks
 }
 
-fn max_rss_kib() -> i64 {
-    // SAFETY: an all-zero rusage is valid, and `getrusage` fills it in.
-    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: `usage` is a valid rusage to fill in.
-    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) };
-    usage.ru_maxrss
-}
-
 /// A `GET` of `path` from the endpoint at `addr`: the body's length.
 fn get(addr: SocketAddr, path: &str) -> usize {
     let mut stream = TcpStream::connect(addr).unwrap();
@@ -81,19 +132,25 @@ fn main() {
     for live in [10_000, 100_000] {
         kept.push(live_blocks(live - kept.iter().map(Vec::len).sum::<usize>()));
         get(addr, "/debug/pprof/heap");
-        let rss_before = max_rss_kib();
         let rounds = 20;
-        let started = Instant::now();
-        let mut size = 0;
+        let (mut time, mut allocated, mut rise, mut size) = (Duration::ZERO, 0, 0, 0);
         for _ in 0..rounds {
+            let in_use = IN_USE.load(Relaxed);
+            HIGHEST.store(in_use, Relaxed);
+            let allocated_before = ALLOCATED.load(Relaxed);
+            let started = Instant::now();
             size = get(addr, "/debug/pprof/heap");
+            time += started.elapsed();
+            allocated += ALLOCATED.load(Relaxed) - allocated_before;
+            rise = rise.max(HIGHEST.load(Relaxed).saturating_sub(in_use));
         }
         println!(
             "{live} live samples over 1000 stacks: {:?} per request (snapshot, pprof, gzip, HTTP), profile {} KiB, \
-             peak RSS +{} KiB",
-            started.elapsed() / rounds,
+             {} KiB allocated per request, heap {} KiB higher at most during one",
+            time / rounds,
             size / 1024,
-            max_rss_kib() - rss_before
+            allocated / rounds as usize / 1024,
+            rise / 1024
         );
     }
     let stats = session.finish().unwrap();

@@ -1,18 +1,28 @@
 //! The live profile the writer keeps beside the trace: the live sampled blocks by stack
 //! (stacks interned), what each stack allocated since the start, and what was live when the
-//! live heap was at its highest so far. Its memory grows with the live sampled blocks and the
-//! distinct stacks sampled, not with the run's length.
+//! live heap was at its highest so far.
+//!
+//! Its memory is bounded by the live samples, not by the run: a stack with live blocks is
+//! always kept, and so is the peak's copy of the stacks live at the peak, but of the stacks
+//! with nothing live (kept for the allocated figures only) at most [`IDLE_STACKS`]; beyond,
+//! the least recently sampled are folded into one pseudo-stack, `<memtrace>` /
+//! `<stacks folded: …>`, which carries their allocated totals. Totals stay exact in sum, and
+//! every profile of allocated figures shows what lost its detail. Spans whose field values vary
+//! per request make distinct stacks grow with the run; this is where that stops.
 //!
 //! A profile is asked of the writer through the session's [`Mailbox`]: the writer answers
 //! between two rounds of messages with a [`Snapshot`] (figures and shared frame names, no
 //! encoding), and the thread that asked encodes it (`runtime::profile`). Application threads
 //! take no part: their samples reach the writer as they do for the trace.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use crossbeam_channel::{Receiver, Sender};
 
+use super::span_table::LOST_SAMPLES_FILE;
+use super::spans::Pseudo;
 use super::tracer_thread::Doorbell;
 use crate::format::hash::FastMap;
 use crate::format::location_codec::Location;
@@ -20,6 +30,14 @@ use crate::format::location_codec::Location;
 /// The source locations of one frame (a location code): the inlined functions, outermost
 /// first.
 pub(crate) type CodeLocations = Arc<[Location]>;
+
+/// Stacks with no live block kept for their allocated figures (their memory is some hundreds
+/// of bytes each, by their depth); the least recently sampled beyond are folded.
+pub(crate) const IDLE_STACKS: usize = 8192;
+
+/// The id of the pseudo-stack of the folded stacks' allocated totals (ids of stacks count up
+/// from 0 and are never reused).
+pub(crate) const FOLDED_STACK_ID: u64 = u64::MAX;
 
 /// Sampled figures: sample points, and the objects they stand for (estimated as the
 /// analysis does, `nsamples / (length × rate)`, summed).
@@ -44,10 +62,19 @@ impl Figures {
 
 /// One interned stack and its figures.
 struct Stack {
-    /// Its frames' locations, innermost frame first.
+    /// Its location codes, innermost first (its key in `stack_ids`).
+    codes: Arc<[u64]>,
+    /// Its frames' locations, innermost first.
     frames: Arc<[CodeLocations]>,
     allocated: Figures,
     live: Figures,
+    /// Its live sampled blocks.
+    live_blocks: u64,
+    /// When it was last sampled (a count of samples); its key in `idle` while it has no live
+    /// block.
+    last_sampled: u64,
+    /// A site of lost samples: never folded, so that the loss stays in sight.
+    pinned: bool,
 }
 
 /// The writer's live profile.
@@ -55,10 +82,21 @@ pub(crate) struct LiveProfile {
     rate: f64,
     started: SystemTime,
     /// Stack ids by location codes (innermost first).
-    stack_ids: FastMap<Box<[u64]>, u32>,
-    stacks: Vec<Stack>,
+    stack_ids: FastMap<Arc<[u64]>, u64>,
+    stacks: FastMap<u64, Stack>,
+    /// The next new stack's id.
+    next_id: u64,
+    /// The stacks with no live block (but pinned ones), by when they were last sampled.
+    idle: BTreeMap<u64, u64>,
+    /// How many of them are kept (see [`IDLE_STACKS`]).
+    idle_budget: usize,
+    /// The allocated figures of the stacks folded, and how many were.
+    folded: Figures,
+    folded_stacks: u64,
+    /// Samples counted so far: the clock of `last_sampled`.
+    sampled: u64,
     /// The stack and figures of each live sampled block, by address.
-    blocks: FastMap<usize, (u32, Figures)>,
+    blocks: FastMap<usize, (u64, Figures)>,
     /// Sample points of all live blocks.
     live_samples: u64,
     peak: Peak,
@@ -81,18 +119,30 @@ struct Peak {
     samples: u64,
     /// Whether the live heap is at the high now (its figures not copied).
     is_now: bool,
-    /// Each stack's live figures at the high, once copied.
-    live: Vec<Figures>,
+    /// The stacks live at the high and their live figures then, by id, once copied: with
+    /// their frames, as a stack may be folded since.
+    live: FastMap<u64, (Arc<[CodeLocations]>, Figures)>,
     at: Option<SystemTime>,
 }
 
 impl LiveProfile {
     pub(crate) fn new(rate: f64) -> LiveProfile {
+        LiveProfile::with_idle_budget(rate, IDLE_STACKS)
+    }
+
+    /// A profile that keeps `idle_budget` stacks with no live block (see [`IDLE_STACKS`]).
+    pub(crate) fn with_idle_budget(rate: f64, idle_budget: usize) -> LiveProfile {
         LiveProfile {
             rate,
             started: SystemTime::now(),
             stack_ids: FastMap::default(),
-            stacks: Vec::new(),
+            stacks: FastMap::default(),
+            next_id: 0,
+            idle: BTreeMap::new(),
+            idle_budget,
+            folded: Figures::default(),
+            folded_stacks: 0,
+            sampled: 0,
             blocks: FastMap::default(),
             live_samples: 0,
             peak: Peak::default(),
@@ -110,24 +160,43 @@ impl LiveProfile {
         codes: &[u64],
         mut locations_of: impl FnMut(u64) -> CodeLocations,
     ) {
-        let stack = match self.stack_ids.get(codes) {
+        let figures = Figures { samples: nsamples, objects: nsamples as f64 / (length.max(1) as f64 * self.rate) };
+        // A block at an address not freed (a lost free) is not live any more.
+        if let Some(old) = self.blocks.remove(&addr) {
+            self.remove_live(old);
+        }
+        self.sampled += 1;
+        let id = match self.stack_ids.get(codes) {
             Some(&id) => id,
             None => {
-                let id = self.stacks.len() as u32;
+                let id = self.next_id;
+                self.next_id += 1;
+                let codes: Arc<[u64]> = codes.into();
                 let frames = codes.iter().map(|&code| locations_of(code)).collect();
-                self.stacks.push(Stack { frames, allocated: Figures::default(), live: Figures::default() });
-                self.stack_ids.insert(codes.into(), id);
+                let pinned = matches!(codes[..], [code] if matches!(Pseudo::of(code), Some(Pseudo::Lost(_))));
+                let stack = Stack {
+                    codes: Arc::clone(&codes),
+                    frames,
+                    allocated: Figures::default(),
+                    live: Figures::default(),
+                    live_blocks: 0,
+                    last_sampled: self.sampled,
+                    pinned,
+                };
+                self.stacks.insert(id, stack);
+                self.stack_ids.insert(codes, id);
                 id
             }
         };
-        let figures = Figures { samples: nsamples, objects: nsamples as f64 / (length.max(1) as f64 * self.rate) };
-        // A block at an address not freed (a lost free) is not live any more.
-        if let Some(old) = self.blocks.insert(addr, (stack, figures)) {
-            self.remove_live(old);
+        let stack = self.stacks.get_mut(&id).expect("an interned stack is kept");
+        if stack.live_blocks == 0 {
+            self.idle.remove(&stack.last_sampled);
         }
-        let entry = &mut self.stacks[stack as usize];
-        entry.allocated.add(figures);
-        entry.live.add(figures);
+        stack.last_sampled = self.sampled;
+        stack.live_blocks += 1;
+        stack.allocated.add(figures);
+        stack.live.add(figures);
+        self.blocks.insert(addr, (id, figures));
         self.live_samples += nsamples;
         // A new high while at the high, or one above the copied peak by more than its margin.
         let margin = if self.peak.is_now { 0 } else { self.peak.samples / PEAK_MARGIN };
@@ -149,30 +218,85 @@ impl LiveProfile {
         block.map(|block| self.remove_live(block)).is_some()
     }
 
-    fn remove_live(&mut self, (stack, figures): (u32, Figures)) {
+    fn remove_live(&mut self, (id, figures): (u64, Figures)) {
         if self.peak.is_now {
             self.peak.is_now = false;
             self.peak.live.clear();
-            self.peak.live.extend(self.stacks.iter().map(|s| s.live));
+            let live = self.stacks.iter().filter(|(_, s)| s.live_blocks > 0);
+            self.peak.live.extend(live.map(|(&id, s)| (id, (Arc::clone(&s.frames), s.live))));
         }
-        self.stacks[stack as usize].live.remove(figures);
         self.live_samples -= figures.samples;
+        let stack = self.stacks.get_mut(&id).expect("a stack with a live block is kept");
+        stack.live.remove(figures);
+        stack.live_blocks -= 1;
+        if stack.live_blocks == 0 && !stack.pinned {
+            self.idle.insert(stack.last_sampled, id);
+            self.fold_idle_beyond_budget();
+        }
     }
 
-    /// The profile as it stands: every stack with something allocated.
+    /// Fold the least recently sampled stacks with no live block beyond the budget.
+    fn fold_idle_beyond_budget(&mut self) {
+        while self.idle.len() > self.idle_budget {
+            let Some((_, id)) = self.idle.pop_first() else { return };
+            let stack = self.stacks.remove(&id).expect("an idle stack is kept");
+            self.stack_ids.remove(&stack.codes);
+            self.folded.add(stack.allocated);
+            self.folded_stacks += 1;
+        }
+    }
+
+    /// The profile as it stands: every stack with something allocated, the folded stacks'
+    /// pseudo-stack, and the stacks live at the peak.
     pub(crate) fn snapshot(&self) -> Snapshot {
-        let stacks = self
+        let at_peak = |id: u64, s: &Stack| {
+            if self.peak.is_now {
+                s.live
+            } else {
+                self.peak.live.get(&id).map(|(_, figures)| *figures).unwrap_or_default()
+            }
+        };
+        let mut stacks: Vec<StackFigures> = self
             .stacks
             .iter()
-            .enumerate()
-            .map(|(id, s)| StackFigures {
-                id: id as u32,
+            .map(|(&id, s)| StackFigures {
+                id,
                 frames: Arc::clone(&s.frames),
                 allocated: s.allocated,
                 live: s.live,
-                at_peak: if self.peak.is_now { s.live } else { self.peak.live.get(id).copied().unwrap_or_default() },
+                at_peak: at_peak(id, s),
             })
             .collect();
+        if self.folded_stacks > 0 {
+            let name = format!("<stacks folded: allocated totals of {} stacks no longer live>", self.folded_stacks);
+            let location = Location {
+                filename: LOST_SAMPLES_FILE.as_bytes().into(),
+                line: 0,
+                start_char: 0,
+                end_char: 0,
+                defname: name.into_bytes().into(),
+            };
+            stacks.push(StackFigures {
+                id: FOLDED_STACK_ID,
+                frames: Arc::new([Arc::new([location]) as CodeLocations]),
+                allocated: self.folded,
+                live: Figures::default(),
+                at_peak: Figures::default(),
+            });
+        }
+        if !self.peak.is_now {
+            // Stacks live at the peak and folded since.
+            let folded = self.peak.live.iter().filter(|(id, _)| !self.stacks.contains_key(id));
+            stacks.extend(folded.map(|(&id, (frames, at_peak))| StackFigures {
+                id,
+                frames: Arc::clone(frames),
+                allocated: Figures::default(),
+                live: Figures::default(),
+                at_peak: *at_peak,
+            }));
+        }
+        // In the order they were first sampled, whatever the maps' order.
+        stacks.sort_unstable_by_key(|s| s.id);
         Snapshot { rate: self.rate, started: self.started, taken: SystemTime::now(), peak_at: self.peak.at, stacks }
     }
 }
@@ -180,8 +304,9 @@ impl LiveProfile {
 /// One stack's figures in a [`Snapshot`].
 #[derive(Clone)]
 pub(crate) struct StackFigures {
-    /// The stack's id in its session (the same stack in two snapshots of a session).
-    pub(crate) id: u32,
+    /// The stack's id in its session (the same stack in two snapshots of a session; a folded
+    /// stack's id is not reused), or [`FOLDED_STACK_ID`].
+    pub(crate) id: u64,
     /// Its frames' locations, innermost frame first.
     pub(crate) frames: Arc<[CodeLocations]>,
     /// Allocated since the start.
@@ -280,15 +405,16 @@ impl LiveProfile {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn named(code: u64) -> CodeLocations {
+    /// Locations of `code`: one function, `f{code}`.
+    pub(crate) fn named(code: u64) -> CodeLocations {
         let name: Arc<[u8]> = format!("f{code}").into_bytes().into();
         Arc::new([Location { filename: b"f.rs"[..].into(), line: 1, start_char: 0, end_char: 0, defname: name }])
     }
 
-    fn live_of(snapshot: &Snapshot, id: u32) -> (u64, u64) {
+    fn live_of(snapshot: &Snapshot, id: u64) -> (u64, u64) {
         let s = snapshot.stacks.iter().find(|s| s.id == id).unwrap();
         (s.live.samples, s.at_peak.samples)
     }
@@ -337,6 +463,81 @@ mod tests {
         p.alloc(0x40, 1, 1, &[2], named);
         let s = p.snapshot();
         assert_eq!((s.stacks[0].at_peak.samples, s.stacks[1].at_peak.samples), (0, 2052));
+    }
+
+    fn total_allocated(snapshot: &Snapshot) -> u64 {
+        snapshot.stacks.iter().map(|s| s.allocated.samples).sum()
+    }
+
+    fn function_of(stack: &StackFigures) -> String {
+        String::from_utf8_lossy(&stack.frames[0][0].defname).into_owned()
+    }
+
+    /// Beyond the budget, the least recently sampled stacks with no live block are folded
+    /// into one pseudo-stack: totals stay exact, the stacks kept are the live ones, the
+    /// budget's most recent idle ones and the lost samples' site, and the tables stay that
+    /// small however many stacks were sampled.
+    #[test]
+    fn idle_stacks_beyond_the_budget_are_folded_and_totals_kept() {
+        const BUDGET: usize = 4;
+        let mut p = LiveProfile::with_idle_budget(1.0, BUDGET);
+        let lost = Pseudo::Lost(0).code();
+        p.alloc(0x8, 1, 9, &[lost], named);
+        p.free(0x8);
+        p.alloc(0x10, 1, 3, &[1000], named);
+        p.alloc(0x20, 1, 4, &[1001], named);
+        let mut truth = 9 + 3 + 4;
+        for code in 0..1000u64 {
+            p.alloc(0x100, 1, code % 5 + 1, &[code], named);
+            p.free(0x100);
+            truth += code % 5 + 1;
+            // However many stacks were sampled: the live ones, the lost samples' site and the budget.
+            assert!(p.stacks.len() <= 2 + 1 + BUDGET && p.stack_ids.len() == p.stacks.len(), "{}", p.stacks.len());
+            assert!(p.idle.len() <= BUDGET);
+        }
+        let s = p.snapshot();
+        assert_eq!(total_allocated(&s), truth);
+        // Beside the stacks live at the peak (when `f4` was live), folded since.
+        assert_eq!(s.stacks.iter().filter(|s| s.allocated.samples == 0).map(function_of).collect::<Vec<_>>(), ["f4"]);
+        let kept: Vec<String> = s.stacks.iter().filter(|s| s.allocated.samples > 0).map(function_of).collect();
+        let folded = "<stacks folded: allocated totals of 996 stacks no longer live>";
+        let lost = format!("f{lost}");
+        assert_eq!(kept, [&lost, "f1000", "f1001", "f996", "f997", "f998", "f999", folded]);
+        let pseudo = s.stacks.last().unwrap();
+        assert_eq!((pseudo.id, &pseudo.frames[0][0].filename[..]), (FOLDED_STACK_ID, LOST_SAMPLES_FILE.as_bytes()));
+        assert_eq!((pseudo.live, pseudo.at_peak), (Figures::default(), Figures::default()));
+        // A folded stack sampled again is a new stack, the folded figures unchanged.
+        p.alloc(0x100, 1, 2, &[0], named);
+        let s = p.snapshot();
+        assert_eq!(total_allocated(&s), truth + 2);
+        assert_eq!(s.stacks.iter().filter(|s| function_of(s) == "f0").count(), 1);
+        // Stacks with live blocks are kept beyond the budget: they are bounded by the live samples.
+        for code in 2000..2100 {
+            p.alloc(0x1000 + code as usize * 16, 1, 1, &[code], named);
+        }
+        assert_eq!(p.snapshot().stacks.len(), 2 + 1 + 1 + BUDGET + 100 + 1);
+    }
+
+    /// The peak keeps the stacks live at the peak, and their frames, after they were folded.
+    #[test]
+    fn the_peak_keeps_its_stacks_when_they_are_folded() {
+        let mut p = LiveProfile::with_idle_budget(1.0, 1);
+        p.alloc(0x10, 1, 5, &[1], named);
+        p.alloc(0x20, 1, 6, &[2], named);
+        p.free(0x10);
+        p.free(0x20);
+        for code in 10..20 {
+            p.alloc(0x30, 1, 1, &[code], named);
+            p.free(0x30);
+        }
+        let s = p.snapshot();
+        let at_peak: Vec<(String, u64)> =
+            s.stacks.iter().filter(|s| s.at_peak.samples > 0).map(|s| (function_of(s), s.at_peak.samples)).collect();
+        assert_eq!(at_peak, [("f1".to_owned(), 5), ("f2".to_owned(), 6)]);
+        assert_eq!(total_allocated(&s), 5 + 6 + 10);
+        // Only the budget's one idle stack and the folded ones' are kept beside the peak's.
+        assert_eq!(p.stacks.len(), 1);
+        assert_eq!(s.stacks.iter().filter(|s| s.allocated.samples > 0).count(), 2);
     }
 
     /// A block allocated again at an address whose free was lost is counted once.

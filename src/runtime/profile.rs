@@ -7,7 +7,7 @@ use std::borrow::Cow;
 use std::fmt;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use super::live_profile::{Figures, Mailbox, NoSnapshot, Snapshot, StackFigures};
+use super::live_profile::{Figures, Mailbox, NoSnapshot, Snapshot, StackFigures, FOLDED_STACK_ID};
 use super::session;
 use crate::format::hash::FastMap;
 use crate::format::location_codec::Location;
@@ -22,9 +22,11 @@ const ANSWER_TIMEOUT: Duration = Duration::from_secs(30);
 /// The longest delta profile: a request for more is refused.
 pub const MAX_DELTA: Duration = Duration::from_secs(600);
 
-/// Go's heap-profile sample types, in value order.
+/// Go's heap-profile sample types, in value order: the allocated figures, then the live ones.
 const SAMPLE_TYPES: [(&str, &str); 4] =
     [("alloc_objects", "count"), ("alloc_space", "bytes"), ("inuse_objects", "count"), ("inuse_space", "bytes")];
+/// How many of a heap profile's values are allocated figures.
+const ALLOCATED_VALUES: usize = 2;
 /// The sample types of a peak profile.
 const PEAK_SAMPLE_TYPES: [(&str, &str); 2] = [("inuse_objects", "count"), ("inuse_space", "bytes")];
 
@@ -37,7 +39,9 @@ pub enum ProfileKind {
     /// `inuse_space`, shown by `inuse_space`.
     Heap,
     /// The same profile as [`ProfileKind::Heap`] shown by `alloc_space` (Go's
-    /// `/debug/pprof/allocs`).
+    /// `/debug/pprof/allocs`). Of the stacks with nothing live, the 8 192 sampled last keep
+    /// their own figures; older ones share one `<stacks folded: …>` pseudo-stack (file
+    /// `<memtrace>`), so that the session's memory stays bounded and totals stay exact.
     Allocs,
     /// What was live when the live heap was at its highest so far (tcmalloc's peak-heap
     /// profile; within 1/1024 of the highest, which spares the writer a copy of every stack's
@@ -131,8 +135,8 @@ pub fn profile(kind: ProfileKind) -> Result<Profile, ProfileError> {
     Ok(Profile::of(kind, &mailbox.snapshot(ANSWER_TIMEOUT)?))
 }
 
-/// What was allocated (and the change of what is live) during the next `over`: two profiles
-/// `over` apart, subtracted (Go's `heap?seconds=N`); this waits `over`. `kind` is
+/// What was allocated (and the change of what is live) during the next `over`, not the last:
+/// two profiles `over` apart, subtracted (Go's `heap?seconds=N`); this waits `over`. `kind` is
 /// [`ProfileKind::Heap`] or [`ProfileKind::Allocs`], `over` at most [`MAX_DELTA`].
 pub fn profile_delta(kind: ProfileKind, over: Duration) -> Result<Profile, ProfileError> {
     let mailbox = session::profile_mailbox().ok_or(ProfileError::NotRunning)?;
@@ -158,17 +162,7 @@ pub(crate) fn delta(
         return Err(ProfileError::Ended);
     }
     let after = mailbox.snapshot(ANSWER_TIMEOUT)?;
-    let mut profile = Profile::of(kind, &after);
-    let earlier: FastMap<u32, Vec<f64>> =
-        Profile::of(kind, &before).stacks.into_iter().map(|(stack, values)| (stack.id, values)).collect();
-    for (stack, values) in &mut profile.stacks {
-        if let Some(earlier) = earlier.get(&stack.id) {
-            values.iter_mut().zip(earlier).for_each(|(v, e)| *v -= e);
-        }
-    }
-    profile.stacks.retain(|(_, values)| values.iter().any(|&v| v != 0.0));
-    profile.duration = after.taken.duration_since(before.taken).unwrap_or_default();
-    Ok(profile)
+    Ok(Profile::between(kind, &before, &after))
 }
 
 /// A mailbox's profile of `kind` (the built-in endpoint's).
@@ -198,6 +192,34 @@ impl Profile {
             _ => (snapshot.taken, snapshot.started),
         };
         Profile { kind, rate: snapshot.rate, time, duration: time.duration_since(since).unwrap_or_default(), stacks }
+    }
+
+    /// The profile of `kind` (heap or allocs) of what changed from `before` to `after`.
+    fn between(kind: ProfileKind, before: &Snapshot, after: &Snapshot) -> Profile {
+        let mut profile = Profile::of(kind, after);
+        let mut earlier: FastMap<u64, (StackFigures, Vec<f64>)> =
+            Profile::of(kind, before).stacks.into_iter().map(|(stack, values)| (stack.id, (stack, values))).collect();
+        for (stack, values) in &mut profile.stacks {
+            if let Some((_, earlier)) = earlier.remove(&stack.id) {
+                values.iter_mut().zip(earlier).for_each(|(v, e)| *v -= e);
+            }
+        }
+        // The stacks left were folded meanwhile: what they had allocated before is in the
+        // folded stack's growth, and what was live of them is not any more.
+        let mut allocated_before = [0.0; ALLOCATED_VALUES];
+        for (stack, mut values) in earlier.into_values() {
+            for (before, value) in allocated_before.iter_mut().zip(&mut values[..ALLOCATED_VALUES]) {
+                *before += std::mem::take(value);
+            }
+            values[ALLOCATED_VALUES..].iter_mut().for_each(|v| *v = -*v);
+            profile.stacks.push((stack, values));
+        }
+        if let Some((_, values)) = profile.stacks.iter_mut().find(|(stack, _)| stack.id == FOLDED_STACK_ID) {
+            values.iter_mut().zip(allocated_before).for_each(|(v, before)| *v -= before);
+        }
+        profile.stacks.retain(|(_, values)| values.iter().any(|&v| v != 0.0));
+        profile.duration = after.taken.duration_since(before.taken).unwrap_or_default();
+        profile
     }
 
     /// Which profile this is.
@@ -367,4 +389,47 @@ pub(crate) fn respond(mailbox: &Mailbox, path_and_query: &str, wait: impl FnOnce
 
 fn text(status: u16, message: &str) -> HttpResponse {
     HttpResponse { status, content_type: "text/plain; charset=utf-8", body: format!("{message}\n").into_bytes() }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::runtime::live_profile::tests::named;
+    use crate::runtime::live_profile::LiveProfile;
+
+    /// The values of the stacks whose innermost function is `function`, summed.
+    fn values_of(profile: &Profile, function: &str) -> Vec<f64> {
+        let mut sum = vec![0.0; profile.kind.sample_types().len()];
+        for (stack, values) in &profile.stacks {
+            if stack.frames[0][0].defname_str().starts_with(function) {
+                sum.iter_mut().zip(values).for_each(|(s, v)| *s += v);
+            }
+        }
+        sum
+    }
+
+    /// A delta over a time when stacks were folded counts what was allocated in it, neither
+    /// more (the folded stacks' totals from before) nor less, and what stopped being live.
+    #[test]
+    fn a_delta_across_folded_stacks_counts_what_the_time_allocated() {
+        let mut p = LiveProfile::with_idle_budget(1.0, 1);
+        p.alloc(0x10, 1, 10, &[1], named);
+        p.alloc(0x20, 1, 5, &[2], named);
+        p.free(0x20);
+        let before = p.snapshot();
+        // In the time: `f1` allocates 3 more and frees all, `f3` allocates 7; `f2`, then `f1`, are
+        // folded.
+        p.alloc(0x30, 1, 3, &[1], named);
+        p.free(0x30);
+        p.free(0x10);
+        p.alloc(0x40, 1, 7, &[3], named);
+        p.free(0x40);
+        let after = p.snapshot();
+        let delta = Profile::between(ProfileKind::Allocs, &before, &after);
+        assert_eq!(values_of(&delta, "f3"), [7.0, 56.0, 0.0, 0.0]);
+        assert_eq!(values_of(&delta, "<stacks folded: allocated totals of 2 stacks"), [3.0, 24.0, 0.0, 0.0]);
+        assert_eq!(values_of(&delta, "f1"), [0.0, 0.0, -10.0, -80.0]);
+        assert_eq!(values_of(&delta, "f2"), [0.0; 4]);
+        assert_eq!(delta.stacks.len(), 3);
+    }
 }

@@ -2,7 +2,8 @@
 //! allocating) serves its profiles over HTTP, and `go tool pprof` reads them; the estimates
 //! must be within 4 sigma of the truth, with the thread's and (with the `tracing` feature) the
 //! span's frames at the root. Also sessions for profiles only (from the environment
-//! and from code), the framework helper, and bad requests to the endpoint.
+//! and from code), the framework helper, bad requests to the endpoint, and a child of far more
+//! distinct stacks than the profile keeps.
 
 use std::collections::HashMap;
 use std::hint::black_box;
@@ -180,6 +181,51 @@ pub(super) fn api_child() {
     assert!(matches!(memtrace_rs::profile(ProfileKind::Heap), Err(memtrace_rs::ProfileError::NotRunning)));
 }
 
+/// Distinct stacks the child of many stacks samples, far beyond the live profile's budget of
+/// 8 192 stacks with nothing live (docs/GUIDE.md): spans of 64 values at three nested call
+/// sites, as a service's spans of tenants, routes and requests.
+#[cfg(feature = "tracing")]
+const VARIED_STACKS: usize = 40_000;
+/// The blocks of `site_varied`: sampled twice on average at [`RATE`], most of them at least once.
+#[cfg(feature = "tracing")]
+const VARIED_SIZE: usize = 16_000;
+#[cfg(feature = "tracing")]
+#[inline(never)]
+fn site_varied() {
+    black_box(Vec::<u8>::with_capacity(VARIED_SIZE));
+}
+/// Its truth, and all the child allocates while traced but a few small blocks.
+#[cfg(feature = "tracing")]
+const VARIED_BYTES: f64 = (VARIED_STACKS * VARIED_SIZE) as f64;
+
+/// The child of many stacks: `site_varied` in a distinct stack of spans each time, traced as
+/// the environment says; then `live: ready` on stderr, until stdin closes. Its spans are made
+/// before tracing starts, so that it allocates nothing else meanwhile.
+#[cfg(feature = "tracing")]
+pub(super) fn varied_child() {
+    use tracing_subscriber::layer::SubscriberExt;
+    let layer = memtrace_rs::MemtraceLayer::new().with_field("id");
+    tracing::subscriber::set_global_default(tracing_subscriber::registry().with(layer)).unwrap();
+    let tenants: Vec<_> = (0..64).map(|id| tracing::info_span!("tenant", id)).collect();
+    let routes: Vec<_> = (0..64).map(|id| tracing::info_span!("route", id)).collect();
+    let requests: Vec<_> = (0..64).map(|id| tracing::info_span!("request", id)).collect();
+    let guard = memtrace_rs::trace_if_requested();
+    assert!(guard.is_some());
+    for i in 0..VARIED_STACKS {
+        let _tenant = tenants[i / 4096].enter();
+        let _route = routes[i / 64 % 64].enter();
+        let _request = requests[i % 64].enter();
+        site_varied();
+        if i % 1000 == 999 {
+            // The writer keeps up.
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+    eprintln!("live: ready");
+    std::io::stdin().lock().lines().for_each(drop);
+    drop(guard);
+}
+
 /// The child of the fork test: serving at `MEMTRACE_HTTP`, it forks a child that outlives
 /// its session; once the session stopped, the port is free.
 pub(super) fn fork_child() {
@@ -217,7 +263,12 @@ impl Serving {
     /// Start the serving child with `env` (and `MEMTRACE_HTTP`, a free loopback port) in `dir`,
     /// and wait until it is ready.
     fn start(env: &[(&str, &str)], dir: &Path) -> Serving {
-        let mut cmd: Command = child("live:serve", env);
+        Serving::start_as("live:serve", env, dir)
+    }
+
+    /// [`Serving::start`] of a child in `role`, which says `live: ready` when it is.
+    fn start_as(role: &str, env: &[(&str, &str)], dir: &Path) -> Serving {
+        let mut cmd: Command = child(role, env);
         cmd.env("MEMTRACE_HTTP", "127.0.0.1:0").env("MEMTRACE_RATE", RATE.to_string()).current_dir(dir);
         let mut process = cmd.stdin(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
         let (tx, stderr) = std::sync::mpsc::channel();
@@ -410,6 +461,73 @@ fn live_profiles_over_http_match_the_truth() {
     let trace = Trace::read(&trace);
     assert!(trace.at_site("::site_live_big").count() > 0);
     assert!(trace.at_site("::site_delta").count() > 0);
+}
+
+/// `go tool pprof -raw` of `source` (a URL or file): its samples' values, and its functions.
+fn pprof_raw(source: &str) -> (Vec<Vec<i64>>, Vec<String>) {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = Command::new("go")
+        .args(["tool", "pprof", "-raw", source])
+        .env("PPROF_TMPDIR", tmp.path())
+        .env("HOME", tmp.path())
+        .output()
+        .expect("go tool pprof");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    let samples = text.split_once("\nSamples:\n").expect("samples").1;
+    let (samples, locations) = samples.split_once("\nLocations\n").expect("locations");
+    // `values: location ids`, after a line of the sample types; labels on lines of their own.
+    let values = samples
+        .lines()
+        .filter_map(|l| l.split_once(':'))
+        .filter_map(|(values, _)| values.split_whitespace().map(|v| v.parse().ok()).collect::<Option<Vec<i64>>>())
+        .filter(|values| !values.is_empty())
+        .collect();
+    // `id: address M=mapping function file:line s=start`, inlined functions on lines of their own.
+    let functions = locations.lines().map(|l| l.trim().to_owned()).collect();
+    (values, functions)
+}
+
+/// A service whose spans carry per-request values samples far more distinct stacks than the
+/// live profile keeps: the allocs profile still holds what was allocated in all (within 4
+/// sigma of the truth), with the stacks beyond the budget folded into a pseudo-stack that says
+/// so, and no more samples than the budget and a few.
+#[cfg(feature = "tracing")]
+#[test]
+fn many_distinct_stacks_are_folded_and_totals_kept() {
+    /// The budget of stacks with nothing live (`live_profile::IDLE_STACKS`, documented).
+    const BUDGET: usize = 8192;
+    if !go_available() {
+        eprintln!("go not found: skipped");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let serving = Serving::start_as("live:varied", &[], dir.path());
+    // The writer may be seconds behind the child's samples (a debug build, a busy machine):
+    // caught up once two profiles a while apart are the same (the child allocates nothing).
+    let mut last = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let (status, folded) = get(serving.addr, "/debug/pprof/allocs?format=folded");
+        assert_eq!(status, 200);
+        if folded == last || Instant::now() > deadline {
+            break;
+        }
+        last = folded;
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    let (samples, functions) = pprof_raw(&serving.url("/debug/pprof/allocs"));
+    serving.finish();
+    let allocated: i64 = samples.iter().map(|values| values[1]).sum();
+    assert_within_4_sigma("all allocated", allocated as f64, VARIED_BYTES);
+    assert!((BUDGET..BUDGET + 100).contains(&samples.len()), "{} samples", samples.len());
+    let folded = functions.iter().find_map(|f| {
+        let (_, rest) = f.split_once("<stacks folded: allocated totals of ")?;
+        rest.split_once(" stacks no longer live> <memtrace>")?.0.parse::<usize>().ok()
+    });
+    let folded = folded.unwrap_or_else(|| panic!("no folded stacks: {functions:?}"));
+    // Of the 40 000 stacks, some 86 % are sampled.
+    assert!(folded > VARIED_STACKS / 2, "{folded} stacks folded");
 }
 
 #[test]

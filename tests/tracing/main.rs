@@ -465,6 +465,8 @@ fn child_role() {
         "live:api" => live_profile::api_child(),
         "live:fork" => live_profile::fork_child(),
         #[cfg(feature = "tracing")]
+        "live:varied" => live_profile::varied_child(),
+        #[cfg(feature = "tracing")]
         spans if spans.starts_with("spans-") => spans::child_role(spans),
         hostile if hostile.starts_with("hostile:") => hostile::child_role(hostile),
         other => assert!(faults::child_role(other), "unknown role {other}"),
