@@ -36,6 +36,7 @@
 mod against_gimli;
 mod cache;
 mod interp;
+mod lookup;
 mod rule;
 mod tables;
 mod walk;

@@ -39,8 +39,7 @@ pub(crate) fn capture(
     while n < cap {
         let (cfa_in_rbp, cfa_offset, rbp_offset) = match rule_for(lookup) {
             Rule::Step { cfa_in_rbp, cfa_offset, rbp_offset } => (cfa_in_rbp, cfa_offset, rbp_offset),
-            Rule::End | Rule::Rejected => break,
-            Rule::Unsupported => return None,
+            Rule::End | Rule::Rejected | Rule::Unsupported => break,
         };
         let Some(cfa) = (if cfa_in_rbp { rbp } else { rsp }).checked_add_signed(cfa_offset as i64) else { break };
         // The caller's frame is above this one: the walk always ends.
