@@ -152,30 +152,39 @@ impl Object {
         let object = Object { bias, headers, map: (start, end) };
         // The first `PT_LOAD` segment maps the file's start (the ELF header) at the mapping's
         // start: what was read is this object's.
-        let first = object.segments().next()?;
+        let first = (0..count).find_map(|i| object.segment(i))?;
         (first.offset == 0 && first.start & !(PAGE - 1) == start).then_some(object)
     }
 
-    /// The object's `PT_LOAD` segments, in the order of its program headers; a segment
-    /// outside the address space ends them.
-    fn segments(&self) -> impl Iterator<Item = Segment> + '_ {
-        self.headers
-            .chunks_exact(PROGRAM_HEADER_SIZE)
-            .map_while(|header| {
-                let word = |at: usize| u64::from_le_bytes(header[at..at + 8].try_into().unwrap());
-                let [kind, flags] = [0, 4].map(|at| u32::from_le_bytes(header[at..at + 4].try_into().unwrap()));
-                let start = self.bias.checked_add(word(16))?;
-                Some((kind, Segment { flags, offset: word(8), start, end: start.checked_add(word(40))? }))
-            })
-            .filter_map(|(kind, segment)| (kind == LOAD).then_some(segment))
+    /// The segment of program header `i`, if it is a `PT_LOAD` within the address space.
+    /// (Plain loops over these, not iterator chains: this runs inside the allocator, and
+    /// unoptimised builds give every adapter a frame of its own.)
+    fn segment(&self, i: usize) -> Option<Segment> {
+        let header = self.headers.get(i * PROGRAM_HEADER_SIZE..(i + 1) * PROGRAM_HEADER_SIZE)?;
+        let word = |at: usize| u64::from_le_bytes(header[at..at + 8].try_into().unwrap());
+        let half = |at: usize| u32::from_le_bytes(header[at..at + 4].try_into().unwrap());
+        if half(0) != LOAD {
+            return None;
+        }
+        let start = self.bias.checked_add(word(16))?;
+        Some(Segment { flags: half(4), offset: word(8), start, end: start.checked_add(word(40))? })
     }
 
     /// The bytes from `address` to the end of the readable segment holding it (within the
     /// object's mapping); `None` when no readable segment holds it.
     fn rest_of_segment(&self, address: u64) -> Option<&'static [u8]> {
-        let segment = self.segments().find(|s| s.flags & READABLE != 0 && (s.start..s.end).contains(&address))?;
-        let (start, end) = (segment.start.max(self.map.0), segment.end.min(self.map.1));
-        if !(start..end).contains(&address) {
+        let mut end = None;
+        for i in 0..self.headers.len() / PROGRAM_HEADER_SIZE {
+            match self.segment(i) {
+                Some(s) if s.flags & READABLE != 0 && (s.start..s.end).contains(&address) => {
+                    end = Some(s.end.min(self.map.1));
+                    break;
+                }
+                _ => {}
+            }
+        }
+        let end = end?;
+        if address < self.map.0 || address >= end {
             return None;
         }
         // SAFETY: `[address, end)` lies in a readable `PT_LOAD` segment of the object, inside
@@ -186,6 +195,13 @@ impl Object {
 
     /// The FDE covering `pc`, found through the `.eh_frame_hdr` at `hdr` (0 for none).
     fn fde(&self, hdr: u64, pc: u64) -> Option<Fde<'static>> {
+        let (start, fde, eh_frame) = self.search(hdr, pc)?;
+        self.fde_at(fde, eh_frame, start, pc)
+    }
+
+    /// The search table's entry for `pc` in the `.eh_frame_hdr` at `hdr`: the start of the
+    /// code it is for, its FDE's address, and the start of `.eh_frame`.
+    fn search(&self, hdr: u64, pc: u64) -> Option<(u64, u64, u64)> {
         /// The table's encoding: pairs of 4-byte signed offsets from the header's start.
         const TABLE_ENCODING: u8 = gimli::DW_EH_PE_datarel.0 | gimli::DW_EH_PE_sdata4.0;
         let mut cursor = ReadCursor::new(self.rest_of_segment(hdr)?, hdr);
@@ -218,6 +234,12 @@ impl Object {
         if found > 0 && entry(found - 1).0 > start {
             return None;
         }
+        Some((start, fde, eh_frame))
+    }
+
+    /// The FDE at `fde` (in `.eh_frame`, from `eh_frame` on), if it is one with a CIE, starts
+    /// at `start` and covers `pc`.
+    fn fde_at(&self, fde: u64, eh_frame: u64, start: u64, pc: u64) -> Option<Fde<'static>> {
         let fde_body = self.entry_body(fde, eh_frame)?;
         let cie_pointer = ReadCursor::new(fde_body, 0).try_u32()?;
         // A CIE pointer of 0 makes the entry a CIE; else it counts back from its own address.

@@ -15,12 +15,21 @@ use super::rule::Rule;
 /// a loaded ELF object (as far as can be told without the loader's lock). A loaded object's
 /// tables that give no FDE for `pc`, well formed or not, give [`Rule::Rejected`].
 pub(super) fn rule_from_tables(pc: u64) -> (Rule, bool) {
-    let rule = |fde: Option<Fde<'_>>| fde.map_or(Rule::Rejected, |fde| fde.rule_at(pc));
     match lookup(pc) {
-        Lookup::Object(fde) => (rule(fde), true),
-        Lookup::Elsewhere => (rule(registered_fde(pc)), false),
+        Lookup::Object(fde) => (rule_at(fde, pc), true),
+        Lookup::Elsewhere => (rule_at(registered_fde(pc), pc), false),
         // Assumed to be in a loaded object.
-        Lookup::Unknown => (rule(registered_fde(pc)), true),
+        Lookup::Unknown => (rule_at(registered_fde(pc), pc), true),
+    }
+}
+
+/// The rule at `pc` of `fde`; [`Rule::Rejected`] without one. (A function of its own, so
+/// that unoptimised builds keep one copy of the FDE in [`rule_from_tables`]'s frame, which
+/// calibration's captures take inside the allocator.)
+fn rule_at(fde: Option<Fde<'_>>, pc: u64) -> Rule {
+    match fde {
+        Some(fde) => fde.rule_at(pc),
+        None => Rule::Rejected,
     }
 }
 
