@@ -115,14 +115,14 @@ const LIBRARIES_VAR: &str = "MEMTRACE_TEST_LIBRARIES";
 const CALLS: &str = "hostile_calls";
 
 /// Allocations made through a frame of each library in [`LIBRARIES_VAR`]: every one sampled,
-/// its stack walked through the library's frame, whose unwind tables are corrupt.
+/// its stack walked through the library's frame, whose unwind tables are corrupt. The
+/// libraries stay loaded, each at an address of its own: one loaded where the last one was
+/// could be walked with the rules cached from the last one's tables, not its own.
 fn call_libraries_with_corrupt_unwind_tables() {
     let guard = trace_if_requested();
     for (i, library) in std::env::var(LIBRARIES_VAR).unwrap().split(':').enumerate() {
-        let (handle, calls) = load_calling_library(library);
+        let (_, calls) = load_calling_library(library);
         assert_eq!(std::hint::black_box(calls(allocate)), 21);
-        // SAFETY: a handle of ours, whose code is no longer used.
-        unsafe { libc::dlclose(handle) };
         eprintln!("called library {i}");
     }
     drop(guard);
@@ -691,35 +691,47 @@ fn small_foreign_stacks_are_never_overflowed() {
     }
 }
 
-/// The file range of the call-frame instructions of the FDE of `symbol` in the ELF object
-/// `image` (whose `.eh_frame` GCC writes: a `zR` CIE, FDEs with 4-byte pc-relative addresses
-/// and no augmentation data).
-fn fde_instructions(image: &[u8], symbol: &str) -> std::ops::Range<usize> {
+/// Where the unwind tables of `symbol` lie in the ELF object `image` (whose `.eh_frame` GCC
+/// writes: a `zR` CIE, FDEs with 4-byte pc-relative addresses and no augmentation data), as
+/// file offsets.
+struct Tables {
+    /// The function's FDE, and its call-frame instructions.
+    fde: usize,
+    instructions: std::ops::Range<usize>,
+    /// The FDE's CIE.
+    cie: usize,
+    /// `.eh_frame_hdr`, its number of table entries, and the function's entry in its table.
+    hdr: usize,
+    entries: usize,
+    entry: usize,
+}
+
+fn tables(image: &[u8], symbol: &str) -> Tables {
     use object::{Object, ObjectSection, ObjectSymbol};
     let file = object::File::parse(image).unwrap();
     let function = file.dynamic_symbols().find(|s| s.name() == Ok(symbol)).expect("the symbol").address();
-    let section = file.section_by_name(".eh_frame").expect("an .eh_frame");
-    let (start, size) = section.file_range().unwrap();
-    let (start, size) = (start as usize, size as usize);
     let word = |at: usize| u32::from_le_bytes(image[at..at + 4].try_into().unwrap());
-    let mut at = 0;
-    while at + 8 <= size {
-        let length = word(start + at) as usize;
-        if length == 0 {
-            break;
-        }
-        let cie_pointer = word(start + at + 4);
-        if cie_pointer != 0 {
-            let pc_begin = (section.address() as i64 + at as i64 + 8 + word(start + at + 8) as i32 as i64) as u64;
-            if pc_begin == function {
-                // Length, CIE pointer, address, size, augmentation data length (0).
-                assert_eq!(image[start + at + 16], 0, "augmentation data");
-                return start + at + 17..start + at + 4 + length;
-            }
-        }
-        at += 4 + length;
-    }
-    panic!("no FDE for {symbol}");
+    let section = |name: &str| {
+        let section = file.section_by_name(name).unwrap_or_else(|| panic!("no {name}"));
+        (section.file_range().unwrap().0 as usize, section.address())
+    };
+    let (hdr, hdr_address) = section(".eh_frame_hdr");
+    // Version 1; `.eh_frame` pointer pc-relative sdata4, count udata4, table datarel sdata4.
+    assert_eq!(image[hdr..hdr + 4], [1, 0x1b, 0x03, 0x3b], "an unusual .eh_frame_hdr");
+    let entries = word(hdr + 8) as usize;
+    let entry = (0..entries)
+        .map(|i| hdr + 12 + 8 * i)
+        .find(|&at| hdr_address.wrapping_add_signed(word(at) as i32 as i64) == function)
+        .expect("the function in the search table");
+    let (eh_frame, eh_frame_address) = section(".eh_frame");
+    let fde = eh_frame + (hdr_address.wrapping_add_signed(word(entry + 4) as i32 as i64) - eh_frame_address) as usize;
+    let pc_begin = (eh_frame_address + (fde - eh_frame) as u64 + 8).wrapping_add_signed(word(fde + 8) as i32 as i64);
+    assert_eq!(pc_begin, function);
+    // Length, CIE pointer, address, size, augmentation data length (0).
+    assert_eq!(image[fde + 16], 0, "augmentation data");
+    let cie = fde + 4 - word(fde + 4) as usize;
+    assert_eq!(image[cie + 8..cie + 12], [1, b'z', b'R', 0], "a zR CIE");
+    Tables { fde, instructions: fde + 17..fde + 4 + word(fde) as usize, cie, hdr, entries, entry }
 }
 
 /// A small C library in `dir` whose function [`CALLS`] calls the function it is given (no
@@ -740,52 +752,120 @@ fn build_calling_library(dir: &Path) -> Option<PathBuf> {
     Some(built)
 }
 
-/// Copies of a small C library whose function [`CALLS`] has corrupt call-frame instructions,
-/// in `dir`: instructions no parser knows, a CFA far off the stack, a CFA below the stack
-/// pointer, the CFA in `rbp` (which this code does not set up), then `fuzzed` copies with one
-/// to three random bytes changed (a fixed seed). `None` without a C compiler.
-fn build_corrupt_libraries(dir: &Path, fuzzed: usize) -> Option<Vec<PathBuf>> {
+/// Corruptions of the headers of [`CALLS`]'s unwind tables in a library: (what, where,
+/// the bytes written there). Each is one that a lookup trusting the tables follows into
+/// memory it must not read (or into an `abort` on an encoding it does not know), or that
+/// would make it use an FDE that does not cover the function.
+fn header_corruptions(image: &[u8], t: &Tables) -> Vec<(&'static str, usize, Vec<u8>)> {
+    let le = |value: u32| value.to_le_bytes().to_vec();
+    let word = |at: usize| u32::from_le_bytes(image[at..at + 4].try_into().unwrap());
+    // The CIE's augmentation string ("zR") is at +9; then a byte each: code and data
+    // alignment, return address register, augmentation data length, and its `R` encoding.
+    let (cie_augmentation, return_address, cie_encoding) = (t.cie + 9, t.cie + 14, t.cie + 16);
+    assert_eq!(image[return_address..cie_encoding + 1], [16, 1, 0x1b], "return address in r16, encoding pcrel sdata4");
+    // The function's entry in the search table and the one before or after it, to swap.
+    assert!(t.entries >= 2, "a search table of {} entries", t.entries);
+    let first = if t.entry > t.hdr + 12 { t.entry - 8 } else { t.entry };
+    vec![
+        ("FDE length past every segment", t.fde, le(0x7fff_fff0)),
+        ("FDE length announcing 64-bit DWARF", t.fde, le(u32::MAX)),
+        ("FDE length cutting its addresses short", t.fde, le(6)),
+        ("CIE pointer 2 GiB before the FDE", t.fde + 4, le(0x7fff_fff0)),
+        ("CIE pointer 4 GiB before the FDE", t.fde + 4, le(0xffff_fff0)),
+        ("CIE pointer to the FDE itself", t.fde + 4, le(4)),
+        ("CIE pointer zero (the FDE reads as a CIE)", t.fde + 4, le(0)),
+        ("FDE address far from the function", t.fde + 8, le(0x4000_0000)),
+        ("FDE range empty", t.fde + 12, le(0)),
+        ("FDE range past the address space", t.fde + 12, le(u32::MAX)),
+        ("CIE length past every segment", t.cie, le(0x7fff_fff0)),
+        ("CIE length announcing 64-bit DWARF", t.cie, le(u32::MAX)),
+        ("CIE length cutting its augmentation short", t.cie, le(7)),
+        ("CIE id not zero", t.cie + 4, le(7)),
+        ("augmentation string without its NUL", cie_augmentation, vec![b'z'; 7]),
+        ("augmentation letter unknown", cie_augmentation + 1, vec![b'Q']),
+        ("augmentation string without z", cie_augmentation, vec![b'R', 0]),
+        ("augmentation data past the CIE", cie_encoding - 1, vec![0x7f]),
+        ("return address in an unknown register", return_address, vec![0x7f]),
+        ("pointer encoding of no format", cie_encoding, vec![0x0f]),
+        ("pointer encoding indirect", cie_encoding, vec![0x9b]),
+        ("pointer encoding aligned", cie_encoding, vec![0x50]),
+        ("pointer encoding omitted", cie_encoding, vec![0xff]),
+        ("pointer encoding absolute 8 bytes", cie_encoding, vec![0x04]),
+        (".eh_frame_hdr version 2", t.hdr, vec![2]),
+        (".eh_frame pointer encoding of no format", t.hdr + 1, vec![0x0f]),
+        (".eh_frame pointer far outside", t.hdr + 4, le(0x7fff_fff0)),
+        ("FDE count encoding of no format", t.hdr + 2, vec![0x0e]),
+        ("FDE count encoding omitted", t.hdr + 2, vec![0xff]),
+        ("table encoding of no format", t.hdr + 3, vec![0x3f]),
+        ("table encoding pc-relative", t.hdr + 3, vec![0x1b]),
+        ("FDE count past every segment", t.hdr + 8, le(0x0fff_ffff)),
+        ("FDE count zero", t.hdr + 8, le(0)),
+        ("table entry's FDE far outside", t.entry + 4, le(0x7fff_fff0)),
+        ("table entry's FDE before the object", t.entry + 4, le(0x8000_0000)),
+        ("table entry's FDE inside the FDE", t.entry + 4, le(word(t.entry + 4) + 2)),
+        ("table entry's address out of order", t.entry, le(0x7fff_0000)),
+        ("table entries swapped", first, [&image[first + 8..first + 16], &image[first..first + 8]].concat()),
+    ]
+}
+
+/// Copies of a small C library whose function [`CALLS`] has corrupt unwind tables, in `dir`:
+/// each of the [`header_corruptions`], then call-frame instructions no parser knows, a CFA
+/// far off the stack, a CFA below the stack pointer, the CFA in `rbp` (which this code does
+/// not set up), rules the cached walk does not follow, then `fuzzed` copies of the
+/// instructions with one to three random bytes changed (a fixed seed). `None` without a C
+/// compiler.
+fn build_corrupt_libraries(dir: &Path, fuzzed: usize) -> Option<Vec<(String, PathBuf)>> {
     let image = std::fs::read(build_calling_library(dir)?).unwrap();
-    let range = fde_instructions(&image, CALLS);
-    let length = range.len();
+    let tables = tables(&image, CALLS);
+    let instructions = tables.instructions.clone();
+    let length = instructions.len();
     let filled = |bytes: &[u8]| -> Vec<u8> { bytes.iter().copied().chain(std::iter::repeat(0)).take(length).collect() };
-    let mut variants = vec![
-        vec![0x3f; length],
-        filled(&[0x0e, 0xff, 0xff, 0xff, 0x7f]),
-        filled(&[0x0e, 0x00]),
-        filled(&[0x0c, 0x06, 0x10]),
-    ];
+    let mut variants: Vec<(String, usize, Vec<u8>)> =
+        header_corruptions(&image, &tables).into_iter().map(|(what, at, bytes)| (what.to_owned(), at, bytes)).collect();
+    for (what, bytes) in [
+        ("instructions unknown", vec![0x3f; length]),
+        ("CFA far off the stack", filled(&[0x0e, 0xff, 0xff, 0xff, 0x7f])),
+        ("CFA below the stack pointer", filled(&[0x0e, 0x00])),
+        ("CFA in rbp", filled(&[0x0c, 0x06, 0x10])),
+        // Well formed, but beyond what the cached walk follows: a walker that trusted them
+        // would read address 0.
+        ("CFA in r10", filled(&[0x0c, 0x0a, 0x10])),
+        ("CFA by an expression reading address 0", filled(&[0x0f, 0x02, 0x30, 0x06])),
+        ("rbp saved by an expression reading address 0", filled(&[0x10, 0x06, 0x03, 0x13, 0x30, 0x06])),
+    ] {
+        variants.push((what.to_owned(), instructions.start, bytes));
+    }
     let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
     let mut random = move || {
         seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
         (seed >> 33) as usize
     };
-    for _ in 0..fuzzed {
-        let mut instructions = image[range.clone()].to_vec();
+    for i in 0..fuzzed {
+        let mut bytes = image[instructions.clone()].to_vec();
         for _ in 0..1 + random() % 3 {
             let at = random() % length;
-            instructions[at] = random() as u8;
+            bytes[at] = random() as u8;
         }
-        variants.push(instructions);
+        variants.push((format!("instructions fuzzed ({i})"), instructions.start, bytes));
     }
-    let paths = variants
+    let libraries = variants
         .into_iter()
         .enumerate()
-        .map(|(i, instructions)| {
+        .map(|(i, (what, at, bytes))| {
             let mut corrupt = image.clone();
-            corrupt[range.clone()].copy_from_slice(&instructions);
+            corrupt[at..at + bytes.len()].copy_from_slice(&bytes);
             let path = dir.join(format!("libcorrupt{i}.so"));
             std::fs::write(&path, corrupt).unwrap();
-            path
+            (what, path)
         })
         .collect();
-    Some(paths)
+    Some(libraries)
 }
 
-/// Allocations sampled through the frame of a library whose unwind tables are corrupt (its
-/// function's call-frame instructions, set or fuzzed), with each unwinder: the program runs
-/// as it does untraced, and the trace is readable; the stack ends at that frame where the
-/// tables cannot be followed.
+/// Allocations sampled through the frame of a library whose unwind tables are corrupt (the
+/// headers of its `.eh_frame_hdr`, CIE or FDE, or its function's call-frame instructions, set
+/// or fuzzed), with each unwinder: the program runs as it does untraced, and the trace is
+/// readable; the stack ends at that frame where the tables cannot be followed.
 #[test]
 fn corrupt_unwind_tables_in_a_library_never_crash_the_walk() {
     const FUZZED: usize = 60;
@@ -795,10 +875,10 @@ fn corrupt_unwind_tables_in_a_library_never_crash_the_walk() {
         eprintln!("no C compiler: not checked");
         return;
     };
-    let libraries = libraries.iter().map(|p| p.to_str().unwrap()).collect::<Vec<_>>().join(":");
+    let paths = libraries.iter().map(|(_, p)| p.to_str().unwrap()).collect::<Vec<_>>().join(":");
     let run = |env: &[(&str, &str)]| {
         let mut env = env.to_vec();
-        env.push((LIBRARIES_VAR, &libraries));
+        env.push((LIBRARIES_VAR, &paths));
         output_within(
             super::child("hostile:corrupt-eh-frame", &env),
             "hostile:corrupt-eh-frame",
@@ -813,7 +893,8 @@ fn corrupt_unwind_tables_in_a_library_never_crash_the_walk() {
             run(&[("MEMTRACE_FILE", path.to_str().unwrap()), ("MEMTRACE_RATE", "1"), ("MEMTRACE_UNWINDER", unwinder)]);
         let stderr = String::from_utf8_lossy(&out.stderr);
         let called = stderr.lines().filter(|l| l.starts_with("called library")).count();
-        assert!(out.status.success(), "unwinder {unwinder:?}: {:?} after {called} libraries", out.status);
+        let what = libraries.get(called).map_or("", |(what, _)| what.as_str());
+        assert!(out.status.success(), "unwinder {unwinder:?}: {:?} at library {called}: {what}", out.status);
         assert!(!Trace::read(&path).allocs.is_empty());
     }
     let _ = std::fs::remove_file(&path);

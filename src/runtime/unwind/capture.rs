@@ -20,8 +20,8 @@ pub(crate) fn configure(walker: Walker, frame_cap: usize) {
 
 /// Stack a capture may take below the sampled path's check, per [`Walker`] (indexed by
 /// `Walker as usize`): what unoptimised builds were measured to take, with room to spare
-/// (docs/GUIDE.md, "Stopping and stack needs"; `tests/tracing` checks the bounds). The cached DWARF walk hands the stacks
-/// it cannot follow to libgcc, so it needs libgcc's room too.
+/// (docs/GUIDE.md, "Stopping and stack needs"; `tests/tracing` checks the bounds). The cached DWARF walk hands a
+/// sample taken on another stack (a signal handler's) to libgcc, so it needs libgcc's room too.
 pub(crate) const STACK_NEEDED: [usize; 3] = [16 << 10, 8 << 10, 16 << 10];
 
 /// Whether this thread has the stack left for a capture with the session's walker (see
@@ -74,10 +74,10 @@ fn alternate_stack_remaining(sp: usize) -> Option<usize> {
 /// walk's cache misses read unwind tables.
 ///
 /// A walk that cannot take a stack (stack bounds unknown on this thread, a sample taken on
-/// another stack, a well-formed rule the cached DWARF walk does not follow) hands it to
-/// libgcc, which drops its own calibrated leading frames; unwind tables the DWARF walk rejects
-/// end the stack instead (see `cfi`). A calibration capture is only ever its walker's own:
-/// none when the walk fails.
+/// another stack) hands it to libgcc, which drops its own calibrated leading frames; a rule
+/// the cached DWARF walk does not follow and unwind tables it rejects end the stack at that
+/// frame instead (see `cfi`). A calibration capture is only ever its walker's own: none when
+/// the walk fails.
 #[inline(always)]
 pub(crate) fn capture(entry: Entry, calibrating: bool, frames: &mut [u64; MAX_FRAMES]) -> usize {
     let cap = if calibrating { MAX_FRAMES } else { FRAME_CAP.load(Ordering::Relaxed) };

@@ -25,16 +25,19 @@ pub enum Unwinder {
     /// On x86_64 Linux with glibc, the stack is walked with the rules of each return address,
     /// worked out from the tables the first time the address is met and cached: cheap once the
     /// program's call sites have been seen (see docs/BENCHMARKS.md). A
-    /// stack that needs more than those rules can express (rare: stack realignment, a signal
-    /// frame) is unwound by libgcc's `_Unwind_Backtrace`, as every stack is on other
-    /// platforms or if start-up calibration finds the cached walk's stacks differ from
-    /// libgcc's, which is several times slower.
+    /// stack ends at a frame that needs more than those rules can express (rare: stack
+    /// realignment, a signal frame) and at a library whose unwind tables are malformed, which
+    /// the cached walk reads checked and never faults on. Every stack is unwound by libgcc's
+    /// `_Unwind_Backtrace` on other platforms, if start-up calibration finds the cached walk's
+    /// stacks differ from libgcc's (several times slower), and for a sample taken on another
+    /// stack (a signal handler's).
     ///
-    /// Both find unwind tables with libgcc's `_Unwind_Find_FDE` (the cached walk only on a
-    /// cache miss), which uses glibc's lock-free `_dl_find_object` (glibc 2.35 and later with
-    /// libgcc 12 and later). Older C libraries make it take the dynamic loader's lock, so a
-    /// sample could deadlock against a thread inside `dlopen`/`dlclose`; tracing then says so
-    /// on stderr when it starts (ALLOCATOR-PITFALLS §3).
+    /// The cached walk finds a library's unwind tables (on a cache miss) through glibc's
+    /// lock-free `_dl_find_object` (glibc 2.35 and later), libgcc's unwinder with
+    /// `_Unwind_Find_FDE`, which uses it too with libgcc 12 and later. Older C libraries make
+    /// both take the dynamic loader's lock, so a sample could deadlock against a thread
+    /// inside `dlopen`/`dlclose`; tracing then says so on stderr when it starts
+    /// (ALLOCATOR-PITFALLS §3).
     Dwarf = 0,
     /// Walk the frame-pointer chain: the cheapest walker (see docs/BENCHMARKS.md),
     /// and never touches the dynamic loader or an unwinder lock. Needs the program
@@ -65,7 +68,8 @@ pub(crate) enum Walker {
     /// libgcc's `_Unwind_Backtrace`, through `backtrace::trace_unsynchronized`.
     Libgcc = 0,
     FramePointers = 1,
-    /// The DWARF walk with cached rules ([`cfi`](super::cfi)); libgcc unwinds the stacks it cannot.
+    /// The DWARF walk with cached rules ([`cfi`](super::cfi)); libgcc unwinds the samples taken
+    /// on another stack.
     Cfi = 2,
 }
 

@@ -1,5 +1,5 @@
 //! Stack capture with libgcc's DWARF unwinder (`_Unwind_Backtrace`): the walker that takes
-//! every stack, the last resort of the others.
+//! every stack, used where the others cannot walk one (see `capture`).
 
 use super::leading::Leading;
 use crate::runtime::state::MAX_FRAMES;

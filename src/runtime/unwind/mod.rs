@@ -1,8 +1,8 @@
 //! Capturing the stack of a sampled allocation.
 //!
 //! Three walkers ([`choice`]): a frame-pointer walk ([`frame_pointers`]), a DWARF walk with a
-//! cache of unwind rules ([`cfi`]), and libgcc's DWARF unwinder ([`libgcc`]), the last resort
-//! of the others. [`capture`](fn@capture) runs the session's walker and drops the tracer's
+//! cache of unwind rules ([`cfi`]), and libgcc's DWARF unwinder ([`libgcc`]), which takes the
+//! stacks the others cannot walk (a thread's stack bounds unknown, a sample on another stack). [`capture`](fn@capture) runs the session's walker and drops the tracer's
 //! leading frames ([`leading`]), which start-up [`calibrate`](mod@calibrate) measures per walker
 //! and entry point.
 //!

@@ -1,5 +1,6 @@
-//! A differential test of the CFI interpreter: our rule and the rule read off gimli's
-//! `UnwindTable` row agree at every 16th address of every FDE of the test binary and of libc.
+//! A differential test of the FDE lookup and the CFI interpreter: our rule (and function
+//! start) and the rule read off gimli's `UnwindTable` row (and FDE) agree at every 16th
+//! address of every FDE of the test binary and of libc.
 //! gimli is an independent, fuzzed parser and evaluator; it is not used on the sampled path
 //! because a rule computation with it costs 2.5–3 times ours and much more stack (see
 //! docs/BENCHMARKS.md).
@@ -9,8 +10,8 @@ use gimli::{
     Register, RegisterRule, UnwindContext, UnwindContextStorage, UnwindSection, UnwindTableRow, X86_64,
 };
 
-use super::interp::rule_from_fde;
 use super::rule::Rule;
+use super::tables::{function_start, rule_from_tables};
 use crate::format::buf::ReadCursor;
 
 /// One loaded object's `.eh_frame_hdr` search table, from `dl_iterate_phdr`.
@@ -139,8 +140,15 @@ fn compare(matches: impl Fn(&str) -> bool) -> (usize, usize, Vec<String>) {
         let parsed = section.fde_from_offset(&bases, offset, EhFrame::cie_from_offset).expect("gimli parses the FDE");
         assert_eq!(parsed.initial_address(), start, "{}: the FDE at {fde:#x}", object.name);
         for pc in (start..start + parsed.len()).step_by(16) {
-            // SAFETY: `fde` is an FDE of a mapped `.eh_frame`, covering code from `start`.
-            let ours = unsafe { rule_from_fde(fde as *const u8, start, pc) };
+            // Ours through the whole lookup: the search table, the FDE and CIE, the rule.
+            let ours = rule_from_tables(pc).0;
+            if function_start(pc) != Some(start) {
+                differences.push(format!(
+                    "{} at {pc:#x}: the function starts at {start:#x}, not {:x?}",
+                    object.name,
+                    function_start(pc)
+                ));
+            }
             let theirs = gimli_rule(&section, &bases, &parsed, pc);
             compared += 1;
             followed += usize::from(matches!(ours, Rule::Step { .. } | Rule::End));

@@ -4,57 +4,107 @@
 use super::rule::{Rule, RBP, RSP};
 use crate::format::buf::ReadCursor;
 
-/// The rule at `pc` of the FDE at `fde`, which covers code starting at `start`:
-/// [`Rule::Rejected`] for malformed CFI (an entry or an instruction cut short or unknown, a
-/// pointer encoding or a CIE that makes no sense, a restore of no remembered state),
-/// [`Rule::Unsupported`] for CFI the walk does not follow.
-///
-/// # Safety
-/// `fde` points to an FDE in a mapped `.eh_frame` section, as `_Unwind_Find_FDE` returns.
-pub(super) unsafe fn rule_from_fde(fde: *const u8, start: u64, pc: u64) -> Rule {
-    // SAFETY: the caller's contract.
-    unsafe { checked_rule_from_fde(fde, start, pc) }.unwrap_or(Rule::Rejected)
+/// An FDE with its CIE, parsed as far as the walk needs: the code it covers and the
+/// call-frame instructions that give the rules there.
+pub(super) struct Fde<'a> {
+    cie: Cie<'a>,
+    /// The start of the code covered: its function's.
+    pub(super) start: u64,
+    /// The end of the code covered (exclusive).
+    end: u64,
+    instructions: &'a [u8],
 }
 
-/// [`rule_from_fde`]; `None` for malformed CFI.
-///
-/// # Safety
-/// As for [`rule_from_fde`].
-unsafe fn checked_rule_from_fde(fde: *const u8, start: u64, pc: u64) -> Option<Rule> {
-    /// The body of the CIE or FDE at `at`: the bytes after its length word.
-    ///
-    /// # Safety
-    /// `at` points to a CIE or FDE of a mapped `.eh_frame` section, which stays mapped for `'a`.
-    unsafe fn entry<'a>(at: *const u8) -> Option<&'a [u8]> {
-        // SAFETY: an entry starts with its length word, and that many bytes follow it.
-        let length = unsafe { at.cast::<u32>().read_unaligned() };
-        // 0xffffffff would announce 64-bit DWARF, which .eh_frame does not use.
-        // SAFETY: as above.
-        (length != u32::MAX).then(|| unsafe { std::slice::from_raw_parts(at.add(4), length as usize) })
+impl<'a> Fde<'a> {
+    /// The FDE whose body (the bytes after its length word) is `body`, at address `address`,
+    /// and whose CIE's body is `cie_body`; `None` when either is malformed (cut short, a CIE
+    /// that makes no sense, a pointer encoding it does not know or the walk does not use, a
+    /// range past the end of the address space).
+    pub(super) fn parse(body: &'a [u8], address: u64, cie_body: &'a [u8]) -> Option<Fde<'a>> {
+        let mut cursor = ReadCursor::new(body, address);
+        // The CIE pointer, which the caller followed to `cie_body`.
+        cursor.try_u32()?;
+        let cie = Cie::parse(cie_body)?;
+        let start = read_pointer(&mut cursor, cie.pointer_encoding, None)?;
+        let length = read_value(&mut cursor, cie.pointer_encoding & FORMAT)?;
+        let end = start.checked_add(length)?;
+        if cie.has_augmentation_data {
+            let length = cursor.try_uleb128()?;
+            skip(&mut cursor, length)?;
+        }
+        Some(Fde { cie, start, end, instructions: cursor.rest() })
     }
-    // SAFETY: the caller's contract.
-    let fde_body = unsafe { entry(fde) }?;
-    // The CIE pointer counts back from its own position, the first word of the FDE's body.
-    let mut cursor = cfi_cursor(fde_body);
-    let cie_pointer = cursor.try_u32()?;
-    // SAFETY: the CIE lies at that distance before the FDE, in the same section.
-    let cie_body = unsafe { entry(fde.add(4).wrapping_sub(cie_pointer as usize)) }?;
-    let cie = Cie::parse(cie_body)?;
-    // The FDE's address and length (the lookup already matched them) and augmentation data.
-    skip_pointer(&mut cursor, cie.pointer_encoding)?;
-    skip_pointer(&mut cursor, cie.pointer_encoding)?;
-    if cie.has_augmentation_data {
-        let length = cursor.try_uleb128()?;
-        skip(&mut cursor, length)?;
+
+    /// Whether the FDE covers code address `pc`.
+    pub(super) fn covers(&self, pc: u64) -> bool {
+        (self.start..self.end).contains(&pc)
     }
-    let mut machine = Machine::new(&cie);
-    machine.run(cfi_cursor(cie.initial_instructions), &cie, u64::MAX, start)?;
-    machine.initial = machine.row;
-    machine.run(cursor, &cie, pc, start)?;
-    if cie.signal_frame {
-        return Some(Rule::Unsupported);
+
+    /// The rule at `pc`: [`Rule::Rejected`] for malformed CFI (an instruction cut short or
+    /// unknown, a restore of no remembered state) or an address the FDE does not cover,
+    /// [`Rule::Unsupported`] for CFI the walk does not follow.
+    pub(super) fn rule_at(&self, pc: u64) -> Rule {
+        self.checked_rule_at(pc).unwrap_or(Rule::Rejected)
     }
-    Some(machine.row.rule().unwrap_or(Rule::Unsupported))
+
+    /// [`Fde::rule_at`]; `None` for malformed CFI.
+    fn checked_rule_at(&self, pc: u64) -> Option<Rule> {
+        if !self.covers(pc) {
+            return None;
+        }
+        let cie = &self.cie;
+        let mut machine = Machine::new(cie);
+        machine.run(cfi_cursor(cie.initial_instructions), cie, u64::MAX, self.start)?;
+        machine.initial = machine.row;
+        machine.run(cfi_cursor(self.instructions), cie, pc, self.start)?;
+        if cie.signal_frame {
+            return Some(Rule::Unsupported);
+        }
+        Some(machine.row.rule().unwrap_or(Rule::Unsupported))
+    }
+}
+
+/// The format bits of a `DW_EH_PE_*` pointer encoding (gimli's constants), and the
+/// applications the unwind tables of x86_64 objects use.
+const FORMAT: u8 = 0x0f;
+const OMIT: u8 = gimli::DW_EH_PE_omit.0;
+const ABSOLUTE: u8 = gimli::DW_EH_PE_absptr.0;
+const PC_RELATIVE: u8 = gimli::DW_EH_PE_pcrel.0;
+const DATA_RELATIVE: u8 = gimli::DW_EH_PE_datarel.0;
+
+/// A pointer encoded with `DW_EH_PE_*` `encoding`, read at the cursor, whose offset is the
+/// address it is read from; `data_base` is the base of data-relative pointers (`.eh_frame_hdr`'s
+/// start, where the header is read; none in `.eh_frame`). `None` for an encoding that has no
+/// value (`omit`), a format it does not know, an application other than absolute, pc- or
+/// data-relative, an indirect pointer (never one the walk reads), or bytes cut short.
+pub(super) fn read_pointer(cursor: &mut ReadCursor<'_>, encoding: u8, data_base: Option<u64>) -> Option<u64> {
+    let at = cursor.offset();
+    if encoding == OMIT || encoding & gimli::DW_EH_PE_indirect.0 != 0 {
+        return None;
+    }
+    let value = read_value(cursor, encoding & FORMAT)?;
+    let base = match encoding & !FORMAT {
+        ABSOLUTE => 0,
+        PC_RELATIVE => at,
+        DATA_RELATIVE => data_base?,
+        _ => return None,
+    };
+    Some(base.wrapping_add(value))
+}
+
+/// A value of `DW_EH_PE_*` format `format` (signed ones sign-extended); `None` for a format it
+/// does not know or bytes cut short.
+fn read_value(cursor: &mut ReadCursor<'_>, format: u8) -> Option<u64> {
+    Some(match format {
+        0x00 | 0x04 | 0x0c => cursor.get_u64().ok()?, // absptr (8 bytes on x86_64), udata8, sdata8
+        0x01 => cursor.try_uleb128()?,
+        0x09 => cursor.try_sleb128()? as u64,
+        0x02 => cursor.try_u16()? as u64,
+        0x0a => cursor.try_u16()? as i16 as u64,
+        0x03 => cursor.try_u32()? as u64,
+        0x0b => cursor.try_u32()? as i32 as u64,
+        _ => return None,
+    })
 }
 
 /// The parts of a CIE the walk needs.
@@ -100,8 +150,11 @@ impl<'a> Cie<'a> {
                     b'R' => cie.pointer_encoding = data.try_u8()?,
                     b'L' => _ = data.try_u8()?,
                     b'P' => {
+                        // The personality routine (never read: its pointer is indirect).
                         let encoding = data.try_u8()?;
-                        skip_pointer(&mut data, encoding)?;
+                        if encoding != OMIT {
+                            read_value(&mut data, encoding & FORMAT)?;
+                        }
                     }
                     b'S' => cie.signal_frame = true,
                     // Other letters come with no data, or after all the data the walk needs.
@@ -371,21 +424,6 @@ fn cfi_cursor(bytes: &[u8]) -> ReadCursor<'_> {
 /// Skip `n` bytes, a length read from the CFI.
 fn skip(cursor: &mut ReadCursor<'_>, n: u64) -> Option<()> {
     cursor.try_skip(usize::try_from(n).ok()?)
-}
-
-/// Skip a pointer encoded with `DW_EH_PE_*` `encoding` (its format: the low four bits).
-fn skip_pointer(cursor: &mut ReadCursor<'_>, encoding: u8) -> Option<()> {
-    if encoding == 0xff {
-        return Some(()); // DW_EH_PE_omit
-    }
-    match encoding & 0x0f {
-        0x00 | 0x04 | 0x0c => skip(cursor, 8),
-        0x01 => cursor.try_uleb128().map(drop),
-        0x09 => cursor.try_sleb128().map(drop),
-        0x02 | 0x0a => skip(cursor, 2),
-        0x03 | 0x0b => skip(cursor, 4),
-        _ => None,
-    }
 }
 
 #[cfg(test)]

@@ -5,25 +5,33 @@
 //! To step from a frame to its caller, the walk needs three facts about the frame's code
 //! address: how to compute the canonical frame address (the CFA: `rsp + n` or `rbp + n`), that
 //! the return address is stored at CFA − 8, and where the caller's `rbp` was saved, if
-//! anywhere. The first time the walk meets an address, it finds the address's FDE with
-//! libgcc's `_Unwind_Find_FDE` (the lookup libgcc's unwinder makes for every frame: lock-free
-//! with glibc ≥ 2.35), runs the CIE's and the FDE's call-frame instructions up to the address
-//! and keeps the resulting [`Rule`](rule::Rule) in a static table (one page in use at first,
-//! doubling up to 1 MiB as evictions show that a program's stacks need more). Every later
-//! sample through that address reads the table: no loader, no lock, no allocation. Each table
-//! slot is a sequence lock (readers never wait: a slot being written reads as a miss).
+//! anywhere. The first time the walk meets an address, it finds the address's FDE
+//! ([`lookup`]: through glibc's lock-free `_dl_find_object`, every read of `.eh_frame_hdr`,
+//! the FDE and its CIE checked to lie in a readable segment of the object, so that corrupt
+//! tables give no FDE rather than a fault), runs the CIE's and the FDE's call-frame
+//! instructions up to the address and keeps the resulting [`Rule`](rule::Rule) in a static
+//! table (one page in use at first, doubling up to 1 MiB as evictions show that a program's
+//! stacks need more). Every later sample through that address reads the table: no loader, no
+//! lock, no allocation. Each table slot is a sequence lock (readers never wait: a slot being
+//! written reads as a miss).
 //!
-//! A frame whose rule is more than that (the CFA in another register or given by an
-//! expression, the return address or `rbp` saved by an expression or in a register, a signal
-//! frame) ends the walk with "unsupported", and the caller unwinds the whole stack with libgcc
-//! instead. Code without an FDE, unwind tables the parser rejects as malformed, and a rule
-//! that would step off the stack or not up it end the stack at that frame: never libgcc's,
-//! which trusts the tables and could fault on a corrupt library's (and, at an address without
-//! an FDE, reads the code there looking for a signal trampoline). Normal stacks end where the
-//! return address is undefined (`_start`, `clone3`). Every memory read is a word inside the
-//! live part of this thread's stack, so a wrong rule can give wrong frames but never a fault;
-//! start-up calibration compares this walk's stacks with libgcc's and does not use it when
-//! they differ.
+//! The stack ends at a frame whose rule the walk does not follow (the CFA in another register
+//! or given by an expression, the return address or `rbp` saved by an expression or in a
+//! register, a signal frame), at code without an FDE, at unwind tables the lookup or the
+//! parser rejects as malformed, and at a rule that would step off the stack or not up it: the
+//! frames walked so far are kept, and nothing is handed to libgcc's unwinder, which trusts the
+//! tables and could fault on a corrupt library's (and, at an address without an FDE, reads the
+//! code there looking for a signal trampoline). Normal stacks end where the return address is
+//! undefined (`_start`, `clone3`). Every memory read is a word inside the live part of this
+//! thread's stack or a checked byte of an object's unwind tables, so a wrong rule can give
+//! wrong frames but never a fault; start-up calibration compares this walk's stacks with
+//! libgcc's and does not use it when they differ.
+//!
+//! libgcc's `_Unwind_Find_FDE`, which trusts the tables, remains the FDE lookup where
+//! `_dl_find_object` cannot answer ([`tables`]): for code in no loaded object (generated at
+//! run time, its tables registered by the program with `__register_frame`), and on C
+//! libraries without `_dl_find_object` (glibc < 2.35), where a library's corrupt tables can
+//! still fault the walk as they always could.
 //!
 //! Cached rules go stale when the code at an address changes. Rules are only cached for code
 //! in a loaded ELF object (not for JIT code, whose memory may be reused), and
@@ -36,6 +44,7 @@
 mod against_gimli;
 mod cache;
 mod interp;
+mod lookup;
 mod rule;
 mod tables;
 mod walk;

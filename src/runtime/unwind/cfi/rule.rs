@@ -13,7 +13,8 @@ pub(crate) enum Rule {
     /// The outermost frame (its return address is undefined).
     End,
     /// A rule the walk cannot follow, well formed but beyond what it follows (a signal frame,
-    /// the CFA in another register or given by an expression): libgcc unwinds this stack.
+    /// the CFA in another register or given by an expression): the stack ends at this frame,
+    /// as libgcc's unwinder, were the stack handed to it, would trust every table further up.
     Unsupported,
     /// Code without unwind tables, or tables the walk rejects as malformed: the stack ends at
     /// this frame. libgcc's unwinder, which trusts the tables, could fault on them, and reads

@@ -1,18 +1,53 @@
-//! Reading the unwind tables: the FDE of a code address through libgcc's `_Unwind_Find_FDE`
-//! (its rule, and where its function starts), whether the address is in a loaded object, and
-//! how many objects were unloaded.
+//! Reading the unwind tables: the rule at a code address and where its function starts, from
+//! the FDE covering it, and whether the rule may be cached.
+//!
+//! In a loaded object the FDE is found by [`lookup`](super::lookup), which checks every read
+//! and never trusts the tables. libgcc's `_Unwind_Find_FDE`, which trusts them, finds it
+//! only where that lookup cannot: for code in no loaded object (made at run time, its tables
+//! registered with `__register_frame` by the program), and on C libraries without
+//! `_dl_find_object` (glibc < 2.35), where it is what the walk has always used.
 
-use std::sync::atomic::Ordering;
-
-use super::interp::rule_from_fde;
+use super::interp::Fde;
+use super::lookup::{lookup, Lookup};
 use super::rule::Rule;
+
+/// The rule for `pc` from the unwind tables, and whether it may be cached: whether `pc` is in
+/// a loaded ELF object (as far as can be told without the loader's lock). A loaded object's
+/// tables that give no FDE for `pc`, well formed or not, give [`Rule::Rejected`].
+pub(super) fn rule_from_tables(pc: u64) -> (Rule, bool) {
+    match lookup(pc) {
+        Lookup::Object(fde) => (rule_at(fde, pc), true),
+        Lookup::Elsewhere => (rule_at(registered_fde(pc), pc), false),
+        // Assumed to be in a loaded object.
+        Lookup::Unknown => (rule_at(registered_fde(pc), pc), true),
+    }
+}
+
+/// The rule at `pc` of `fde`; [`Rule::Rejected`] without one. (A function of its own, so
+/// that unoptimised builds keep one copy of the FDE in [`rule_from_tables`]'s frame, which
+/// calibration's captures take inside the allocator.)
+fn rule_at(fde: Option<Fde<'_>>, pc: u64) -> Rule {
+    match fde {
+        Some(fde) => fde.rule_at(pc),
+        None => Rule::Rejected,
+    }
+}
+
+/// The start of the function whose FDE covers `pc`; `None` when none does, or where the
+/// tables are not read.
+pub(crate) fn function_start(pc: u64) -> Option<u64> {
+    let fde = match lookup(pc) {
+        Lookup::Object(fde) => fde,
+        Lookup::Elsewhere | Lookup::Unknown => registered_fde(pc),
+    };
+    fde.map(|fde| fde.start)
+}
 
 /// What `_Unwind_Find_FDE` reports besides the FDE (libgcc's `struct dwarf_eh_bases`).
 #[repr(C)]
 struct EhBases {
     text: *const u8,
     data: *const u8,
-    /// The start of the function the FDE covers.
     func: *const u8,
 }
 
@@ -22,78 +57,48 @@ extern "C" {
     fn _Unwind_Find_FDE(pc: *const u8, bases: *mut EhBases) -> *const u8;
 }
 
-/// The FDE covering `pc` and the start of the function it covers, by `_Unwind_Find_FDE`;
-/// `None` when none does, or where the tables are not read.
-fn find_fde(pc: u64) -> Option<(*const u8, u64)> {
+/// The FDE covering `pc` by libgcc's `_Unwind_Find_FDE`, which trusts the tables it reads (see
+/// the module doc for where it is used); `None` when none does, or where the tables are not
+/// read.
+fn registered_fde(pc: u64) -> Option<Fde<'static>> {
     #[cfg(all(target_arch = "x86_64", target_os = "linux", target_env = "gnu"))]
     {
         let mut bases = EhBases { text: std::ptr::null(), data: std::ptr::null(), func: std::ptr::null() };
-        // SAFETY: `_Unwind_Find_FDE` only reads the loader's tables and writes `bases`.
+        // SAFETY: `_Unwind_Find_FDE` only reads the loader's and the registered tables and
+        // writes `bases`.
         let fde = unsafe { _Unwind_Find_FDE(pc as *const u8, &mut bases) };
-        (!fde.is_null()).then_some((fde, bases.func as u64))
+        if fde.is_null() {
+            return None;
+        }
+        /// The body of the CIE or FDE at `at`: the bytes after its length word.
+        ///
+        /// # Safety
+        /// `at` points to a CIE or FDE of a mapped `.eh_frame` section, which stays mapped.
+        unsafe fn body(at: *const u8) -> Option<&'static [u8]> {
+            // SAFETY: an entry starts with its length word, and that many bytes follow it.
+            let length = unsafe { at.cast::<u32>().read_unaligned() };
+            // 0xffffffff would announce 64-bit DWARF, which .eh_frame does not use.
+            // SAFETY: as above.
+            (length != u32::MAX).then(|| unsafe { std::slice::from_raw_parts(at.add(4), length as usize) })
+        }
+        // SAFETY: a found FDE is in a mapped `.eh_frame` section (of a loaded object, or
+        // registered with `__register_frame`), whose CIE lies at the distance its CIE pointer
+        // (its body's first word) gives back from that word, in the same section. They stay
+        // mapped while that code stays loaded; as for libgcc's own unwinder, a `dlclose` of it
+        // by another thread during this call (possible only if `pc` is not a live frame of this
+        // thread, i.e. a wrong rule read a stray word) is the caller's race.
+        unsafe {
+            let fde_body = body(fde)?;
+            let cie_pointer = fde_body.get(..4)?.try_into().map(u32::from_le_bytes).ok()?;
+            let cie_body = body(fde.add(4).wrapping_sub(cie_pointer as usize))?;
+            Fde::parse(fde_body, fde as u64 + 4, cie_body)
+        }
     }
     #[cfg(not(all(target_arch = "x86_64", target_os = "linux", target_env = "gnu")))]
     {
         let _ = pc;
         None
     }
-}
-
-/// The rule for `pc` from the unwind tables, and whether it may be cached: whether `pc` is in
-/// a loaded ELF object (as far as can be told without the loader's lock).
-pub(super) fn rule_from_tables(pc: u64) -> (Rule, bool) {
-    let Some((fde, function)) = find_fde(pc) else { return (Rule::Rejected, false) };
-    // SAFETY: a found FDE is in a mapped `.eh_frame` section (of a loaded object, or
-    // registered with `__register_frame`), whose CIE precedes it in the same section. It stays
-    // mapped while that code stays loaded; as for libgcc's own unwinder, a `dlclose` of it by
-    // another thread during this call (possible only if `pc` is not a live frame of this
-    // thread, i.e. a wrong rule read a stray word) is the caller's race.
-    let rule = unsafe { rule_from_fde(fde, function, pc) };
-    (rule, in_loaded_object(pc))
-}
-
-/// The start of the function whose FDE covers `pc`; `None` when none does, or where the
-/// tables are not read.
-pub(crate) fn function_start(pc: u64) -> Option<u64> {
-    find_fde(pc).map(|(_, function)| function)
-}
-
-/// Whether `pc` is in an object the dynamic loader loaded, by glibc's lock-free
-/// `_dl_find_object` (2.35 and later); assumed on older C libraries, which lack it. The
-/// function is looked up (`dlsym`, which takes the loader's lock) on the first cache miss,
-/// which is start-up calibration's, before any sample is taken.
-#[cfg(all(target_arch = "x86_64", target_os = "linux", target_env = "gnu"))]
-pub(super) fn in_loaded_object(pc: u64) -> bool {
-    use std::sync::atomic::AtomicUsize;
-    /// `_dl_find_object`, looked up on first use: 0 before, 1 when absent.
-    static FIND_OBJECT: AtomicUsize = AtomicUsize::new(0);
-    /// Room for glibc's `struct dl_find_object` (flags, map start and end, link map, EH frame
-    /// and 7 reserved words on x86_64: 12 words).
-    #[repr(C)]
-    struct DlFindObject([usize; 16]);
-    type FindObject = unsafe extern "C" fn(*mut libc::c_void, *mut DlFindObject) -> libc::c_int;
-    let mut find = FIND_OBJECT.load(Ordering::Relaxed);
-    if find == 0 {
-        // SAFETY: `dlsym` with `RTLD_DEFAULT` and a NUL-terminated name only looks the symbol up.
-        let symbol = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"_dl_find_object".as_ptr()) };
-        find = if symbol.is_null() { 1 } else { symbol as usize };
-        FIND_OBJECT.store(find, Ordering::Relaxed);
-    }
-    if find == 1 {
-        return true;
-    }
-    let mut result = DlFindObject([0; 16]);
-    // SAFETY: `find` is glibc's `_dl_find_object`, with that signature; it writes at most a
-    // `struct dl_find_object` (smaller than `DlFindObject`) and reads nothing else.
-    let find: FindObject = unsafe { std::mem::transmute::<usize, FindObject>(find) };
-    // SAFETY: as above; `pc` is only compared with the loaded objects' ranges.
-    unsafe { find(pc as *mut libc::c_void, &mut result) == 0 }
-}
-
-/// Elsewhere [`find_fde`] finds nothing, so this is never asked.
-#[cfg(not(all(target_arch = "x86_64", target_os = "linux", target_env = "gnu")))]
-pub(super) fn in_loaded_object(_pc: u64) -> bool {
-    false
 }
 
 #[cfg(test)]
@@ -108,15 +113,14 @@ mod tests {
             return;
         }
         let code = rules_are_cached_only_for_code_of_loaded_objects as *const () as u64;
-        assert!(in_loaded_object(code));
         assert!(rule_from_tables(code + 1).1);
+        assert_eq!(function_start(code + 1), Some(code));
         let heap = Box::new(0u64);
         let heap = &*heap as *const u64 as u64;
         if !has_lock_free_table_lookup() {
             println!("no _dl_find_object: every rule is cached");
             return;
         }
-        assert!(!in_loaded_object(heap));
         assert_eq!(rule_from_tables(heap), (Rule::Rejected, false), "no FDE: the stack ends there");
     }
 }

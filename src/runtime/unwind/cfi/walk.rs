@@ -6,11 +6,11 @@ use crate::runtime::state::MAX_FRAMES;
 use crate::runtime::unwind::leading::Leading;
 
 /// Up to `cap` return addresses, innermost first, after the `skip` ones; `stack` is this
-/// thread's `(lowest address, end)`. `None` when the walk cannot go on (a rule it does not
-/// follow, or the sample taken on another stack): the caller then unwinds with libgcc. Unwind
-/// tables it rejects as malformed, and a step they give that would leave the stack or not go
-/// up it, end the stack there instead: libgcc's unwinder, which trusts the tables, could
-/// fault on them (a library with a corrupt `.eh_frame`).
+/// thread's `(lowest address, end)`. `None` when the sample is taken on another stack (the
+/// caller then unwinds with libgcc). A rule it does not follow, unwind tables it rejects as
+/// malformed, and a step that would leave the stack or not go up it end the stack there:
+/// libgcc's unwinder, which trusts the tables, could fault on them (a library with a corrupt
+/// `.eh_frame`).
 #[inline(never)]
 pub(crate) fn capture(
     skip: Leading,
@@ -39,8 +39,7 @@ pub(crate) fn capture(
     while n < cap {
         let (cfa_in_rbp, cfa_offset, rbp_offset) = match rule_for(lookup) {
             Rule::Step { cfa_in_rbp, cfa_offset, rbp_offset } => (cfa_in_rbp, cfa_offset, rbp_offset),
-            Rule::End | Rule::Rejected => break,
-            Rule::Unsupported => return None,
+            Rule::End | Rule::Rejected | Rule::Unsupported => break,
         };
         let Some(cfa) = (if cfa_in_rbp { rbp } else { rsp }).checked_add_signed(cfa_offset as i64) else { break };
         // The caller's frame is above this one: the walk always ends.
