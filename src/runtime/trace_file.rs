@@ -158,9 +158,6 @@ mod tests {
     #[test]
     fn a_write_at_start_fails_rather_than_raise_sigpipe_or_sigxfsz() {
         let (path, mut file) = temp_file("fsize");
-        let mut pipe = [0; 2];
-        // SAFETY: room for the two descriptors.
-        assert_eq!(unsafe { libc::pipe(pipe.as_mut_ptr()) }, 0);
         // SAFETY: the child makes only async-signal-safe calls (the writes' errors are codes,
         // no allocation) and ends with `_exit`.
         let pid = unsafe { libc::fork() };
@@ -169,6 +166,12 @@ mod tests {
             unsafe {
                 libc::signal(libc::SIGPIPE, libc::SIG_DFL);
                 libc::signal(libc::SIGXFSZ, libc::SIG_DFL);
+                // Made here, not before the fork: the read end would be in other tests'
+                // children too, forked meanwhile.
+                let mut pipe = [0; 2];
+                if libc::pipe(pipe.as_mut_ptr()) != 0 {
+                    libc::_exit(2);
+                }
                 libc::close(pipe[0]);
                 let limit = libc::rlimit { rlim_cur: 0, rlim_max: libc::RLIM_INFINITY };
                 libc::setrlimit(libc::RLIMIT_FSIZE, &limit);
@@ -183,10 +186,8 @@ mod tests {
                 libc::_exit(if ok { 0 } else { 1 });
             }
         }
-        // SAFETY: descriptors of ours, and the child just forked.
+        // SAFETY: the child just forked.
         let status = unsafe {
-            libc::close(pipe[0]);
-            libc::close(pipe[1]);
             let mut status = 0;
             assert_eq!(libc::waitpid(pid, &mut status, 0), pid);
             status
