@@ -17,7 +17,7 @@ fn example(name: &str) -> PathBuf {
 }
 
 /// Run `program` traced at `rate` into `trace`.
-fn trace_run(program: &str, rate: &str, trace: &Path) {
+pub fn trace_run(program: &str, rate: &str, trace: &Path) {
     let out = Command::new(example(program))
         .env("MEMTRACE_FILE", trace)
         .env("MEMTRACE_RATE", rate)

@@ -222,7 +222,7 @@ impl TraceData {
             },
             "duration_us": self.summary.end_us, "tick_us": tick, "truncated": self.warnings.iter().any(|w| matches!(w, Warning::TruncatedPacket { .. })),
             "events": self.summary.events, "warnings": self.warnings.iter().map(|w| w.to_string()).collect::<Vec<_>>(),
-            "peak": { "t": self.summary.peak_us, "bytes": info.bytes_for_samples(self.summary.peak_samples) },
+            "peak": { "t": self.summary.peak_us, "bytes": super::super::json::whole(info.bytes_for_samples(self.summary.peak_samples)) },
             "nodes": { "parent": signed(&self.parent), "frame": signed(&self.frame) },
             "nblocks": self.blocks.len(),
             "thinned": self.thinned.map(|t| json!({ "blocks": t.blocks, "samples": t.samples, "keep": t.keep })),
