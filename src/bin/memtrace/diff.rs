@@ -40,6 +40,9 @@ pub struct Options {
     /// Text or JSON.
     #[command(flatten)]
     pub format: super::json::FormatArgs,
+    /// How names are shown.
+    #[command(flatten)]
+    pub names: super::args::Names,
 }
 
 /// A limit on growth.

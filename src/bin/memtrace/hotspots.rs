@@ -5,7 +5,7 @@ use std::io::{self, Write};
 use memtrace_rs::analysis::filter::{self, Collected, Filter, LiveAt};
 use memtrace_rs::analysis::{inert, ranked, Analysis, FrameKind, Site};
 
-use super::args::Ranking;
+use super::args::{Names, Ranking};
 use super::format;
 
 /// Options of `memtrace hotspots`.
@@ -20,6 +20,9 @@ pub struct Options {
     /// Which allocations count (the report page's filter).
     #[command(flatten)]
     pub filter: FilterArgs,
+    /// How names are shown.
+    #[command(flatten)]
+    pub names: Names,
 }
 
 /// The filter flags: the clauses of the report page's filter bar

@@ -48,6 +48,9 @@ pub struct Options {
     /// mark, which stays the whole trace's.
     #[arg(long, value_name = "NAME|DESCRIPTION")]
     pub span: Option<String>,
+    /// How names are shown.
+    #[command(flatten)]
+    pub names: super::args::Names,
 }
 
 const HTML: &str = include_str!("report/report.html");
