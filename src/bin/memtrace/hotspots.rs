@@ -65,6 +65,11 @@ pub struct FilterArgs {
     /// allocations count for the nearest caller not hidden (repeatable).
     #[arg(long, value_name = "SUBSTRING")]
     pub hide: Vec<String>,
+    /// Only allocations made inside this `tracing` span of a memtrace-rs trace: a span name
+    /// (`http_request`) or a whole description (`http_request{route=/api/users}`), as shown
+    /// or raw; what `report --span` shows.
+    #[arg(long, value_name = "NAME|DESCRIPTION")]
+    pub span: Option<String>,
 }
 
 impl FilterArgs {
@@ -86,6 +91,7 @@ impl FilterArgs {
             inside: names(&self.inside),
             not_inside: names(&self.not_inside),
             hide: names(&self.hide),
+            span: self.span.as_deref().map(|span| inert(span).into_owned()),
         }
     }
 }

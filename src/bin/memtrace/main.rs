@@ -28,7 +28,7 @@ use std::rc::Rc;
 
 use clap::{CommandFactory, Parser, Subcommand};
 
-use memtrace_rs::analysis::{filter, Analysis, FrameTable, Options as AnalysisOptions, Origin};
+use memtrace_rs::analysis::{filter, Analysis, Frame, FrameTable, Options as AnalysisOptions, Origin};
 use memtrace_rs::trace::{Reader, Warning};
 use output::Output;
 use progress::Progress;
@@ -239,6 +239,9 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
             if let Some(filter::LiveAt::Time(at)) = filter.live {
                 refuse_past_the_end(&file, "--live-at", at, &analysis)?;
             }
+            if let Some(span) = &filter.span {
+                refuse_unknown_span(&file, span, &analysis.frames)?;
+            }
             if filter.selects() {
                 if options.ranking.by.figure != args::Figure::Allocated {
                     let why = "--by cannot be combined with filter flags: say --live-at peak or --live-at end";
@@ -381,10 +384,7 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
             }
             if let Some(span) = options.span.as_deref() {
                 // Taken as shown (trace text is shown inert) or raw, and never echoed raw.
-                let span = memtrace_rs::analysis::inert(span);
-                if !frames.frames.iter().any(|f| f.is_span(&span)) {
-                    return Err(Failure::refused(&file, report::no_such_span(&span, &frames)));
-                }
+                refuse_unknown_span(&file, &memtrace_rs::analysis::inert(span), &frames.frames)?;
             }
             // The names the other subcommands show (Analysis::shorten_names).
             if !options.names.full_names && traces.iter().all(report::TraceData::is_rust) {
@@ -424,6 +424,15 @@ fn refuse_past_the_end(file: &Path, option: &str, at: u64, analysis: &Analysis) 
         return Err(Failure::refused(file, why));
     }
     Ok(())
+}
+
+/// Refuse `--span SPAN` (made inert) when none of `frames`, those of the trace at `file`, is
+/// that span: an empty page or ranking would look like a span that allocated nothing.
+fn refuse_unknown_span(file: &Path, span: &str, frames: &[Frame]) -> Result<(), Failure> {
+    if frames.iter().any(|f| f.is_span(span)) {
+        return Ok(());
+    }
+    Err(Failure::refused(file, report::no_such_span(span, frames)))
 }
 
 /// Warn that the trace at `path` is still being written, if it is `unclosed` and its writer

@@ -21,7 +21,7 @@ use std::path::PathBuf;
 
 pub use data::TraceData;
 
-use memtrace_rs::analysis::{inert, FrameKind, FrameTable};
+use memtrace_rs::analysis::{inert, Frame, FrameKind, FrameTable};
 
 use super::args::Trim;
 use super::format;
@@ -103,9 +103,9 @@ fn base64(data: &[u8]) -> String {
 /// Why `--span SPAN` selects nothing in a trace whose frames are `frames`: no span is called so,
 /// and which spans there are (or that the trace has none, as a trace not written by
 /// memtrace-rs with its tracing layer).
-pub fn no_such_span(span: &str, frames: &FrameTable) -> String {
+pub fn no_such_span(span: &str, frames: &[Frame]) -> String {
     let mut names: Vec<&str> =
-        frames.frames.iter().filter(|f| f.kind() == FrameKind::Span).map(|f| f.function.as_str()).collect();
+        frames.iter().filter(|f| f.kind() == FrameKind::Span).map(|f| f.function.as_str()).collect();
     names.sort_unstable();
     names.dedup();
     if names.is_empty() {

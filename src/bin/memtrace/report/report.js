@@ -176,17 +176,21 @@ function applyFilter(t) {
   }
   return out.subarray(0, k);
 }
-// The same filter as `memtrace hotspots` flags, printed as filter.rs's Display does.
+// `s` as one word of a shell: filter.rs's `quoted`.
+const quoted = (s) => `'${s.replace(/'/g, "'\\''")}'`;
+// The same filter as `memtrace hotspots` flags, printed as filter.rs's Display does, after
+// the command of the page's own settings (`--span`, `--full-names`) and the trimming.
 function cliEquivalent() {
-  const p = ['memtrace hotspots TRACE'];
+  const p = [D.cli];
+  if (!F.trim) p.push('--keep-allocator-frames'); if (!F.trimRoot) p.push('--keep-root-frames');
   const range = (lo, hi) => `${cliTime(lo ?? 0)}:${cliTime(hi ?? Math.ceil(DUR) + 1)}`;
   if (F.allocLo != null || F.allocHi != null) p.push(`--allocated-between ${range(F.allocLo, F.allocHi)}`);
   if (F.live === 'time' && F.liveAt != null) p.push(`--live-at ${cliTime(F.liveAt)}`); else if (F.live === 'peak' || F.live === 'end') p.push(`--live-at ${F.live}`);
   if (F.collected === 'never') p.push('--never-collected'); else if (F.collected === 'between') p.push(`--collected-between ${range(F.collLo, F.collHi)}`);
   if (F.sizeMin != null) p.push(`--size-at-least ${F.sizeMin}B`); if (F.sizeMax != null) p.push(`--size-under ${F.sizeMax}B`);
   if (F.lifeMin != null) p.push(`--lifetime-at-least ${cliTime(F.lifeMin)}`); if (F.lifeMax != null) p.push(`--lifetime-under ${cliTime(F.lifeMax)}`);
-  for (const x of F.inside) p.push(`--inside '${x}'`); for (const x of F.notInside) p.push(`--not-inside '${x}'`);
-  for (const x of F.hide) p.push(`--hide '${x}'`);
+  for (const x of F.inside) p.push(`--inside ${quoted(x)}`); for (const x of F.notInside) p.push(`--not-inside ${quoted(x)}`);
+  for (const x of F.hide) p.push(`--hide ${quoted(x)}`);
   return p.join(' ');
 }
 
