@@ -298,11 +298,7 @@ struct Page {
 impl Page {
     fn read(html: &std::path::Path) -> Page {
         use std::io::Read;
-        let html = std::fs::read_to_string(html).unwrap();
-        let start = html.find("id=\"report-data\"").unwrap();
-        let json = &html[start..];
-        let json = &json[json.find('>').unwrap() + 1..json.find("</script>").unwrap()];
-        let doc: serde_json::Value = serde_json::from_str(json).unwrap();
+        let doc = cli::report_data(html);
         let trace = &doc["traces"][0];
         let n = trace["nblocks"].as_u64().unwrap() as usize;
         let tick = trace["tick_us"].as_u64().unwrap();

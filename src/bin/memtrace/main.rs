@@ -391,6 +391,11 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
                 let remap = frames.shorten_names();
                 traces.iter_mut().for_each(|t| t.remap_frames(&remap));
             }
+            // A diff's frames are matched as `memtrace diff` matches them.
+            if traces.len() == 2 {
+                let remap = frames.match_by_identity();
+                traces.iter_mut().for_each(|t| t.remap_frames(&remap));
+            }
             to_file(&output, &inputs, |out| report::write(&frames, &traces, &options, out))
         }
     }?;

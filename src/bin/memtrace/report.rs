@@ -1,5 +1,6 @@
 //! `memtrace report`: one self-contained, interactive HTML page for a trace, or with
-//! `--diff` for two (new − base, frames matched by function, file and line).
+//! `--diff` for two (new − base, frames matched as `memtrace diff` matches them:
+//! [`memtrace_rs::analysis::frame_identity`]).
 //!
 //! The page does what memtrace_viewer does, with no server: a filter bar with the clauses
 //! of [`memtrace_rs::analysis::filter`] (every view follows it), the live-heap chart (drag to

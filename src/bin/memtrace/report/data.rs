@@ -22,7 +22,8 @@
 //! The columns: alloc time as the delta from the previous block's (blocks are sorted by
 //! alloc time) in ticks of `tick_us` (1 µs unless the trace is longer than 71 minutes);
 //! lifetime + 1 in ticks, 0 if never freed; samples; words; stack node. The frame table is
-//! shared by the traces of a diff, so a frame id is the match key (function, file, line).
+//! shared by the traces of a diff, so a frame id is the match key
+//! ([`FrameTable::match_by_identity`]).
 //!
 //! # Beyond the limit: thinning
 //!
@@ -86,7 +87,8 @@ pub struct TraceData {
 }
 
 impl TraceData {
-    /// Give the trie's frames their new ids after [`FrameTable::shorten_names`].
+    /// Give the trie's frames their new ids after the frame table merged some
+    /// ([`FrameTable::shorten_names`], [`FrameTable::match_by_identity`]).
     pub fn remap_frames(&mut self, remap: &[usize]) {
         for f in self.frame.iter_mut().filter(|f| **f != u32::MAX) {
             *f = remap[*f as usize] as u32;

@@ -770,7 +770,7 @@ function drawPoi() {
 // ------------------------------------------------------------------ start
 readForm(); update();
 let rz = 0; window.addEventListener('resize', () => { clearTimeout(rz); rz = setTimeout(() => { measure(); drawTimeline(); drawSiteTimeline(); drawFlame(); drawLifetimes(); }, 150); });
-$('status').textContent = DIFF ? `Diff: B (${B.T.name}) − A (${A.T.name}), frames matched by function, file and line.` : `${traces[0].T.name}: ${traces[0].n.toLocaleString('en')} sampled blocks.`;
+$('status').textContent = DIFF ? `Diff: B (${B.T.name}) − A (${A.T.name}), frames matched by function (file, line and name; unnamed threads as one, thread-*).` : `${traces[0].T.name}: ${traces[0].n.toLocaleString('en')} sampled blocks.`;
 window.__memtraceReady = { open_ms: performance.now() - T0, since_nav_ms: performance.now() };
 document.body.dataset.ready = '1';
 })().catch((e) => { document.getElementById('status').textContent = 'Error: ' + e.message; throw e; });
