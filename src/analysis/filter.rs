@@ -2,7 +2,8 @@
 //! count. memtrace_viewer's clauses — allocated between two times; live at a time, at the
 //! peak or at the end; collected in a range or never; size and lifetime bounds; inside or
 //! not inside a call to a function; and hidden functions, which choose no block but are
-//! left out of every stack ([`Filter::hide_frames`]). `hotspots` applies it with
+//! left out of every stack ([`Filter::hide_frames`]) — and inside a `tracing` span, the
+//! clause that `memtrace report --span` sets for its whole page. `hotspots` applies it with
 //! [`restrict`] and [`Filter::hide_frames`]; the report
 //! page's script (`src/bin/memtrace/report/report.js`, `applyFilter`) implements the same clauses line for
 //! line, and the report's browser test checks that both give the same figures.
@@ -15,7 +16,7 @@ use std::fmt;
 use std::io::Read;
 
 use super::blocks::{self, Block};
-use super::pass::{estimated_objects, Analysis, StackStats, Tally};
+use super::pass::{estimated_objects, Analysis, Frame, StackStats, Tally};
 use super::stacks::{NodeId, StackTrie, ROOT};
 use crate::format::trace::Reader;
 use crate::Result;
@@ -64,6 +65,8 @@ pub struct Filter {
     /// Frames whose function contains any of these substrings are left out of the stacks
     /// (what they allocated counts for their nearest caller not left out).
     pub hide: Vec<String>,
+    /// Some frame is the span of this name or whole description ([`Frame::is_span`]).
+    pub span: Option<String>,
 }
 
 impl Filter {
@@ -119,31 +122,50 @@ impl Filter {
         live && collected && size && lifetime
     }
 
-    /// Per node of `trie`: whether its stack passes the clauses on functions (substrings,
-    /// case-sensitive): some frame's function contains each `inside` substring, and none
-    /// contains a `not_inside` one. `functions(code)` names the frames of a location code.
-    /// Each clause costs one pass over the nodes, a parent before its children (whatever
-    /// the depth of the stacks): the page's `stackMask` rule, which tests each frame once
-    /// where this tests a node's own frames.
-    pub fn passing_stacks<'a, I: Iterator<Item = &'a str>>(
+    /// Per node of `trie`: whether its stack passes the clauses on frames: some frame's
+    /// function contains each `inside` substring (case-sensitive), none contains a
+    /// `not_inside` one, and some frame is the `span`. `frames(code)` gives the frames of a
+    /// location code. Each clause costs one pass over the nodes, a parent before its
+    /// children (whatever the depth of the stacks): the page's `stackMask` rule, which tests
+    /// each frame once where this tests a node's own frames (and the report's rule for
+    /// `--span`, which keeps only the blocks of such stacks).
+    pub fn passing_stacks<'a, I: Iterator<Item = &'a Frame>>(
         &self,
         trie: &StackTrie,
-        functions: impl Fn(u64) -> I,
+        frames: impl Fn(u64) -> I,
     ) -> Vec<bool> {
         let mut passes = vec![true; trie.len()];
-        // Per node: whether a frame of its stack contains the clause's substring.
+        // Per node: whether a frame of its stack is one the clause looks for.
         let mut within = vec![false; trie.len()];
-        let clauses = self.inside.iter().map(|s| (s, true)).chain(self.not_inside.iter().map(|s| (s, false)));
-        for (substring, wanted) in clauses {
+        let inside = self.inside.iter().map(|s| (Sought::Function(s), true));
+        let not_inside = self.not_inside.iter().map(|s| (Sought::Function(s), false));
+        let span = self.span.iter().map(|s| (Sought::Span(s), true));
+        for (sought, wanted) in inside.chain(not_inside).chain(span) {
             for node in 0..trie.len() {
                 let id = node as NodeId;
-                within[node] = id != ROOT
-                    && (within[trie.parent(id) as usize]
-                        || functions(trie.item(id)).any(|f| f.contains(substring.as_str())));
+                within[node] =
+                    id != ROOT && (within[trie.parent(id) as usize] || frames(trie.item(id)).any(|f| sought.is(f)));
                 passes[node] &= within[node] == wanted;
             }
         }
         passes
+    }
+}
+
+/// The frame a clause of [`Filter::passing_stacks`] looks for.
+enum Sought<'s> {
+    /// A function whose name contains this.
+    Function(&'s str),
+    /// The span of this name or description.
+    Span(&'s str),
+}
+
+impl Sought<'_> {
+    fn is(&self, frame: &Frame) -> bool {
+        match self {
+            Sought::Function(substring) => frame.function.contains(substring),
+            Sought::Span(span) => frame.is_span(span),
+        }
     }
 }
 
@@ -172,11 +194,18 @@ impl fmt::Display for Filter {
             ("--lifetime-under", self.lifetime_under.map(time)),
         ];
         flags.extend(bounds.into_iter().filter_map(|(flag, v)| v.map(|v| format!("{flag} {v}"))));
-        flags.extend(self.inside.iter().map(|s| format!("--inside '{s}'")));
-        flags.extend(self.not_inside.iter().map(|s| format!("--not-inside '{s}'")));
-        flags.extend(self.hide.iter().map(|s| format!("--hide '{s}'")));
+        flags.extend(self.span.iter().map(|s| format!("--span {}", quoted(s))));
+        flags.extend(self.inside.iter().map(|s| format!("--inside {}", quoted(s))));
+        flags.extend(self.not_inside.iter().map(|s| format!("--not-inside {}", quoted(s))));
+        flags.extend(self.hide.iter().map(|s| format!("--hide {}", quoted(s))));
         f.write_str(&flags.join(" "))
     }
+}
+
+/// `s` as one word of a POSIX shell: in single quotes, a `'` in it as `'\''`. (The report
+/// page's `quoted` is the same rule.)
+fn quoted(s: &str) -> String {
+    format!("'{}'", s.replace('\'', r"'\''"))
 }
 
 /// `us` with the largest unit that keeps it whole (`1500us`, `150ms`, `2s`).
@@ -205,9 +234,8 @@ pub fn restrict<R: Read>(
     for (i, s) in analysis.stacks.iter().enumerate() {
         stack_of_node[s.node as usize] = i;
     }
-    let passes = filter.passing_stacks(&analysis.trie, |code| {
-        analysis.frames_of(code).iter().map(|&f| analysis.frames[f].function.as_str())
-    });
+    let passes =
+        filter.passing_stacks(&analysis.trie, |code| analysis.frames_of(code).iter().map(|&f| &analysis.frames[f]));
     let peak_us = analysis.peak.time.saturating_sub(analysis.info.start_time);
     let word_bytes = u64::from(analysis.info.word_size) / 8;
     let rate = analysis.info.sample_rate;
@@ -312,10 +340,15 @@ mod tests {
     fn function_clauses_match_substrings_anywhere_on_the_stack() {
         // Codes 1 `main`, 2 `app::run` (inlined into `app::start`), 3 `app::cache::insert`,
         // 4 `main` again, called from `app::run`.
+        let frame = |function: &str| Frame { function: function.into(), file: "src/app.rs".into(), line: 1 };
+        let (main, start, run, insert) =
+            (frame("main"), frame("app::start"), frame("app::run"), frame("app::cache::insert"));
+        let span = Frame { function: "request{id=7}".into(), file: "<span>src/app.rs".into(), line: 3 };
         let functions = |code: u64| match code {
-            1 | 4 => &["main"][..],
-            2 => &["app::start", "app::run"],
-            _ => &["app::cache::insert"],
+            1 | 4 => vec![&main],
+            2 => vec![&start, &run],
+            5 => vec![&span],
+            _ => vec![&insert],
         };
         let mut trie = StackTrie::default();
         let main = trie.child(ROOT, 1);
@@ -324,7 +357,7 @@ mod tests {
         let main_again = trie.child(run, 4);
         let only_run = trie.child(ROOT, 2);
         let passing = |f: &Filter| {
-            let passes = f.passing_stacks(&trie, |code| functions(code).iter().copied());
+            let passes = f.passing_stacks(&trie, |code| functions(code).into_iter());
             [ROOT, main, run, cache, main_again, only_run].map(|n| passes[n as usize])
         };
         let f = Filter { inside: vec!["run".into()], not_inside: vec!["cache".into()], ..Filter::default() };
@@ -334,6 +367,19 @@ mod tests {
         let not = Filter { not_inside: vec!["main".into()], ..Filter::default() };
         assert_eq!(passing(&not), [true, false, false, false, false, true]);
         assert_eq!(passing(&Filter::default()), [true; 6]);
+        // Inside a span: by its name or its whole description, never by a part of either.
+        let in_span = trie.child(ROOT, 5);
+        let run_in_span = trie.child(in_span, 2);
+        for (span, want) in [("request", true), ("request{id=7}", true), ("req", false), ("run", false)] {
+            let f = Filter { span: Some(span.into()), ..Filter::default() };
+            let passes = f.passing_stacks(&trie, |code| functions(code).into_iter());
+            let nodes = [ROOT, main, run, cache, main_again, only_run].map(|n| passes[n as usize]);
+            assert_eq!(
+                (nodes, passes[in_span as usize], passes[run_in_span as usize]),
+                ([false; 6], want, want),
+                "{span}"
+            );
+        }
     }
 
     #[test]
@@ -361,6 +407,8 @@ mod tests {
         );
         let hide = Filter { hide: vec!["build_index".into()], ..Filter::default() };
         assert_eq!(hide.to_string(), "--hide 'build_index'");
+        let quoting = Filter { span: Some("q{s='a'}".into()), ..Filter::default() };
+        assert_eq!(quoting.to_string(), r"--span 'q{s='\''a'\''}'");
         assert!(!hide.is_empty() && !hide.selects() && f.selects());
     }
 }

@@ -29,7 +29,7 @@ pub use copy::{copy, Copied};
 pub use dump::dump;
 pub use estimate::{poisson_interval, Estimate, FEW_SAMPLES, Z};
 pub use inert::{inert, inert_bytes};
-pub use names::{frame_identity, short_name};
+pub use names::{frame_identity, matched_frame, short_name, UNNAMED_THREADS};
 pub use pass::{
     estimated_objects, short_path, Analysis, Bucket, Counts, Frame, FrameId, FrameKind, FrameTable, LostSamples,
     Measure, Options, Origin, Peak, Stack, StackStats, Tally, Timeline, TEMPORARY_US,

@@ -194,27 +194,43 @@ fn qualified(name: &str, file: &str) -> Option<String> {
     Some(format!("{}::{name}", parts.join("::").replace('-', "_")))
 }
 
+/// How diffs name the threads that the runtime named after their kernel ids (`thread-12345`):
+/// all as one thread, since an id says nothing of which thread of the other run it was.
+/// (Matching them by order of creation would pair threads by the scheduler's timing.)
+pub const UNNAMED_THREADS: &str = "thread-*";
+
+/// Whether `frame` is a thread named after its kernel id, as the runtime names a thread that
+/// has no name.
+fn is_unnamed_thread(frame: &Frame) -> bool {
+    frame.kind() == FrameKind::Thread
+        && frame
+            .function
+            .strip_prefix("thread-")
+            .is_some_and(|id| !id.is_empty() && id.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// `frame` as a diff shows it (`memtrace diff`, `report --diff`): an unnamed thread as
+/// [`UNNAMED_THREADS`], any other frame as it is.
+pub fn matched_frame(frame: &Frame) -> Frame {
+    if is_unnamed_thread(frame) {
+        Frame { function: UNNAMED_THREADS.to_string(), ..frame.clone() }
+    } else {
+        frame.clone()
+    }
+}
+
 /// What a frame is, whatever the build and run that wrote it: the key by which the frames of
-/// two traces are matched (`memtrace diff`). A code frame with a source line is its file
+/// two traces are matched (`memtrace diff`, `report --diff`). A code frame with a source line is its file
 /// (without the machine's prefixes, [`short_path`]), line and the last segment of its name,
 /// with closures spelt one way: line-tables-only debug info names inlined functions without
 /// their path (`reserve_entries`), fuller debug info with it
 /// (`indexmap::map::core::reserve_entries`), and `{{closure}}` or `{closure#0}` by the
 /// demangling. Other code frames are their name (object+offset names are the same in every
 /// run). A thread the runtime named after its id (`thread-12345`, which changes from run to
-/// run) is any such thread.
+/// run) is any such thread ([`UNNAMED_THREADS`]).
 pub fn frame_identity(frame: &Frame) -> String {
     match frame.kind() {
-        FrameKind::Thread => {
-            let unnamed =
-                frame.function.strip_prefix("thread-").is_some_and(|id| id.bytes().all(|b| b.is_ascii_digit()));
-            if unnamed {
-                "thread thread-*".to_string()
-            } else {
-                frame.label()
-            }
-        }
-        FrameKind::Span => frame.label(),
+        FrameKind::Thread | FrameKind::Span => matched_frame(frame).label(),
         FrameKind::Code if frame.file.is_empty() => frame.function.clone(),
         FrameKind::Code => {
             let name = short_name(&frame.function);
@@ -331,9 +347,12 @@ mod tests {
             (frame("app::f", "src/a.rs", 1), frame("app::g", "src/a.rs", 1)),
             (frame("main", "<thread>", 0), frame("thread-1", "<thread>", 0)),
             (frame("main", "<thread>", 0), frame("main", "", 0)),
+            (frame("thread-", "<thread>", 0), frame("thread-1", "<thread>", 0)),
+            (frame("thread-12", "src/a.rs", 1), frame("thread-13", "src/a.rs", 1)),
         ] {
             assert_ne!(frame_identity(&a), frame_identity(&b), "{a:?} {b:?}");
         }
+        assert_eq!(matched_frame(&frame("thread-12906", "<thread>", 0)).label(), "thread thread-*");
     }
 
     #[test]

@@ -692,6 +692,32 @@ impl FrameTable {
         remap
     }
 
+    /// Merge the frames that are one thing in two traces ([`frame_identity`]), each spelt as
+    /// a diff shows the first of them ([`matched_frame`]): for the page of a diff, whose two
+    /// traces share this table. Returns the new id of each old frame.
+    ///
+    /// [`frame_identity`]: super::frame_identity
+    /// [`matched_frame`]: super::matched_frame
+    pub fn match_by_identity(&mut self) -> Vec<FrameId> {
+        let (mut merged, mut ids) = (Vec::new(), HashMap::new());
+        let remap: Vec<FrameId> = self
+            .frames
+            .iter()
+            .map(|f| {
+                *ids.entry(super::frame_identity(f)).or_insert_with(|| {
+                    merged.push(super::matched_frame(f));
+                    merged.len() - 1
+                })
+            })
+            .collect();
+        for id in self.by_code.values_mut().flatten() {
+            *id = remap[*id];
+        }
+        self.frames = merged;
+        self.by_frame = self.frames.iter().cloned().enumerate().map(|(id, f)| (f, id)).collect();
+        remap
+    }
+
     /// The frames of location `code`, outermost first, resolved once.
     pub fn of_code(&mut self, code: u64, locations: &LocationTable) -> &[FrameId] {
         self.resolve(code, locations);

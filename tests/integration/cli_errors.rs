@@ -322,3 +322,50 @@ fn option_edges_are_consistent() {
         Err(_) => eprintln!("no script (util-linux): the terminal case is not checked"),
     }
 }
+
+/// `--full-names` is offered by the subcommands that show function names, and by them only:
+/// each one that offers it (by its `--help`) writes other output with it, on a trace whose
+/// one site is a generic Rust function; any other refuses it.
+#[test]
+fn full_names_is_offered_where_it_changes_the_output() {
+    let dir = tempfile::tempdir().unwrap();
+    let dir = dir.path();
+    let generic = |code| match code {
+        1 => location_at("main", "src/main.rs"),
+        _ => location_at("app::Parser<alloc::vec::Vec<u8>>::parse", "src/parser.rs"),
+    };
+    for (name, nsamples) in [("generic.ctf", 4), ("generic-more.ctf", 40)] {
+        let mut t = TraceBuilder::new();
+        t.alloc_with(10, nsamples, &[2, 1], generic);
+        write_trace(dir, name, &t.finish());
+    }
+    // Each subcommand's run, and the file it writes (or `None`: stdout).
+    let runs: [(&str, &[&str], Option<&str>); 5] = [
+        ("hotspots", &["hotspots", "generic.ctf", "--stacks"], None),
+        ("flamegraph", &["flamegraph", "generic.ctf", "--folded", "-o", "out"], Some("out")),
+        ("pprof", &["pprof", "generic.ctf", "-o", "out"], Some("out")),
+        ("diff", &["diff", "generic.ctf", "generic-more.ctf"], None),
+        ("report", &["report", "generic.ctf", "-o", "out"], Some("out")),
+    ];
+    let output = |args: &[&str], file: Option<&str>| -> Vec<u8> {
+        let stdout = memtrace_ok(dir, args);
+        file.map_or(stdout.into_bytes(), |f| std::fs::read(dir.join(f)).unwrap())
+    };
+    let mut offered = Vec::new();
+    for sub in SUBCOMMANDS {
+        let help = String::from_utf8(memtrace(&[sub, "--help"]).stdout).unwrap();
+        if !help.contains("--full-names") {
+            let o = memtrace(&[sub, "--full-names", "--help"]);
+            assert_eq!(o.status.code(), Some(2), "{sub} takes --full-names but does not offer it");
+            continue;
+        }
+        offered.push(sub);
+        let (_, args, file) = runs.iter().find(|(name, ..)| *name == sub).unwrap_or_else(|| panic!("no run of {sub}"));
+        let short = output(args, *file);
+        let full = output(&[*args, &["--full-names"]].concat(), *file);
+        assert_ne!(short, full, "{sub}: --full-names changes nothing: {}", String::from_utf8_lossy(&short));
+    }
+    assert_eq!(offered, ["hotspots", "flamegraph", "pprof", "diff", "report"]);
+    let top = String::from_utf8(memtrace(&["--help"]).stdout).unwrap();
+    assert!(!top.contains("--full-names"), "{top}");
+}

@@ -8,7 +8,9 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use crate::util::cli::memtrace_ok;
+use memtrace_rs::analysis::UNNAMED_THREADS;
+
+use crate::util::cli::{memtrace_ok, report_data};
 
 /// An example built by `cargo test` next to the test binaries.
 fn example(name: &str) -> PathBuf {
@@ -17,7 +19,7 @@ fn example(name: &str) -> PathBuf {
 }
 
 /// Run `program` traced at `rate` into `trace`.
-fn trace_run(program: &str, rate: &str, trace: &Path) {
+pub fn trace_run(program: &str, rate: &str, trace: &Path) {
     let out = Command::new(example(program))
         .env("MEMTRACE_FILE", trace)
         .env("MEMTRACE_RATE", rate)
@@ -125,6 +127,38 @@ fn stacks_of_a_thread_pool_hold_no_start_up_frame_and_two_runs_match() {
         let (base, new) = (row[..12].trim(), row[13..25].trim());
         assert!(row.ends_with("(within noise)") || (base != "0 B" && new != "0 B"), "unmatched:\n{row}\n{diff}");
     }
+    assert_unnamed_threads_are_one(&a, &b, &diff);
+}
+
+/// The app's unnamed threads (`thread-<tid>`: a pipeline, its producer and its consumer) are
+/// one thread, `thread-*`, in the diffs of two runs `a` and `b`: in `diff_stacks` (`diff
+/// --stacks` of them), and on the page of `report --diff`, whose two traces then have the same
+/// outermost frames (a tower per thread, not one per thread and run).
+fn assert_unnamed_threads_are_one(a: &Path, b: &Path, diff_stacks: &str) {
+    let tid = |label: &str| label.strip_prefix("thread-").is_some_and(|id| id.bytes().all(|c| c.is_ascii_digit()));
+    assert!(diff_stacks.contains(&format!("<- thread {UNNAMED_THREADS}")), "{diff_stacks}");
+    let ids = diff_stacks
+        .match_indices("thread thread-")
+        .filter(|(at, m)| diff_stacks[at + m.len()..].starts_with(|c: char| c.is_ascii_digit()));
+    assert_eq!(ids.count(), 0, "{diff_stacks}");
+    let html = a.with_extension("html");
+    memtrace_ok(Path::new("."), &["report", "--diff", &p(a), &p(b), "-o", &p(&html)]);
+    let doc = report_data(&html);
+    let frames = &doc["frames"];
+    let name = |f: &serde_json::Value| {
+        frames["strings"][frames["fn"][f.as_u64().unwrap() as usize].as_u64().unwrap() as usize].as_str().unwrap()
+    };
+    let outermost = |trace: &serde_json::Value| -> std::collections::BTreeSet<String> {
+        let nodes = &trace["nodes"];
+        let parents = nodes["parent"].as_array().unwrap();
+        let outer =
+            parents.iter().zip(nodes["frame"].as_array().unwrap()).filter(|(parent, _)| parent.as_i64() == Some(0));
+        outer.map(|(_, frame)| name(frame).to_string()).collect()
+    };
+    let (base, new) = (outermost(&doc["traces"][0]), outermost(&doc["traces"][1]));
+    assert!(base.contains(UNNAMED_THREADS) && base.contains("main"), "{base:?}");
+    assert!(!base.iter().chain(&new).any(|f| tid(f)), "{base:?} {new:?}");
+    assert_eq!(base, new, "the runs' outermost frames");
 }
 
 #[test]

@@ -205,3 +205,134 @@ fn span_text_is_kept_and_taken_back() {
     assert!(run.stderr.contains("`decode{ty=Vec<String>}`, `decode{ty=Vec<u8>}`"), "{}", run.stderr);
     assert!(!dir.path().join("none.html").exists());
 }
+
+/// The `memtrace hotspots` command that the page of `report --span` prints gives the page's
+/// figures: run as printed (its `--span` included) on a trace of the tokio example, alone
+/// and with the flag the page adds for "live at the peak", its totals are those of the
+/// blocks the page embeds.
+#[test]
+fn the_command_a_span_report_prints_gives_the_pages_figures() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("tokio.ctf");
+    crate::cli_real_stacks::trace_run("tokio-spans", "1e-3", &trace);
+    let t = trace.to_str().unwrap();
+    for span in ["http_request", "http_request{route=/api/users}"] {
+        let html = dir.path().join("span.html");
+        memtrace_ok(dir.path(), &["report", t, "--span", span, "-o", html.to_str().unwrap()]);
+        let page = Page::read(&html);
+        assert!(page.cli.starts_with("memtrace hotspots TRACE --span "), "{}", page.cli);
+        let run = |extra: &[&str]| {
+            let words: Vec<String> = shell_words(&page.cli).into_iter().skip(2).collect();
+            let args: Vec<&str> = words.iter().map(|w| if w == "TRACE" { t } else { w.as_str() }).collect();
+            let out = memtrace_ok(dir.path(), &[&["hotspots"], &args[..], extra].concat());
+            let heading = out.lines().next().unwrap().to_string();
+            // "… in N samples, M sampled allocations"
+            let numbers: Vec<u64> = heading
+                .rsplit(" in ")
+                .next()
+                .unwrap()
+                .split(|c: char| !c.is_ascii_digit())
+                .filter_map(|n| n.parse().ok())
+                .collect();
+            assert_eq!(numbers.len(), 2, "{heading}");
+            (numbers[0], numbers[1])
+        };
+        let all = page.blocks.iter().map(|b| b.samples).sum::<u64>();
+        assert!(page.blocks.len() > 10, "{span}: {} blocks", page.blocks.len());
+        assert_eq!(run(&[]), (all, page.blocks.len() as u64), "{span}");
+        let peak: Vec<&Block> = page.blocks.iter().filter(|b| b.live_at(page.peak_us)).collect();
+        assert!(!peak.is_empty(), "{span}");
+        let at_peak = (peak.iter().map(|b| b.samples).sum::<u64>(), peak.len() as u64);
+        assert_eq!(run(&["--live-at", "peak"]), at_peak, "{span}");
+    }
+    let run = cli::memtrace(dir.path(), &["hotspots", t, "--span", "http_req"]);
+    assert!(!run.status.success() && run.stderr.contains("no span has this name"), "{}", run.stderr);
+}
+
+/// The words of a POSIX shell command line of plain words and single-quoted ones (`'\''` in
+/// one is a quote).
+fn shell_words(line: &str) -> Vec<String> {
+    let (mut words, mut word, mut quoted, mut any) = (Vec::new(), String::new(), false, false);
+    for c in line.chars() {
+        match c {
+            '\'' => (quoted, any) = (!quoted, true),
+            ' ' if !quoted => {
+                if any || !word.is_empty() {
+                    words.push(std::mem::take(&mut word));
+                }
+                any = false;
+            }
+            '\\' if !quoted => {}
+            c => word.push(c),
+        }
+    }
+    if any || !word.is_empty() {
+        words.push(word);
+    }
+    words
+}
+
+/// A sampled block as a report page embeds it.
+struct Block {
+    alloc_us: u64,
+    /// The free time, if it was freed.
+    free_us: Option<u64>,
+    samples: u64,
+}
+
+impl Block {
+    /// `filter::Filter`'s (and the page's) rule: allocated by `t` and not freed by then.
+    fn live_at(&self, t: u64) -> bool {
+        self.alloc_us <= t && self.free_us.is_none_or(|f| f > t)
+    }
+}
+
+/// What a report page embeds (`report/data.rs`): its command line, the peak and the blocks
+/// of its one trace.
+struct Page {
+    cli: String,
+    peak_us: u64,
+    blocks: Vec<Block>,
+}
+
+impl Page {
+    fn read(html: &std::path::Path) -> Page {
+        use std::io::Read;
+        let doc = cli::report_data(html);
+        let trace = &doc["traces"][0];
+        let n = trace["nblocks"].as_u64().unwrap() as usize;
+        let tick = trace["tick_us"].as_u64().unwrap();
+        let mut raw = Vec::new();
+        let gz = base64(trace["cols"].as_str().unwrap());
+        flate2::read::GzDecoder::new(&gz[..]).read_to_end(&mut raw).unwrap();
+        let column = |k: usize| -> Vec<u64> {
+            raw[4 * n * k..4 * n * (k + 1)]
+                .chunks(4)
+                .map(|b| u64::from(u32::from_le_bytes(b.try_into().unwrap())))
+                .collect()
+        };
+        let (delta, life, samples) = (column(0), column(1), column(2));
+        let mut at = 0;
+        let blocks = (0..n)
+            .map(|i| {
+                at += delta[i];
+                let free_us = (life[i] > 0).then(|| (at + life[i] - 1) * tick);
+                Block { alloc_us: at * tick, free_us, samples: samples[i] }
+            })
+            .collect();
+        Page { cli: doc["cli"].as_str().unwrap().to_string(), peak_us: trace["peak"]["t"].as_u64().unwrap(), blocks }
+    }
+}
+
+/// Standard base64 with padding, decoded.
+fn base64(text: &str) -> Vec<u8> {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let sextets: Vec<u32> =
+        text.bytes().filter(|&b| b != b'=').map(|b| ALPHABET.iter().position(|&a| a == b).unwrap() as u32).collect();
+    let mut out = Vec::with_capacity(sextets.len() * 3 / 4);
+    for chunk in sextets.chunks(4) {
+        let n = chunk.iter().enumerate().fold(0u32, |n, (i, s)| n | s << (18 - 6 * i));
+        out.extend(n.to_be_bytes()[1..chunk.len()].iter());
+    }
+    out
+}

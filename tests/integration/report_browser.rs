@@ -294,7 +294,7 @@ fn the_page_shortens_names_as_the_command_line_does() {
     let page = std::fs::read_to_string(&html).unwrap();
     assert!(page.contains("\"alloc::vec::Vec::push\"") && !page.contains("Vec\\u003cT,A>::push"));
     assert!(memtrace(&["hotspots", t, "--keep-allocator-frames", "--stacks"]).contains("alloc::vec::Vec::push ("));
-    memtrace(&["--full-names", "report", t, "-o", h]);
+    memtrace(&["report", t, "-o", h, "--full-names"]);
     let page = std::fs::read_to_string(&html).unwrap();
     assert!(page.contains("\"alloc::vec::Vec\\u003cT,A>::push\""));
 }

@@ -873,8 +873,7 @@ fn release_builds_with_partial_debug_info_say_so() {
         for a in trace.allocs.values() {
             let innermost = trace.frames(a).last().unwrap();
             let [function] = innermost else { panic!("{profile:?}: inlined functions in {}", describe(innermost)) };
-            let site =
-                ["::with_capacity_site", "::boxed_site", "::aligned_site"].iter().any(|s| is_function(function, s));
+            let site = RELEASE_SITES.iter().any(|s| is_function(function, s));
             assert!(site && (function.line > 0) == (note == "split DWARF"), "{profile:?}: {function:?}");
             at_sites += a.nsamples;
         }
@@ -921,9 +920,7 @@ fn check_stripped_release_sites(stripped: &Path, twin: &Path) {
         let innermost = *a.codes.last().unwrap();
         let function = function_at(innermost - 1 - bias);
         assert!(
-            function.is_some_and(|f| ["::with_capacity_site", "::boxed_site", "::aligned_site"]
-                .iter()
-                .any(|s| f.ends_with(s))),
+            function.is_some_and(|f| RELEASE_SITES.iter().any(|s| f.ends_with(s))),
             "innermost frame {innermost:#x} in {function:?}"
         );
         at_sites += a.nsamples;
@@ -933,6 +930,10 @@ fn check_stripped_release_sites(stripped: &Path, twin: &Path) {
 }
 
 /// The fixture's directory; `None`, with a note, in a packaged crate (which leaves it out).
+/// The fixture's functions that allocate, as the symbol table names the functions a release
+/// build keeps out of line (`inlined_site` holds the inlined `inlined_buffer`).
+const RELEASE_SITES: [&str; 4] = ["::with_capacity_site", "::boxed_site", "::inlined_site", "::aligned_site"];
+
 fn release_sites_fixture() -> Option<PathBuf> {
     let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/release-sites");
     if !fixture.join("Cargo.toml").exists() {

@@ -695,7 +695,8 @@ fn frames_that_addr2line_names_are_named() {
 ///   program's `main`;
 /// - two runs of one build, and the two builds, diff to nothing beyond the sampling noise (all
 ///   stacks matched, each within twice its margin): a function is one frame across runs (load
-///   addresses) and debug levels (bare or full names);
+///   addresses) and debug levels (bare or full names: the builds spell the inlined
+///   `inlined_buffer` the two ways, which would come out as one stack gone and one new);
 /// - `go tool pprof -top` of the line-tables build (with no flags: in-use space at the peak)
 ///   is not empty, and every function in it has a path: no bare inlined name (`{closure#0}`,
 ///   `call_once`) for pprof to merge across files.
@@ -726,6 +727,14 @@ fn release_stacks_read_right_across_runs_and_debug_levels() {
         traced(&line_tables, "release-stacks-b"),
         traced(&debug_1, "release-stacks-debug-1"),
     ];
+    // The inlined function, bare in line tables, with its path with `debug = 1`.
+    let inlined = |run: &Path| {
+        let stacks = cli(&["hotspots", "--stacks", "--top", "1000", "--frames", "1000", &p(run)]);
+        let frame = |l: &str| l.split("  ").last().unwrap().trim().to_string();
+        stacks.lines().map(frame).find(|f| f.contains("inlined_buffer (")).unwrap_or_else(|| panic!("{stacks}"))
+    };
+    assert!(inlined(&runs[0]).starts_with("inlined_buffer ("), "{}", inlined(&runs[0]));
+    assert!(inlined(&runs[2]).starts_with("memtrace_release_sites::inlined_buffer ("), "{}", inlined(&runs[2]));
     for run in &runs {
         let stacks = cli(&["hotspots", "--stacks", "--top", "1000", "--frames", "1000", &p(run)]);
         let frames: Vec<&str> = stacks.lines().skip(2).map(|l| l.split("  ").last().unwrap().trim()).collect();

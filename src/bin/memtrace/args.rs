@@ -1,5 +1,5 @@
 //! Flags shared by several subcommands: which sites to rank (code sites, spans or threads),
-//! by what figure, and whether allocator frames are trimmed.
+//! by what figure, whether allocator frames are trimmed, and whether names are shortened.
 
 use clap::ValueEnum;
 use memtrace_rs::analysis::{self, FrameKind, Measure};
@@ -80,6 +80,16 @@ impl Trim {
     pub fn frames(self) -> analysis::Trim {
         analysis::Trim { keep_allocator_frames: self.keep_allocator_frames, keep_root_frames: self.keep_root_frames }
     }
+}
+
+/// How function names are shown: the flag of the subcommands that show them (`hotspots`,
+/// `flamegraph`, `pprof`, `diff`, `report`), and of no other.
+#[derive(Debug, Clone, Copy, Default, clap::Args)]
+pub struct Names {
+    /// Show Rust function names in full, with their generic arguments, however long
+    /// (by default generic arguments are elided and names cut at 240 bytes).
+    #[arg(long)]
+    pub full_names: bool,
 }
 
 /// What `--by` ranks: which figure, of code sites, spans or threads.

@@ -3,7 +3,8 @@
 //!
 //! Sites are matched frame by frame by what each frame is ([`frame_identity`]: its file, line and
 //! function, however the build's debug info spelt it; a thread named after its id as any such
-//! thread), so the two traces may come from different builds or runs of the program. A change is beyond the noise when it is
+//! thread, shown as `thread thread-*`), so the two traces may come from different builds or
+//! runs of the program. A change is beyond the noise when it is
 //! larger than its 95 % margin: the sample counts of both sides are Poisson, so the change
 //! of `n_new × b_new − n_base × b_base` bytes (`b` the bytes per sample of each trace) has
 //! a standard deviation of about `√(n_new × b_new² + n_base × b_base²)`.
@@ -16,7 +17,7 @@ use std::io::{self, Write};
 use std::sync::Arc;
 
 use memtrace_rs::analysis::stacks::{FrameTrie, NodeId, ROOT};
-use memtrace_rs::analysis::{frame_identity, ranked, Analysis, Site, Z};
+use memtrace_rs::analysis::{frame_identity, matched_frame, ranked, Analysis, Site, Z};
 
 use super::args::Ranking;
 use super::format;
@@ -40,6 +41,9 @@ pub struct Options {
     /// Text or JSON.
     #[command(flatten)]
     pub format: super::json::FormatArgs,
+    /// How names are shown.
+    #[command(flatten)]
+    pub names: super::args::Names,
 }
 
 /// A limit on growth.
@@ -108,7 +112,7 @@ impl Names {
 
     /// The id of each frame of `analysis`.
     fn of_frames(&mut self, analysis: &Analysis) -> Vec<usize> {
-        analysis.frames.iter().map(|f| self.id(frame_identity(f), || f.label())).collect()
+        analysis.frames.iter().map(|f| self.id(frame_identity(f), || matched_frame(f).label())).collect()
     }
 
     /// The node of `site`, of one ranking of `analysis` whose frames have the label ids

@@ -33,6 +33,9 @@ pub struct Options {
     /// code alone (`code`: thread and span frames left out).
     #[arg(long, value_enum, default_value_t = Root::Thread)]
     pub root: Root,
+    /// How names are shown.
+    #[command(flatten)]
+    pub names: super::args::Names,
 }
 
 /// What a flame graph's roots are (`--root`).

@@ -5,7 +5,7 @@ use std::io::{self, Write};
 use memtrace_rs::analysis::filter::{self, Collected, Filter, LiveAt};
 use memtrace_rs::analysis::{inert, ranked, Analysis, FrameKind, Site};
 
-use super::args::Ranking;
+use super::args::{Names, Ranking};
 use super::format;
 
 /// Options of `memtrace hotspots`.
@@ -20,6 +20,9 @@ pub struct Options {
     /// Which allocations count (the report page's filter).
     #[command(flatten)]
     pub filter: FilterArgs,
+    /// How names are shown.
+    #[command(flatten)]
+    pub names: Names,
 }
 
 /// The filter flags: the clauses of the report page's filter bar
@@ -62,6 +65,11 @@ pub struct FilterArgs {
     /// allocations count for the nearest caller not hidden (repeatable).
     #[arg(long, value_name = "SUBSTRING")]
     pub hide: Vec<String>,
+    /// Only allocations made inside this `tracing` span of a memtrace-rs trace: a span name
+    /// (`http_request`) or a whole description (`http_request{route=/api/users}`), as shown
+    /// or raw; what `report --span` shows.
+    #[arg(long, value_name = "NAME|DESCRIPTION")]
+    pub span: Option<String>,
 }
 
 impl FilterArgs {
@@ -83,6 +91,7 @@ impl FilterArgs {
             inside: names(&self.inside),
             not_inside: names(&self.not_inside),
             hide: names(&self.hide),
+            span: self.span.as_deref().map(|span| inert(span).into_owned()),
         }
     }
 }

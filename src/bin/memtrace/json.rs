@@ -2,8 +2,11 @@
 //!
 //! Their schemas (JSON Schema, draft 2020-12) are `docs/json/{info,hotspots,diff}.schema.json`;
 //! each document names its schema and version in `"schema"` (`"memtrace-info/1"`, …), and a
-//! version only ever gains fields. Byte figures are JSON numbers, `null` when infinite
-//! (absurd sample rates); every estimate carries its 95 % interval and sample count.
+//! version only ever gains fields. Counts (samples, allocations, frees) are integers, and so
+//! are the estimates of bytes and of object counts, rounded to the nearest ([`whole`]): an
+//! estimate has no meaningful fraction, and `364999.999999999` reads as a defect. They are
+//! `null` when infinite or past ±2^63 (absurd sample rates); every estimate carries its 95 %
+//! interval and sample count.
 //!
 //! The frames of the sites in one document hold at most [`MAX_FRAME_TEXT`] bytes of names
 //! and files: a site's frames past that are left out, and its `frames_left_out` says how
@@ -82,12 +85,25 @@ fn number(v: f64) -> Value {
     }
 }
 
+/// An estimate of bytes or objects as the nearest integer, or `null` when it is not finite or
+/// no 64-bit integer holds it.
+pub fn whole(v: f64) -> Value {
+    // 2^63 is exact as an f64; every finite value below it in magnitude rounds into i64.
+    const LIMIT: f64 = 9_223_372_036_854_775_808.0;
+    let v = v.round();
+    if v.is_finite() && v.abs() < LIMIT {
+        json!(v as i64)
+    } else {
+        Value::Null
+    }
+}
+
 /// An estimate: bytes, the 95 % interval, its samples, and whether it is rough.
 fn estimate(e: &Estimate) -> Value {
     json!({
-        "bytes": number(e.bytes),
-        "low": number(e.low),
-        "high": number(e.high),
+        "bytes": whole(e.bytes),
+        "low": whole(e.low),
+        "high": whole(e.high),
         "samples": e.samples,
         "rough": e.is_rough(),
     })
@@ -172,7 +188,7 @@ pub fn hotspots(analysis: &Analysis, name: &str, options: &hotspots::Options, ou
         .map(|site| {
             let tally = site.stats.get(measure);
             let mut v =
-                json!({ "estimate": estimate(&analysis.estimate(tally.samples)), "count": number(tally.objects) });
+                json!({ "estimate": estimate(&analysis.estimate(tally.samples)), "count": whole(tally.objects) });
             let frames = site.frames().map(|f| &analysis.frames[f]);
             let size = |f: &&memtrace_rs::analysis::Frame| f.function.len() + f.file.len();
             let to_json =
@@ -201,13 +217,13 @@ pub fn diff(
     options: &diff::Options,
     out: &mut impl Write,
 ) -> io::Result<()> {
-    let side = |s: &diff::Side| json!({ "value": number(s.value), "samples": s.samples });
+    let side = |s: &diff::Side| json!({ "value": whole(s.value), "samples": s.samples });
     let change = |c: &diff::Change| {
         json!({
             "base": side(&c.base),
             "new": side(&c.new),
-            "change": number(c.delta()),
-            "margin": number(c.margin()),
+            "change": whole(c.delta()),
+            "margin": whole(c.margin()),
             "beyond_noise": c.beyond_noise(),
         })
     };

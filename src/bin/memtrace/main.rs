@@ -28,7 +28,7 @@ use std::rc::Rc;
 
 use clap::{CommandFactory, Parser, Subcommand};
 
-use memtrace_rs::analysis::{filter, Analysis, FrameTable, Options as AnalysisOptions, Origin};
+use memtrace_rs::analysis::{filter, Analysis, Frame, FrameTable, Options as AnalysisOptions, Origin};
 use memtrace_rs::trace::{Reader, Warning};
 use output::Output;
 use progress::Progress;
@@ -42,10 +42,6 @@ use progress::Progress;
 struct Cli {
     #[command(subcommand)]
     command: Command,
-    /// Show Rust function names in full, with their generic arguments, however long
-    /// (by default generic arguments are elided and names cut at 240 bytes).
-    #[arg(long, global = true)]
-    full_names: bool,
 }
 
 #[derive(Debug, Subcommand)]
@@ -107,6 +103,9 @@ enum Command {
         /// Which frames are trimmed from the stacks.
         #[command(flatten)]
         trim: args::Trim,
+        /// How names are shown.
+        #[command(flatten)]
+        names: args::Names,
     },
     /// Chart the estimated live heap and allocation rate over time (SVG, or CSV for *.csv).
     Timeline {
@@ -197,11 +196,9 @@ const REGRESSION: u8 = 3;
 
 fn run(cli: Cli) -> Result<ExitCode, Failure> {
     let mut status = ExitCode::SUCCESS;
-    let full_names = cli.full_names;
-    let analyse = |path: &Path, options| analyse(path, options, full_names);
     match cli.command {
         Command::Info { file, format } => {
-            let analysis = analyse(&file, AnalysisOptions::default())?;
+            let analysis = analyse(&file, AnalysisOptions::default(), args::Names::default())?;
             let name = file.display().to_string();
             to_stdout(|out| {
                 if format.is_json() {
@@ -212,7 +209,7 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
             })
         }
         Command::Sizes { file } => {
-            let analysis = analyse(&file, AnalysisOptions::default())?;
+            let analysis = analyse(&file, AnalysisOptions::default(), args::Names::default())?;
             to_stdout(|out| sizes::write(&analysis, &file.display().to_string(), out))
         }
         Command::Dump { file } => {
@@ -237,10 +234,13 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
             Ok(())
         }
         Command::Hotspots { file, options } => {
-            let mut analysis = analyse(&file, AnalysisOptions { stacks: true, live_at: None })?;
+            let mut analysis = analyse(&file, AnalysisOptions { stacks: true, live_at: None }, options.names)?;
             let filter = options.filter.filter();
             if let Some(filter::LiveAt::Time(at)) = filter.live {
                 refuse_past_the_end(&file, "--live-at", at, &analysis)?;
+            }
+            if let Some(span) = &filter.span {
+                refuse_unknown_span(&file, span, &analysis.frames)?;
             }
             if filter.selects() {
                 if options.ranking.by.figure != args::Figure::Allocated {
@@ -261,7 +261,7 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
             })
         }
         Command::Flamegraph { file, output, options } => {
-            let analysis = analyse(&file, options.weight.analysis_options())?;
+            let analysis = analyse(&file, options.weight.analysis_options(), options.names)?;
             if let Some(at) = options.weight.live_at {
                 refuse_past_the_end(&file, "--live-at", (at * 1e6).ceil() as u64, &analysis)?;
             }
@@ -290,7 +290,7 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
             }
             Ok(())
         }
-        Command::Pprof { file, output, inuse_at, trim } => {
+        Command::Pprof { file, output, inuse_at, trim, names } => {
             if output.as_os_str() == "-" && io::stdout().is_terminal() {
                 let why = "the profile is gzip, not for a terminal: say -o FILE or send stdout to a file or pipe";
                 Cli::command().error(clap::error::ErrorKind::InvalidValue, why).exit();
@@ -299,7 +299,7 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
                 pprof::InuseAt::Time(us) => Some(us),
                 _ => None,
             };
-            let analysis = analyse(&file, AnalysisOptions { stacks: true, live_at })?;
+            let analysis = analyse(&file, AnalysisOptions { stacks: true, live_at }, names)?;
             if let pprof::InuseAt::Time(us) = inuse_at {
                 refuse_past_the_end(&file, "--inuse-at", us, &analysis)?;
             }
@@ -319,13 +319,13 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
             Ok(())
         }
         Command::Timeline { file, output } => {
-            let analysis = analyse(&file, AnalysisOptions::default())?;
+            let analysis = analyse(&file, AnalysisOptions::default(), args::Names::default())?;
             let csv = output.extension().is_some_and(|e| e.eq_ignore_ascii_case("csv"));
             to_file(&output, &[&file], |out| timeline::write(&analysis, csv, out))
         }
         Command::Diff { base, new, options } => {
             let stacks = AnalysisOptions { stacks: true, live_at: None };
-            let (a, b) = (analyse(&base, stacks)?, analyse(&new, stacks)?);
+            let (a, b) = (analyse(&base, stacks, options.names)?, analyse(&new, stacks, options.names)?);
             let names = (base.display().to_string(), new.display().to_string());
             let names = (names.0.as_str(), names.1.as_str());
             to_stdout(|out| {
@@ -384,14 +384,16 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
             }
             if let Some(span) = options.span.as_deref() {
                 // Taken as shown (trace text is shown inert) or raw, and never echoed raw.
-                let span = memtrace_rs::analysis::inert(span);
-                if !frames.frames.iter().any(|f| f.is_span(&span)) {
-                    return Err(Failure::refused(&file, report::no_such_span(&span, &frames)));
-                }
+                refuse_unknown_span(&file, &memtrace_rs::analysis::inert(span), &frames.frames)?;
             }
             // The names the other subcommands show (Analysis::shorten_names).
-            if !full_names && traces.iter().all(report::TraceData::is_rust) {
+            if !options.names.full_names && traces.iter().all(report::TraceData::is_rust) {
                 let remap = frames.shorten_names();
+                traces.iter_mut().for_each(|t| t.remap_frames(&remap));
+            }
+            // A diff's frames are matched as `memtrace diff` matches them.
+            if traces.len() == 2 {
+                let remap = frames.match_by_identity();
                 traces.iter_mut().for_each(|t| t.remap_frames(&remap));
             }
             to_file(&output, &inputs, |out| report::write(&frames, &traces, &options, out))
@@ -401,12 +403,12 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
 }
 
 /// Analyse the trace at `path` with a progress bar on a terminal, printing the reader's
-/// warnings to stderr; names shortened unless `full_names`.
-fn analyse(path: &Path, mut options: AnalysisOptions, full_names: bool) -> Result<Analysis, Failure> {
+/// warnings to stderr; names shortened unless `names` says they are shown in full.
+fn analyse(path: &Path, mut options: AnalysisOptions, names: args::Names) -> Result<Analysis, Failure> {
     // Backtraces tell the records of lost samples, which every view warns of.
     options.stacks = true;
     let mut analysis = with_progress(path, |reader, progress| Analysis::from_reader(reader, &options, progress))?;
-    if !full_names {
+    if !names.full_names {
         analysis.shorten_names();
     }
     for warning in &analysis.warnings {
@@ -427,6 +429,15 @@ fn refuse_past_the_end(file: &Path, option: &str, at: u64, analysis: &Analysis) 
         return Err(Failure::refused(file, why));
     }
     Ok(())
+}
+
+/// Refuse `--span SPAN` (made inert) when none of `frames`, those of the trace at `file`, is
+/// that span: an empty page or ranking would look like a span that allocated nothing.
+fn refuse_unknown_span(file: &Path, span: &str, frames: &[Frame]) -> Result<(), Failure> {
+    if frames.iter().any(|f| f.is_span(span)) {
+        return Ok(());
+    }
+    Err(Failure::refused(file, report::no_such_span(span, frames)))
 }
 
 /// Warn that the trace at `path` is still being written, if it is `unclosed` and its writer

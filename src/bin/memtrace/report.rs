@@ -1,5 +1,6 @@
 //! `memtrace report`: one self-contained, interactive HTML page for a trace, or with
-//! `--diff` for two (new − base, frames matched by function, file and line).
+//! `--diff` for two (new − base, frames matched as `memtrace diff` matches them:
+//! [`memtrace_rs::analysis::frame_identity`]).
 //!
 //! The page does what memtrace_viewer does, with no server: a filter bar with the clauses
 //! of [`memtrace_rs::analysis::filter`] (every view follows it), the live-heap chart (drag to
@@ -21,7 +22,7 @@ use std::path::PathBuf;
 
 pub use data::TraceData;
 
-use memtrace_rs::analysis::{inert, FrameKind, FrameTable};
+use memtrace_rs::analysis::{inert, Frame, FrameKind, FrameTable};
 
 use super::args::Trim;
 use super::format;
@@ -48,6 +49,9 @@ pub struct Options {
     /// mark, which stays the whole trace's.
     #[arg(long, value_name = "NAME|DESCRIPTION")]
     pub span: Option<String>,
+    /// How names are shown.
+    #[command(flatten)]
+    pub names: super::args::Names,
 }
 
 const HTML: &str = include_str!("report/report.html");
@@ -100,9 +104,9 @@ fn base64(data: &[u8]) -> String {
 /// Why `--span SPAN` selects nothing in a trace whose frames are `frames`: no span is called so,
 /// and which spans there are (or that the trace has none, as a trace not written by
 /// memtrace-rs with its tracing layer).
-pub fn no_such_span(span: &str, frames: &FrameTable) -> String {
+pub fn no_such_span(span: &str, frames: &[Frame]) -> String {
     let mut names: Vec<&str> =
-        frames.frames.iter().filter(|f| f.kind() == FrameKind::Span).map(|f| f.function.as_str()).collect();
+        frames.iter().filter(|f| f.kind() == FrameKind::Span).map(|f| f.function.as_str()).collect();
     names.sort_unstable();
     names.dedup();
     if names.is_empty() {

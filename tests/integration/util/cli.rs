@@ -267,3 +267,11 @@ pub fn pprof_top(profile: &Path, args: &[&str]) -> Option<Vec<(String, String)>>
         .collect(),
     )
 }
+
+/// The JSON document a report page at `html` embeds (`report/data.rs`).
+pub fn report_data(html: &Path) -> serde_json::Value {
+    let html = std::fs::read_to_string(html).unwrap();
+    let json = &html[html.find("id=\"report-data\"").unwrap()..];
+    let json = &json[json.find('>').unwrap() + 1..json.find("</script>").unwrap()];
+    serde_json::from_str(json).unwrap()
+}

@@ -25,7 +25,8 @@ fn type_matches(name: &str, value: &Value) -> bool {
         "boolean" => value.is_boolean(),
         "null" => value.is_null(),
         "number" => value.is_number(),
-        "integer" => value.is_u64() || value.is_i64() || value.as_f64().is_some_and(|v| v.fract() == 0.0),
+        // An integer as written: `365000.0` or `364999.999999999` is a float, however close.
+        "integer" => value.is_u64() || value.is_i64(),
         other => panic!("unknown type {other}"),
     }
 }

@@ -4,7 +4,7 @@
 //! Schema (`report.js` decodes it):
 //!
 //! ```text
-//! { version: 1, limit, top, keep: {allocator, root},
+//! { version: 1, limit, top, keep: {allocator, root}, cli,
 //!   frames: { strings: [..], fn: [string id], file: [string id], label: [string id], line: [..], alloc: [0|1], root: [0|1] },
 //!   traces: [ A ] or [ A (base), B (new) ], each
 //!    { name, info: {start_us, rate, word_size, executable, host, runtime, context, pid},
@@ -15,10 +15,15 @@
 //!      cols: base64(gzip(u32 LE columns of nblocks each)) } }
 //! ```
 //!
+//! `cli` is the `memtrace hotspots TRACE …` command of the page's own settings (`--span`,
+//! `--full-names`), to which the page adds the flags of its filter bar: the command whose
+//! figures are the page's.
+//!
 //! The columns: alloc time as the delta from the previous block's (blocks are sorted by
 //! alloc time) in ticks of `tick_us` (1 µs unless the trace is longer than 71 minutes);
 //! lifetime + 1 in ticks, 0 if never freed; samples; words; stack node. The frame table is
-//! shared by the traces of a diff, so a frame id is the match key (function, file, line).
+//! shared by the traces of a diff, so a frame id is the match key
+//! ([`FrameTable::match_by_identity`]).
 //!
 //! # Beyond the limit: thinning
 //!
@@ -37,6 +42,7 @@ use std::io::{self, Read, Write};
 use serde_json::{json, Value};
 
 use memtrace_rs::analysis::blocks::{self, Block};
+use memtrace_rs::analysis::filter::Filter;
 use memtrace_rs::analysis::stacks::{FrameTrie, NodeId, ROOT};
 use memtrace_rs::analysis::{inert, inert_bytes, is_allocator_frame, is_root_frame, FrameKind, FrameTable, Origin};
 use memtrace_rs::trace::{Info, Reader, Warning};
@@ -81,7 +87,8 @@ pub struct TraceData {
 }
 
 impl TraceData {
-    /// Give the trie's frames their new ids after [`FrameTable::shorten_names`].
+    /// Give the trie's frames their new ids after the frame table merged some
+    /// ([`FrameTable::shorten_names`], [`FrameTable::match_by_identity`]).
     pub fn remap_frames(&mut self, remap: &[usize]) {
         for f in self.frame.iter_mut().filter(|f| **f != u32::MAX) {
             *f = remap[*f as usize] as u32;
@@ -222,7 +229,7 @@ impl TraceData {
             },
             "duration_us": self.summary.end_us, "tick_us": tick, "truncated": self.warnings.iter().any(|w| matches!(w, Warning::TruncatedPacket { .. })),
             "events": self.summary.events, "warnings": self.warnings.iter().map(|w| w.to_string()).collect::<Vec<_>>(),
-            "peak": { "t": self.summary.peak_us, "bytes": info.bytes_for_samples(self.summary.peak_samples) },
+            "peak": { "t": self.summary.peak_us, "bytes": super::super::json::whole(info.bytes_for_samples(self.summary.peak_samples)) },
             "nodes": { "parent": signed(&self.parent), "frame": signed(&self.frame) },
             "nblocks": self.blocks.len(),
             "thinned": self.thinned.map(|t| json!({ "blocks": t.blocks, "samples": t.samples, "keep": t.keep })),
@@ -274,6 +281,7 @@ pub fn write_json(
     let doc = json!({
         "version": 1, "limit": options.limit, "top": options.top,
         "keep": { "allocator": options.trim.keep_allocator_frames, "root": options.trim.keep_root_frames },
+        "cli": hotspots_command(options),
         "frames": {
             "strings": strings, "fn": functions, "file": files, "label": label_ids,
             "line": list.iter().map(|f| f.line).collect::<Vec<_>>(),
@@ -285,6 +293,17 @@ pub fn write_json(
     });
     // Outside strings JSON has no `<`, so escaping every one keeps `</script` and `<!--` out.
     out.write_all(serde_json::to_string(&doc)?.replace('<', "\\u003c").as_bytes())
+}
+
+/// `memtrace hotspots TRACE` with the flags that give the figures of the page `options` ask
+/// for, before its filter bar adds its own: `--span` (as the frames hold it, inert) and
+/// `--full-names`.
+fn hotspots_command(options: &super::Options) -> String {
+    let span = Filter { span: options.span.as_deref().map(|s| inert(s).into_owned()), ..Filter::default() };
+    let mut words = vec!["memtrace hotspots TRACE".to_string()];
+    words.extend((!span.is_empty()).then(|| span.to_string()));
+    words.extend(options.names.full_names.then(|| "--full-names".to_string()));
+    words.join(" ")
 }
 
 /// The index of `s` in `strings`, added the first time.

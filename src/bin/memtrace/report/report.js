@@ -176,17 +176,21 @@ function applyFilter(t) {
   }
   return out.subarray(0, k);
 }
-// The same filter as `memtrace hotspots` flags, printed as filter.rs's Display does.
+// `s` as one word of a shell: filter.rs's `quoted`.
+const quoted = (s) => `'${s.replace(/'/g, "'\\''")}'`;
+// The same filter as `memtrace hotspots` flags, printed as filter.rs's Display does, after
+// the command of the page's own settings (`--span`, `--full-names`) and the trimming.
 function cliEquivalent() {
-  const p = ['memtrace hotspots TRACE'];
+  const p = [D.cli];
+  if (!F.trim) p.push('--keep-allocator-frames'); if (!F.trimRoot) p.push('--keep-root-frames');
   const range = (lo, hi) => `${cliTime(lo ?? 0)}:${cliTime(hi ?? Math.ceil(DUR) + 1)}`;
   if (F.allocLo != null || F.allocHi != null) p.push(`--allocated-between ${range(F.allocLo, F.allocHi)}`);
   if (F.live === 'time' && F.liveAt != null) p.push(`--live-at ${cliTime(F.liveAt)}`); else if (F.live === 'peak' || F.live === 'end') p.push(`--live-at ${F.live}`);
   if (F.collected === 'never') p.push('--never-collected'); else if (F.collected === 'between') p.push(`--collected-between ${range(F.collLo, F.collHi)}`);
   if (F.sizeMin != null) p.push(`--size-at-least ${F.sizeMin}B`); if (F.sizeMax != null) p.push(`--size-under ${F.sizeMax}B`);
   if (F.lifeMin != null) p.push(`--lifetime-at-least ${cliTime(F.lifeMin)}`); if (F.lifeMax != null) p.push(`--lifetime-under ${cliTime(F.lifeMax)}`);
-  for (const x of F.inside) p.push(`--inside '${x}'`); for (const x of F.notInside) p.push(`--not-inside '${x}'`);
-  for (const x of F.hide) p.push(`--hide '${x}'`);
+  for (const x of F.inside) p.push(`--inside ${quoted(x)}`); for (const x of F.notInside) p.push(`--not-inside ${quoted(x)}`);
+  for (const x of F.hide) p.push(`--hide ${quoted(x)}`);
   return p.join(' ');
 }
 
@@ -766,7 +770,7 @@ function drawPoi() {
 // ------------------------------------------------------------------ start
 readForm(); update();
 let rz = 0; window.addEventListener('resize', () => { clearTimeout(rz); rz = setTimeout(() => { measure(); drawTimeline(); drawSiteTimeline(); drawFlame(); drawLifetimes(); }, 150); });
-$('status').textContent = DIFF ? `Diff: B (${B.T.name}) − A (${A.T.name}), frames matched by function, file and line.` : `${traces[0].T.name}: ${traces[0].n.toLocaleString('en')} sampled blocks.`;
+$('status').textContent = DIFF ? `Diff: B (${B.T.name}) − A (${A.T.name}), frames matched by function (file, line and name; unnamed threads as one, thread-*).` : `${traces[0].T.name}: ${traces[0].n.toLocaleString('en')} sampled blocks.`;
 window.__memtraceReady = { open_ms: performance.now() - T0, since_nav_ms: performance.now() };
 document.body.dataset.ready = '1';
 })().catch((e) => { document.getElementById('status').textContent = 'Error: ' + e.message; throw e; });
