@@ -332,18 +332,27 @@ impl Serving {
 
 /// `go tool pprof -top` of `source` (a URL or file) by `sample_index` (with `extra` flags):
 /// each function's cumulative value in bytes.
-fn pprof_top(source: &str, sample_index: &str, extra: &[&str]) -> HashMap<String, f64> {
+/// The output of `go tool pprof` with `args`, which must succeed (in a home of its own).
+fn go_pprof(args: &[&str]) -> String {
     let tmp = tempfile::tempdir().unwrap();
     let out = Command::new("go")
-        .args(["tool", "pprof", "-top", "-unit=B", "-nodecount=1000", &format!("-sample_index={sample_index}")])
-        .args(extra)
-        .arg(source)
+        .args(["tool", "pprof"])
+        .args(args)
         .env("PPROF_TMPDIR", tmp.path())
         .env("HOME", tmp.path())
         .output()
         .expect("go tool pprof");
-    let text = String::from_utf8_lossy(&out.stdout);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    text
+}
+
+fn pprof_top(source: &str, sample_index: &str, extra: &[&str]) -> HashMap<String, f64> {
+    let index = format!("-sample_index={sample_index}");
+    let mut args = vec!["-top", "-unit=B", "-nodecount=1000", &index];
+    args.extend_from_slice(extra);
+    args.push(source);
+    let text = go_pprof(&args);
     eprintln!("--- go tool pprof {sample_index} {extra:?} {source}:\n{text}");
     let mut cum = HashMap::new();
     for line in text.lines() {
@@ -465,15 +474,7 @@ fn live_profiles_over_http_match_the_truth() {
 
 /// `go tool pprof -raw` of `source` (a URL or file): its samples' values, and its functions.
 fn pprof_raw(source: &str) -> (Vec<Vec<i64>>, Vec<String>) {
-    let tmp = tempfile::tempdir().unwrap();
-    let out = Command::new("go")
-        .args(["tool", "pprof", "-raw", source])
-        .env("PPROF_TMPDIR", tmp.path())
-        .env("HOME", tmp.path())
-        .output()
-        .expect("go tool pprof");
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    let text = go_pprof(&["-raw", source]);
     let samples = text.split_once("\nSamples:\n").expect("samples").1;
     let (samples, locations) = samples.split_once("\nLocations\n").expect("locations");
     // `values: location ids`, after a line of the sample types; labels on lines of their own.
