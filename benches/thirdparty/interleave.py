@@ -3,12 +3,13 @@
 series, for differences smaller than a machine's drift between two harness runs: each round
 runs every tree's build untraced and traced, in random order.
 
-    interleave.py ROUNDS NAME=DIR NAME=DIR... [--build jaq-mimalloc] [--short]
+    interleave.py ROUNDS NAME=DIR NAME=DIR... [--build jaq-mimalloc] [--short] [--rate R]
 
 Default: the harness's filter over its generated 13.7 MB input (made here if missing),
 untraced with DIR/idle-thread.so preloaded against traced; prints per tree the median of the
 rounds' wall ratios with its bootstrap 95 % interval. `--short`: `jaq -n 1`, untraced against
-traced; prints per tree the median added wall and CPU time (sampled runs or not).
+traced; prints per tree the median added wall and CPU time (sampled runs or not: `--rate 1e-4`
+makes nearly every run take a sample, whose cost then shows).
 """
 import os
 import random
@@ -36,11 +37,13 @@ def input_json():
     return path
 
 
-def run(command, traced, preload=None):
+def run(command, traced, preload=None, rate=None):
     """Wall and CPU milliseconds of one run, traced into a scratch file or untraced."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("MEMTRACE") and k != "LD_PRELOAD"}
     if traced:
         env["MEMTRACE_FILE"] = os.path.join(SCRATCH, "trace.ctf")
+        if rate:
+            env["MEMTRACE_RATE"] = rate
     elif preload:
         env["LD_PRELOAD"] = preload
     start = time.perf_counter()
@@ -60,7 +63,8 @@ def main():
     args = sys.argv[1:]
     short = "--short" in args
     build = args[args.index("--build") + 1] if "--build" in args else "jaq-mimalloc"
-    positional = [a for i, a in enumerate(args) if not a.startswith("--") and (i == 0 or args[i - 1] != "--build")]
+    rate = args[args.index("--rate") + 1] if "--rate" in args else None
+    positional = [a for i, a in enumerate(args) if not a.startswith("--") and (i == 0 or args[i - 1] not in ("--build", "--rate"))]
     rounds, trees = int(positional[0]), dict(a.split("=", 1) for a in positional[1:])
     os.makedirs(SCRATCH, exist_ok=True)
     args_of = ["-n", "1"] if short else [FILTER, input_json()]
@@ -71,7 +75,7 @@ def main():
         runs = {}
         for name, traced in jobs:
             preload = None if short else os.path.join(trees[name], "idle-thread.so")
-            runs[name, traced] = run([os.path.join(trees[name], build, "release/jaq"), *args_of], traced, preload)
+            runs[name, traced] = run([os.path.join(trees[name], build, "release/jaq"), *args_of], traced, preload, rate)
         for name in trees:
             (wall0, cpu0), (wall1, cpu1) = runs[name, False], runs[name, True]
             results[name].append((wall1 - wall0, cpu1 - cpu0) if short else (wall1 / wall0, cpu1 / cpu0))
