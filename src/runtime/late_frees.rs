@@ -15,7 +15,7 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use super::sampled_set::{SessionTag, SAMPLED_ALIGN};
+use super::sampled_set::{address_hash, SessionTag, FIBONACCI, SAMPLED_ALIGN};
 
 /// Slots in all.
 const SLOTS: usize = 1 << 16;
@@ -31,7 +31,7 @@ static PENDING: AtomicUsize = AtomicUsize::new(0);
 
 /// The first slot `addr` tries.
 fn home(addr: usize) -> usize {
-    (((addr / SAMPLED_ALIGN) as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - SLOTS.trailing_zeros())) as usize
+    address_hash(addr, FIBONACCI, SLOTS.trailing_zeros())
 }
 
 /// The slots `addr` may be in.

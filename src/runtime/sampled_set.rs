@@ -115,13 +115,23 @@ const FILTER_STUCK: u8 = u8::MAX;
 const EMPTY: AtomicU8 = AtomicU8::new(0);
 static FILTER: [AtomicU8; 1 << FILTER_BITS] = [EMPTY; 1 << FILTER_BITS];
 
+/// The multiplier of Fibonacci hashing (2^64 over the golden ratio).
+pub(crate) const FIBONACCI: u64 = 0x9E37_79B9_7F4A_7C15;
+/// The filter's multiplier, another odd constant: a filter slot's addresses spread over the
+/// generations' buckets.
+const FILTER_MULTIPLIER: u64 = 0xD6E8_FEB8_6659_FD93;
+
+/// `bits` bits of a multiplicative hash of `addr` above its alignment bits: how the set's
+/// buckets, its filter's slots and the late frees' slots are picked.
+#[inline(always)]
+pub(crate) fn address_hash(addr: usize, multiplier: u64, bits: u32) -> usize {
+    (((addr / SAMPLED_ALIGN) as u64).wrapping_mul(multiplier) >> (64 - bits)) as usize
+}
+
 /// The filter slot of the block at `addr`.
 #[inline(always)]
 fn filter_slot(addr: usize) -> &'static AtomicU8 {
-    // Fibonacci hashing, with a multiplier of its own so that a slot's addresses spread over
-    // the generations' buckets.
-    let index = ((addr / SAMPLED_ALIGN) as u64).wrapping_mul(0xD6E8_FEB8_6659_FD93) >> (64 - FILTER_BITS);
-    &FILTER[index as usize]
+    &FILTER[address_hash(addr, FILTER_MULTIPLIER, FILTER_BITS)]
 }
 
 /// Add one entry to `slot`'s count (`by` 1) or take one from it (`by` -1), unless it is stuck.
@@ -174,8 +184,7 @@ impl Generation {
 
     #[inline(always)]
     fn index(&self, addr: usize) -> usize {
-        // Fibonacci hashing of the address above its alignment bits.
-        (((addr / SAMPLED_ALIGN) as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - self.bits)) as usize
+        address_hash(addr, FIBONACCI, self.bits)
     }
 
     #[inline(always)]
