@@ -41,31 +41,38 @@ pub(crate) fn move_high(file: File) -> File {
 /// whose default actions end the process. The two are blocked on this thread for the write; an
 /// instance the write raised is then taken, one that was pending before is left to the program.
 pub(crate) fn write_all_without_signals(file: &mut File, bytes: &[u8]) -> io::Result<()> {
-    // SAFETY: sigset_t values filled in by sigemptyset/sigaddset/sigpending before use, and a
-    // mask change of the calling thread alone, restored before returning.
+    const HELD: [libc::c_int; 2] = [libc::SIGPIPE, libc::SIGXFSZ];
+    // SAFETY: sigset_t values filled in by `signal_set` and sigpending before use, and a mask
+    // change of the calling thread alone, restored before returning.
     unsafe {
-        let mut held: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut held);
-        libc::sigaddset(&mut held, libc::SIGPIPE);
-        libc::sigaddset(&mut held, libc::SIGXFSZ);
         let mut mask: libc::sigset_t = std::mem::zeroed();
-        libc::pthread_sigmask(libc::SIG_BLOCK, &held, &mut mask);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &signal_set(&HELD), &mut mask);
         let mut pending_before: libc::sigset_t = std::mem::zeroed();
         libc::sigpending(&mut pending_before);
         let written = file.write_all(bytes);
         if written.is_err() {
-            for signal in [libc::SIGPIPE, libc::SIGXFSZ] {
+            for signal in HELD {
                 if libc::sigismember(&pending_before, signal) == 0 {
-                    let mut one: libc::sigset_t = std::mem::zeroed();
-                    libc::sigemptyset(&mut one);
-                    libc::sigaddset(&mut one, signal);
                     let now = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-                    libc::sigtimedwait(&one, std::ptr::null_mut(), &now);
+                    libc::sigtimedwait(&signal_set(&[signal]), std::ptr::null_mut(), &now);
                 }
             }
         }
         libc::pthread_sigmask(libc::SIG_SETMASK, &mask, std::ptr::null_mut());
         written
+    }
+}
+
+/// The set of `signals`.
+fn signal_set(signals: &[libc::c_int]) -> libc::sigset_t {
+    // SAFETY: a zeroed sigset_t, initialised by sigemptyset before the additions.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        for &signal in signals {
+            libc::sigaddset(&mut set, signal);
+        }
+        set
     }
 }
 
