@@ -1,6 +1,7 @@
-//! Frees of sampled blocks that found the hand-off queue full: a lock-free set of addresses
-//! that the writer takes them from, so that a block's free is not lost (and the block left
-//! alive in the trace) when the writer is far behind.
+//! Frees of sampled blocks that found the hand-off queue full, or too little stack to send a
+//! message (a coroutine's stack, of unknown extent): a lock-free set of addresses that the
+//! writer takes them from, so that a block's free is not lost (and the block left alive in the
+//! trace) when the writer is far behind or the freeing thread short of stack.
 //!
 //! A free never waits for the writer (see `handoff`); when the queue has no room, the freeing
 //! thread puts the block's address, tagged with its session ([`SessionTag`]: the low bits a

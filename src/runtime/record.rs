@@ -100,7 +100,8 @@ static UNWRITTEN: [LossCounters; 4] = [NO_LOSS; 4];
 /// trace).
 static DROPPED_FREES: AtomicU64 = AtomicU64::new(0);
 /// Frees of sampled blocks lost since the current session started because their thread had
-/// too little stack left to send them.
+/// too little stack left to send them, and the late frees' slots near their address were
+/// full.
 static DROPPED_FREES_STACK: AtomicU64 = AtomicU64::new(0);
 /// The stack sending a free message may take, with room to spare (docs/GUIDE.md, "Stopping and
 /// stack needs"; `tests/tracing` checks the bound).
@@ -236,8 +237,13 @@ pub(crate) fn sampled_free(addr: usize, tag: SessionTag) {
         // Recorded by an earlier session: not in this trace.
         return;
     }
+    // Too little stack (or a stack of unknown extent: a coroutine's) to send the message: the
+    // late frees' slots take it, which needs no more stack than the lookup that found the block.
+    // A free lost would leave its block live in every estimate.
     if !unwind::stack_left(FREE_STACK_NEEDED) {
-        DROPPED_FREES_STACK.fetch_add(1, Ordering::Relaxed);
+        if !late_frees::put(addr, tag) {
+            DROPPED_FREES_STACK.fetch_add(1, Ordering::Relaxed);
+        }
     } else if !channel.try_send(Msg::Free { session, addr, time: now_us() }) && !late_frees::put(addr, tag) {
         DROPPED_FREES.fetch_add(1, Ordering::Relaxed);
     }

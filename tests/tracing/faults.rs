@@ -371,8 +371,9 @@ fn a_fifo_whose_reader_stalls_lets_the_program_finish() {
 }
 
 /// A thread with little stack left allocates under tracing (at rate 1, where every allocation
-/// is sampled) as it does untraced: the sample it has no stack for is dropped and reported, and
-/// so is the free of a sampled block there. Optimised, both work with a few hundred bytes left;
+/// is sampled) as it does untraced: the sample it has no stack for is dropped and reported; the
+/// free of a sampled block there, with no stack to send its message, is kept for the writer
+/// (`late_frees`), not lost. Optimised, both work with a few hundred bytes left;
 /// unoptimised, the allocator's and the sampler's frames before the stack check take some
 /// 600 bytes more than the system allocator does, so the traced run gets 1 KiB more (a capture
 /// there would take 3 KiB with frame pointers, 6 KiB for a first DWARF walk, and overflow).
@@ -394,13 +395,9 @@ fn a_thread_near_its_stack_limit_allocates_as_untraced() {
         let (out, _) = run_within("small_stack", &env, Duration::from_secs(30));
         assert!(out.status.success(), "{unwinder}: {}", String::from_utf8_lossy(&out.stderr));
         let messages = memtrace_messages(&out);
-        assert_eq!(messages.len(), 2, "{unwinder}: {messages:?}");
+        assert_eq!(messages.len(), 1, "{unwinder}: a free lost? {messages:?}");
         assert!(
             messages[0].contains("1 with too little stack left, or a stack of unknown size, to capture theirs"),
-            "{unwinder}: {messages:?}"
-        );
-        assert!(
-            messages[1].contains("1 with too little stack left, or a stack of unknown size, to send them"),
             "{unwinder}: {messages:?}"
         );
         let trace = Trace::read(&path);

@@ -39,6 +39,7 @@ pub(crate) fn child_role(role: &str) {
         "hostile:close-all" => close_every_descriptor_then_open_data_files(),
         "hostile:exit-in-handler" => exit_from_a_signal_handler(),
         "hostile:coroutine" => allocate_on_a_small_coroutine_stack(),
+        "hostile:free-on-coroutine" => free_sampled_blocks_on_a_coroutine_stack(),
         "hostile:altstack" => allocate_in_a_handler_on_a_small_alternate_stack(),
         "hostile:corrupt-eh-frame" => call_libraries_with_corrupt_unwind_tables(),
         "hostile:seccomp" | "hostile:seccomp-all-threads" => {
@@ -228,6 +229,26 @@ fn allocate_on_a_small_coroutine_stack() {
     let deepest = super::faults::STACK_LEFT_DEEPEST.load(std::sync::atomic::Ordering::Relaxed);
     assert!(deepest <= left + 256, "{deepest} bytes left");
     finish_counting_stack_drops(guard);
+}
+
+/// Blocks a `hostile:free-on-coroutine` child allocates on its own stack and frees on a
+/// coroutine's.
+const FREED_ON_COROUTINE: usize = 1000;
+
+#[inline(never)]
+fn site_freed_on_coroutine() -> Box<[u8; 64]> {
+    Box::new(std::hint::black_box([7u8; 64]))
+}
+
+/// As a program with green threads: blocks allocated on the thread's own stack, every one
+/// sampled, then freed on a coroutine's (of a size the tracer does not know).
+fn free_sampled_blocks_on_a_coroutine_stack() {
+    let guard = trace_if_requested().expect("tracing");
+    let blocks: Vec<Box<[u8; 64]>> = (0..FREED_ON_COROUTINE).map(|_| site_freed_on_coroutine()).collect();
+    let mut stack = GuardedStack::new(256 << 10);
+    super::on_stack(stack.memory(), move || drop(blocks));
+    let stats = guard.finish().expect("the trace written");
+    eprintln!("frees lost: {} for want of stack, {} in all", stats.frees_lost_no_stack, stats.frees_lost);
 }
 
 /// The size of the alternate signal stack of a `hostile:altstack` child untraced and traced
@@ -689,6 +710,26 @@ fn small_foreign_stacks_are_never_overflowed() {
         Trace::read(&path);
         let _ = std::fs::remove_file(&path);
     }
+}
+
+/// Frees of sampled blocks made on a coroutine's stack, where there is no knowing how much
+/// stack a message to the writer may take: none is lost, and the trace shows every block freed.
+#[test]
+#[cfg(all(target_os = "linux", target_env = "gnu", any(target_arch = "x86_64", target_arch = "aarch64")))]
+fn frees_on_a_coroutine_stack_are_not_lost() {
+    let path = super::temp_path("free-on-coroutine");
+    let env = [("MEMTRACE_FILE", path.to_str().unwrap()), ("MEMTRACE_RATE", "1")];
+    let role = "hostile:free-on-coroutine";
+    let (out, _) = output_within(super::child(role, &env), role, Duration::from_secs(60));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{:?}\n{stderr}", out.status);
+    assert!(stderr.contains("frees lost: 0 for want of stack, 0 in all"), "{stderr}");
+    let trace = Trace::read(&path);
+    let blocks: Vec<_> = trace.at_site("site_freed_on_coroutine").collect();
+    assert_eq!(blocks.len(), FREED_ON_COROUTINE);
+    let live = blocks.iter().filter(|(id, _)| !trace.collected.contains(id)).count();
+    assert_eq!(live, 0, "{live} blocks freed on the coroutine's stack left live in the trace");
+    let _ = std::fs::remove_file(&path);
 }
 
 /// Where the unwind tables of `symbol` lie in the ELF object `image` (whose `.eh_frame` GCC

@@ -123,7 +123,8 @@ pub struct TraceStats {
     /// those blocks as never freed.
     pub frees_lost: u64,
     /// Frees of sampled blocks lost because their thread had too little stack left to send
-    /// them (or ran on a stack of unknown size): the trace shows those blocks as never freed.
+    /// them (or ran on a stack of unknown size) and the slots that keep such frees for the
+    /// writer were full near their address: the trace shows those blocks as never freed.
     pub frees_lost_no_stack: u64,
 }
 
