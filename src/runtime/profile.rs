@@ -387,7 +387,8 @@ pub(crate) fn respond(mailbox: &Mailbox, path_and_query: &str, wait: impl FnOnce
     }
 }
 
-fn text(status: u16, message: &str) -> HttpResponse {
+/// A plain-text answer of `status`: `message` on one line.
+pub(crate) fn text(status: u16, message: &str) -> HttpResponse {
     HttpResponse { status, content_type: "text/plain; charset=utf-8", body: format!("{message}\n").into_bytes() }
 }
 
