@@ -131,8 +131,7 @@ impl fmt::Debug for Profile {
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub fn profile(kind: ProfileKind) -> Result<Profile, ProfileError> {
-    let mailbox = session::profile_mailbox().ok_or(ProfileError::NotRunning)?;
-    Ok(Profile::of(kind, &mailbox.snapshot(ANSWER_TIMEOUT)?))
+    profile_from(&session::profile_mailbox().ok_or(ProfileError::NotRunning)?, kind)
 }
 
 /// What was allocated (and the change of what is live) during the next `over`, not the last:
@@ -140,10 +139,14 @@ pub fn profile(kind: ProfileKind) -> Result<Profile, ProfileError> {
 /// [`ProfileKind::Heap`] or [`ProfileKind::Allocs`], `over` at most [`MAX_DELTA`].
 pub fn profile_delta(kind: ProfileKind, over: Duration) -> Result<Profile, ProfileError> {
     let mailbox = session::profile_mailbox().ok_or(ProfileError::NotRunning)?;
-    delta(&mailbox, kind, over, || {
-        std::thread::sleep(over);
-        true
-    })
+    delta(&mailbox, kind, over, || sleep(over))
+}
+
+/// Wait out `over` (never interrupted): the `wait` of [`delta`] and [`respond`] outside the
+/// built-in endpoint.
+fn sleep(over: Duration) -> bool {
+    std::thread::sleep(over);
+    true
 }
 
 /// The delta profile of `kind` over `over` from the writer of `mailbox`, `wait` waiting `over`
@@ -341,10 +344,7 @@ pub struct HttpResponse {
 /// seconds); `?format=folded`: folded stacks for a flame graph instead of pprof.
 pub fn http_response(path_and_query: &str) -> HttpResponse {
     match session::profile_mailbox() {
-        Some(mailbox) => respond(&mailbox, path_and_query, |over| {
-            std::thread::sleep(over);
-            true
-        }),
+        Some(mailbox) => respond(&mailbox, path_and_query, sleep),
         None => text(503, "no memtrace session is running"),
     }
 }
