@@ -190,11 +190,12 @@ impl Profile {
             })
             .filter(|(_, values)| values.iter().any(|&v| v != 0.0))
             .collect();
-        let (time, since) = match kind {
-            ProfileKind::Peak => (snapshot.peak_at.unwrap_or(snapshot.taken), snapshot.started),
-            _ => (snapshot.taken, snapshot.started),
+        let time = match kind {
+            ProfileKind::Peak => snapshot.peak_at.unwrap_or(snapshot.taken),
+            ProfileKind::Heap | ProfileKind::Allocs => snapshot.taken,
         };
-        Profile { kind, rate: snapshot.rate, time, duration: time.duration_since(since).unwrap_or_default(), stacks }
+        let duration = time.duration_since(snapshot.started).unwrap_or_default();
+        Profile { kind, rate: snapshot.rate, time, duration, stacks }
     }
 
     /// The profile of `kind` (heap or allocs) of what changed from `before` to `after`.
