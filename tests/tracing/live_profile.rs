@@ -330,8 +330,6 @@ impl Serving {
     }
 }
 
-/// `go tool pprof -top` of `source` (a URL or file) by `sample_index` (with `extra` flags):
-/// each function's cumulative value in bytes.
 /// The output of `go tool pprof` with `args`, which must succeed (in a home of its own).
 fn go_pprof(args: &[&str]) -> String {
     let tmp = tempfile::tempdir().unwrap();
@@ -347,6 +345,8 @@ fn go_pprof(args: &[&str]) -> String {
     text
 }
 
+/// `go tool pprof -top` of `source` (a URL or file) by `sample_index` (with `extra` flags):
+/// each function's cumulative value in bytes.
 fn pprof_top(source: &str, sample_index: &str, extra: &[&str]) -> HashMap<String, f64> {
     let index = format!("-sample_index={sample_index}");
     let mut args = vec!["-top", "-unit=B", "-nodecount=1000", &index];
