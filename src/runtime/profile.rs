@@ -395,9 +395,11 @@ pub(crate) fn text(status: u16, message: &str) -> HttpResponse {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use super::*;
     use crate::runtime::live_profile::tests::named;
-    use crate::runtime::live_profile::LiveProfile;
+    use crate::runtime::live_profile::{CodeLocations, LiveProfile};
 
     /// The values of the stacks whose innermost function is `function`, summed.
     fn values_of(profile: &Profile, function: &str) -> Vec<f64> {
@@ -408,6 +410,66 @@ mod tests {
             }
         }
         sum
+    }
+
+    /// A protobuf message's length-delimited fields: (field number, bytes), in order.
+    fn delimited_fields(mut message: &[u8]) -> Vec<(u64, &[u8])> {
+        fn varint(bytes: &mut &[u8]) -> u64 {
+            let (mut v, mut shift) = (0, 0);
+            loop {
+                let byte = bytes[0];
+                *bytes = &bytes[1..];
+                v |= u64::from(byte & 0x7f) << shift;
+                if byte < 0x80 {
+                    return v;
+                }
+                shift += 7;
+            }
+        }
+        let mut fields = Vec::new();
+        while !message.is_empty() {
+            let tag = varint(&mut message);
+            match tag & 7 {
+                0 => drop(varint(&mut message)),
+                2 => {
+                    let len = varint(&mut message) as usize;
+                    fields.push((tag >> 3, &message[..len]));
+                    message = &message[len..];
+                }
+                wire => panic!("wire type {wire}"),
+            }
+        }
+        fields
+    }
+
+    /// A frame's inlined functions are the lines of one pprof location (as Go's profiles
+    /// have them), not a location each.
+    #[test]
+    fn inlined_functions_share_their_frames_location() {
+        let mut p = LiveProfile::new(1.0);
+        let inlined = |code: u64| match code {
+            1 => {
+                let line = |name: &[u8]| Location {
+                    filename: b"f.rs"[..].into(),
+                    line: 1,
+                    start_char: 0,
+                    end_char: 0,
+                    defname: name.into(),
+                };
+                // Outermost first: `outer` had `inner` inlined into it.
+                Arc::new([line(b"outer"), line(b"inner")]) as CodeLocations
+            }
+            code => named(code),
+        };
+        p.alloc(0x10, 1, 1, &[1, 2], inlined);
+        let gz = Profile::of(ProfileKind::Heap, &p.snapshot()).pprof();
+        let raw = miniz_oxide::inflate::decompress_to_vec(&gz[10..gz.len() - 8]).unwrap();
+        let lines_by_location: Vec<usize> = delimited_fields(&raw)
+            .into_iter()
+            .filter(|&(field, _)| field == 4)
+            .map(|(_, location)| delimited_fields(location).iter().filter(|&&(field, _)| field == 4).count())
+            .collect();
+        assert_eq!(lines_by_location, [2, 1]);
     }
 
     /// A delta over a time when stacks were folded counts what was allocated in it, neither
