@@ -246,18 +246,14 @@ impl Profile {
             period,
             &executable,
         );
-        let mut locations = Vec::new();
-        let mut values = Vec::new();
+        let (mut kept, mut locations, mut values) = (Vec::new(), Vec::new(), Vec::new());
         for (stack, figures) in &self.stacks {
             let frames = flat_frames(stack);
+            kept.clear();
+            kept.extend(kept_of(&frames));
             locations.clear();
-            let mut kept = kept_of(&frames).peekable();
-            while let Some(first) = kept.next() {
-                // One location per frame address: its kept inlined functions, innermost first.
-                let mut run = vec![first];
-                while let Some(next) = kept.next_if(|&i| frames[i].code == frames[first].code) {
-                    run.push(next);
-                }
+            // One location per frame address: its kept inlined functions, innermost first.
+            for run in kept.chunk_by(|&a, &b| frames[a].code == frames[b].code) {
                 locations.push(out.location(run.iter().map(|&i| {
                     let location = frames[i].location;
                     Line { function: &location.defname, file: &location.filename, line: location.line }
