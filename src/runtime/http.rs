@@ -114,15 +114,15 @@ fn answer(mut stream: TcpStream, mailbox: &Mailbox, stopped: &Receiver<()>) -> s
     stream.set_nonblocking(false)?;
     stream.set_write_timeout(Some(WRITE_TIMEOUT))?;
     let Some(head) = read_head(&mut stream)? else {
-        return write_response(&stream, &error(400, "request head too long, too slow or malformed"));
+        return write_response(&stream, &profile::text(400, "request head too long, too slow or malformed"));
     };
     let response = match parse_request_line(&head) {
         Some(("GET", target)) => profile::respond(mailbox, target, |over| {
             // Interrupted when the session stops.
             matches!(stopped.recv_timeout(over), Err(RecvTimeoutError::Timeout))
         }),
-        Some(_) => error(405, "only GET is served"),
-        None => error(400, "malformed request line"),
+        Some(_) => profile::text(405, "only GET is served"),
+        None => profile::text(400, "malformed request line"),
     };
     write_response(&stream, &response)
 }
@@ -167,10 +167,6 @@ fn parse_request_line(head: &[u8]) -> Option<(&str, &str)> {
     let mut parts = line.split(' ');
     let (method, target, version) = (parts.next()?, parts.next()?, parts.next()?);
     (parts.next().is_none() && target.starts_with('/') && version.starts_with("HTTP/1.")).then_some((method, target))
-}
-
-fn error(status: u16, message: &str) -> HttpResponse {
-    HttpResponse { status, content_type: "text/plain; charset=utf-8", body: format!("{message}\n").into_bytes() }
 }
 
 fn write_response(stream: &TcpStream, response: &HttpResponse) -> std::io::Result<()> {

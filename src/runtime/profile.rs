@@ -131,8 +131,7 @@ impl fmt::Debug for Profile {
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub fn profile(kind: ProfileKind) -> Result<Profile, ProfileError> {
-    let mailbox = session::profile_mailbox().ok_or(ProfileError::NotRunning)?;
-    Ok(Profile::of(kind, &mailbox.snapshot(ANSWER_TIMEOUT)?))
+    profile_from(&session::profile_mailbox().ok_or(ProfileError::NotRunning)?, kind)
 }
 
 /// What was allocated (and the change of what is live) during the next `over`, not the last:
@@ -140,10 +139,14 @@ pub fn profile(kind: ProfileKind) -> Result<Profile, ProfileError> {
 /// [`ProfileKind::Heap`] or [`ProfileKind::Allocs`], `over` at most [`MAX_DELTA`].
 pub fn profile_delta(kind: ProfileKind, over: Duration) -> Result<Profile, ProfileError> {
     let mailbox = session::profile_mailbox().ok_or(ProfileError::NotRunning)?;
-    delta(&mailbox, kind, over, || {
-        std::thread::sleep(over);
-        true
-    })
+    delta(&mailbox, kind, over, || sleep(over))
+}
+
+/// Wait out `over` (never interrupted): the `wait` of [`delta`] and [`respond`] outside the
+/// built-in endpoint.
+fn sleep(over: Duration) -> bool {
+    std::thread::sleep(over);
+    true
 }
 
 /// The delta profile of `kind` over `over` from the writer of `mailbox`, `wait` waiting `over`
@@ -187,11 +190,12 @@ impl Profile {
             })
             .filter(|(_, values)| values.iter().any(|&v| v != 0.0))
             .collect();
-        let (time, since) = match kind {
-            ProfileKind::Peak => (snapshot.peak_at.unwrap_or(snapshot.taken), snapshot.started),
-            _ => (snapshot.taken, snapshot.started),
+        let time = match kind {
+            ProfileKind::Peak => snapshot.peak_at.unwrap_or(snapshot.taken),
+            ProfileKind::Heap | ProfileKind::Allocs => snapshot.taken,
         };
-        Profile { kind, rate: snapshot.rate, time, duration: time.duration_since(since).unwrap_or_default(), stacks }
+        let duration = time.duration_since(snapshot.started).unwrap_or_default();
+        Profile { kind, rate: snapshot.rate, time, duration, stacks }
     }
 
     /// The profile of `kind` (heap or allocs) of what changed from `before` to `after`.
@@ -242,18 +246,14 @@ impl Profile {
             period,
             &executable,
         );
-        let mut locations = Vec::new();
-        let mut values = Vec::new();
+        let (mut kept, mut locations, mut values) = (Vec::new(), Vec::new(), Vec::new());
         for (stack, figures) in &self.stacks {
             let frames = flat_frames(stack);
+            kept.clear();
+            kept.extend(kept_of(&frames));
             locations.clear();
-            let mut kept = kept_of(&frames).peekable();
-            while let Some(first) = kept.next() {
-                // One location per frame address: its kept inlined functions, innermost first.
-                let mut run = vec![first];
-                while let Some(next) = kept.next_if(|&i| frames[i].code == frames[first].code) {
-                    run.push(next);
-                }
+            // One location per frame address: its kept inlined functions, innermost first.
+            for run in kept.chunk_by(|&a, &b| frames[a].code == frames[b].code) {
                 locations.push(out.location(run.iter().map(|&i| {
                     let location = frames[i].location;
                     Line { function: &location.defname, file: &location.filename, line: location.line }
@@ -341,10 +341,7 @@ pub struct HttpResponse {
 /// seconds); `?format=folded`: folded stacks for a flame graph instead of pprof.
 pub fn http_response(path_and_query: &str) -> HttpResponse {
     match session::profile_mailbox() {
-        Some(mailbox) => respond(&mailbox, path_and_query, |over| {
-            std::thread::sleep(over);
-            true
-        }),
+        Some(mailbox) => respond(&mailbox, path_and_query, sleep),
         None => text(503, "no memtrace session is running"),
     }
 }
@@ -387,15 +384,18 @@ pub(crate) fn respond(mailbox: &Mailbox, path_and_query: &str, wait: impl FnOnce
     }
 }
 
-fn text(status: u16, message: &str) -> HttpResponse {
+/// A plain-text answer of `status`: `message` on one line.
+pub(crate) fn text(status: u16, message: &str) -> HttpResponse {
     HttpResponse { status, content_type: "text/plain; charset=utf-8", body: format!("{message}\n").into_bytes() }
 }
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use super::*;
     use crate::runtime::live_profile::tests::named;
-    use crate::runtime::live_profile::LiveProfile;
+    use crate::runtime::live_profile::{CodeLocations, LiveProfile};
 
     /// The values of the stacks whose innermost function is `function`, summed.
     fn values_of(profile: &Profile, function: &str) -> Vec<f64> {
@@ -406,6 +406,66 @@ mod tests {
             }
         }
         sum
+    }
+
+    /// A protobuf message's length-delimited fields: (field number, bytes), in order.
+    fn delimited_fields(mut message: &[u8]) -> Vec<(u64, &[u8])> {
+        fn varint(bytes: &mut &[u8]) -> u64 {
+            let (mut v, mut shift) = (0, 0);
+            loop {
+                let byte = bytes[0];
+                *bytes = &bytes[1..];
+                v |= u64::from(byte & 0x7f) << shift;
+                if byte < 0x80 {
+                    return v;
+                }
+                shift += 7;
+            }
+        }
+        let mut fields = Vec::new();
+        while !message.is_empty() {
+            let tag = varint(&mut message);
+            match tag & 7 {
+                0 => drop(varint(&mut message)),
+                2 => {
+                    let len = varint(&mut message) as usize;
+                    fields.push((tag >> 3, &message[..len]));
+                    message = &message[len..];
+                }
+                wire => panic!("wire type {wire}"),
+            }
+        }
+        fields
+    }
+
+    /// A frame's inlined functions are the lines of one pprof location (as Go's profiles
+    /// have them), not a location each.
+    #[test]
+    fn inlined_functions_share_their_frames_location() {
+        let mut p = LiveProfile::new(1.0);
+        let inlined = |code: u64| match code {
+            1 => {
+                let line = |name: &[u8]| Location {
+                    filename: b"f.rs"[..].into(),
+                    line: 1,
+                    start_char: 0,
+                    end_char: 0,
+                    defname: name.into(),
+                };
+                // Outermost first: `outer` had `inner` inlined into it.
+                Arc::new([line(b"outer"), line(b"inner")]) as CodeLocations
+            }
+            code => named(code),
+        };
+        p.alloc(0x10, 1, 1, &[1, 2], inlined);
+        let gz = Profile::of(ProfileKind::Heap, &p.snapshot()).pprof();
+        let raw = miniz_oxide::inflate::decompress_to_vec(&gz[10..gz.len() - 8]).unwrap();
+        let lines_by_location: Vec<usize> = delimited_fields(&raw)
+            .into_iter()
+            .filter(|&(field, _)| field == 4)
+            .map(|(_, location)| delimited_fields(location).iter().filter(|&&(field, _)| field == 4).count())
+            .collect();
+        assert_eq!(lines_by_location, [2, 1]);
     }
 
     /// A delta over a time when stacks were folded counts what was allocated in it, neither

@@ -31,8 +31,14 @@ const LIVE_SIZE: usize = 100_000;
 fn site_live_big() -> Vec<Vec<u8>> {
     (0..LIVE_COUNT).map(|_| black_box(Vec::with_capacity(LIVE_SIZE))).collect()
 }
-/// Its truth: the blocks and the vector that holds them.
-const LIVE_BYTES: f64 = (LIVE_COUNT * LIVE_SIZE + LIVE_COUNT * 24) as f64;
+/// Its truth.
+const LIVE_BYTES: f64 = held_blocks_bytes(LIVE_COUNT, LIVE_SIZE);
+
+/// The truth of a site that returns `count` blocks of `size` bytes: the blocks, and the vector
+/// that holds their vectors.
+const fn held_blocks_bytes(count: usize, size: usize) -> f64 {
+    (count * size + count * std::mem::size_of::<Vec<u8>>()) as f64
+}
 
 const THREAD_COUNT: usize = 80;
 const THREAD_SIZE: usize = 100_000;
@@ -40,7 +46,7 @@ const THREAD_SIZE: usize = 100_000;
 fn site_kept_by_thread() -> Vec<Vec<u8>> {
     (0..THREAD_COUNT).map(|_| black_box(Vec::with_capacity(THREAD_SIZE))).collect()
 }
-const THREAD_BYTES: f64 = (THREAD_COUNT * THREAD_SIZE + THREAD_COUNT * 24) as f64;
+const THREAD_BYTES: f64 = held_blocks_bytes(THREAD_COUNT, THREAD_SIZE);
 /// The name of the thread that allocates at `site_kept_by_thread`: its thread frame.
 const KEEPER: &str = "live-keeper";
 /// The span it allocates in (with the `tracing` feature): its span frame.
@@ -80,7 +86,7 @@ const PEAK_SIZE: usize = 100_000;
 fn site_peak() -> Vec<Vec<u8>> {
     (0..PEAK_COUNT).map(|_| black_box(Vec::with_capacity(PEAK_SIZE))).collect()
 }
-const PEAK_BYTES: f64 = (PEAK_COUNT * PEAK_SIZE + PEAK_COUNT * 24) as f64;
+const PEAK_BYTES: f64 = held_blocks_bytes(PEAK_COUNT, PEAK_SIZE);
 
 const DELTA_COUNT: usize = 30_000;
 const DELTA_SIZE: usize = 1_000;
@@ -330,8 +336,6 @@ impl Serving {
     }
 }
 
-/// `go tool pprof -top` of `source` (a URL or file) by `sample_index` (with `extra` flags):
-/// each function's cumulative value in bytes.
 /// The output of `go tool pprof` with `args`, which must succeed (in a home of its own).
 fn go_pprof(args: &[&str]) -> String {
     let tmp = tempfile::tempdir().unwrap();
@@ -347,6 +351,8 @@ fn go_pprof(args: &[&str]) -> String {
     text
 }
 
+/// `go tool pprof -top` of `source` (a URL or file) by `sample_index` (with `extra` flags):
+/// each function's cumulative value in bytes.
 fn pprof_top(source: &str, sample_index: &str, extra: &[&str]) -> HashMap<String, f64> {
     let index = format!("-sample_index={sample_index}");
     let mut args = vec!["-top", "-unit=B", "-nodecount=1000", &index];
