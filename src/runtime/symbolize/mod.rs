@@ -352,8 +352,7 @@ mod tests {
             .arg(&source)
             .status();
         if !built.is_ok_and(|s| s.success()) {
-            assert!(std::env::var_os("CI").is_none(), "no C compiler under CI");
-            eprintln!("skipped: no C compiler");
+            symbolizer::tests::skip_without_compiler();
             return;
         }
         let path = std::ffi::CString::new(library.as_os_str().as_bytes()).unwrap();

@@ -696,7 +696,21 @@ pub(super) mod tests {
         assert_eq!(s.stats().loads, 3, "{:?}", s.stats());
     }
 
-    /// Builds `lib<name>.so` exporting `fn_name` in `dir`; `None` when there is no C compiler.
+    /// A fresh directory for the files of the test `name`.
+    fn scratch_dir(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("symbolizer-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    /// Says that a test is skipped for want of a C compiler: a failure under CI, which has one.
+    pub(in crate::runtime::symbolize) fn skip_without_compiler() {
+        assert!(std::env::var_os("CI").is_none(), "no C compiler under CI");
+        eprintln!("skipped: no C compiler");
+    }
+
+    /// Builds `lib<name>.so` exporting `fn_name` in `dir`; `None` when there is no C compiler
+    /// (see [`skip_without_compiler`]).
     pub(in crate::runtime::symbolize) fn build_so(dir: &Path, name: &str, fn_name: &str) -> Option<PathBuf> {
         build_so_with(dir, name, fn_name, &[])
     }
@@ -712,9 +726,12 @@ pub(super) mod tests {
             .arg("-o")
             .arg(&out)
             .arg(&src)
-            .status()
-            .ok()?;
-        status.success().then_some(out)
+            .status();
+        if !status.is_ok_and(|s| s.success()) {
+            skip_without_compiler();
+            return None;
+        }
+        Some(out)
     }
 
     /// Loads `path` and finds `sym` in it: the handle and the symbol's address.
@@ -733,11 +750,8 @@ pub(super) mod tests {
 
     #[test]
     fn dlopened_objects_are_named_and_unloads_forget_them() {
-        let dir = std::env::temp_dir().join(format!("symbolizer-test-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = scratch_dir("test");
         let (Some(a), Some(b)) = (build_so(&dir, "alpha", "alpha_fn"), build_so(&dir, "beta", "beta_fn")) else {
-            assert!(std::env::var_os("CI").is_none(), "no C compiler under CI");
-            eprintln!("skipped: no C compiler");
             return;
         };
         let mut s = Symbolizer::new();
@@ -768,13 +782,8 @@ pub(super) mod tests {
     /// library loaded at its addresses.
     #[test]
     fn an_unloaded_library_still_names_its_frames() {
-        let dir = std::env::temp_dir().join(format!("symbolizer-unloaded-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let (Some(a), Some(b)) = (build_so(&dir, "gone", "gone_fn"), build_so(&dir, "next", "next_fn")) else {
-            assert!(std::env::var_os("CI").is_none(), "no C compiler under CI");
-            eprintln!("skipped: no C compiler");
-            return;
-        };
+        let dir = scratch_dir("unloaded");
+        let (Some(a), Some(b)) = (build_so(&dir, "gone", "gone_fn"), build_so(&dir, "next", "next_fn")) else { return };
         let mut s = Symbolizer::new();
         let (ha, fa) = dlopen_sym(&a, "gone_fn");
         // A scan with the library loaded, as the writer's naming of other frames makes.
@@ -796,14 +805,9 @@ pub(super) mod tests {
     /// lookups, gets its own names rather than those of the one unloaded.
     #[test]
     fn a_library_rebuilt_without_a_build_id_gets_its_own_names() {
-        let dir = std::env::temp_dir().join(format!("symbolizer-rebuilt-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = scratch_dir("rebuilt");
         let no_build_id = ["-Wl,--build-id=none"];
-        let Some(library) = build_so_with(&dir, "delta", "first_fn", &no_build_id) else {
-            assert!(std::env::var_os("CI").is_none(), "no C compiler under CI");
-            eprintln!("skipped: no C compiler");
-            return;
-        };
+        let Some(library) = build_so_with(&dir, "delta", "first_fn", &no_build_id) else { return };
         let mut s = Symbolizer::new();
         let (handle, first) = dlopen_sym(&library, "first_fn");
         assert_eq!(innermost_name(&s.symbolize_pc(first).expect("first_fn not named")), "first_fn");
@@ -830,13 +834,8 @@ pub(super) mod tests {
         let frames = Symbolizer::new().symbolize_pc(b).unwrap();
         assert!(frames.iter().all(|f| f.file.is_none()), "{frames:?}");
 
-        let dir = std::env::temp_dir().join(format!("symbolizer-debuglink-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let Some(library) = build_so(&dir, "gamma", "gamma_fn") else {
-            assert!(std::env::var_os("CI").is_none(), "no C compiler under CI");
-            eprintln!("skipped: no C compiler");
-            return;
-        };
+        let dir = scratch_dir("debuglink");
+        let Some(library) = build_so(&dir, "gamma", "gamma_fn") else { return };
         let debug = dir.join("libgamma.debug");
         let objcopy = |args: &[&std::ffi::OsStr]| std::process::Command::new("objcopy").args(args).status();
         let split = [

@@ -15,12 +15,8 @@ use super::rule::Rule;
 /// a loaded ELF object (as far as can be told without the loader's lock). A loaded object's
 /// tables that give no FDE for `pc`, well formed or not, give [`Rule::Rejected`].
 pub(super) fn rule_from_tables(pc: u64) -> (Rule, bool) {
-    match lookup(pc) {
-        Lookup::Object(fde) => (rule_at(fde, pc), true),
-        Lookup::Elsewhere => (rule_at(registered_fde(pc), pc), false),
-        // Assumed to be in a loaded object.
-        Lookup::Unknown => (rule_at(registered_fde(pc), pc), true),
-    }
+    let (fde, in_loaded_object) = find_fde(pc);
+    (rule_at(fde, pc), in_loaded_object)
 }
 
 /// The rule at `pc` of `fde`; [`Rule::Rejected`] without one. (A function of its own, so
@@ -36,11 +32,18 @@ fn rule_at(fde: Option<Fde<'_>>, pc: u64) -> Rule {
 /// The start of the function whose FDE covers `pc`; `None` when none does, or where the
 /// tables are not read.
 pub(crate) fn function_start(pc: u64) -> Option<u64> {
-    let fde = match lookup(pc) {
-        Lookup::Object(fde) => fde,
-        Lookup::Elsewhere | Lookup::Unknown => registered_fde(pc),
-    };
-    fde.map(|fde| fde.start)
+    find_fde(pc).0.map(|fde| fde.start)
+}
+
+/// The FDE covering `pc`, if any, and whether `pc` is in a loaded ELF object (see
+/// [`rule_from_tables`]).
+fn find_fde(pc: u64) -> (Option<Fde<'static>>, bool) {
+    match lookup(pc) {
+        Lookup::Object(fde) => (fde, true),
+        Lookup::Elsewhere => (registered_fde(pc), false),
+        // Assumed to be in a loaded object.
+        Lookup::Unknown => (registered_fde(pc), true),
+    }
 }
 
 /// What `_Unwind_Find_FDE` reports besides the FDE (libgcc's `struct dwarf_eh_bases`).
