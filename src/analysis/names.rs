@@ -5,7 +5,9 @@
 //! closures and iterator adaptors run to thousands of characters; line-tables-only builds
 //! name inlined functions without their path (`alloc`) and out-of-line ones with it
 //! (`alloc::alloc::alloc`). [`Analysis::shorten_names`] rewrites the frames so that a function
-//! reads the same, and is one site, however the debug info spelled it.
+//! reads the same, and is one site, however the debug info spelled it. By the same rules,
+//! [`frame_identity`] says which frames of two traces are one (`memtrace diff`, `report
+//! --diff`), whatever the builds' debug info and the runs' thread ids.
 
 use std::collections::HashMap;
 
@@ -74,8 +76,10 @@ fn cut(name: String) -> String {
 impl Analysis {
     /// For a Rust trace, shorten every code frame's function name ([`short_name`]) and give a
     /// function the same name wherever the debug info left out its path: a bare name at a
-    /// source line where exactly one path ends with it takes that path. Frames that then
-    /// agree are merged. OCaml traces are left alone.
+    /// source line where exactly one path ends with it takes that path, and a bare name still
+    /// found in two Rust files or more is qualified with its file's module path
+    /// (`app::net::{closure#0}`). Frames that then agree are merged. OCaml traces are left
+    /// alone.
     pub fn shorten_names(&mut self) {
         if self.origin() != Origin::Rust {
             return;

@@ -286,27 +286,46 @@ extern "C" fn allocate_from_beta() -> i32 {
     black_box(allocate_blocks()) + 2
 }
 
+/// What [`trace_loading_libraries`] leaves: the trace, the library `alpha`, and the trace's
+/// path and the libraries' directory, for the test to remove.
+struct LibrariesRun {
+    trace: Trace,
+    alpha: PathBuf,
+    path: PathBuf,
+    dir: PathBuf,
+}
+
+/// The trace, at `rate`, of the child `symbols:CASE`, given the libraries `alpha` and `beta`
+/// (stripped if `strip_beta`) built in a directory of its own; `None` without a C compiler
+/// (never under CI).
+fn trace_loading_libraries(case: &str, rate: &str, strip_beta: bool) -> Option<LibrariesRun> {
+    let dir = temp_path(case).with_extension("d");
+    std::fs::create_dir_all(&dir).unwrap();
+    let (Some(alpha), Some(beta)) = (build_library(&dir, "alpha", false), build_library(&dir, "beta", strip_beta))
+    else {
+        assert!(std::env::var_os("CI").is_none(), "no C compiler under CI");
+        eprintln!("no C compiler: not checked");
+        return None;
+    };
+    let path = temp_path(case);
+    let libraries = format!("{}:{}", alpha.display(), beta.display());
+    let out = run(
+        &format!("symbols:{case}"),
+        &[("MEMTRACE_FILE", path.to_str().unwrap()), ("MEMTRACE_RATE", rate), (SECOND_FILE_VAR, &libraries)],
+    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    Some(LibrariesRun { trace: Trace::read(&path), alpha, path, dir })
+}
+
 /// A library loaded after tracing started is named (with its file and line, from its DWARF);
 /// one loaded after it was unloaded, at its address (the loader reuses the range of a library
 /// of the same layout), gets its own names, from its dynamic symbol table (it is stripped),
 /// never the unloaded one's.
 #[test]
 fn libraries_loaded_while_tracing_are_named_and_unloads_forgotten() {
-    let dir = temp_path("dlopen").with_extension("d");
-    std::fs::create_dir_all(&dir).unwrap();
-    let (Some(alpha), Some(beta)) = (build_library(&dir, "alpha", false), build_library(&dir, "beta", true)) else {
-        assert!(std::env::var_os("CI").is_none(), "no C compiler under CI");
-        eprintln!("no C compiler: not checked");
+    let Some(LibrariesRun { trace, alpha, path, dir }) = trace_loading_libraries("dlopen", "0.01", true) else {
         return;
     };
-    let path = temp_path("dlopen");
-    let libraries = format!("{}:{}", alpha.display(), beta.display());
-    let out = run(
-        "symbols:dlopen",
-        &[("MEMTRACE_FILE", path.to_str().unwrap()), ("MEMTRACE_RATE", "0.01"), (SECOND_FILE_VAR, &libraries)],
-    );
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let trace = Trace::read(&path);
     let (mut from_alpha, mut from_beta) = (0, 0);
     for a in trace.allocs.values() {
         let names: Vec<Location> = trace.frames(a).flatten().cloned().collect();
@@ -337,21 +356,9 @@ fn libraries_loaded_while_tracing_are_named_and_unloads_forgotten() {
 /// although the writer names most of them after its unload.
 #[test]
 fn a_library_unloaded_at_once_keeps_its_names() {
-    let dir = temp_path("dlopen-churn").with_extension("d");
-    std::fs::create_dir_all(&dir).unwrap();
-    let (Some(alpha), Some(beta)) = (build_library(&dir, "alpha", false), build_library(&dir, "beta", false)) else {
-        assert!(std::env::var_os("CI").is_none(), "no C compiler under CI");
-        eprintln!("no C compiler: not checked");
+    let Some(LibrariesRun { trace, path, dir, .. }) = trace_loading_libraries("dlopen-churn", "1", false) else {
         return;
     };
-    let path = temp_path("dlopen-churn");
-    let libraries = format!("{}:{}", alpha.display(), beta.display());
-    let out = run(
-        "symbols:dlopen-churn",
-        &[("MEMTRACE_FILE", path.to_str().unwrap()), ("MEMTRACE_RATE", "1"), (SECOND_FILE_VAR, &libraries)],
-    );
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let trace = Trace::read(&path);
     let (mut samples, mut unnamed) = ([0u64; 2], [0u64; 2]);
     for a in trace.allocs.values() {
         let names: Vec<Location> = trace.frames(a).flatten().cloned().collect();

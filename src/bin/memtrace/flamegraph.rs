@@ -7,9 +7,7 @@
 
 use std::io::{self, Write};
 
-use memtrace_rs::analysis::{
-    self, inert_bytes, ranked, Analysis, FrameId, FrameKind, Grouping, Measure, Options as AnalysisOptions,
-};
+use memtrace_rs::analysis::{self, inert_bytes, ranked, Analysis, FrameId, FrameKind, Grouping, Measure};
 
 use super::args::Trim;
 use super::format;
@@ -94,9 +92,10 @@ impl Weight {
         }
     }
 
-    /// What the analysis must collect for this figure.
-    pub fn analysis_options(&self) -> AnalysisOptions {
-        AnalysisOptions { stacks: true, live_at: self.live_at.map(|s| (s * 1e6).round() as u64) }
+    /// The time of `--live-at`, in µs after the trace start: when the analysis must record
+    /// each stack's live estimate.
+    pub fn live_at_us(&self) -> Option<u64> {
+        self.live_at.map(|s| (s * 1e6).round() as u64)
     }
 
     /// Why a flame graph of this figure can be empty.

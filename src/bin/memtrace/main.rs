@@ -198,7 +198,7 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
     let mut status = ExitCode::SUCCESS;
     match cli.command {
         Command::Info { file, format } => {
-            let analysis = analyse(&file, AnalysisOptions::default(), args::Names::default())?;
+            let analysis = analyse(&file, None, args::Names::default())?;
             let name = file.display().to_string();
             to_stdout(|out| {
                 if format.is_json() {
@@ -209,7 +209,7 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
             })
         }
         Command::Sizes { file } => {
-            let analysis = analyse(&file, AnalysisOptions::default(), args::Names::default())?;
+            let analysis = analyse(&file, None, args::Names::default())?;
             to_stdout(|out| sizes::write(&analysis, &file.display().to_string(), out))
         }
         Command::Dump { file } => {
@@ -234,7 +234,7 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
             Ok(())
         }
         Command::Hotspots { file, options } => {
-            let mut analysis = analyse(&file, AnalysisOptions { stacks: true, live_at: None }, options.names)?;
+            let mut analysis = analyse(&file, None, options.names)?;
             let filter = options.filter.filter();
             if let Some(filter::LiveAt::Time(at)) = filter.live {
                 refuse_past_the_end(&file, "--live-at", at, &analysis)?;
@@ -261,7 +261,7 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
             })
         }
         Command::Flamegraph { file, output, options } => {
-            let analysis = analyse(&file, options.weight.analysis_options(), options.names)?;
+            let analysis = analyse(&file, options.weight.live_at_us(), options.names)?;
             if let Some(at) = options.weight.live_at {
                 refuse_past_the_end(&file, "--live-at", (at * 1e6).ceil() as u64, &analysis)?;
             }
@@ -299,7 +299,7 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
                 pprof::InuseAt::Time(us) => Some(us),
                 _ => None,
             };
-            let analysis = analyse(&file, AnalysisOptions { stacks: true, live_at }, names)?;
+            let analysis = analyse(&file, live_at, names)?;
             if let pprof::InuseAt::Time(us) = inuse_at {
                 refuse_past_the_end(&file, "--inuse-at", us, &analysis)?;
             }
@@ -319,13 +319,12 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
             Ok(())
         }
         Command::Timeline { file, output } => {
-            let analysis = analyse(&file, AnalysisOptions::default(), args::Names::default())?;
+            let analysis = analyse(&file, None, args::Names::default())?;
             let csv = output.extension().is_some_and(|e| e.eq_ignore_ascii_case("csv"));
             to_file(&output, &[&file], |out| timeline::write(&analysis, csv, out))
         }
         Command::Diff { base, new, options } => {
-            let stacks = AnalysisOptions { stacks: true, live_at: None };
-            let (a, b) = (analyse(&base, stacks, options.names)?, analyse(&new, stacks, options.names)?);
+            let (a, b) = (analyse(&base, None, options.names)?, analyse(&new, None, options.names)?);
             let names = (base.display().to_string(), new.display().to_string());
             let names = (names.0.as_str(), names.1.as_str());
             to_stdout(|out| {
@@ -402,11 +401,13 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
     Ok(status)
 }
 
-/// Analyse the trace at `path` with a progress bar on a terminal, printing the reader's
-/// warnings to stderr; names shortened unless `names` says they are shown in full.
-fn analyse(path: &Path, mut options: AnalysisOptions, names: args::Names) -> Result<Analysis, Failure> {
-    // Backtraces tell the records of lost samples, which every view warns of.
-    options.stacks = true;
+/// Analyse the trace at `path`, with each stack's live estimate at `live_at` (µs after the
+/// start) if given, with a progress bar on a terminal, printing the reader's warnings to
+/// stderr; names shortened unless `names` says they are shown in full.
+fn analyse(path: &Path, live_at: Option<u64>, names: args::Names) -> Result<Analysis, Failure> {
+    // Every view decodes the backtraces: they tell the records of lost samples, which every
+    // view warns of.
+    let options = AnalysisOptions { stacks: true, live_at };
     let mut analysis = with_progress(path, |reader, progress| Analysis::from_reader(reader, &options, progress))?;
     if !names.full_names {
         analysis.shorten_names();

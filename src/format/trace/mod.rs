@@ -105,12 +105,12 @@ impl AllocSource {
     }
 }
 
-/// A parsed packet header (FORMAT.md §2.2).
 /// The `flush_duration` of the last packet of a trace that this crate's tracer closed: a field
 /// every writer sets to 0 and no reader reads (`docs/FORMAT.md`, §2.2), which so tells a
 /// finished trace from one whose writer has not closed it, in a way every reader accepts.
 pub(crate) const CLOSED_MARK: u32 = 0x434c_4f53;
 
+/// A parsed packet header (FORMAT.md §2.2).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct PacketHeader {
     pub size_bits: u32,
