@@ -21,7 +21,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use crossbeam_channel::{Receiver, Sender};
 
-use super::span_table::LOST_SAMPLES_FILE;
+use super::span_table::{pseudo_location, LOST_SAMPLES_FILE};
 use super::spans::Pseudo;
 use super::tracer_thread::Doorbell;
 use crate::format::hash::FastMap;
@@ -269,13 +269,7 @@ impl LiveProfile {
             .collect();
         if self.folded_stacks > 0 {
             let name = format!("<stacks folded: allocated totals of {} stacks no longer live>", self.folded_stacks);
-            let location = Location {
-                filename: LOST_SAMPLES_FILE.as_bytes().into(),
-                line: 0,
-                start_char: 0,
-                end_char: 0,
-                defname: name.into_bytes().into(),
-            };
+            let location = pseudo_location(LOST_SAMPLES_FILE, 0, &name);
             stacks.push(StackFigures {
                 id: FOLDED_STACK_ID,
                 frames: Arc::new([Arc::new([location]) as CodeLocations]),

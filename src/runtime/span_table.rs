@@ -230,10 +230,10 @@ impl PseudoFrames {
     }
 }
 
-/// The location of a span or thread `name`. A string ends at its first NUL (FORMAT.md §1.4),
+/// The location of a span, thread or other pseudo-frame `name`. A string ends at its first NUL (FORMAT.md §1.4),
 /// so a NUL in a span's field value is written as the `\x00` that readers show for one
 /// (`analysis::inert`): the text after it is kept.
-fn pseudo_location(file: &str, line: u32, name: &str) -> Location {
+pub(crate) fn pseudo_location(file: &str, line: u32, name: &str) -> Location {
     let defname = name.replace('\0', "\\x00");
     Location { filename: file.as_bytes().into(), line, start_char: 0, end_char: 0, defname: defname.as_bytes().into() }
 }
