@@ -5,21 +5,25 @@
 //! after one test of its address (below). While tracing is on:
 //!
 //! - `alloc`/`alloc_zeroed`: the thread's byte countdown ([`crate::runtime::sampler`]) is
-//!   decremented; when it crosses a sample point the block is allocated at the sampled-block
-//!   alignment ([`sampled_set::sampled_layout`]), noted in the sampled-block set, and recorded
-//!   ([`record`] captures the stack and sends an alloc message) **before** the pointer is
-//!   returned.
-//! - `dealloc`, traced or not: a block whose address is not a multiple of
-//!   [`sampled_set::SAMPLED_ALIGN`] was not sampled (one AND and a branch, no memory read),
-//!   nor one whose slot of the set's counting filter is empty ([`sampled_set::may_hold`], one
-//!   byte read). Otherwise, out of line, the set is asked; a sampled block is removed, its
-//!   free sent **before** the block is freed (so that a reuse of the address can never reach
-//!   the writer ahead of the free), and freed with the layout it was allocated with.
+//!   decremented; when it crosses a sample point the block is allocated at its sampled layout
+//!   ([`sampled_set::sampled_layout`]: the sampled-block alignment below
+//!   [`sampled_set::LARGE_BLOCK`], the program's own layout from there on, so that a large
+//!   block is served, zeroed and grown by the same inner call as untraced), noted in the
+//!   sampled-block set, and recorded ([`record`] captures the stack and sends an alloc
+//!   message) **before** the pointer is returned.
+//! - `dealloc`, traced or not: a block smaller than [`sampled_set::LARGE_BLOCK`] whose address
+//!   is not a multiple of [`sampled_set::SAMPLED_ALIGN`] was not sampled (one AND, one compare
+//!   of the size, no memory read), nor one whose slot of the set's counting filter is empty
+//!   ([`sampled_set::may_hold`], one byte read). Otherwise, out of line, the set is asked; a
+//!   sampled block is removed, its free sent **before** the block is freed (so that a reuse of
+//!   the address can never reach the writer ahead of the free), and freed with the layout it
+//!   was allocated with.
 //! - `realloc`: the old block is looked up as for `dealloc`, and the new block sampled on its
-//!   new size. An unsampled block becoming unsampled is the inner `realloc`; a sampled one
-//!   staying sampled the inner `realloc` at its sampled layout; otherwise the block moves
-//!   (alloc, copy, free) between the two layouts. For the trace a `realloc` counts as the old
-//!   block being collected (if it was sampled) and the new block being allocated.
+//!   new size. Where the old and the new block's layouts have one alignment (both unsampled,
+//!   both sampled and small, or large) it is the inner `realloc` (which may grow in place or
+//!   `mremap`); otherwise the block moves (alloc, copy, free) between the two layouts. For the
+//!   trace a `realloc` counts as the old block being freed (if it was sampled) and the new
+//!   block being allocated.
 //!
 //! A sample is never lost silently: where its block cannot be allocated at the sampled
 //! alignment or tracked, the block is served as unsampled and the loss recorded
@@ -95,7 +99,7 @@ impl<A: GlobalAlloc> MemtraceAllocator<A> {
 
     /// A new block of `layout` that covers `nsamples` sample points (from [`sampler`]), made by
     /// `make` (the inner allocator's call for a layout): as is if that is 0, else at the
-    /// sampled layout, tracked and recorded.
+    /// sampled layout (the program's own for a large block), tracked and recorded.
     ///
     /// # Safety
     /// `make` must be a call of the inner allocator that is sound for `layout` and for its
@@ -109,6 +113,10 @@ impl<A: GlobalAlloc> MemtraceAllocator<A> {
         let sampled = sampled_layout(layout);
         let ptr = make(sampled);
         if ptr.is_null() {
+            if sampled == layout {
+                // The program's own request failed: it fails as it would untraced.
+                return ptr;
+            }
             // The sampled layout asks for more than the program did: serve the program's own
             // (a sample lost if that can be had; if not, the allocation fails as it would).
             let ptr = make(layout);
@@ -117,21 +125,24 @@ impl<A: GlobalAlloc> MemtraceAllocator<A> {
             }
             return ptr;
         }
-        match track(ptr) {
-            Some(inserted) => {
-                record_alloc(ptr, layout.size(), nsamples, entry, inserted);
+        match track(ptr, layout.size()) {
+            Some((key, inserted)) => {
+                record_alloc(key, layout.size(), nsamples, entry, inserted);
                 ptr
             }
             None => {
+                record::lost(Loss::Untracked, nsamples, layout.size());
+                if sampled == layout {
+                    return ptr;
+                }
                 // SAFETY: `ptr` was just allocated with `sampled`, and is not the program's yet.
                 unsafe { self.inner.dealloc(ptr, sampled) };
-                record::lost(Loss::Untracked, nsamples, layout.size());
                 make(layout)
             }
         }
     }
 
-    /// `realloc` of a block not sampled (its address says so) whose countdown, already
+    /// `realloc` of a block not sampled (its address and size say so) whose countdown, already
     /// decremented by `new_size`, reached a sample point or checkpoint.
     ///
     /// # Safety
@@ -144,15 +155,15 @@ impl<A: GlobalAlloc> MemtraceAllocator<A> {
         unsafe { self.realloc_block(nsamples, ptr, layout, false, new_size) }
     }
 
-    /// `realloc` of a block whose address says it may have been sampled (the countdown not yet
-    /// decremented).
+    /// `realloc` of a block whose address and size say it may have been sampled (the countdown
+    /// not yet decremented).
     ///
     /// # Safety
     /// As for [`GlobalAlloc::realloc`].
     #[cold]
     #[inline(never)]
     unsafe fn realloc_maybe_sampled(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        let was_sampled = forget_if_sampled(ptr);
+        let was_sampled = forget_if_sampled(ptr, layout.size());
         let nsamples = if enabled() { sampler::take(new_size) } else { 0 };
         // SAFETY: under the caller's contract.
         unsafe { self.realloc_block(nsamples, ptr, layout, was_sampled, new_size) }
@@ -160,6 +171,10 @@ impl<A: GlobalAlloc> MemtraceAllocator<A> {
 
     /// The `realloc` of `ptr`, allocated with `layout` (at its sampled layout if
     /// `was_sampled`; no longer tracked), to a new block that covers `nsamples` sample points.
+    /// Whenever the old and the new block's layouts have one alignment (both unsampled, both
+    /// sampled and small, or either sampled and large, which keeps the program's layout), this
+    /// is the inner allocator's own `realloc`, which may grow in place or `mremap`; otherwise
+    /// the block moves between the two layouts.
     ///
     /// # Safety
     /// As for [`GlobalAlloc::realloc`].
@@ -176,87 +191,80 @@ impl<A: GlobalAlloc> MemtraceAllocator<A> {
         // SAFETY: the caller's contract makes `new_size` with `layout`'s alignment a layout.
         let new_layout = unsafe { Layout::from_size_align_unchecked(new_size, layout.align()) };
         let old_layout = if was_sampled { sampled_layout(layout) } else { layout };
-        // Moves the contents to `new`, a block of at least `new_size` bytes, and frees `ptr`.
-        let moved = |new: *mut u8| {
+        if nsamples != 0 {
+            let sampled = sampled_layout(new_layout);
+            // SAFETY: `ptr` holds a block of `old_layout`, under the caller's contract.
+            let new = unsafe { self.resize(ptr, old_layout, sampled) };
             if !new.is_null() {
-                // SAFETY: `new` is a fresh block with room for `new_size` bytes; `ptr` holds
-                // `layout.size()` and is freed with the layout it was allocated with.
-                unsafe {
-                    std::ptr::copy_nonoverlapping(ptr, new, layout.size().min(new_size));
-                    self.inner.dealloc(ptr, old_layout);
-                }
-            }
-            new
-        };
-        if nsamples == 0 {
-            if was_sampled {
-                // SAFETY: `new_layout` is a layout of nonzero size (the caller's contract).
-                return moved(unsafe { self.inner.alloc(new_layout) });
-            }
-            // SAFETY: forwarded under the caller's contract.
-            return unsafe { self.inner.realloc(ptr, layout, new_size) };
-        }
-        let sampled = sampled_layout(new_layout);
-        let new = if was_sampled {
-            // The old block has the new one's alignment: the inner `realloc` keeps it.
-            // SAFETY: `ptr` was allocated with `old_layout`, and `new_size` is the caller's.
-            unsafe { self.inner.realloc(ptr, old_layout, new_size) }
-        } else {
-            // SAFETY: `sampled` is a layout of nonzero size.
-            moved(unsafe { self.inner.alloc(sampled) })
-        };
-        if new.is_null() {
-            // The old block is still the program's: as an unsampled block, if the memory is
-            // there (a sample lost), else the `realloc` fails as it would.
-            let out = if was_sampled {
-                // SAFETY: `new_layout` is a layout of nonzero size (the caller's contract).
-                let out = moved(unsafe { self.inner.alloc(new_layout) });
-                if out.is_null() {
-                    // The old block stays the program's at its sampled layout: tracked again
-                    // (by no session), so that its free uses that layout.
-                    track(ptr);
-                }
-                out
-            } else {
-                // SAFETY: forwarded under the caller's contract.
-                unsafe { self.inner.realloc(ptr, layout, new_size) }
-            };
-            if !out.is_null() {
-                record::lost(Loss::NoMemory, nsamples, new_size);
-            }
-            return out;
-        }
-        match track(new) {
-            Some(inserted) => record_alloc(new, new_size, nsamples, Entry::Realloc, inserted),
-            None => {
-                record::lost(Loss::Untracked, nsamples, new_size);
-                // SAFETY: `new_layout` is a layout of nonzero size; `new` holds `new_size` bytes
-                // and was allocated (or reallocated) with `sampled`.
-                let out = unsafe { self.inner.alloc(new_layout) };
-                if !out.is_null() {
-                    // SAFETY: as above; `out` is a fresh block of `new_size` bytes.
-                    unsafe {
-                        std::ptr::copy_nonoverlapping(new, out, new_size);
-                        self.inner.dealloc(new, sampled);
+                let Some((key, inserted)) = track(new, new_size) else {
+                    record::lost(Loss::Untracked, nsamples, new_size);
+                    if sampled == new_layout {
+                        return new;
                     }
-                    return out;
-                }
-                // No memory and no room to track: the one case a block keeps its sampled
-                // layout untracked, and is later freed with the program's (which `System`,
-                // whose `free` takes no layout, and most allocators accept).
+                    // Back to the program's layout; if there is no memory for that, the one case
+                    // a block keeps its sampled layout untracked, and is later freed with the
+                    // program's (which `System`, whose `free` takes no layout, and most
+                    // allocators accept).
+                    // SAFETY: `new` is a fresh block of `sampled`, not the program's yet.
+                    let out = unsafe { self.resize(new, sampled, new_layout) };
+                    return if out.is_null() { new } else { out };
+                };
+                record_alloc(key, new_size, nsamples, Entry::Realloc, inserted);
+                return new;
+            }
+            // No memory for the sampled layout: the block as an unsampled one if the memory is
+            // there (a sample lost), else the `realloc` fails as it would.
+        }
+        // SAFETY: `ptr` holds a block of `old_layout`, under the caller's contract.
+        let out = unsafe { self.resize(ptr, old_layout, new_layout) };
+        if out.is_null() {
+            if old_layout != layout {
+                // The old block stays the program's at its sampled layout: tracked again (by no
+                // session), so that its free uses that layout.
+                track(ptr, layout.size());
+            }
+        } else if nsamples != 0 {
+            record::lost(Loss::NoMemory, nsamples, new_size);
+        }
+        out
+    }
+
+    /// The block `ptr` of layout `from`, as a block of layout `to` (of the same size or another)
+    /// holding its contents: the inner `realloc` where the two have one alignment, so that the
+    /// inner allocator grows or shrinks it as it would untraced, else a move (alloc, copy,
+    /// free). Null, with `ptr` left as it was, when there is no memory.
+    ///
+    /// # Safety
+    /// `ptr` must be a block of the inner allocator allocated with `from`, and `to` a layout
+    /// of nonzero size.
+    #[inline(always)]
+    unsafe fn resize(&self, ptr: *mut u8, from: Layout, to: Layout) -> *mut u8 {
+        if from.align() == to.align() {
+            // SAFETY: `ptr` was allocated with `from`; `to.size()` with `from`'s alignment is
+            // the layout `to`.
+            return unsafe { self.inner.realloc(ptr, from, to.size()) };
+        }
+        // SAFETY: `to` is a layout of nonzero size.
+        let new = unsafe { self.inner.alloc(to) };
+        if !new.is_null() {
+            // SAFETY: `new` is a fresh block with room for `to.size()` bytes; `ptr` holds
+            // `from.size()` and is freed with the layout it was allocated with.
+            unsafe {
+                std::ptr::copy_nonoverlapping(ptr, new, from.size().min(to.size()));
+                self.inner.dealloc(ptr, from);
             }
         }
         new
     }
 
-    /// `dealloc` of a block whose address says it may have been sampled.
+    /// `dealloc` of a block whose address and size say it may have been sampled.
     ///
     /// # Safety
     /// As for [`GlobalAlloc::dealloc`].
     #[cold]
     #[inline(never)]
     unsafe fn dealloc_maybe_sampled(&self, ptr: *mut u8, layout: Layout) {
-        let layout = if forget_if_sampled(ptr) { sampled_layout(layout) } else { layout };
+        let layout = if forget_if_sampled(ptr, layout.size()) { sampled_layout(layout) } else { layout };
         // SAFETY: forwarded under the caller's contract, with the layout `ptr` was allocated with.
         unsafe { self.inner.dealloc(ptr, layout) }
     }
@@ -269,16 +277,13 @@ impl MemtraceAllocator<System> {
     }
 }
 
-/// Note the new sampled block at `ptr` in the sampled-block set (see [`sampled_set::insert`]).
+/// Note the new sampled block of `size` bytes at `ptr` in the sampled-block set (see
+/// [`sampled_set::insert`]): its key and where the set holds it, or `None` where it cannot be
+/// tracked.
 #[inline(always)]
-fn track(ptr: *mut u8) -> Option<sampled_set::Inserted> {
-    let addr = ptr as usize;
-    // A sampled layout too large to over-align (never served) leaves the address as it is.
-    if may_be_sampled(addr) {
-        sampled_set::insert(addr)
-    } else {
-        None
-    }
+fn track(ptr: *mut u8, size: usize) -> Option<(usize, sampled_set::Inserted)> {
+    let key = sampled_set::block_key(ptr as usize, size)?;
+    Some((key, sampled_set::insert(key)?))
 }
 
 /// Aborts the process if dropped: armed around the sampled path and defused when the path
@@ -326,14 +331,14 @@ pub(crate) fn record_alloc_address() -> u64 {
 /// leaves it to none).
 #[cold]
 #[inline(never)]
-fn record_alloc(ptr: *mut u8, size: usize, nsamples: u64, entry: Entry, inserted: sampled_set::Inserted) {
+fn record_alloc(key: usize, size: usize, nsamples: u64, entry: Entry, inserted: sampled_set::Inserted) {
     AbortOnUnwind::around(|| {
         let tag = sampler::in_tracer(|| {
             #[cfg(debug_assertions)]
             if PANIC_IN_NEXT_SAMPLE.swap(false, std::sync::atomic::Ordering::Relaxed) {
                 panic!("deliberate panic in the sampled path");
             }
-            record::sampled_alloc(ptr as usize, size, nsamples, entry)
+            record::sampled_alloc(key, size, nsamples, entry)
         });
         if let Some(Some(tag)) = tag {
             inserted.tag(tag);
@@ -341,23 +346,24 @@ fn record_alloc(ptr: *mut u8, size: usize, nsamples: u64, entry: Entry, inserted
     });
 }
 
-/// Report the end of sampled block `ptr`, if its session is the running one.
+/// Report the end of the sampled block of key `key`, if its session is the running one.
 #[cold]
 #[inline(never)]
-fn record_free(ptr: *mut u8, tag: sampled_set::SessionTag) {
-    sampler::in_tracer(|| record::sampled_free(ptr as usize, tag));
+fn record_free(key: usize, tag: sampled_set::SessionTag) {
+    sampler::in_tracer(|| record::sampled_free(key, tag));
 }
 
-/// For a block about to be freed whose address says it may have been sampled: look it up in
-/// the sampled-block set, and if it was sampled, forget it, report its end if a session
-/// recorded it, and return true (aborts if it panics).
+/// For a block of `size` bytes about to be freed whose address and size say it may have been
+/// sampled: look it up in the sampled-block set, and if it was sampled, forget it, report its
+/// end if a session recorded it, and return true (aborts if it panics).
 #[cold]
 #[inline(never)]
-fn forget_if_sampled(ptr: *mut u8) -> bool {
-    AbortOnUnwind::around(|| match sampled_set::remove(ptr as usize) {
+fn forget_if_sampled(ptr: *mut u8, size: usize) -> bool {
+    let Some(key) = sampled_set::block_key(ptr as usize, size) else { return false };
+    AbortOnUnwind::around(|| match sampled_set::remove(key) {
         Some(0) => true,
         Some(tag) => {
-            record_free(ptr, tag);
+            record_free(key, tag);
             true
         }
         None => false,
@@ -366,9 +372,10 @@ fn forget_if_sampled(ptr: *mut u8) -> bool {
 
 // SAFETY: every unsampled call forwards to the inner allocator with the caller's arguments
 // unchanged and returns its result unchanged, so `A`'s guarantees carry over. A sampled block
-// is the inner allocator's block of the caller's size at a larger alignment (which meets the
-// caller's), noted in the sampled-block set until it is freed, and freed (or reallocated) with
-// that layout; a block moved between the two layouts is copied. The bookkeeping around the
+// is the inner allocator's block of the caller's size at its sampled layout (the caller's, or a
+// larger alignment, which meets the caller's), noted in the sampled-block set until it is
+// freed, and freed (or reallocated) with that layout; a block moved between two layouts is
+// copied. The bookkeeping around the
 // calls never touches the memory of the blocks but to copy them.
 unsafe impl<A: GlobalAlloc> GlobalAlloc for MemtraceAllocator<A> {
     #[inline]
@@ -395,7 +402,7 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for MemtraceAllocator<A> {
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
         // No `enabled()`: a sampled block is freed with its sampled layout whenever it is freed,
         // and a free that finds a block of a stopped session records nothing.
-        if may_be_sampled(ptr as usize) && sampled_set::may_hold(ptr as usize) {
+        if may_be_sampled(ptr as usize, layout.size()) && sampled_set::may_hold(ptr as usize) {
             // SAFETY: forwarded under the caller's contract.
             return unsafe { self.dealloc_maybe_sampled(ptr, layout) };
         }
@@ -405,7 +412,7 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for MemtraceAllocator<A> {
 
     #[inline]
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        if may_be_sampled(ptr as usize) && sampled_set::may_hold(ptr as usize) {
+        if may_be_sampled(ptr as usize, layout.size()) && sampled_set::may_hold(ptr as usize) {
             // SAFETY: under the caller's contract.
             return unsafe { self.realloc_maybe_sampled(ptr, layout, new_size) };
         }

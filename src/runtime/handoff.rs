@@ -127,7 +127,8 @@ pub(crate) type Frames = Box<[u64; MAX_FRAMES]>;
 /// What application threads tell the writer: a few words, so that the queue stays small (the
 /// frames travel in a pooled buffer). `session` is the id of the session that sent it.
 pub(crate) enum Msg {
-    /// A sampled block was allocated at `addr`.
+    /// A sampled block was allocated; `addr` is its key (`sampled_set::block_key`), which
+    /// is its address unless the block is large.
     Alloc {
         session: u32,
         /// Frame addresses, innermost first; only the first `nframes` are meaningful.
@@ -139,7 +140,7 @@ pub(crate) enum Msg {
         nsamples: u64,
         frames: Frames,
     },
-    /// The sampled block at `addr` was freed.
+    /// The sampled block of key `addr` was freed.
     Free { session: u32, addr: usize, time: Timestamp },
     /// The thread with kernel id `tid`, whose samples follow, has the kernel name `name`.
     ThreadName { session: u32, tid: u32, name: KernelName },

@@ -4,8 +4,8 @@
 //! trace) when the writer is far behind or the freeing thread short of stack.
 //!
 //! A free never waits for the writer (see `handoff`); when the queue has no room, the freeing
-//! thread puts the block's address, tagged with its session ([`SessionTag`]: the low bits a
-//! sampled block's alignment leaves free), in a free slot near the address's hash, and the
+//! thread puts the block's key, tagged with its session ([`SessionTag`]: the low bits a
+//! block's key leaves free), in a free slot near the address's hash, and the
 //! writer writes the free later: at a round after it has written the block's alloc (queued
 //! before the free), or before a sampled block at the same address, so that a reuse of the
 //! address never reaches the trace ahead of the free. Only when every slot near the address
@@ -16,7 +16,9 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use super::sampled_set::{address_hash, SessionTag, FIBONACCI, SAMPLED_ALIGN};
+#[cfg(test)]
+use super::sampled_set::SAMPLED_ALIGN;
+use super::sampled_set::{address_hash, SessionTag, FIBONACCI, TAG_MASK};
 
 /// Slots in all.
 const SLOTS: usize = 1 << 16;
@@ -41,7 +43,7 @@ fn probes(addr: usize) -> impl Iterator<Item = &'static AtomicUsize> {
     (0..PROBES).map(move |i| &LATE[(start + i) % SLOTS])
 }
 
-/// Note the free of the sampled block at `addr` (a multiple of [`SAMPLED_ALIGN`]) of the
+/// Note the free of the sampled block of key `addr` (`sampled_set::block_key`) of the
 /// session of `tag`, for the writer. False when no slot near the address is free.
 pub(crate) fn put(addr: usize, tag: SessionTag) -> bool {
     let entry = addr | tag;
@@ -86,7 +88,7 @@ pub(crate) fn drain(tag: Option<SessionTag>, mut written: impl FnMut(usize) -> b
         if entry == 0 {
             continue;
         }
-        let (addr, of) = (entry & !(SAMPLED_ALIGN - 1), entry & (SAMPLED_ALIGN - 1));
+        let (addr, of) = (entry & !TAG_MASK, entry & TAG_MASK);
         if Some(of) != tag || written(addr) {
             slot.store(0, Ordering::Release);
             PENDING.fetch_sub(1, Ordering::AcqRel);

@@ -162,7 +162,8 @@ pub(crate) fn lost_for_want_of_stack(nsamples: u64, size: usize) -> bool {
     lost_here
 }
 
-/// Called (inside the tracer) for a sampled block of `size` bytes just allocated at `addr`:
+/// Called (inside the tracer) for a sampled block of `size` bytes just allocated, of key `addr`
+/// (`sampled_set::block_key`):
 /// the tag of the session that recorded it, if one did.
 pub(crate) fn sampled_alloc(addr: usize, size: usize, nsamples: u64, entry: Entry) -> Option<SessionTag> {
     let calibration = sampler::take_calibration_flag();
@@ -229,7 +230,7 @@ fn record_alloc(addr: usize, size: usize, nsamples: u64, entry: Entry, calibrati
     }
 }
 
-/// Called (inside the tracer) when the sampled block at `addr`, recorded by the session of
+/// Called (inside the tracer) when the sampled block of key `addr`, recorded by the session of
 /// `tag`, is about to be freed.
 pub(crate) fn sampled_free(addr: usize, tag: SessionTag) {
     let Some((channel, session)) = handoff::current() else { return };

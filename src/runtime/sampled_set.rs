@@ -1,33 +1,44 @@
 //! The set of live sampled blocks, and the rule that lets a free skip it: lock-free,
-//! set-associative tables of addresses that grow with the number of live samples.
+//! set-associative tables of block keys that grow with the number of live samples.
 //!
-//! Every sampled block is allocated from the inner allocator at an alignment of at least
-//! [`SAMPLED_ALIGN`] ([`sampled_layout`]), so a free whose address is not a multiple of it was
-//! not sampled: one AND and a branch, no memory read. A free that passes (the sampled ones,
-//! and the few unsampled blocks the inner allocator placed at such an address by chance) looks
-//! the address up here, and a sampled block is freed with the layout it was allocated with.
-//! Sampled blocks stay ordinary blocks of the inner allocator (C's `free` of one still works
-//! over `System`), and the set tracks any number of them, whatever their sizes.
+//! A sampled block smaller than [`LARGE_BLOCK`] is allocated from the inner allocator at an
+//! alignment of at least [`SAMPLED_ALIGN`] ([`sampled_layout`]), so a free of such a block
+//! whose address is not a multiple of it was not sampled: one AND and a branch, no memory read.
+//! A larger sampled block keeps the program's own layout, so that the inner allocator serves,
+//! zeroes, grows and frees it exactly as it would untraced (`calloc`'s untouched zero pages and
+//! `realloc`'s `mremap` survive tracing); its free, which receives the size in the `Layout`,
+//! always looks in the set, at a cost negligible next to such an allocation. A free that passes
+//! (the sampled blocks, the large ones, and the few small unsampled blocks the inner allocator
+//! placed at an aligned address by chance) looks the block up here, and a sampled block is freed
+//! with the layout it was allocated with. Sampled blocks stay ordinary blocks of the inner
+//! allocator (C's `free` of one still works over `System`), and the set tracks any number of
+//! them, whatever their sizes.
 //!
-//! Each entry is the block's address with, in the low bits the alignment leaves free, the tag
-//! of the session that recorded it ([`SessionTag`]; 0 for a block no session recorded). Entries
-//! outlive their session: a block allocated over-aligned must be freed so, whenever it is.
+//! A block is known by its key ([`block_key`]): a small block's address (a multiple of
+//! [`SAMPLED_ALIGN`]); a large block's address rounded down to that multiple, with
+//! [`LARGE_KEY_BIT`] set. Keys of live blocks never collide: two live large blocks are at least
+//! [`LARGE_BLOCK`] bytes apart, and the bit tells a large block from a small one. The key is
+//! also the block's identity in the writer and the late frees. Each entry is the key with, in
+//! its low bits ([`TAG_MASK`]), the tag of the session that recorded it ([`SessionTag`]; 0 for
+//! a block no session recorded). Entries outlive their session: a block allocated over-aligned
+//! must be freed so, whenever it is.
 //!
 //! The tables are generations, each four times the buckets of the one before, mapped (not
 //! allocated: this runs inside the allocator) when the live entries reach twice the newest
 //! one's buckets, so a table stays about a quarter full; inserts go to the newest generation
-//! (to an older one if the address's bucket there is full), a lookup reads the address's bucket
-//! in each generation (one 64-byte cache line each, none where no insert has touched the
-//! bucket's page). Only the pages inserts have written become resident. Nothing takes a lock,
-//! so a fork at any moment leaves a set the child can use. An insert fails only when the
-//! address's bucket is full in every generation, all [`GENERATIONS`] of them mapped (some 89
-//! million live entries), or the address space for a new one cannot be had; the caller then
-//! allocates the block unsampled and records the loss.
+//! (to an older one if the key's bucket there is full), a lookup reads the key's bucket in each
+//! generation (one 64-byte cache line each, none where no insert has touched the bucket's
+//! page). Only the pages inserts have written become resident. Nothing takes a lock, so a fork
+//! at any moment leaves a set the child can use. An insert fails only when the key's bucket is
+//! full in every generation, all [`GENERATIONS`] of them mapped (some 89 million live entries),
+//! or the address space for a new one cannot be had; the caller then allocates the block
+//! unsampled and records the loss.
 //!
-//! Before any of that, a free at an aligned address asks [`may_hold`]: a counting filter of
-//! the set's entries, 64 KiB in all, so the frees of unsampled blocks at aligned addresses
-//! (many of them over allocators whose blocks of a size class lie at multiples of its size, as
-//! mimalloc's do) mostly read one byte there rather than a bucket of a table of megabytes.
+//! Before any of that, a free that may be of a sampled block asks [`may_hold`]: a counting
+//! filter of the set's entries, 64 KiB in all, so the frees of unsampled blocks at aligned
+//! addresses (many of them over allocators whose blocks of a size class lie at multiples of its
+//! size, as mimalloc's do) and of unsampled large blocks mostly read one byte there rather than
+//! a bucket of a table of megabytes.
 //!
 //! Memory ordering: a block is inserted before its address is returned to the program, and
 //! any thread that frees it got the address through some synchronisation that orders it after
@@ -38,36 +49,56 @@
 use std::alloc::Layout;
 use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 
-/// The alignment of every sampled block: a power of two whose low bits hold an entry's tag.
-/// An address is a multiple of it by chance for about 1 in 32 of glibc's small blocks, whose
-/// frees then look in the set (a bit of its page map, mostly). Not larger: glibc serves an
-/// aligned block from a chunk larger by the alignment and frees the rest, so the program's peak
-/// memory grows with the alignment times the live samples (docs/BENCHMARKS.md, "Whole
-/// processes").
+/// The alignment of every sampled block smaller than [`LARGE_BLOCK`]: a power of two whose low
+/// bits hold an entry's tag and [`LARGE_KEY_BIT`]. An address is a multiple of it by chance for
+/// about 1 in 32 of glibc's small blocks, whose frees then look in the set (a byte of its
+/// filter, mostly). Not larger: glibc serves an aligned block from a chunk larger by the
+/// alignment and frees the rest, so the program's peak memory grows with the alignment times
+/// the live samples (docs/BENCHMARKS.md, "Whole processes").
 pub(crate) const SAMPLED_ALIGN: usize = 512;
-/// The low bits of an entry that hold its tag.
-const TAG_MASK: usize = SAMPLED_ALIGN - 1;
+/// The smallest block that is sampled with the program's own layout (see the module doc).
+/// Below it, the over-aligned block's costs are bounded by the block's size (a `memset` of a
+/// zeroed block, a copy on `realloc`), and the free of any unsampled block at an unaligned
+/// address needs no lookup; at and above it, the lookup on every free costs little next to
+/// the allocation, while over-aligning would cost the inner allocator's fast paths for large
+/// blocks (fresh zero pages, `mremap`).
+pub(crate) const LARGE_BLOCK: usize = 64 << 10;
+/// The bit of a key that marks a large block (see [`block_key`]).
+const LARGE_KEY_BIT: usize = SAMPLED_ALIGN / 2;
+/// The low bits of an entry that hold its tag: those below [`LARGE_KEY_BIT`].
+pub(crate) const TAG_MASK: usize = LARGE_KEY_BIT - 1;
 
 /// The layout a sampled block of `layout` is allocated with (and must be freed with).
 #[inline(always)]
 pub(crate) fn sampled_layout(layout: Layout) -> Layout {
-    // A size within `SAMPLED_ALIGN` of `isize::MAX` cannot be over-aligned; no allocator
-    // would serve it anyway, so it keeps its layout (and is then never tracked).
-    match Layout::from_size_align(layout.size(), layout.align().max(SAMPLED_ALIGN)) {
-        Ok(sampled) => sampled,
-        Err(_) => layout,
+    if layout.size() >= LARGE_BLOCK {
+        return layout;
+    }
+    // Below `LARGE_BLOCK` the size can always be over-aligned; the fallback is never taken.
+    Layout::from_size_align(layout.size(), layout.align().max(SAMPLED_ALIGN)).unwrap_or(layout)
+}
+
+/// Whether a block of `size` bytes at `addr` may have been sampled: a small block only at a
+/// multiple of [`SAMPLED_ALIGN`], a large one wherever it is.
+#[inline(always)]
+pub(crate) fn may_be_sampled(addr: usize, size: usize) -> bool {
+    addr & (SAMPLED_ALIGN - 1) == 0 || size >= LARGE_BLOCK
+}
+
+/// The key of a sampled block of `size` bytes at `addr` (see the module doc); `None` for a
+/// small block the inner allocator did not place at its sampled alignment, which can then not
+/// be tracked.
+#[inline(always)]
+pub(crate) fn block_key(addr: usize, size: usize) -> Option<usize> {
+    if size >= LARGE_BLOCK {
+        Some(addr & !(SAMPLED_ALIGN - 1) | LARGE_KEY_BIT)
+    } else {
+        (addr & (SAMPLED_ALIGN - 1) == 0).then_some(addr)
     }
 }
 
-/// Whether a block at `addr` may have been sampled: only those at a multiple of
-/// [`SAMPLED_ALIGN`] were.
-#[inline(always)]
-pub(crate) fn may_be_sampled(addr: usize) -> bool {
-    addr & TAG_MASK == 0
-}
-
 /// What an entry records of the session that sampled its block: 0 for none (a block allocated
-/// for a sample that was then lost), else 1..[`SAMPLED_ALIGN`] from the session's id.
+/// for a sample that was then lost), else 1..=[`TAG_MASK`] from the session's id.
 pub(crate) type SessionTag = usize;
 
 /// The tag of the session whose hand-off tag is `session` (never 0).
@@ -323,10 +354,10 @@ impl Inserted {
     }
 }
 
-/// Record the block at `addr` (a multiple of [`SAMPLED_ALIGN`], not 0) as live and sampled, so
-/// far by no session. `None` only when no generation has room for it (see the module doc).
+/// Record the block of key `addr` (from [`block_key`]) as live and sampled, so far by no
+/// session. `None` only when no generation has room for it (see the module doc).
 pub(crate) fn insert(addr: usize) -> Option<Inserted> {
-    debug_assert!(addr != 0 && may_be_sampled(addr));
+    debug_assert!(addr != 0 && addr & TAG_MASK == 0);
     // An entry of the same address is stale: its block was freed behind the allocator's back
     // (C's `free` of a Rust block), and the address reused. The new block takes its place,
     // rather than leave the old entry to fill the bucket as the address comes back.
@@ -413,18 +444,41 @@ mod tests {
         }
     }
 
-    /// Only multiples of the alignment may be sampled, and a sampled layout keeps its size,
-    /// has at least the alignment, and keeps a larger one.
+    /// Only small blocks at multiples of the alignment and large blocks anywhere may be sampled;
+    /// a small block's sampled layout keeps its size, has at least the alignment, and keeps a
+    /// larger one; a large block's is the program's own.
     #[test]
     fn the_sampled_layout_is_what_the_free_rule_relies_on() {
-        assert!(may_be_sampled(0x7000_0000_1000) && !may_be_sampled(0x7000_0000_1010));
-        for (size, align) in [(1, 1), (24, 8), (100_000, 16), (512, 512), (4096, 4096), (64, 8192), (1 << 20, 1 << 21)]
-        {
+        assert!(may_be_sampled(0x7000_0000_1000, 24) && !may_be_sampled(0x7000_0000_1010, 24));
+        assert!(may_be_sampled(0x7000_0000_1010, LARGE_BLOCK) && !may_be_sampled(0x7000_0000_1010, LARGE_BLOCK - 1));
+        for (size, align) in [(1, 1), (24, 8), (512, 512), (4096, 4096), (64, 8192), (LARGE_BLOCK - 1, 16)] {
             let sampled = sampled_layout(Layout::from_size_align(size, align).unwrap());
             assert_eq!((sampled.size(), sampled.align()), (size, align.max(SAMPLED_ALIGN)));
         }
-        let huge = Layout::from_size_align(isize::MAX as usize - 8, 8).unwrap();
-        assert_eq!(sampled_layout(huge), huge, "too large to over-align: left as it is");
+        for (size, align) in [(LARGE_BLOCK, 1), (100_000, 16), (1 << 20, 1 << 21), (isize::MAX as usize - 8, 8)] {
+            let layout = Layout::from_size_align(size, align).unwrap();
+            assert_eq!(sampled_layout(layout), layout, "a large block keeps the program's layout");
+        }
+    }
+
+    /// Keys of blocks that can be live at once never collide: a small block at an aligned
+    /// address and a large one starting within the same alignment unit, large blocks at any
+    /// offset; a key leaves the tag's bits free; a small block off its alignment has none.
+    #[test]
+    fn keys_of_live_blocks_are_distinct_and_leave_the_tag_bits_free() {
+        let base = 0x7f00_0000_0000;
+        let small = block_key(base, 16).unwrap();
+        let large = block_key(base + 16, LARGE_BLOCK).unwrap();
+        let next_large = block_key(base + 16 + LARGE_BLOCK, LARGE_BLOCK).unwrap();
+        assert_eq!(small, base);
+        assert!(small != large && large != next_large && small != next_large);
+        for key in [small, large, next_large] {
+            assert_eq!(key & TAG_MASK, 0, "{key:#x}");
+        }
+        assert_eq!(block_key(base + 16, 24), None);
+        insert(large).unwrap().tag(session_tag(3));
+        assert_eq!(remove(small), None, "a small block's key found a large block's entry");
+        assert_eq!(remove(large), Some(session_tag(3)));
     }
 
     /// The set holds the live samples of the heaps it is made for (issue 36: 64 GiB live at the

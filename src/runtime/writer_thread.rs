@@ -76,7 +76,7 @@ struct TraceWriter {
     names: Names,
     /// The id of this writer's session: messages of other sessions are ignored.
     session: u32,
-    /// Object id of each live sampled block, by address.
+    /// Object id of each live sampled block, by its key (`sampled_set::block_key`).
     ids: FastMap<usize, ObjectId>,
     /// The loader's count of loads and unloads when last looked at, and how many times it
     /// changed in this session: the tag of location codes (see [`TraceWriter::set_codes`]).

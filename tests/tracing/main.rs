@@ -19,6 +19,7 @@ mod estimates;
 mod faults;
 mod heap;
 mod hostile;
+mod large_blocks;
 mod live_profile;
 mod sampled_blocks;
 #[cfg(feature = "tracing")]
@@ -461,6 +462,9 @@ fn child_role() {
         #[cfg(debug_assertions)]
         "estimates:frees-behind" => estimates::child_frees_behind(),
         "sampled-blocks:c-free" => sampled_blocks::child_freed_by_c(),
+        "large:sparse" => large_blocks::child_sparse(),
+        "large:growth" => large_blocks::child_growth(),
+        "large:layouts" => large_blocks::child_layouts(),
         "live:serve" => live_profile::serving_child(),
         "live:api" => live_profile::api_child(),
         "live:fork" => live_profile::fork_child(),
