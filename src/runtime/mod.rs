@@ -2,6 +2,8 @@
 //!
 //! The data flow, bottom up (each module uses only those before it):
 //!
+//! - [`descriptor`]: the tracer's own descriptors, used only while they hold the files they
+//!   were opened on, and the identity of a descriptor's file;
 //! - [`state`]: whether tracing is on, the allocator entry points, frame limits, the clock;
 //! - [`sampler`]: the per-thread byte countdown that picks the sampled allocations;
 //! - [`fork_safe_lock`]: a lock that the fork handlers can release in the child;
@@ -32,6 +34,7 @@
 
 pub(crate) mod allocator;
 pub(crate) mod config;
+pub(crate) mod descriptor;
 pub(crate) mod fork_safe_lock;
 pub(crate) mod handoff;
 pub(crate) mod http;

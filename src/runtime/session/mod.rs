@@ -259,6 +259,8 @@ pub fn start_tracing(config: TraceConfig) -> Result<TraceGuard, StartError> {
         let id = session.id;
         slot.finished = finish(session).map(|outcome| (id, outcome));
     }
+    // Where this session's messages go: descriptor 2 as it is now, and only while it is.
+    super::state::note_stderr();
     // Rules cached by an earlier session may be for code unloaded since.
     cfi::invalidate_if_unloaded();
     // Read now: a sandbox the program installs later may forbid opening files.
@@ -717,7 +719,7 @@ fn open_locked(path: &Path) -> Result<Opened, StartError> {
             .mode(mode)
             .custom_flags(libc::O_NONBLOCK)
             .open(path)
-            .map(trace_file::move_high)
+            .map(super::descriptor::move_high)
     };
     let (file, created) = match open(true, 0o600) {
         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => open(false, 0o600).map(|file| (file, false)),
