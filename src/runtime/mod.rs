@@ -23,6 +23,7 @@
 //! - [`allocator`]: [`MemtraceAllocator`](allocator::MemtraceAllocator), the hot path;
 //! - [`config`]: [`TraceConfig`](config::TraceConfig), the environment, start errors;
 //! - [`trace_file`]: the trace file's descriptor, checked to be the tracer's own before writes;
+//! - [`trace_open`]: opening the trace file, and the files it refuses to open as one;
 //! - [`live_profile`]: the writer's live profile (live blocks and allocations by stack, the
 //!   peak), and the mailbox profiles are asked for through;
 //! - [`writer_thread`]: the thread that owns the trace writer;
@@ -51,6 +52,7 @@ pub(crate) mod spans;
 pub(crate) mod state;
 pub(crate) mod symbolize;
 pub(crate) mod trace_file;
+pub(crate) mod trace_open;
 pub(crate) mod tracer_thread;
 pub(crate) mod unwind;
 pub(crate) mod writer_thread;
