@@ -17,6 +17,7 @@ use memtrace_rs::{currently_tracing, start_tracing, stop_tracing, trace_if_reque
 mod closing;
 mod estimates;
 mod faults;
+mod files;
 mod heap;
 mod hostile;
 mod live_profile;
@@ -469,6 +470,7 @@ fn child_role() {
         #[cfg(feature = "tracing")]
         spans if spans.starts_with("spans-") => spans::child_role(spans),
         hostile if hostile.starts_with("hostile:") => hostile::child_role(hostile),
+        files if files.starts_with("files:") => files::child_role(files),
         other => assert!(faults::child_role(other), "unknown role {other}"),
     }
 }
