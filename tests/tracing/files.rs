@@ -29,6 +29,7 @@ pub(crate) fn child_role(role: &str) {
         "files:close-all" => speak_after_closing_every_descriptor(),
         "files:reuse" => name_frames_after_the_program_reuses_the_tracers_numbers(),
         "files:api" => refusals_from_code(),
+        "files:http" => answer_on_the_profile_endpoints_number(),
         other => panic!("unknown role {other}"),
     }
 }
@@ -139,6 +140,61 @@ fn refusals_from_code() {
     let e = refused(Path::new("/dev/stderr"));
     assert!(matches!(e, StartError::ProgramOutput { .. }), "{e}");
     eprintln!("refused: all four");
+}
+
+/// A client of `addr` that has sent a request for a profile.
+fn client_asking(addr: std::net::SocketAddr) -> std::net::TcpStream {
+    let mut client = std::net::TcpStream::connect(addr).unwrap();
+    client.write_all(b"GET /debug/pprof/heap?format=folded HTTP/1.0\r\n\r\n").unwrap();
+    client
+}
+
+/// What `client` is answered, read to its end.
+fn answer(mut client: std::net::TcpStream) -> String {
+    client.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let mut answer = String::new();
+    std::io::Read::read_to_string(&mut client, &mut answer).unwrap();
+    answer
+}
+
+/// A program serving profiles that puts a listening socket of its own on the number of the
+/// endpoint's: a client of its socket gets the program's answer, never a profile.
+fn answer_on_the_profile_endpoints_number() {
+    use std::net::TcpListener;
+    let program = TcpListener::bind("127.0.0.1:0").unwrap();
+    let endpoint = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let guard = start_tracing(TraceConfig::profile_only().http(endpoint)).unwrap();
+    let served = answer(client_asking(endpoint));
+    assert!(served.starts_with("HTTP/1.1 200"), "{served}");
+    // The endpoint's socket: the one this program did not open.
+    let sockets: Vec<i32> = std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .filter_map(|entry| {
+            let entry = entry.ok()?;
+            let socket = std::fs::read_link(entry.path()).ok()?.to_str()?.starts_with("socket:");
+            socket.then(|| entry.file_name().to_str()?.parse().ok())?
+        })
+        .filter(|&fd| fd != program.as_raw_fd())
+        .collect();
+    let [number] = sockets[..] else { panic!("sockets {sockets:?}") };
+    // SAFETY: the program's own socket, put on a number it now owns.
+    assert_eq!(unsafe { libc::dup2(program.as_raw_fd(), number) }, number);
+    // Longer than the endpoint's checks between its polls (100 ms).
+    std::thread::sleep(Duration::from_millis(500));
+    // Its client, which the program does not accept yet: nobody answers it meanwhile (the
+    // endpoint, serving the socket on its number, would within its poll).
+    let mut client = client_asking(program.local_addr().unwrap());
+    client.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+    let early = std::io::Read::read(&mut client, &mut [0u8; 64]);
+    assert!(early.is_err(), "the program's client was answered by another: {early:?}");
+    let (mut connection, _) = program.accept().unwrap();
+    let mut request = [0u8; 64];
+    let _ = std::io::Read::read(&mut connection, &mut request).unwrap();
+    connection.write_all(b"the program's answer").unwrap();
+    drop(connection);
+    assert_eq!(answer(client), "the program's answer");
+    drop(guard);
+    eprintln!("the program answered its own client");
 }
 
 /// A new pseudo-terminal: its master's descriptor and its terminal's path.
@@ -326,4 +382,14 @@ fn start_tracing_refuses_what_the_variable_refuses() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("refused: all four"));
     assert_eq!(std::fs::read(&not_a_trace).unwrap(), b"the program's notes\n");
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1, "a file was made");
+}
+
+/// A program that puts a listening socket of its own on the profile endpoint's number gets its
+/// own connections: the endpoint stops serving with one line instead of answering them.
+#[test]
+fn the_profile_endpoint_never_answers_on_the_programs_socket() {
+    let (out, _) = output_within(child("files:http", &[]), "files:http", Duration::from_secs(60));
+    assert!(out.status.success(), "{:?}\n{}", out.status, String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("the program answered its own client"));
+    assert_one_message(&out, "no longer serving profiles");
 }
