@@ -227,11 +227,11 @@ pub fn trace_if_requested() -> Option<TraceGuard> {
 /// neither empty nor a trace ([`StartError::NotATrace`]), a name that is only whitespace
 /// ([`StartError::BlankPath`]), a terminal ([`StartError::Terminal`]), the program's own
 /// stdout or stderr ([`StartError::ProgramOutput`]), and a symbolic link another user planted
-/// in a sticky directory ([`StartError::PlantedSymlink`]). Opening never waits: a FIFO that no process has open for reading gives
-/// [`StartError::NoReader`]. A start that fails leaves no file it created behind, and a first
-/// packet that cannot be written (a context too long) is found before the file is touched. The
-/// first call in a process also calibrates the stack capture, which requires
-/// [`crate::MemtraceAllocator`] to be the global allocator.
+/// in a sticky directory ([`StartError::PlantedSymlink`]). Opening never waits: a FIFO that no
+/// process has open for reading gives [`StartError::NoReader`]. A start that fails leaves no
+/// file it created behind, and a first packet that cannot be written (a context too long) is
+/// found before the file is touched. The first call in a process also calibrates the stack
+/// capture, which requires [`crate::MemtraceAllocator`] to be the global allocator.
 pub fn start_tracing(config: TraceConfig) -> Result<TraceGuard, StartError> {
     if !valid_rate(config.rate) {
         return Err(StartError::InvalidRate(config.rate));
