@@ -46,7 +46,8 @@ pub(crate) const DEFAULT_STOP_TIMEOUT: Duration = Duration::from_secs(1);
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub struct TraceConfig {
-    /// The trace file, created (mode 0600) or truncated; `None` for profiles only.
+    /// The trace file, created (mode 0600), or an earlier trace replaced; `None` for profiles
+    /// only.
     pub(crate) path: Option<PathBuf>,
     /// Probability that any one 8-byte word allocated is sampled, in (0, 1].
     pub(crate) rate: f64,
@@ -195,6 +196,36 @@ pub enum StartError {
         /// The trace file.
         path: PathBuf,
     },
+    /// The trace file's name is empty or only whitespace: no file is made of it.
+    BlankPath {
+        /// The name.
+        path: PathBuf,
+    },
+    /// The trace file exists and is neither empty nor a memtrace trace (it does not start with
+    /// the trace magic): it is left as it is. FIFOs and character devices are not looked at.
+    NotATrace {
+        /// The trace file.
+        path: PathBuf,
+    },
+    /// The trace file is a symbolic link in a world-writable sticky directory (such as `/tmp`)
+    /// owned neither by this process's effective user nor by the directory's owner: one that
+    /// another user may have planted to have this process overwrite a file of their choosing.
+    /// The rule of Linux's `fs.protected_symlinks`, applied where the kernel does not.
+    PlantedSymlink {
+        /// The trace file.
+        path: PathBuf,
+    },
+    /// The trace file is a terminal.
+    Terminal {
+        /// The trace file.
+        path: PathBuf,
+    },
+    /// The trace file is the program's own standard output or error (the file of descriptor 1
+    /// or 2, `/dev/null` aside), where the trace would be mixed with what the program writes.
+    ProgramOutput {
+        /// The trace file.
+        path: PathBuf,
+    },
     /// The trace file is locked by another process.
     Locked {
         /// The trace file.
@@ -231,6 +262,26 @@ impl fmt::Display for StartError {
             }
             StartError::NoReader { path } => {
                 write!(f, "trace file {} is a FIFO that no process is reading; not tracing", path.display())
+            }
+            StartError::BlankPath { path } => {
+                write!(f, "trace file name {path:?} is empty or only whitespace; not tracing")
+            }
+            StartError::NotATrace { path } => {
+                write!(
+                    f,
+                    "trace file {} exists and is not a memtrace trace; left as it is, not tracing",
+                    path.display()
+                )
+            }
+            StartError::PlantedSymlink { path } => write!(
+                f,
+                "trace file {} is a symbolic link in a world-writable sticky directory, owned by neither this user \
+                 nor the directory's owner; not following it, not tracing",
+                path.display()
+            ),
+            StartError::Terminal { path } => write!(f, "trace file {} is a terminal; not tracing", path.display()),
+            StartError::ProgramOutput { path } => {
+                write!(f, "trace file {} is the program's own standard output or error; not tracing", path.display())
             }
             StartError::Locked { path } => {
                 write!(f, "trace file {} is locked: is another process using it? Not tracing", path.display())

@@ -10,11 +10,13 @@
 
 use std::io::Read;
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TryRecvError};
 
+use super::descriptor::{move_high, OwnFd};
 use super::live_profile::Mailbox;
 use super::profile::{self, HttpResponse};
 use super::tracer_thread::TracerThread;
@@ -33,8 +35,8 @@ const STOP_WAIT: Duration = Duration::from_secs(1);
 /// A running endpoint; stopped by [`Endpoint::stop`].
 pub(crate) struct Endpoint {
     thread: TracerThread<()>,
-    /// The listening socket's descriptor (the thread owns the socket).
-    listener: RawFd,
+    /// The listening socket, shared with the thread.
+    listener: Arc<OwnFd>,
     /// Dropped to stop the thread.
     stop: Sender<()>,
 }
@@ -51,14 +53,18 @@ pub(crate) fn start(addr: SocketAddr, any_address: bool, mailbox: Mailbox) -> Re
     let listener = TcpListener::bind(addr).map_err(|e| format!("cannot serve profiles on {addr}: {e}"))?;
     let bound = listener.local_addr().map_err(|e| format!("cannot serve profiles on {addr}: {e}"))?;
     listener.set_nonblocking(true).map_err(|e| format!("cannot serve profiles on {addr}: {e}"))?;
-    let fd = listener.as_raw_fd();
+    // A descriptor of the tracer's own, above the low numbers, checked before each accept: a
+    // program that closes it and listens on a socket of its own at the number must not have
+    // its connections answered with profiles (see `descriptor`).
+    let listener = Arc::new(OwnFd::new(move_high(OwnedFd::from(listener).into())));
+    let served = Arc::clone(&listener);
     let (stop, stopped) = crossbeam_channel::bounded(0);
-    let thread = TracerThread::spawn(c"memtrace-http", move || serve(&listener, &mailbox, &stopped))
+    let thread = TracerThread::spawn(c"memtrace-http", move || serve(&served, &mailbox, &stopped))
         .map_err(|e| format!("cannot start the profile endpoint's thread: {e}"))?;
     if addr.port() == 0 {
         super::state::say(&format!("memtrace: serving heap profiles at http://{bound}/debug/pprof/heap"));
     }
-    Ok(Endpoint { thread, listener: fd, stop })
+    Ok(Endpoint { thread, listener, stop })
 }
 
 impl Endpoint {
@@ -84,21 +90,31 @@ impl Endpoint {
     /// no thread here answers it, and it would keep the port taken, its connections waiting,
     /// after the parent stops serving.
     pub(crate) fn close_in_forked_child(&self) {
-        // SAFETY: the child's copy of the descriptor, which nothing in the child uses (the
-        // thread that owns the socket is the parent's), closed once.
-        unsafe { libc::close(self.listener) };
+        if self.listener.is_ours() {
+            // SAFETY: the child's copy of the descriptor, checked above, which nothing in the
+            // child uses (the thread that serves it is the parent's), closed once.
+            unsafe { libc::close(self.listener.number()) };
+        }
     }
 }
 
-/// Accept and answer connections one at a time until `stopped` is disconnected.
-fn serve(listener: &TcpListener, mailbox: &Mailbox, stopped: &Receiver<()>) {
-    let mut poll = libc::pollfd { fd: listener.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+/// Accept and answer connections one at a time until `stopped` is disconnected, or the
+/// listener's number no longer holds it.
+fn serve(listener: &OwnFd, mailbox: &Mailbox, stopped: &Receiver<()>) {
+    let mut poll = libc::pollfd { fd: listener.number(), events: libc::POLLIN, revents: 0 };
     while matches!(stopped.try_recv(), Err(TryRecvError::Empty)) {
-        // SAFETY: `poll` is one valid pollfd of an open descriptor.
+        if !listener.is_ours() {
+            super::state::say(
+                "memtrace: the program closed the profile endpoint's socket, or opened one of its own on its \
+                 number; no longer serving profiles",
+            );
+            return;
+        }
+        // SAFETY: `poll` is one valid pollfd (an invalid descriptor gives POLLNVAL, not harm).
         if unsafe { libc::poll(&mut poll, 1, STOP_CHECK.as_millis() as libc::c_int) } <= 0 {
             continue;
         }
-        let Ok((stream, _)) = listener.accept() else {
+        let Some(stream) = accept(listener) else {
             // Out of descriptors, say: the connection waits in the backlog meanwhile, and the
             // listener, still readable, must not make this a busy loop.
             std::thread::sleep(STOP_CHECK);
@@ -107,6 +123,19 @@ fn serve(listener: &TcpListener, mailbox: &Mailbox, stopped: &Receiver<()>) {
         // Whatever the client does, the cost is this connection's.
         let _ = answer(stream, mailbox, stopped);
     }
+}
+
+/// A connection accepted on `listener`, if it still holds the tracer's socket.
+fn accept(listener: &OwnFd) -> Option<TcpStream> {
+    if !listener.is_ours() {
+        return None;
+    }
+    // SAFETY: accepting on the tracer's listening socket, checked above; the new descriptor is
+    // the stream's alone.
+    let fd =
+        unsafe { libc::accept4(listener.number(), std::ptr::null_mut(), std::ptr::null_mut(), libc::SOCK_CLOEXEC) };
+    // SAFETY: as above.
+    (fd >= 0).then(|| unsafe { TcpStream::from_raw_fd(fd) })
 }
 
 /// Read one request from `stream` and answer it.

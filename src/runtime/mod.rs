@@ -2,6 +2,8 @@
 //!
 //! The data flow, bottom up (each module uses only those before it):
 //!
+//! - [`descriptor`]: the tracer's own descriptors, used only while they hold the files they
+//!   were opened on, and the identity of a descriptor's file;
 //! - [`state`]: whether tracing is on, the allocator entry points, frame limits, the clock;
 //! - [`sampler`]: the per-thread byte countdown that picks the sampled allocations;
 //! - [`fork_safe_lock`]: a lock that the fork handlers can release in the child;
@@ -21,6 +23,7 @@
 //! - [`allocator`]: [`MemtraceAllocator`](allocator::MemtraceAllocator), the hot path;
 //! - [`config`]: [`TraceConfig`](config::TraceConfig), the environment, start errors;
 //! - [`trace_file`]: the trace file's descriptor, checked to be the tracer's own before writes;
+//! - [`trace_open`]: opening the trace file, and the files it refuses to open as one;
 //! - [`live_profile`]: the writer's live profile (live blocks and allocations by stack, the
 //!   peak), and the mailbox profiles are asked for through;
 //! - [`writer_thread`]: the thread that owns the trace writer;
@@ -32,6 +35,7 @@
 
 pub(crate) mod allocator;
 pub(crate) mod config;
+pub(crate) mod descriptor;
 pub(crate) mod fork_safe_lock;
 pub(crate) mod handoff;
 pub(crate) mod http;
@@ -48,6 +52,7 @@ pub(crate) mod spans;
 pub(crate) mod state;
 pub(crate) mod symbolize;
 pub(crate) mod trace_file;
+pub(crate) mod trace_open;
 pub(crate) mod tracer_thread;
 pub(crate) mod unwind;
 pub(crate) mod writer_thread;

@@ -2,10 +2,11 @@
 //! allocator entry point a sample came through, the frame limits, the clock, and how it says
 //! something on stderr.
 //!
-//! The bottom of the runtime: it depends on nothing else in the crate.
+//! Above `descriptor` alone, the bottom of the runtime.
 
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
 
+use super::descriptor::Identity;
 use crate::format::trace::Timestamp;
 
 /// Tracing is off: the allocator samples nothing.
@@ -98,8 +99,59 @@ pub(crate) fn say_without_allocating(args: std::fmt::Arguments<'_>) {
 /// The longest line [`say_without_allocating`] says, with its newline.
 const SAID_WITHOUT_ALLOCATING: usize = 1024;
 
-/// Write `bytes` on stderr in one `write` if it takes them (see [`say`]).
+/// What descriptor 2 held when the last session started ([`STDERR_DEVICE`] and the next two):
+/// [`STDERR_UNNOTED`] before the first start, when it is still the one the program started
+/// with. Atomics, not a lock: the exit hook says things from wherever `exit` was called, a
+/// signal handler's interruption of this code included.
+static STDERR_NOTED: AtomicU8 = AtomicU8::new(STDERR_UNNOTED);
+const STDERR_UNNOTED: u8 = 0;
+const STDERR_CLOSED: u8 = 1;
+const STDERR_OPEN: u8 = 2;
+static STDERR_DEVICE: AtomicU64 = AtomicU64::new(0);
+static STDERR_INODE: AtomicU64 = AtomicU64::new(0);
+static STDERR_KIND: AtomicU32 = AtomicU32::new(0);
+
+/// Note what descriptor 2 holds now as the program's stderr, where the runtime's messages go
+/// from now on: called as a session starts.
+pub(crate) fn note_stderr() {
+    let noted = match Identity::of(libc::STDERR_FILENO) {
+        None => STDERR_CLOSED,
+        Some(Identity { device, inode, kind }) => {
+            STDERR_DEVICE.store(device, Ordering::Relaxed);
+            STDERR_INODE.store(inode, Ordering::Relaxed);
+            STDERR_KIND.store(kind, Ordering::Relaxed);
+            STDERR_OPEN
+        }
+    };
+    STDERR_NOTED.store(noted, Ordering::Release);
+}
+
+/// Whether descriptor 2 holds what [`note_stderr`] noted (or nothing was noted yet).
+fn stderr_is_the_programs() -> bool {
+    match STDERR_NOTED.load(Ordering::Acquire) {
+        STDERR_UNNOTED => true,
+        STDERR_CLOSED => false,
+        _ => {
+            let noted = Identity {
+                device: STDERR_DEVICE.load(Ordering::Relaxed),
+                inode: STDERR_INODE.load(Ordering::Relaxed),
+                kind: STDERR_KIND.load(Ordering::Relaxed),
+            };
+            Identity::of(libc::STDERR_FILENO) == Some(noted)
+        }
+    }
+}
+
+/// Write `bytes` on stderr in one `write` if it takes them (see [`say`]), and only if
+/// descriptor 2 still holds the file it held when the last session started: a program that
+/// closed it (a daemon's `close_range(0, ~0)`) and opened a file of its own as 2 must not find
+/// the tracer's messages in it. What the message says is in the trace too, where there is
+/// one. Not a duplicate of descriptor 2 kept aside either: a program that closes its stderr
+/// (a pipe) tells its reader it is done, and the reader must see the end.
 fn write_stderr(bytes: &[u8]) {
+    if !stderr_is_the_programs() {
+        return;
+    }
     let mut rest = bytes;
     while !rest.is_empty() {
         // SAFETY: writing `rest.len()` bytes from a live slice to a file descriptor.

@@ -17,6 +17,7 @@ use memtrace_rs::{currently_tracing, start_tracing, stop_tracing, trace_if_reque
 mod closing;
 mod estimates;
 mod faults;
+mod files;
 mod heap;
 mod hostile;
 mod large_blocks;
@@ -473,6 +474,7 @@ fn child_role() {
         #[cfg(feature = "tracing")]
         spans if spans.starts_with("spans-") => spans::child_role(spans),
         hostile if hostile.starts_with("hostile:") => hostile::child_role(hostile),
+        files if files.starts_with("files:") => files::child_role(files),
         other => assert!(faults::child_role(other), "unknown role {other}"),
     }
 }
@@ -1496,15 +1498,19 @@ fn dev_full_is_reported_and_ignored() {
 #[test]
 fn locked_file_is_reported_and_left_alone() {
     let path = temp_path("locked");
-    std::fs::write(&path, b"another tracer's data").unwrap();
+    let another_tracers = std::fs::read(EARLIER_TRACE).unwrap();
+    std::fs::write(&path, &another_tracers).unwrap();
     let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
     // SAFETY: locking an open descriptor of ours.
     assert_eq!(unsafe { libc::lockf(file.as_raw_fd(), libc::F_TLOCK, 0) }, 0);
     assert_runs_untraced_with_one_message(&[("MEMTRACE_FILE", path.to_str().unwrap())], "locked");
-    assert_eq!(std::fs::read(&path).unwrap(), b"another tracer's data");
+    assert!(std::fs::read(&path).unwrap() == another_tracers, "the locked trace changed");
     drop(file);
     let _ = std::fs::remove_file(&path);
 }
+
+/// A trace written earlier (by upstream's OCaml runtime).
+const EARLIER_TRACE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/ocamlopt.ctf");
 
 /// An earlier trace at the path is replaced by a new file of its mode (so the program does not
 /// pay for freeing its blocks): a process reading the old one keeps reading it. A file with
@@ -1512,7 +1518,7 @@ fn locked_file_is_reported_and_left_alone() {
 #[test]
 fn an_earlier_trace_is_replaced_and_a_linked_one_truncated() {
     use std::os::unix::fs::{MetadataExt, PermissionsExt};
-    let older = b"an earlier trace ".repeat(4096);
+    let older = std::fs::read(EARLIER_TRACE).unwrap();
     let traced = |path: &Path| {
         // At a rate that samples the kept site for certain (about 5 samples at the default).
         let out = run("known", &[("MEMTRACE_FILE", path.to_str().unwrap()), ("MEMTRACE_RATE", "0.01")]);
@@ -1533,7 +1539,7 @@ fn an_earlier_trace_is_replaced_and_a_linked_one_truncated() {
     std::io::Read::read_to_end(&mut reader, &mut kept).unwrap();
     assert!(kept == older, "the reader of the earlier trace lost it");
 
-    // A second link: both names see the new trace (written over bytes that are not one).
+    // A second link: both names see the new trace (written over the earlier one).
     let link = temp_path("replaced-link");
     std::fs::hard_link(&path, &link).unwrap();
     std::fs::write(&path, &older).unwrap();

@@ -13,12 +13,7 @@
 //! most the session's stop timeout: a writer blocked longer (on a pipe nobody reads) is left
 //! behind with its channel, and the program goes on.
 
-use std::fs::{File, OpenOptions};
-use std::io;
-use std::os::fd::AsRawFd;
 use std::os::unix::ffi::OsStringExt;
-use std::os::unix::fs::OpenOptionsExt;
-use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Once};
 use std::time::{Duration, Instant};
@@ -44,6 +39,7 @@ use super::state::{
 };
 use super::symbolize::{self, Desk, Worker};
 use super::trace_file::{self, TraceFile};
+use super::trace_open;
 use super::tracer_thread::{self, Doorbell, TracerThread};
 use super::unwind::{self, cfi, Walker};
 use super::writer_thread::{write_trace, WriterOutcome, DOMAIN};
@@ -226,12 +222,16 @@ pub fn trace_if_requested() -> Option<TraceGuard> {
 /// an exclusive `lockf` lock (a file another process is tracing into gives
 /// [`StartError::Locked`]) and emptied: a regular file of this user's and group's with no other
 /// link is replaced by a new file of its mode (a process that has the old one open keeps
-/// reading the old trace), anything else (a device, a FIFO, another user's file) is truncated.
-/// Opening never waits: a FIFO that no process has open for reading gives
-/// [`StartError::NoReader`]. A start that fails leaves no file it created behind, and a first
-/// packet that cannot be written (a context too long) is found before the file is touched. The
-/// first call in a process also calibrates the stack capture, which requires
-/// [`crate::MemtraceAllocator`] to be the global allocator.
+/// reading the old trace), another trace (another user's, a linked one) is truncated, a FIFO or
+/// a character device written as it is. Refused, and left as they are: an existing file that is
+/// neither empty nor a trace ([`StartError::NotATrace`]), a name that is only whitespace
+/// ([`StartError::BlankPath`]), a terminal ([`StartError::Terminal`]), the program's own
+/// stdout or stderr ([`StartError::ProgramOutput`]), and a symbolic link another user planted
+/// in a sticky directory ([`StartError::PlantedSymlink`]). Opening never waits: a FIFO that no
+/// process has open for reading gives [`StartError::NoReader`]. A start that fails leaves no
+/// file it created behind, and a first packet that cannot be written (a context too long) is
+/// found before the file is touched. The first call in a process also calibrates the stack
+/// capture, which requires [`crate::MemtraceAllocator`] to be the global allocator.
 pub fn start_tracing(config: TraceConfig) -> Result<TraceGuard, StartError> {
     if !valid_rate(config.rate) {
         return Err(StartError::InvalidRate(config.rate));
@@ -259,6 +259,8 @@ pub fn start_tracing(config: TraceConfig) -> Result<TraceGuard, StartError> {
         let id = session.id;
         slot.finished = finish(session).map(|outcome| (id, outcome));
     }
+    // Where this session's messages go: descriptor 2 as it is now, and only while it is.
+    super::state::note_stderr();
     // Rules cached by an earlier session may be for code unloaded since.
     cfi::invalidate_if_unloaded();
     // Read now: a sandbox the program installs later may forbid opening files.
@@ -293,15 +295,12 @@ pub fn start_tracing(config: TraceConfig) -> Result<TraceGuard, StartError> {
             // A first packet that cannot be written (a context too long for a packet) must not
             // cost the file: check it before opening.
             let first_packet = trace_info_packet(&info).map_err(write_error)?;
-            let Opened { mut file, created, replaced } = open_locked(path)?;
-            trace_file::write_all_without_signals(&mut file, first_packet.as_bytes())
-                .map_err(|e| write_error(e.into()))
-                .map(|()| writer.start(Some(TraceFile::new(file)), info, replaced.map(TraceFile::new)))
-                .inspect_err(|_| {
-                    if created {
-                        let _ = std::fs::remove_file(path);
-                    }
-                })?
+            let mut opened = trace_open::open_locked(path)?;
+            if let Err(e) = trace_file::write_all_without_signals(&mut opened.file, first_packet.as_bytes()) {
+                opened.remove_if_created();
+                return Err(write_error(e.into()));
+            }
+            writer.start(Some(TraceFile::new(opened.file)), info, opened.replaced.map(TraceFile::new))
         }
         // Profiles only: the same session without a file.
         None => writer.start(None, info, None),
@@ -685,104 +684,6 @@ fn report_losses(losses: &Losses) {
              never freed"
         ));
     }
-}
-
-/// A trace file opened for writing and locked, empty.
-struct Opened {
-    file: File,
-    /// Whether the start created it (a failed start removes it again); not a replacement, which
-    /// a failed start leaves empty, as it leaves a truncated file.
-    created: bool,
-    /// The earlier file at the path, unlinked rather than truncated (see
-    /// [`unlink_if_replaceable`]): closed by the writer thread, where freeing its blocks costs
-    /// the program nothing.
-    replaced: Option<File>,
-}
-
-/// Create or open `path` for writing (mode 0600), lock it, and empty it: a regular file of
-/// this user's and group's with no other link is replaced by a new file of its mode (see
-/// [`unlink_if_replaceable`]), anything else truncated. Never waits: a FIFO that no process
-/// reads gives [`StartError::NoReader`] (opening it for writing would block until one opens
-/// it).
-fn open_locked(path: &Path) -> Result<Opened, StartError> {
-    let open_error = |source: io::Error| match source.raw_os_error() {
-        Some(libc::ENXIO) => StartError::NoReader { path: path.to_owned() },
-        _ => StartError::Open { path: path.to_owned(), source },
-    };
-    // On a descriptor of the tracer's own before it is locked (see `trace_file`).
-    let open = |create: bool, mode: u32| {
-        OpenOptions::new()
-            .write(true)
-            .create_new(create)
-            .mode(mode)
-            .custom_flags(libc::O_NONBLOCK)
-            .open(path)
-            .map(trace_file::move_high)
-    };
-    let (file, created) = match open(true, 0o600) {
-        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => open(false, 0o600).map(|file| (file, false)),
-        opened => opened.map(|file| (file, true)),
-    }
-    .map_err(open_error)?;
-    lock(&file, path)?;
-    // An empty file (new, a device, a FIFO) is left as it is.
-    let Some(metadata) = file.metadata().ok().filter(|m| m.len() > 0) else {
-        return Ok(Opened { file, created, replaced: None });
-    };
-    if let Some(mode) = unlink_if_replaceable(path, &metadata) {
-        let new = open(true, mode).map_err(open_error)?;
-        // The mode as it was, whatever the umask.
-        let _ = new.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(mode));
-        lock(&new, path)?;
-        return Ok(Opened { file: new, created: false, replaced: Some(file) });
-    }
-    // Errors ignored, as upstream does: devices cannot be truncated.
-    let _ = file.set_len(0);
-    Ok(Opened { file, created, replaced: None })
-}
-
-/// Make writes to `file` (opened without waiting) block as usual, and take its `lockf` lock:
-/// [`StartError::Locked`] if another process holds it.
-fn lock(file: &File, path: &Path) -> Result<(), StartError> {
-    // A reader that falls behind holds the writer thread up, never the program (stopping
-    // waits for it at most the stop timeout).
-    // SAFETY: `file` is an open descriptor for the duration of the calls.
-    unsafe {
-        let flags = libc::fcntl(file.as_raw_fd(), libc::F_GETFL);
-        libc::fcntl(file.as_raw_fd(), libc::F_SETFL, flags & !libc::O_NONBLOCK);
-    }
-    // SAFETY: `file` is an open descriptor for the duration of the call.
-    if unsafe { libc::lockf(file.as_raw_fd(), libc::F_TLOCK, 0) } != 0 {
-        let e = io::Error::last_os_error();
-        if matches!(e.raw_os_error(), Some(libc::EAGAIN) | Some(libc::EACCES)) {
-            return Err(StartError::Locked { path: path.to_owned() });
-        }
-        // Other failures (a device such as /dev/null that cannot be locked): go on unlocked.
-    }
-    Ok(())
-}
-
-/// Unlink the file at `path`, open and locked by us with `metadata`, so that a new one can be
-/// created in its place, if nothing but its contents would be lost: a regular file of this
-/// user's and group's (a new file would be too), with no other link, that `path` names itself
-/// (not through a symbolic link). Returns its mode, for the new file; `None` (nothing done)
-/// otherwise, and the caller truncates it. What else the old file had (extended attributes,
-/// ACLs) is not carried over.
-///
-/// Truncating a trace left by an earlier run freed its blocks on the program's thread (on ext4,
-/// in a journal transaction, after the write-back that the earlier run's close had started),
-/// and on ext4 marked the file so that its close at the end of the run started a write-back of
-/// the new trace, on the writer, which a short program's exit waits for. An unlinked file's
-/// blocks are freed when its last descriptor closes: the writer's.
-fn unlink_if_replaceable(path: &Path, metadata: &std::fs::Metadata) -> Option<u32> {
-    use std::os::unix::fs::MetadataExt;
-    // SAFETY: geteuid and getegid cannot fail.
-    let (euid, egid) = unsafe { (libc::geteuid(), libc::getegid()) };
-    let named = std::fs::symlink_metadata(path).ok()?;
-    let ours =
-        metadata.file_type().is_file() && metadata.nlink() == 1 && metadata.uid() == euid && metadata.gid() == egid;
-    let same = named.dev() == metadata.dev() && named.ino() == metadata.ino();
-    (ours && same && std::fs::remove_file(path).is_ok()).then_some(metadata.mode() & 0o7777)
 }
 
 fn host_name() -> Vec<u8> {

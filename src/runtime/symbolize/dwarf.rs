@@ -22,6 +22,7 @@ use std::cmp::Ordering;
 use super::line_header::Header;
 use super::line_program::{Program, Sequence, Sequences};
 use crate::format::hash::FastMap;
+use crate::runtime::descriptor::OwnFd;
 
 pub(super) type Reader = gimli::EndianSlice<'static, gimli::RunTimeEndian>;
 pub(super) type Offset = usize;
@@ -57,14 +58,17 @@ const NAME_LINKS: usize = 16;
 /// with `pread` when it lies uncompressed in the object's file, not through the mapping:
 /// each first touch of a mapped page maps its neighbours too (the kernel's fault-around, 64
 /// KiB, which no `madvise` turns off), and the few names a program's stacks need are spread
-/// over the whole section, so reading them mapped made most of it resident.
+/// over the whole section, so reading them mapped made most of it resident. Through the
+/// mapping after all once the program has closed the file's descriptor, or put a file of its
+/// own on its number (see `descriptor`).
 #[derive(Clone)]
 pub(super) enum Strings {
-    /// The file is shared with the [siblings](Dwarf::sibling) of its reader.
+    /// The file is shared with the [siblings](Dwarf::sibling) of its reader; `mapped` is the
+    /// section as mapped.
     InFile {
-        file: std::sync::Arc<std::fs::File>,
+        file: std::sync::Arc<OwnFd>,
         offset: u64,
-        len: u64,
+        mapped: &'static [u8],
     },
     InMemory(&'static [u8]),
 }
@@ -73,18 +77,18 @@ impl Strings {
     /// The string at `at`, without its terminating NUL.
     fn at(&self, at: u64) -> Option<Vec<u8>> {
         match self {
-            Strings::InMemory(data) => {
-                let rest = data.get(usize::try_from(at).ok()?..)?;
-                Some(rest[..rest.iter().position(|&b| b == 0)?].to_vec())
-            }
-            Strings::InFile { file, offset, len } => {
-                use std::os::unix::fs::FileExt;
+            Strings::InMemory(data) => string_in(data, at),
+            Strings::InFile { file, offset, mapped } => {
+                let len = mapped.len() as u64;
                 let (mut string, mut next, mut chunk) = (Vec::new(), at, 256u64);
-                while next < *len {
+                while next < len {
                     let start = string.len();
                     let n = chunk.min(len - next);
                     string.resize(start + n as usize, 0);
-                    file.read_exact_at(&mut string[start..], offset + next).ok()?;
+                    match file.read_exact_at(&mut string[start..], offset + next) {
+                        Some(read) => read.ok()?,
+                        None => return string_in(mapped, at),
+                    }
                     if let Some(end) = string[start..].iter().position(|&b| b == 0) {
                         string.truncate(start + end);
                         return Some(string);
@@ -95,6 +99,12 @@ impl Strings {
             }
         }
     }
+}
+
+/// The NUL-terminated string at `at` in `data`, without its NUL.
+fn string_in(data: &[u8], at: u64) -> Option<Vec<u8>> {
+    let rest = data.get(usize::try_from(at).ok()?..)?;
+    Some(rest[..rest.iter().position(|&b| b == 0)?].to_vec())
 }
 
 /// An object's DWARF sections and what has been read of them.

@@ -21,6 +21,7 @@ use object::{Endianness, LittleEndian, Object as _, ObjectSection as _};
 
 use super::dwarf::{Dwarf, Offset, Strings};
 use super::symbolizer::Options;
+use crate::runtime::descriptor::{move_high, OwnFd};
 
 pub(super) struct RawFrame {
     pub(super) function: Option<String>,
@@ -363,7 +364,7 @@ fn locate_dwarf(file: &object::File<'static>, inflated: &mut Vec<Box<[u8]>>, map
         (offset + strings.len() <= map.len).then(|| (Arc::get_mut(map).and_then(|map| map.file.take()), offset as u64))
     });
     let strings = match in_file {
-        Some((Some(file), offset)) => Strings::InFile { file: Arc::new(file), offset, len: strings.len() as u64 },
+        Some((Some(file), offset)) => Strings::InFile { file: Arc::new(file), offset, mapped: strings },
         _ => Strings::InMemory(strings),
     };
     Dwarf::new(sections.borrow(|data| gimli::EndianSlice::new(data, endian)), strings)
@@ -742,8 +743,10 @@ struct Mmap {
     ptr: *const u8,
     len: usize,
     /// The mapped file, kept open when it holds the object's DWARF: its strings are read from
-    /// it (see [`Strings`]), the file that was mapped even if another replaces it on disk.
-    file: Option<std::fs::File>,
+    /// it (see [`Strings`]), the file that was mapped even if another replaces it on disk. A
+    /// descriptor of the tracer's own, checked before each use: the program may close it and
+    /// open a file of its own on the number.
+    file: Option<OwnFd>,
 }
 
 // SAFETY: the mapping is read-only (its pages may be dropped, `release_pages`, and read
@@ -754,20 +757,27 @@ unsafe impl Send for Mmap {}
 unsafe impl Sync for Mmap {}
 
 impl Mmap {
+    /// The file at `path`, mapped; `None` also when the program put a file of its own on the
+    /// descriptor's number before it was mapped.
     fn open(path: &Path) -> Option<Mmap> {
-        use std::os::fd::AsRawFd;
         let file = std::fs::File::open(path).ok()?;
         let len = usize::try_from(file.metadata().ok()?.len()).ok()?;
         if len == 0 {
             return None;
         }
+        let file = OwnFd::new(move_high(file));
+        if !file.is_ours() {
+            return None;
+        }
         // SAFETY: a fresh read-only private mapping of an open file.
         let ptr =
-            unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_PRIVATE, file.as_raw_fd(), 0) };
+            unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_PRIVATE, file.number(), 0) };
         if ptr == libc::MAP_FAILED {
             return None;
         }
-        Some(Mmap { ptr: ptr as *const u8, len, file: Some(file) })
+        let map = Mmap { ptr: ptr as *const u8, len, file: Some(file) };
+        // Not the program's file, mapped on a number it has just taken.
+        map.file.as_ref().is_some_and(OwnFd::is_ours).then_some(map)
     }
 
     /// Drop the mapping's pages from this process's memory. Its bytes stay readable and the
