@@ -42,7 +42,7 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use super::record::{self, Loss};
 use super::sampled_set::{self, may_be_sampled, sampled_layout};
 use super::sampler;
-use super::state::{enabled, Entry};
+use super::state::{enabled, write_stderr, Entry};
 
 /// A global allocator that forwards to `A` and, while a trace is running, samples allocations
 /// into a memtrace trace.
@@ -307,9 +307,10 @@ impl Drop for AbortOnUnwind {
     fn drop(&mut self) {
         const MESSAGE: &[u8] = b"memtrace: a panic in the allocator's sampled path (a bug in memtrace-rs); \
             aborting, since a panic must not unwind out of a global allocator\n";
-        // SAFETY: writes a static buffer to stderr; a direct write, because the allocator is
-        // in the middle of a call and the panic may have come from anywhere under it.
-        unsafe { libc::write(libc::STDERR_FILENO, MESSAGE.as_ptr().cast(), MESSAGE.len()) };
+        // A direct write (no formatting, no allocation), because the allocator is in the middle
+        // of a call and the panic may have come from anywhere under it; only to the program's
+        // stderr, as every message of the tracer.
+        write_stderr(MESSAGE);
         std::process::abort();
     }
 }

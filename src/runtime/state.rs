@@ -148,7 +148,7 @@ fn stderr_is_the_programs() -> bool {
 /// the tracer's messages in it. What the message says is in the trace too, where there is
 /// one. Not a duplicate of descriptor 2 kept aside either: a program that closes its stderr
 /// (a pipe) tells its reader it is done, and the reader must see the end.
-fn write_stderr(bytes: &[u8]) {
+pub(crate) fn write_stderr(bytes: &[u8]) {
     if !stderr_is_the_programs() {
         return;
     }
