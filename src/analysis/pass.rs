@@ -58,13 +58,10 @@ pub const TEMPORARY_US: u64 = 1_000;
 /// Entries of [`Analysis::sizes`]: one per power of two of a `u64`, and one for zero.
 const SIZE_BUCKETS: usize = 65;
 
-/// The entry of [`Analysis::sizes`] for `bytes`: the least `i` with `bytes ≤ 2^i`.
+/// The entry of [`Analysis::sizes`] for `bytes`: 0 for zero, else the `i` with
+/// `2^(i-1) ≤ bytes < 2^i`, so that a power of two (a 4 KiB page) starts its class.
 fn size_bucket(bytes: u64) -> usize {
-    if bytes == 0 {
-        0
-    } else {
-        (64 - (bytes - 1).leading_zeros()) as usize
-    }
+    (64 - bytes.leading_zeros()) as usize
 }
 
 /// Most buckets a [`Timeline`] holds; adjacent buckets are merged when it would overflow.
@@ -448,8 +445,8 @@ pub struct Analysis {
     pub frames: Vec<Frame>,
     /// The frames of each location code of the stacks, outermost first.
     pub code_frames: HashMap<u64, Vec<FrameId>>,
-    /// Sampled allocations by size: entry `i` counts those of more than `2^(i-1)` and at
-    /// most `2^i` bytes (entry 0: at most one byte), their sizes rounded up to whole words.
+    /// Sampled allocations by size: entry `i` counts those of at least `2^(i-1)` and less
+    /// than `2^i` bytes (entry 0: of zero bytes), their sizes rounded up to whole words.
     pub sizes: Vec<Tally>,
     /// The samples the tracer lost, by cause, as the trace records them (see [`LostSamples`];
     /// empty when backtraces were not decoded).
