@@ -13,6 +13,11 @@
 //! bytes); `GET /api/thumbnail` renders a small image and keeps it in a shared cache (fewer
 //! bytes, held to the end). A background task in its own `cache_janitor` span trims the cache
 //! now and then and logs statistics. It runs for about a second.
+//!
+//! With a directory as its argument, it also writes there its live profile of what was
+//! allocated (`memtrace_rs::profile(ProfileKind::Allocs)`) taken at the end, as pprof
+//! (`allocs.pb.gz`) and folded stacks (`allocs.folded`), which name every frame as the command
+//! line names the trace's.
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -110,4 +115,9 @@ fn main() {
         // Held at the end of the trace, as a server's cache would be.
         std::mem::forget(cache);
     });
+    if let Some(dir) = std::env::args_os().nth(1).map(std::path::PathBuf::from) {
+        let allocs = memtrace_rs::profile(memtrace_rs::ProfileKind::Allocs).expect("a session is running");
+        std::fs::write(dir.join("allocs.pb.gz"), allocs.pprof()).expect("write the pprof profile");
+        std::fs::write(dir.join("allocs.folded"), allocs.folded()).expect("write the folded profile");
+    }
 }

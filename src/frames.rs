@@ -12,6 +12,8 @@
 // Without the analysis, only the runtime's part of the list is used.
 #![cfg_attr(not(feature = "analysis"), allow(dead_code))]
 
+use crate::naming::is_pseudo_frame;
+
 /// The allocating entry points that `#[global_allocator]` generates. With full debug info
 /// their names carry a path (`__rustc::__rust_alloc`).
 const SHIMS: [&str; 3] = ["__rust_alloc", "__rust_alloc_zeroed", "__rust_realloc"];
@@ -162,12 +164,6 @@ pub fn is_root_frame(function: &str, file: &str) -> bool {
         || RUST_ROOT_PREFIXES.iter().any(|p| path.starts_with(p))
         || ROOT_FILES.iter().any(|p| file.contains(p))
         || CRATE_ROOT_FILES.iter().any(|(krate, parts)| file.contains(krate) && parts.iter().any(|p| file.contains(p)))
-}
-
-/// Whether a frame is a span or thread pseudo-frame (see `span_table`),
-/// by its file.
-fn is_pseudo_frame(file: &str) -> bool {
-    file == crate::runtime::span_table::THREAD_FILE || file.starts_with(crate::runtime::span_table::SPAN_FILE_PREFIX)
 }
 
 /// The indexes of the `len` frames of a stack (innermost first, `frame(i)` the function and

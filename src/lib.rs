@@ -91,6 +91,7 @@ mod format;
 mod frames;
 #[cfg(feature = "tracing")]
 mod layer;
+mod naming;
 mod runtime;
 
 #[cfg(feature = "analysis")]

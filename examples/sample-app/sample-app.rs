@@ -175,7 +175,7 @@ fn summarize(path: &std::path::Path) -> memtrace_rs::Result<()> {
     let c = &analysis.counts;
     let total = analysis.bytes(c.samples);
     println!(
-        "{} sampled blocks ({} samples at rate {}), {} collected; ~{:.1} MiB allocated in total",
+        "{} sampled blocks ({} samples at rate {}), {} freed; ~{:.1} MiB allocated in total",
         c.allocs(),
         c.samples,
         analysis.info.sample_rate,

@@ -58,13 +58,10 @@ pub const TEMPORARY_US: u64 = 1_000;
 /// Entries of [`Analysis::sizes`]: one per power of two of a `u64`, and one for zero.
 const SIZE_BUCKETS: usize = 65;
 
-/// The entry of [`Analysis::sizes`] for `bytes`: the least `i` with `bytes ≤ 2^i`.
+/// The entry of [`Analysis::sizes`] for `bytes`: 0 for zero, else the `i` with
+/// `2^(i-1) ≤ bytes < 2^i`, so that a power of two (a 4 KiB page) starts its class.
 fn size_bucket(bytes: u64) -> usize {
-    if bytes == 0 {
-        0
-    } else {
-        (64 - (bytes - 1).leading_zeros()) as usize
-    }
+    (64 - bytes.leading_zeros()) as usize
 }
 
 /// Most buckets a [`Timeline`] holds; adjacent buckets are merged when it would overflow.
@@ -239,14 +236,17 @@ impl Frame {
     /// path prefixes are left out (see [`short_path`]), so labels match across machines.
     pub fn label(&self) -> String {
         match self.kind() {
-            FrameKind::Thread => format!("thread {}", self.function),
-            FrameKind::Span => {
-                let file = &self.file[SPAN_FILE_PREFIX.len()..];
-                format!("span {} ({}:{})", self.function, short_path(file), self.line)
-            }
+            FrameKind::Thread | FrameKind::Span => self.profile_name().into_owned(),
             FrameKind::Code if self.file.is_empty() || self.records_lost_samples() => self.function.clone(),
             FrameKind::Code => format!("{} ({}:{})", self.function, short_path(&self.file), self.line),
         }
+    }
+
+    /// The name a profile gives the frame (pprof's function name, a folded stack's frame), the
+    /// live profiles' as the command line's: a code frame's function, `thread name` for a
+    /// thread and `span description (file:line)` for a span.
+    pub fn profile_name(&self) -> std::borrow::Cow<'_, str> {
+        crate::naming::profile_name(&self.function, &self.file, self.line)
     }
 
     /// Whether this is the location of the tracer's records of lost samples (see
@@ -274,25 +274,7 @@ impl Frame {
     }
 }
 
-/// `path` without the prefixes that depend on the machine or toolchain that built the
-/// program: `/rustc/<commit>/` of the standard library's sources, and everything up to the
-/// registry directory of crates from crates.io (`…/registry/src/index.crates.io-<hash>/`).
-pub fn short_path(path: &str) -> &str {
-    if let Some(rest) = path.strip_prefix("/rustc/") {
-        if let Some((commit, tail)) = rest.split_once('/') {
-            if commit.len() == 40 && commit.bytes().all(|b| b.is_ascii_hexdigit()) {
-                return tail;
-            }
-        }
-    }
-    if let Some(i) = path.find("/registry/src/") {
-        let rest = &path[i + "/registry/src/".len()..];
-        if let Some((_, tail)) = rest.split_once('/') {
-            return tail;
-        }
-    }
-    path
-}
+pub use crate::naming::short_path;
 
 /// Index of a [`Frame`] in [`Analysis::frames`].
 pub type FrameId = usize;
@@ -448,8 +430,8 @@ pub struct Analysis {
     pub frames: Vec<Frame>,
     /// The frames of each location code of the stacks, outermost first.
     pub code_frames: HashMap<u64, Vec<FrameId>>,
-    /// Sampled allocations by size: entry `i` counts those of more than `2^(i-1)` and at
-    /// most `2^i` bytes (entry 0: at most one byte), their sizes rounded up to whole words.
+    /// Sampled allocations by size: entry `i` counts those of at least `2^(i-1)` and less
+    /// than `2^i` bytes (entry 0: of zero bytes), their sizes rounded up to whole words.
     pub sizes: Vec<Tally>,
     /// The samples the tracer lost, by cause, as the trace records them (see [`LostSamples`];
     /// empty when backtraces were not decoded).
@@ -909,18 +891,6 @@ impl Analysis {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn machine_specific_path_prefixes_are_dropped() {
-        let commit = "59807616e1fa2540724bfbac14d7976d7e4a3860";
-        assert_eq!(short_path(&format!("/rustc/{commit}/library/alloc/src/alloc.rs")), "library/alloc/src/alloc.rs");
-        assert_eq!(
-            short_path("/home/u/.cargo/registry/src/index.crates.io-1949cf8c6b5b557f/hashbrown-0.15.2/src/raw/mod.rs"),
-            "hashbrown-0.15.2/src/raw/mod.rs"
-        );
-        assert_eq!(short_path("/rustc/abc/x.rs"), "/rustc/abc/x.rs");
-        assert_eq!(short_path("src/main.rs"), "src/main.rs");
-    }
 
     #[test]
     fn timeline_widens_and_carries_the_live_figure() {

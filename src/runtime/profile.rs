@@ -13,6 +13,7 @@ use crate::format::hash::FastMap;
 use crate::format::location_codec::Location;
 use crate::format::pprof::{Line, PprofWriter};
 use crate::frames::kept_frames;
+use crate::naming::{function_names, profile_name, Spelt};
 
 /// Bytes a word stands for: sample points are drawn per 8-byte word allocated.
 const WORD_BYTES: f64 = 8.0;
@@ -246,9 +247,10 @@ impl Profile {
             period,
             &executable,
         );
+        let names = Names::of(&self.stacks);
         let (mut kept, mut locations, mut values) = (Vec::new(), Vec::new(), Vec::new());
         for (stack, figures) in &self.stacks {
-            let frames = flat_frames(stack);
+            let frames = names.frames(stack);
             kept.clear();
             kept.extend(kept_of(&frames));
             locations.clear();
@@ -256,7 +258,7 @@ impl Profile {
             for run in kept.chunk_by(|&a, &b| frames[a].code == frames[b].code) {
                 locations.push(out.location(run.iter().map(|&i| {
                     let location = frames[i].location;
-                    Line { function: &location.defname, file: &location.filename, line: location.line }
+                    Line { function: frames[i].shown.as_bytes(), file: &location.filename, line: location.line }
                 })));
             }
             values.clear();
@@ -264,7 +266,7 @@ impl Profile {
             out.sample(&locations, &values);
         }
         let nanos = |d: Duration| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX);
-        let comment = format!("memtrace-rs: estimated from sampled allocations (sample rate {:e})", self.rate);
+        let comment = format!("memtrace: estimated from sampled allocations (sample rate {:e})", self.rate);
         out.finish(nanos(self.time.duration_since(UNIX_EPOCH).unwrap_or_default()), nanos(self.duration), &[&comment])
     }
 
@@ -275,20 +277,21 @@ impl Profile {
     pub fn folded(&self) -> String {
         let index = self.kind.sample_types().iter().position(|(t, _)| *t == self.kind.default_sample_type());
         let index = index.expect("the default sample type is one of the kind's");
+        let names = Names::of(&self.stacks);
         let mut out = String::new();
         for (stack, figures) in &self.stacks {
             let value = figures[index].round() as i64;
             if value == 0 {
                 continue;
             }
-            let frames = flat_frames(stack);
+            let frames = names.frames(stack);
             let kept: Vec<usize> = kept_of(&frames).collect();
             for (n, &i) in kept.iter().rev().enumerate() {
                 if n > 0 {
                     out.push(';');
                 }
                 // A `;` would split the frame.
-                out.push_str(&frames[i].function.replace(';', ","));
+                out.push_str(&frames[i].shown.replace(';', ","));
             }
             out.push_str(&format!(" {value}\n"));
         }
@@ -300,24 +303,63 @@ impl Profile {
 struct Frame<'a> {
     code: usize,
     location: &'a Location,
-    function: Cow<'a, str>,
+    /// Its function's name (`naming::function_names`), which trimming reads.
+    function: &'a str,
     file: Cow<'a, str>,
+    /// Its name in the profile (`naming::profile_name`).
+    shown: &'a str,
 }
 
-/// The frames of `stack`, innermost first (a code's inlined functions innermost first).
-fn flat_frames(stack: &StackFigures) -> Vec<Frame<'_>> {
-    let mut frames = Vec::new();
-    for (code, locations) in stack.frames.iter().enumerate() {
-        for location in locations.iter().rev() {
-            frames.push(Frame { code, location, function: location.defname_str(), file: location.filename_str() });
+/// The names of the frames of a profile's stacks, made once for all of them by the rules
+/// every output follows (`crate::naming`).
+struct Names<'a> {
+    /// Each distinct frame's number, by its location.
+    numbers: FastMap<&'a Location, usize>,
+    /// By number: the function names, and the names in the profile.
+    functions: Vec<String>,
+    shown: Vec<String>,
+}
+
+impl<'a> Names<'a> {
+    fn of(stacks: &'a [(StackFigures, Vec<f64>)]) -> Names<'a> {
+        let mut numbers = FastMap::default();
+        let mut spelt = Vec::new();
+        for location in stacks.iter().flat_map(|(stack, _)| stack.frames.iter().flat_map(|code| code.iter())) {
+            numbers.entry(location).or_insert_with(|| {
+                spelt.push((location.defname_str(), location.filename_str(), location.line));
+                spelt.len() - 1
+            });
         }
+        let frames: Vec<Spelt<'_>> =
+            spelt.iter().map(|(function, file, line)| Spelt { function, file, line: *line }).collect();
+        let functions = function_names(&frames);
+        let shown = functions.iter().zip(&frames).map(|(f, s)| profile_name(f, s.file, s.line).into_owned()).collect();
+        Names { numbers, functions, shown }
     }
-    frames
+
+    /// The frames of `stack` (one of those the names were made of), innermost first (a code's
+    /// inlined functions innermost first).
+    fn frames<'s>(&'s self, stack: &'s StackFigures) -> Vec<Frame<'s>> {
+        let mut frames = Vec::new();
+        for (code, locations) in stack.frames.iter().enumerate() {
+            for location in locations.iter().rev() {
+                let n = self.numbers[location];
+                frames.push(Frame {
+                    code,
+                    location,
+                    function: &self.functions[n],
+                    file: location.filename_str(),
+                    shown: &self.shown[n],
+                });
+            }
+        }
+        frames
+    }
 }
 
 /// The indexes of the kept `frames`, innermost first.
 fn kept_of<'a>(frames: &'a [Frame<'a>]) -> impl Iterator<Item = usize> + 'a {
-    kept_frames(frames.len(), false, false, |i| (&frames[i].function[..], &frames[i].file[..]))
+    kept_frames(frames.len(), false, false, |i| (frames[i].function, &frames[i].file[..]))
 }
 
 /// An answer to an HTTP request for a profile (see [`http_response`]).

@@ -335,6 +335,30 @@ fn sizes_are_counted_by_power_of_two() {
     let a = analyse(&known_trace(), Options::default());
     let by_bucket: Vec<(usize, u64)> =
         a.sizes.iter().enumerate().filter(|(_, t)| t.samples > 0).map(|(i, t)| (i, t.samples)).collect();
-    assert_eq!(by_bucket, [(3, 1), (4, 2), (5, 3), (6, 5)]);
-    assert!(a.sizes.iter().filter(|t| t.samples > 0).all(|t| (t.objects - 100.0).abs() < 1e-9));
+    assert_eq!(by_bucket, [(4, 1), (5, 5), (6, 5)]);
+    let objects: Vec<f64> = a.sizes.iter().filter(|t| t.samples > 0).map(|t| t.objects).collect();
+    assert!(objects.iter().zip([100.0, 200.0, 100.0]).all(|(o, want)| (o - want).abs() < 1e-9), "{objects:?}");
+}
+
+/// A class holds its lower power of two, not its upper: a block of exactly 4 KiB is in
+/// `[4 KiB, 8 KiB)`, one a word shorter in `[2 KiB, 4 KiB)`, as `sizes` labels them.
+#[test]
+fn a_power_of_two_starts_its_size_class() {
+    let mut t = TraceBuilder::new();
+    // Lengths in words: 4088, 4096 and 8184 bytes, each sampled (an estimated 100 allocations).
+    for (at, words) in [(10, 511), (20, 512), (30, 1023)] {
+        t.alloc(at, words, &LOAD);
+    }
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("sizes.ctf"), t.finish()).unwrap();
+    let out = memtrace_ok(dir.path(), &["sizes", "sizes.ctf"]);
+    let classes: Vec<(&str, &str)> = out
+        .lines()
+        .skip(2)
+        .map(|line| {
+            let (class, rest) = line.trim_start().split_once(')').unwrap();
+            (class, rest.split_whitespace().next().unwrap())
+        })
+        .collect();
+    assert_eq!(classes, [("[2 KiB, 4 KiB", "100"), ("[4 KiB, 8 KiB", "200")], "{out}");
 }

@@ -112,3 +112,68 @@ fn per_second_compares_rates() {
     assert!(rates.contains("bytes allocated per second") && rates.contains("/s"), "{rates}");
     assert!(rates.contains("1 sites changed, 1 beyond the sampling noise"), "{rates}");
 }
+
+/// How many sites [`many_sites_trace`] has.
+const SITES: u64 = 40;
+
+/// A trace of a program of [`SITES`] sites, site `k` receiving `60 + 10 k` samples on average
+/// (`2000 × growth` for site 0), as sampling with seed `seed` gave them.
+fn many_sites_trace(seed: u64, growth: f64) -> Vec<u8> {
+    let mut rng = XorShift(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
+    let mut t = TraceBuilder::new();
+    let mut at = 0;
+    for site in 0..SITES {
+        // Site 0's mean is past what inversion draws in f64: a sum of four draws.
+        let samples = match site {
+            0 => (0..4).map(|_| rng.poisson(500.0 * growth)).sum(),
+            k => rng.poisson(60.0 + 10.0 * k as f64),
+        };
+        let location = |_| location_on_line(&format!("app::site{site}"), "src/app.rs", site as u32 + 1);
+        for _ in 0..samples {
+            at += 1;
+            t.alloc_with(at, 1, &[100 + site], location);
+        }
+    }
+    t.finish()
+}
+
+/// The number of sites that `diff` of `base` and `new` (in `dir`) flags beyond the noise.
+fn flagged(dir: &Path, base: &str, new: &str) -> u64 {
+    let json = memtrace_ok(dir, &["diff", base, new, "--format", "json"]);
+    serde_json::from_str::<serde_json::Value>(&json).unwrap()["beyond_noise"].as_u64().unwrap()
+}
+
+/// Twenty pairs of runs of one program of 40 sites, sampled with seeds of their own: each
+/// row's margin allows for the 40 rows (`FAMILY_ERROR`, 5 %, over all of them), so at most one
+/// pair flags anything; a 30 % growth of one site is still flagged, and alone. Fixed seeds
+/// make the outcome certain: with independent seeds and a family-wise rate of exactly 5 %,
+/// two flagging pairs of 20 would come 26 % of the time (1 - 0.95^20 - 20 × 0.05 × 0.95^19);
+/// each row on its own 95 % margin flags some row in 1 - 0.95^40 = 87 % of the pairs.
+#[test]
+fn runs_of_one_program_differ_within_the_noise_of_all_their_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let dir = dir.path();
+    let mut flagging_pairs = Vec::new();
+    for pair in 0..20 {
+        write_trace(dir, "a.ctf", &many_sites_trace(2 * pair + 101, 1.0));
+        write_trace(dir, "b.ctf", &many_sites_trace(2 * pair + 102, 1.0));
+        let n = flagged(dir, "a.ctf", "b.ctf");
+        if n > 0 {
+            flagging_pairs.push((pair, n));
+        }
+    }
+    assert!(flagging_pairs.len() <= 1, "pairs flagging rows (pair, rows): {flagging_pairs:?}");
+    write_trace(dir, "grown.ctf", &many_sites_trace(99, 1.3));
+    assert_eq!(flagged(dir, "a.ctf", "grown.ctf"), 1);
+    let json = memtrace_ok(dir, &["diff", "a.ctf", "grown.ctf", "--format", "json"]);
+    let doc: serde_json::Value = serde_json::from_str(&json).unwrap();
+    let first = &doc["changes"][0];
+    assert_eq!(first["frames"][0], "app::site0 (src/app.rs:1)", "{json}");
+    // Its margin is Holm's first step over the 40 sites (two-sided 5 %/40: 3.23 deviations),
+    // not a lone 95 % margin (1.96).
+    let samples = |side: &str| first[side]["samples"].as_f64().unwrap();
+    let per_sample = first["base"]["value"].as_f64().unwrap() / samples("base");
+    let deviation = per_sample * (samples("base") + samples("new")).sqrt();
+    let z = first["margin"].as_f64().unwrap() / deviation;
+    assert!((z - 3.23).abs() < 0.01, "{z} deviations: {first}");
+}

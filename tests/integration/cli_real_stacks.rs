@@ -5,6 +5,7 @@
 //! outermost frame under the thread's is the program's own. The stacks of two runs of one
 //! program match, whatever the load addresses and thread ids.
 
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -167,4 +168,103 @@ fn stacks_of_tokio_workers_hold_no_start_up_frame() {
     let trace = dir.path().join("tokio.ctf");
     trace_run("tokio-spans", "1e-3", &trace);
     check_stacks(&trace, "tokio_spans::");
+}
+
+/// A stack's frames as a profile names them (`thread name`, `span description (file:line)`,
+/// functions), root first, joined by `;` as a folded stack's.
+fn folded_stack<'a>(root_first: impl Iterator<Item = &'a str>) -> String {
+    root_first.map(|name| name.replace(';', ",")).collect::<Vec<_>>().join(";")
+}
+
+/// The stacks of `hotspots --stacks` of `trace`, with their bytes, each as [`folded_stack`].
+fn hotspots_folded(trace: &Path) -> Vec<(String, f64)> {
+    let args = ["hotspots", "--stacks", "--top", "10000", "--frames", "10000", "--format", "json", &p(trace)];
+    let doc: serde_json::Value = serde_json::from_str(&memtrace_ok(Path::new("."), &args)).unwrap();
+    let name = |f: &serde_json::Value| {
+        let (function, file) = (f["function"].as_str().unwrap(), f["file"].as_str().unwrap());
+        match file.strip_prefix("<span>") {
+            _ if file == "<thread>" => format!("thread {function}"),
+            Some(site) => format!("span {function} ({site}:{})", f["line"]),
+            None => function.to_string(),
+        }
+    };
+    let sites = doc["sites"].as_array().unwrap().iter();
+    sites
+        .map(|s| {
+            let names: Vec<String> = s["frames"].as_array().unwrap().iter().map(name).collect();
+            (folded_stack(names.iter().rev().map(String::as_str)), s["estimate"]["bytes"].as_f64().unwrap())
+        })
+        .collect()
+}
+
+/// The stacks of the pprof profile at `profile` as `go tool pprof -traces` shows them, each as
+/// [`folded_stack`]; `None` without go.
+fn pprof_traces(profile: &Path) -> Option<BTreeSet<String>> {
+    let out = Command::new("go").args(["tool", "pprof", "-traces"]).arg(profile).output().ok()?;
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8(out.stdout).unwrap();
+    // Each sample: `-----------+---…`, then its value and its leaf, then a caller a line.
+    let mut stacks = BTreeSet::new();
+    for trace in text.split("-----------+").skip(1) {
+        let mut leaf_first: Vec<&str> = Vec::new();
+        for line in trace.lines().skip(1).filter(|l| !l.trim().is_empty()) {
+            let name = if leaf_first.is_empty() { line.trim_start().split_once(' ').unwrap().1 } else { line };
+            // An inlined function is marked so; folded stacks have no such mark.
+            leaf_first.push(name.trim().trim_end_matches(" (inline)"));
+        }
+        if !leaf_first.is_empty() {
+            stacks.insert(folded_stack(leaf_first.into_iter().rev()));
+        }
+    }
+    Some(stacks)
+}
+
+/// The tokio example's stacks read the same in every output: `memtrace hotspots --stacks` and
+/// `go tool pprof -traces` of `memtrace pprof` of its trace, and its live allocs profile taken at
+/// its end, folded and as pprof (a stack sampled after it is only in the trace; the stacks of
+/// nine tenths of the bytes are in both). `go tool pprof -top` of both profiles shows the two
+/// request handlers (async bodies) as two functions.
+#[test]
+fn a_programs_stacks_have_the_same_names_in_every_output() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("tokio.ctf");
+    let out = Command::new(example("tokio-spans"))
+        .arg(dir.path())
+        .env("MEMTRACE_FILE", &trace)
+        .env("MEMTRACE_RATE", "1e-3")
+        .output()
+        .expect("run the example");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let folded_text = std::fs::read_to_string(dir.path().join("allocs.folded")).unwrap();
+    let live: BTreeSet<String> = folded_text.lines().map(|l| l.rsplit_once(' ').unwrap().0.to_string()).collect();
+    let hotspots = hotspots_folded(&trace);
+    let in_trace: BTreeSet<String> = hotspots.iter().map(|(s, _)| s.clone()).collect();
+    assert!(live.iter().any(|s| s.starts_with("thread tokio-rt-worker;span http_request{")), "{folded_text}");
+    for stack in &live {
+        assert!(in_trace.contains(stack), "live, not in hotspots --stacks: {stack}\nthere: {in_trace:#?}");
+    }
+    let total: f64 = hotspots.iter().map(|(_, b)| b).sum();
+    let shared: f64 = hotspots.iter().filter(|(s, _)| live.contains(s)).map(|(_, b)| b).sum();
+    assert!(shared >= 0.9 * total, "{shared} of {total} bytes on stacks of the live profile:\n{folded_text}");
+    let profile = trace.with_extension("pb.gz");
+    memtrace_ok(Path::new("."), &["pprof", &p(&trace), "-o", &p(&profile)]);
+    let Some(cli_traces) = pprof_traces(&profile) else {
+        assert!(std::env::var_os("CI").is_none(), "go is not installed");
+        return;
+    };
+    assert_eq!(cli_traces, in_trace, "memtrace pprof (go tool pprof -traces), hotspots --stacks");
+    let live_profile = dir.path().join("allocs.pb.gz");
+    assert_eq!(pprof_traces(&live_profile).unwrap(), live, "the live pprof, the live folded stacks");
+    for profile in [&profile, &live_profile] {
+        let rows = crate::util::cli::pprof_top(profile, &["-sample_index=alloc_space"]).unwrap();
+        for handler in ["tokio_spans::list_users::", "tokio_spans::thumbnail::"] {
+            let named: Vec<&str> =
+                rows.iter().map(|(_, name)| name.as_str()).filter(|n| n.starts_with(handler)).collect();
+            assert_eq!(named.len(), 1, "{handler} in {}: {rows:?}", profile.display());
+        }
+    }
+    // The profile's header names the tool as the command line's messages do.
+    let top = Command::new("go").args(["tool", "pprof", "-top"]).arg(&live_profile).output().unwrap();
+    let top = String::from_utf8_lossy(&top.stdout);
+    assert!(top.lines().any(|l| l.starts_with("memtrace: estimated from sampled allocations")), "{top}");
 }

@@ -28,11 +28,12 @@ fn the_cli_agrees_with_the_sample_apps_own_summary() {
     let trace = dir.path().join("trace.ctf");
     let app = run(Command::new(sample_app()).env("MEMTRACE_FILE", &trace).env("MEMTRACE_RATE", "1e-4"));
 
-    // The app's summary: "N sampled blocks (...), M collected; ...", then one line per site:
+    // The app's summary: "N sampled blocks (...), M freed; ...", then one line per site:
     // "  X MiB  name  (file:line)".
     let counts = app.lines().find(|l| l.contains("sampled blocks")).unwrap_or_else(|| panic!("{app}"));
+    assert!(counts.contains(" freed; "), "frees are freed, not collected: {counts}");
     let sampled = number_after(counts, "");
-    let collected = number_after(counts, "), ");
+    let freed = number_after(counts, "), ");
     let app_sites: Vec<String> = app
         .lines()
         .skip_while(|l| !l.starts_with("top allocation sites"))
@@ -49,7 +50,7 @@ fn the_cli_agrees_with_the_sample_apps_own_summary() {
     let memtrace = env!("CARGO_BIN_EXE_memtrace");
     let info = run(Command::new(memtrace).arg("info").arg(&trace));
     assert_eq!(number_after(&info, "Sampled blocks:"), sampled, "{info}\n{app}");
-    assert_eq!(number_after(&info, "Frees:"), collected, "{info}\n{app}");
+    assert_eq!(number_after(&info, "Frees:"), freed, "{info}\n{app}");
     assert!(info.contains("sample-app") && info.contains("Truncated:          no"), "{info}");
 
     // The same top three sites. Two sites with equal estimates may come in either order,

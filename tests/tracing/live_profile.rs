@@ -395,9 +395,15 @@ fn check_known_profiles(heap: &str, allocs: &str, peak: &str) {
     let inuse = pprof_top(heap, "inuse_space", &[]);
     assert_within_4_sigma("live site", bytes_of(&inuse, "site_live_big"), LIVE_BYTES);
     assert_within_4_sigma("thread's site", bytes_of(&inuse, "site_kept_by_thread"), THREAD_BYTES);
-    assert!(bytes_of(&inuse, KEEPER) >= bytes_of(&inuse, "site_kept_by_thread"), "no thread frame");
+    // Threads and spans are named as the command line names them.
+    let thread = format!("thread {KEEPER}");
+    assert!(bytes_of(&inuse, &thread) >= bytes_of(&inuse, "site_kept_by_thread"), "no thread frame: {inuse:?}");
     #[cfg(feature = "tracing")]
-    assert!(bytes_of(&inuse, KEEPING_SPAN) >= bytes_of(&inuse, "site_kept_by_thread"), "no span frame");
+    {
+        let span = format!("span {KEEPING_SPAN} (");
+        let spans: f64 = inuse.iter().filter(|(f, _)| f.starts_with(&span)).map(|(_, &b)| b).sum();
+        assert!(spans >= bytes_of(&inuse, "site_kept_by_thread"), "no span frame: {inuse:?}");
+    }
     assert_eq!(bytes_of(&inuse, "site_churned"), 0.0);
     assert_eq!(bytes_of(&inuse, "site_peak"), 0.0);
     // No allocator frame is a function of the profile (trimmed as the CLI does).
@@ -459,9 +465,10 @@ fn live_profiles_over_http_match_the_truth() {
         .map(|l| l.rsplit_once(' ').unwrap().1.parse::<f64>().unwrap())
         .sum();
     assert_within_4_sigma("live site, folded", live, LIVE_BYTES);
-    assert!(folded.lines().any(|l| l.starts_with(KEEPER) && l.contains("site_kept_by_thread")), "{folded}");
+    let thread = format!("thread {KEEPER};");
+    assert!(folded.lines().any(|l| l.starts_with(&thread) && l.contains("site_kept_by_thread")), "{folded}");
     #[cfg(feature = "tracing")]
-    assert!(folded.lines().any(|l| l.starts_with(&format!("{KEEPER};{KEEPING_SPAN};"))), "{folded}");
+    assert!(folded.lines().any(|l| l.starts_with(&format!("{thread}span {KEEPING_SPAN} ("))), "{folded}");
     // A delta: `go tool pprof -seconds 3` asks for `allocs?seconds=3`; `site_delta` runs in it.
     let addr = serving.url("/debug/pprof/allocs");
     let fetch = std::thread::spawn(move || pprof_top(&addr, "alloc_space", &["-seconds=3"]));

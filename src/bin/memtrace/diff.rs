@@ -4,10 +4,18 @@
 //! Sites are matched frame by frame by what each frame is ([`frame_identity`]: its file, line and
 //! function, however the build's debug info spelt it; a thread named after its id as any such
 //! thread, shown as `thread thread-*`), so the two traces may come from different builds or
-//! runs of the program. A change is beyond the noise when it is
-//! larger than its 95 % margin: the sample counts of both sides are Poisson, so the change
-//! of `n_new × b_new − n_base × b_base` bytes (`b` the bytes per sample of each trace) has
-//! a standard deviation of about `√(n_new × b_new² + n_base × b_base²)`.
+//! runs of the program. The sample counts of both sides are Poisson, so the change of
+//! `n_new × b_new − n_base × b_base` bytes (`b` the bytes per sample of each trace) has a
+//! standard deviation of about `√(n_new × b_new² + n_base × b_base²)`.
+//!
+//! A diff judges every site at once, so each row's margin allows for how many rows there
+//! are: Holm's step-down procedure keeps the chance that two runs of one program flag any
+//! row at all within 5 % ([`FAMILY_ERROR`]). Holm rather than Benjamini–Hochberg because the
+//! question a diff of two runs answers is "did anything change?": Holm bounds the chance of
+//! one false row whatever the other rows do (Benjamini–Hochberg bounds the expected share of
+//! false rows among those flagged, which lets a real change elsewhere carry false ones), and
+//! it never flags less than Bonferroni's bound would. The total is one figure, judged on its
+//! own 95 % margin (`--fail-above`).
 //!
 //! The sites of both traces are matched in one trie of labels ([`Names`]), so a whole
 //! stack (`--stacks`) costs a node per distinct frame, however deep it is.
@@ -174,6 +182,9 @@ impl PartialEq for Frames {
     }
 }
 
+/// The chance that a diff of two runs of one program flags any of its rows.
+pub const FAMILY_ERROR: f64 = 0.05;
+
 /// One site's figure in both traces.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Change {
@@ -183,22 +194,95 @@ pub struct Change {
     pub base: Side,
     /// The figure in the new trace.
     pub new: Side,
+    /// The margin in standard deviations: [`Z`] for a figure judged on its own (the total),
+    /// a site's Holm threshold among all the sites (see [`holm`]).
+    z: f64,
 }
 
 impl Change {
+    /// The change of a figure judged on its own, at 95 %.
+    fn alone(frames: Frames, base: Side, new: Side) -> Change {
+        Change { frames, base, new, z: Z }
+    }
+
     /// `new - base`.
     pub fn delta(&self) -> f64 {
         self.new.value - self.base.value
     }
 
-    /// The 95 % margin of the change: a change within it may be sampling noise.
+    /// The change's standard deviation.
+    fn deviation(&self) -> f64 {
+        (self.base.variance + self.new.variance).sqrt()
+    }
+
+    /// The margin of the change: a change within it may be sampling noise. For a site, it
+    /// allows for the other sites judged with it.
     pub fn margin(&self) -> f64 {
-        Z * (self.base.variance + self.new.variance).sqrt()
+        self.z * self.deviation()
     }
 
     /// Whether the change is larger than its margin.
     pub fn beyond_noise(&self) -> bool {
         self.delta().abs() > self.margin()
+    }
+}
+
+/// Give each of `changes` its margin by Holm's step-down procedure over `sites` sites (those
+/// whose figure did not change are among them, and never flagged): the site with the
+/// largest change for its deviation is judged at the two-sided level `FAMILY_ERROR / sites`,
+/// the next at `FAMILY_ERROR / (sites - 1)`, and so on, until one is within its margin; that
+/// one and all after it keep its margin, within which they all are.
+fn holm(changes: &mut [Change], sites: usize) {
+    let ratio = |c: &Change| c.delta().abs() / c.deviation();
+    let mut order: Vec<usize> = (0..changes.len()).collect();
+    order.sort_by(|&a, &b| ratio(&changes[b]).total_cmp(&ratio(&changes[a])));
+    let mut stopped: Option<f64> = None;
+    for (step, &i) in order.iter().enumerate() {
+        let z = stopped.unwrap_or_else(|| normal_quantile_above(FAMILY_ERROR / 2.0 / (sites - step).max(1) as f64));
+        changes[i].z = z;
+        if stopped.is_none() && !changes[i].beyond_noise() {
+            stopped = Some(z);
+        }
+    }
+}
+
+/// The `z` that a standard normal variable exceeds with probability `tail` (0 < `tail` <
+/// 0.5), by bisection of `erfc`.
+fn normal_quantile_above(tail: f64) -> f64 {
+    let (mut low, mut high) = (0.0, 40.0);
+    for _ in 0..100 {
+        let mid = (low + high) / 2.0;
+        if erfc(mid / std::f64::consts::SQRT_2) / 2.0 > tail {
+            low = mid;
+        } else {
+            high = mid;
+        }
+    }
+    (low + high) / 2.0
+}
+
+/// The complementary error function, within 1.2e-7 of its value relative (the Chebyshev
+/// fit of Numerical Recipes' `erfcc`; std has no `erfc` on stable Rust).
+fn erfc(x: f64) -> f64 {
+    let t = 1.0 / (1.0 + 0.5 * x.abs());
+    let poly = [
+        -1.265_512_23,
+        1.000_023_68,
+        0.374_091_96,
+        0.096_784_18,
+        -0.186_288_06,
+        0.278_868_07,
+        -1.135_203_98,
+        1.488_515_87,
+        -0.822_152_23,
+        0.170_872_77,
+    ];
+    let sum = poly.iter().rev().fold(0.0, |acc, c| acc * t + c);
+    let y = t * (-x * x + sum).exp();
+    if x >= 0.0 {
+        y
+    } else {
+        2.0 - y
     }
 }
 
@@ -221,11 +305,13 @@ pub fn changes(base: &Analysis, new: &Analysis, options: &Options) -> Vec<Change
         }
     }
     let names = Arc::new(names);
+    let sites = by_site.len();
     let mut changes: Vec<Change> = by_site
         .into_iter()
-        .map(|(node, (base, new))| Change { frames: Frames { node, names: Arc::clone(&names) }, base, new })
+        .map(|(node, (base, new))| Change::alone(Frames { node, names: Arc::clone(&names) }, base, new))
         .filter(|c| c.delta() != 0.0)
         .collect();
+    holm(&mut changes, sites);
     let order = names.trie.label_order(&names.labels, changes.len());
     changes.sort_by(|a, b| {
         b.beyond_noise()
@@ -241,7 +327,7 @@ pub fn changes(base: &Analysis, new: &Analysis, options: &Options) -> Vec<Change
 pub fn total(base: &Analysis, new: &Analysis, options: &Options) -> Change {
     let measure = options.ranking.by.measure();
     let side = |a: &Analysis| Side::new(a, a.totals().get(measure).samples, options.per_second);
-    Change { frames: Frames::default(), base: side(base), new: side(new) }
+    Change::alone(Frames::default(), side(base), side(new))
 }
 
 /// Whether `total` grew by more than `limit` beyond the noise.
@@ -271,7 +357,7 @@ pub fn write(
     writeln!(
         out,
         "Changes in {}{} (estimated) from {} to {}: total {} -> {} ({} ±{}); {} sites changed, {beyond} beyond \
-         the sampling noise",
+         the sampling noise (margins over all the sites: two runs of one program flag any at most {}% of the time)",
         options.ranking.by.describe(),
         if options.per_second { " per second" } else { "" },
         names.0,
@@ -280,9 +366,10 @@ pub fn write(
         figure(total.new.value),
         signed(total.delta()),
         figure(total.margin()),
-        changes.len()
+        changes.len(),
+        FAMILY_ERROR * 100.0
     )?;
-    writeln!(out, "{:>12} {:>12} {:>12} {:>12}  site", "base", "new", "change", "±95%")?;
+    writeln!(out, "{:>12} {:>12} {:>12} {:>12}  site", "base", "new", "change", "±margin")?;
     for c in changes.iter().take(options.ranking.top) {
         let depth = c.frames.len();
         let shown = options.ranking.frames.max(1).min(depth);
@@ -322,11 +409,37 @@ mod tests {
     #[test]
     fn noise_is_the_poisson_margin_of_both_sides() {
         let side = |n: u64| Side { samples: n, value: n as f64 * 10.0, variance: n as f64 * 100.0 };
-        let c = Change { frames: Frames::default(), base: side(100), new: side(125) };
+        let c = Change::alone(Frames::default(), side(100), side(125));
         assert!((c.margin() - Z * 150.0).abs() < 1e-9);
         assert!(!c.beyond_noise(), "25 samples more on 100 is 1.67 standard deviations");
-        let c = Change { frames: Frames::default(), base: side(100), new: side(150) };
+        let c = Change::alone(Frames::default(), side(100), side(150));
         assert!(c.beyond_noise());
         assert!(exceeds(&c, Limit::Percent(10.0)) && !exceeds(&c, Limit::Percent(30.0)));
+    }
+
+    #[test]
+    fn normal_quantiles() {
+        // Z, and the two-sided 5 % level over 20 and 10 000 rows (Bonferroni's first steps).
+        for (tail, z) in [(0.025, Z), (0.05 / 40.0, 3.023_341_4), (0.05 / 20_000.0, 4.564_787_6)] {
+            assert!((normal_quantile_above(tail) - z).abs() < 1e-5, "{tail}: {}", normal_quantile_above(tail));
+        }
+    }
+
+    #[test]
+    fn holm_steps_down_from_the_largest_change() {
+        let side = |n: u64| Side { samples: n, value: n as f64, variance: n as f64 };
+        let change = |base: u64, new: u64| Change::alone(Frames::default(), side(base), side(new));
+        // Changes of 10, 2.18 and 2.01 deviations over 3 sites: the first is beyond the first
+        // step's margin (two-sided 5 %/3: 2.39), the second within the second step's (5 %/2:
+        // 2.24), and the third, though beyond a lone 95 % margin (1.96), is not judged.
+        let mut changes = vec![change(1000, 1092), change(100, 300), change(1000, 1100)];
+        holm(&mut changes, 3);
+        let flagged: Vec<bool> = changes.iter().map(Change::beyond_noise).collect();
+        assert_eq!(flagged, [false, true, false]);
+        assert!((changes[1].z - normal_quantile_above(0.05 / 6.0)).abs() < 1e-12);
+        assert!((changes[2].z - normal_quantile_above(0.05 / 4.0)).abs() < 1e-12);
+        // The rows from the first within its margin on keep that margin.
+        assert_eq!(changes[0].z, changes[2].z);
+        assert!(changes[0].delta() > Z * changes[0].deviation());
     }
 }

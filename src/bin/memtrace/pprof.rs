@@ -33,7 +33,7 @@
 use std::collections::HashMap;
 use std::io::{self, Write};
 
-use memtrace_rs::analysis::{inert_bytes, Analysis, FrameId, FrameKind, StackStats, Tally, Trim};
+use memtrace_rs::analysis::{inert_bytes, Analysis, FrameId, StackStats, Tally, Trim};
 use prost::Message;
 
 use super::profile_proto::{Function, Line, Location, Mapping, Profile, Sample, ValueType};
@@ -175,13 +175,7 @@ pub fn profile(analysis: &Analysis, trim: Trim, inuse_at: InuseAt) -> (Profile, 
                     .iter()
                     .map(|&f| {
                         let frame = &analysis.frames[f];
-                        // A thread or span pseudo-frame is named as the other outputs label
-                        // it (`thread main`), never as a function (C's `main`).
-                        let name = match frame.kind() {
-                            FrameKind::Code => frame.function.clone(),
-                            _ => frame.label(),
-                        };
-                        let key = (name, frame.file.clone());
+                        let key = (frame.profile_name().into_owned(), frame.file.clone());
                         let function_id = *function_ids.entry(key.clone()).or_insert_with(|| {
                             let id = functions.len() as u64 + 1;
                             // No system name: pprof would take a name equal to it for an

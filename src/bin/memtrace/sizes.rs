@@ -6,6 +6,17 @@ use memtrace_rs::analysis::Analysis;
 
 use super::format;
 
+/// The sizes of entry `i` of `Analysis::sizes`, half-open as the classes are: `[4 KiB, 8 KiB)`
+/// holds a block of exactly 4 KiB, which the class below does not.
+fn size_class(i: usize) -> String {
+    match i {
+        0 => "0 B".to_string(),
+        _ => {
+            format!("[{}, {})", format::round_bytes(2f64.powi(i as i32 - 1)), format::round_bytes(2f64.powi(i as i32)))
+        }
+    }
+}
+
 /// Print one line per power-of-two size class that was sampled: its range, the estimated
 /// number of allocations and bytes (with their uncertainty) and a bar of the bytes.
 pub fn write(analysis: &Analysis, name: &str, out: &mut impl Write) -> io::Result<()> {
@@ -22,8 +33,7 @@ pub fn write(analysis: &Analysis, name: &str, out: &mut impl Write) -> io::Resul
     for (i, tally) in analysis.sizes.iter().enumerate().filter(|(_, t)| t.samples > 0) {
         let e = analysis.estimate(tally.samples);
         rough |= e.is_rough();
-        let low = if i == 0 { 0.0 } else { 2f64.powi(i as i32 - 1) + 1.0 };
-        let range = format!("{} – {}", format::round_bytes(low), format::round_bytes(2f64.powi(i as i32)));
+        let range = size_class(i);
         let bar = "#".repeat((40 * u128::from(tally.samples) / u128::from(largest)) as usize);
         writeln!(
             out,
