@@ -149,9 +149,11 @@ impl TraceConfig {
     /// How long stopping (the guard's drop, [`stop_tracing`], the exit hook) waits for a writer
     /// thread that makes no progress (default 1 s). Stopping waits while the writer writes what
     /// is queued, names frames and closes the trace; a writer that has taken no message and
-    /// named no frame for this long (blocked writing to a pipe nobody reads, say) is left
-    /// behind, with one message on stderr, and the program goes on: the trace ends at the
-    /// writer's last write.
+    /// named no frame for this long is looked at: one that is stuck (blocked writing to a pipe
+    /// nobody reads, say) is left behind, with one message on stderr that says what it was seen
+    /// doing, and the program goes on: the trace ends at the writer's last write. One that is
+    /// getting on slowly (starved of CPU by the program's threads) is waited for up to 60 times
+    /// this long from the start of the stop, except by the exit hook.
     ///
     /// [`stop_tracing`]: crate::stop_tracing
     pub fn stop_timeout(mut self, timeout: Duration) -> TraceConfig {

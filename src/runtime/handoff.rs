@@ -36,7 +36,7 @@
 //! forked child that starts tracing makes a new queue: a thread of the parent may have been
 //! half-way through a send when the process forked.
 
-use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use crossbeam_channel::{Receiver, Sender, TrySendError};
@@ -192,6 +192,9 @@ struct Progress {
     count: AtomicU64,
     /// Messages the writer has taken off the queue ahead of their turn and not yet handled.
     taken_ahead: AtomicUsize,
+    /// The kernel's id of the writer thread, 0 until it says: where stopping looks at a
+    /// writer that makes no progress.
+    writer_tid: AtomicI32,
 }
 
 /// The process's channel (leaked, never freed); null before the first session.
@@ -217,7 +220,11 @@ impl Channel {
             pool_rx,
             first_sample_bell: AtomicPtr::new(std::ptr::null_mut()),
             first_sample_session: AtomicU32::new(0),
-            progress: Progress { count: AtomicU64::new(0), taken_ahead: AtomicUsize::new(0) },
+            progress: Progress {
+                count: AtomicU64::new(0),
+                taken_ahead: AtomicUsize::new(0),
+                writer_tid: AtomicI32::new(0),
+            },
         }
     }
 
@@ -310,6 +317,18 @@ impl Channel {
     /// Say how many messages the writer holds taken ahead of their turn (writer side).
     pub(crate) fn note_taken_ahead(&self, held: usize) {
         self.progress.taken_ahead.store(held, Ordering::Relaxed);
+    }
+
+    /// Say that the calling thread is the writer (writer side, as it starts).
+    pub(crate) fn note_writer_thread(&self) {
+        // SAFETY: gettid has no preconditions.
+        let tid = unsafe { libc::syscall(libc::SYS_gettid) };
+        self.progress.writer_tid.store(tid as i32, Ordering::Relaxed);
+    }
+
+    /// The kernel's id of the writer thread, once it has said ([`Channel::note_writer_thread`]).
+    pub(crate) fn writer_tid(&self) -> Option<i32> {
+        Some(self.progress.writer_tid.load(Ordering::Relaxed)).filter(|&tid| tid > 0)
     }
 
     /// A count that moves while the writer works.

@@ -14,6 +14,7 @@ use memtrace_rs::trace::{EventKind, Warning};
 use memtrace_rs::trace::{Info, ObjectId, Reader};
 use memtrace_rs::{currently_tracing, start_tracing, stop_tracing, trace_if_requested, MemtraceAllocator};
 
+mod busy_stop;
 mod closing;
 mod estimates;
 mod faults;
@@ -456,6 +457,7 @@ fn child_role() {
         "sampled-blocks:moves" => sampled_blocks::child(),
         "estimates:grid" => estimates::child(),
         "closing:held" => closing::child(),
+        "busy-stop" => busy_stop::child(),
         #[cfg(debug_assertions)]
         "estimates:behind" => estimates::child_behind(),
         #[cfg(debug_assertions)]

@@ -9,9 +9,10 @@
 //! packet can be written, opens (never waiting for a FIFO's reader) and locks the file,
 //! writes that packet, hands the file to the writer and only then turns sampling on. A start
 //! that fails removes the file if it created it, and ends the writer thread. Stopping turns
-//! sampling off, sends the writer a stop message after everything queued, and waits for it at
-//! most the session's stop timeout: a writer blocked longer (on a pipe nobody reads) is left
-//! behind with its channel, and the program goes on.
+//! sampling off, sends the writer a stop message after everything queued, and waits for it
+//! while it gets on ([`stall`]): a writer that makes no progress for the session's stop timeout
+//! and is stuck (blocked on a pipe nobody reads) is left behind with its channel, and the
+//! program goes on; one starved of CPU is waited for up to 60 timeouts.
 
 use std::fs::{File, OpenOptions};
 use std::io;
@@ -49,6 +50,9 @@ use super::unwind::{self, cfi, Walker};
 use super::writer_thread::{write_trace, WriterOutcome, DOMAIN};
 use crate::format::error::{Error, ErrorKind};
 use crate::format::trace::{trace_info_packet, Info, Writer};
+use stall::{Stall, Stuck};
+
+mod stall;
 
 /// The running session; held while starting and stopping (and across `fork`).
 static SESSION: ForkSafeLock<Slot> = ForkSafeLock::new(Slot { running: None, finished: None });
@@ -384,6 +388,7 @@ fn spawn_writer(config: &TraceConfig, options: symbolize::Options, prepare: bool
     let desk = Arc::new(Desk::default());
     let lending = Arc::clone(&desk);
     let writer = TracerThread::spawn_beside(c"memtrace-writer", move || {
+        channel.note_writer_thread();
         channel.fill_pool(handoff::STARTING_POOL);
         // Now rather than at the first naming: glibc reads `/proc/sys/vm/overcommit_memory`
         // the first time an arena other than the main one shrinks (here, as the blocks are
@@ -497,7 +502,7 @@ fn finish(mut session: Session) -> Option<Result<TraceStats, Error>> {
     if let Some(endpoint) = session.http.take() {
         endpoint.stop();
     }
-    let mut stall = send_stop(&session);
+    let mut stall = send_stop(&session, true);
     // While it waits, this thread names frames the writer lends it (`symbolize::Desk`), if it
     // has the stack for it and the writer another CPU to run on. It sleeps until a loan comes:
     // spinning for the first one cost more CPU than it saved wall (README.md at cfd4150, "Benchmarks").
@@ -518,25 +523,26 @@ fn finish(mut session: Session) -> Option<Result<TraceStats, Error>> {
             recv(loans) -> lent => if let Ok(lent) = lent {
                 desk.help(lent);
             },
-            default(STALL_CHECK_INTERVAL) => if stall.stalled() {
-                break give_up(&session);
+            default(STALL_CHECK_INTERVAL) => if let Some(stuck) = stall.stalled() {
+                break give_up(&session, stuck);
             },
         }
     };
     Some(outcome(written))
 }
 
-/// Stop sampling and queue the writer's stop: how the stop then watches it for a stall.
-fn send_stop(session: &Session) -> Stall {
+/// Stop sampling and queue the writer's stop: how the stop then watches it for a stall (waiting
+/// for a writer that gets on beyond the timeout if `patient`).
+fn send_stop(session: &Session, patient: bool) -> Stall {
     STATE.store(OFF, Ordering::SeqCst);
     handoff::unpublish();
-    let mut stall = Stall::watch(session.channel, session.stop_timeout);
+    let mut stall = Stall::watch(session.channel, session.stop_timeout, patient);
     // A writer that stopped on a write error no longer drains the queue: then Stop may not
     // fit, and is not needed. While it does not fit, the writer is woken to make room, rather
     // than left to its next poll.
     let alive = || {
         session.doorbell.ring();
-        !session.writer.is_finished() && !stall.stalled()
+        !session.writer.is_finished() && stall.stalled().is_none()
     };
     session.channel.send_stop(handoff::session_tag(session.id), alive);
     session.doorbell.ring();
@@ -591,13 +597,15 @@ fn finish_at_exit() {
     };
     let Some(session) = slot.running.take() else { return };
     if session.pid == getpid() {
-        let mut stall = send_stop(&session);
+        let mut stall = send_stop(&session, false);
         let written = loop {
             match session.outcome.try_recv() {
                 Ok(written) => break written,
                 Err(crossbeam_channel::TryRecvError::Disconnected) => break WriterOutcome::panicked(),
-                Err(crossbeam_channel::TryRecvError::Empty) if stall.stalled() => break give_up(&session),
-                Err(crossbeam_channel::TryRecvError::Empty) => std::thread::sleep(EXIT_POLL_INTERVAL),
+                Err(crossbeam_channel::TryRecvError::Empty) => match stall.stalled() {
+                    Some(stuck) => break give_up(&session, stuck),
+                    None => std::thread::sleep(EXIT_POLL_INTERVAL),
+                },
             }
         };
         std::mem::forget(outcome(written));
@@ -615,49 +623,25 @@ pub(crate) fn profile_mailbox() -> Option<Mailbox> {
 /// How often stopping looks at the writer's progress.
 const STALL_CHECK_INTERVAL: Duration = Duration::from_millis(20);
 
-/// Whether a writer is stalled: it has made no progress (taken no message, named no frame, and
-/// its symbolizer read nothing) for the stop timeout. A writer busy naming the frames of a
-/// large program is waited for, however long it takes; one blocked writing to a pipe nobody
-/// reads is not, nor one whose symbolizer is stuck reading a file. The symbolizer's work
-/// ([`symbolize::work_done`]) is watched beside the channel's progress: the writer waits for
-/// its symbolizer's answers, or names addresses itself, without taking messages (it takes
-/// them only between addresses).
-struct Stall {
-    channel: &'static Channel,
-    timeout: Duration,
-    last_progress: ((u64, u64), Instant),
-}
-
-impl Stall {
-    fn watch(channel: &'static Channel, timeout: Duration) -> Stall {
-        Stall { channel, timeout, last_progress: ((channel.progress(), symbolize::work_done()), Instant::now()) }
-    }
-
-    fn stalled(&mut self) -> bool {
-        let (progress, now) = ((self.channel.progress(), symbolize::work_done()), Instant::now());
-        if progress != self.last_progress.0 {
-            self.last_progress = (progress, now);
-        }
-        now.duration_since(self.last_progress.1) >= self.timeout
-    }
-}
-
-/// Leave behind the writer of `session`, still busy at its stop timeout (blocked writing to a
-/// pipe nobody reads, say): it cannot be cancelled, so it keeps its thread and its channel,
-/// and reports nothing more; the next session makes a new channel. One line on stderr.
-fn give_up(session: &Session) -> WriterOutcome {
+/// Leave behind the writer of `session`, stuck (blocked writing to a pipe nobody reads, say, for
+/// its stop timeout), or still not done at the longest wait ([`stall`]): it
+/// cannot be cancelled, so it keeps its thread and its channel, and reports nothing more; the
+/// next session makes a new channel. One line on stderr.
+fn give_up(session: &Session, Stuck { cause, waited, longest_wait }: Stuck) -> WriterOutcome {
     session.abandoned.store(true, Ordering::Release);
     handoff::abandon();
+    let what = if longest_wait {
+        "has not finished within the longest wait for a writer that gets on"
+    } else {
+        "has made no progress for"
+    };
     say_without_allocating(format_args!(
-        "memtrace: the trace writer has made no progress writing {} for {:?} (a pipe or FIFO nobody reads, a file \
-         system that does not answer, or an exit from a signal handler that interrupted the allocator?); gave up \
-         waiting: {} queued samples and frees, and what it had not flushed, \
-         are not in the trace",
+        "memtrace: the trace writer of {} {what} ({waited:?}): it is {cause}; gave up waiting: {} queued samples and \
+         frees, and what it had not flushed, are not in the trace",
         session.path.display(),
-        session.stop_timeout,
         session.channel.queued(),
     ));
-    WriterOutcome { allocs: 0, frees: 0, error: Some(Error::new(ErrorKind::WriterStalled(session.stop_timeout))) }
+    WriterOutcome { allocs: 0, frees: 0, error: Some(Error::new(ErrorKind::WriterStalled(waited))) }
 }
 
 /// One line on stderr for lost samples, one for lost frees (allocating nothing).
