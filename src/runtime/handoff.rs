@@ -143,6 +143,9 @@ pub(crate) enum Msg {
     Free { session: u32, addr: usize, time: Timestamp },
     /// The thread with kernel id `tid`, whose samples follow, has the kernel name `name`.
     ThreadName { session: u32, tid: u32, name: KernelName },
+    /// Flush everything before it, the packet marked as a closed trace's last one, then say
+    /// so ([`Channel::marked`]): sent at a fork.
+    Mark { session: u32, seq: u32 },
     /// Close the trace and exit.
     Stop { session: u32 },
 }
@@ -154,6 +157,7 @@ impl Msg {
             Msg::Alloc { session, .. }
             | Msg::Free { session, .. }
             | Msg::ThreadName { session, .. }
+            | Msg::Mark { session, .. }
             | Msg::Stop { session } => session,
         }
     }
@@ -195,7 +199,12 @@ struct Progress {
     /// The kernel's id of the writer thread, 0 until it says: where stopping looks at a
     /// writer that makes no progress.
     writer_tid: AtomicI32,
+    /// The `seq` of the last [`Msg::Mark`] the writer has flushed.
+    marked: AtomicU32,
 }
+
+/// The `seq` of the last [`Msg::Mark`] sent.
+static MARKS: AtomicU32 = AtomicU32::new(0);
 
 /// The process's channel (leaked, never freed); null before the first session.
 static PROCESS: AtomicPtr<Channel> = AtomicPtr::new(std::ptr::null_mut());
@@ -224,6 +233,7 @@ impl Channel {
                 count: AtomicU64::new(0),
                 taken_ahead: AtomicUsize::new(0),
                 writer_tid: AtomicI32::new(0),
+                marked: AtomicU32::new(0),
             },
         }
     }
@@ -329,6 +339,24 @@ impl Channel {
     /// The kernel's id of the writer thread, once it has said ([`Channel::note_writer_thread`]).
     pub(crate) fn writer_tid(&self) -> Option<i32> {
         Some(self.progress.writer_tid.load(Ordering::Relaxed)).filter(|&tid| tid > 0)
+    }
+
+    /// Queue a [`Msg::Mark`] for `session` without waiting: its `seq`, for [`Channel::marked`];
+    /// `None` if the queue is full.
+    pub(crate) fn send_mark(&self, session: u32) -> Option<u32> {
+        let seq = MARKS.fetch_add(1, Ordering::Relaxed).wrapping_add(1);
+        self.tx.try_send(Msg::Mark { session, seq }).ok().map(|()| seq)
+    }
+
+    /// Say that the writer has flushed the [`Msg::Mark`] `seq` (writer side).
+    pub(crate) fn note_marked(&self, seq: u32) {
+        self.progress.marked.store(seq, Ordering::Release);
+    }
+
+    /// Whether the writer has flushed the [`Msg::Mark`] `seq` (or a later one).
+    pub(crate) fn marked(&self, seq: u32) -> bool {
+        // Sequence numbers wrap: `seq` is at most half their range behind.
+        self.progress.marked.load(Ordering::Acquire).wrapping_sub(seq) < 1 << 31
     }
 
     /// A count that moves while the writer works.

@@ -3,6 +3,7 @@
 //! The data flow, bottom up (each module uses only those before it):
 //!
 //! - [`state`]: whether tracing is on, the allocator entry points, frame limits, the clock;
+//! - [`forked`]: a forked child of a traced process, which says so if it outlives its parent;
 //! - [`sampler`]: the per-thread byte countdown that picks the sampled allocations;
 //! - [`fork_safe_lock`]: a lock that the fork handlers can release in the child;
 //! - [`tracer_thread`]: the tracer's own threads, never sampled, and the doorbell that wakes one;
@@ -33,6 +34,7 @@
 pub(crate) mod allocator;
 pub(crate) mod config;
 pub(crate) mod fork_safe_lock;
+pub(crate) mod forked;
 pub(crate) mod handoff;
 pub(crate) mod http;
 pub(crate) mod late_frees;

@@ -18,6 +18,7 @@ mod busy_stop;
 mod closing;
 mod estimates;
 mod faults;
+mod forks;
 mod heap;
 mod hostile;
 mod live_profile;
@@ -458,6 +459,7 @@ fn child_role() {
         "estimates:grid" => estimates::child(),
         "closing:held" => closing::child(),
         "busy-stop" => busy_stop::child(),
+        forking if forking.starts_with("fork:") => forks::child(forking),
         #[cfg(debug_assertions)]
         "estimates:behind" => estimates::child_behind(),
         #[cfg(debug_assertions)]

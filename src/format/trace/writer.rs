@@ -258,6 +258,16 @@ impl<W: Write> Writer<W> {
         Ok(())
     }
 
+    /// [`flush`](Writer::flush), the packet marked as [`close_marked`](Writer::close_marked)
+    /// marks the last one, and go on: the trace reads as finished if nothing follows (its
+    /// process ended without closing it), and the next packets are unmarked again.
+    pub(crate) fn flush_marked(&mut self) -> Result<()> {
+        self.output.closing = true;
+        let flushed = self.flush();
+        self.output.closing = false;
+        flushed
+    }
+
     /// Flush and return the output stream.
     pub fn close(mut self) -> Result<W> {
         self.flush()?;

@@ -30,6 +30,7 @@ use super::config::{
     config_from_env, http_requested, valid_rate, StartError, TraceConfig, FILE_VAR, HTTP_VAR, UPSTREAM_FILE_VAR,
 };
 use super::fork_safe_lock::ForkSafeLock;
+use super::forked;
 use super::handoff::{self, Channel};
 use super::http;
 use super::late_frees;
@@ -493,6 +494,7 @@ fn stop_session(only: Option<u64>) -> Option<Result<TraceStats, Error>> {
 /// its parent's writer.
 fn finish(mut session: Session) -> Option<Result<TraceStats, Error>> {
     if session.pid != getpid() {
+        forked::forget();
         if let Some(endpoint) = session.http.take() {
             endpoint.forget();
         }
@@ -796,6 +798,8 @@ fn register_hooks() {
 /// Flush a trace whose guard was never dropped (`std::process::exit`, or `main` returning
 /// with the guard leaked), in bounded time and without allocating ([`finish_at_exit`]).
 extern "C" fn at_exit() {
+    // A daemon that never allocated enough to look says it as it ends.
+    forked::look_at_parent();
     finish_at_exit();
 }
 
@@ -804,6 +808,7 @@ extern "C" fn at_exit() {
 /// list (see [`loader`]).
 extern "C" fn before_fork() {
     std::mem::forget(SESSION.lock());
+    forked::before_fork();
     loader::before_fork();
 }
 
@@ -811,13 +816,49 @@ extern "C" fn after_fork_in_parent() {
     loader::after_fork();
     // `before_fork` locked SESSION on this thread and forgot the guard.
     SESSION.force_unlock();
+    mark_at_fork();
 }
 
-/// The child never traces into its parent's file: stop sampling at once; the parent's
-/// session is forgotten (without touching its writer) when the child stops or restarts. Nor
-/// does it keep its parent's profile endpoint's port.
+/// How long a fork waits, in the parent, for a writer that makes no progress to flush what was
+/// sampled before it.
+const FORK_MARK_WAIT: Duration = Duration::from_millis(100);
+/// How long it waits for one that makes progress (naming the first frames of a large program
+/// takes a writer a while).
+const FORK_MARK_LONGEST: Duration = Duration::from_secs(2);
+
+/// How often the parent looks whether the writer has flushed.
+const FORK_MARK_POLL: Duration = Duration::from_micros(100);
+
+/// Have the writer flush everything sampled before the fork, its packet marked as a closed
+/// trace's last one (`Msg::Mark`), so that a parent that `_exit`s right after the fork (as
+/// `daemon(3)` does) leaves a trace that reads as closed; a later flush unmarks it. Waited for
+/// while the writer makes progress, at most [`FORK_MARK_LONGEST`], and at most
+/// [`FORK_MARK_WAIT`] without progress: a writer blocked, or a full queue, leave the trace as
+/// it was (it then reads as "not closed" if the parent ends so).
+fn mark_at_fork() {
+    if !currently_tracing() {
+        return;
+    }
+    let slot = SESSION.lock();
+    let Some(session) = slot.running.as_ref().filter(|s| s.pid == getpid()) else { return };
+    let Some(seq) = session.channel.send_mark(handoff::session_tag(session.id)) else { return };
+    session.doorbell.ring();
+    let started = Instant::now();
+    let mut stall = Stall::watch(session.channel, FORK_MARK_WAIT, false);
+    while !session.channel.marked(seq)
+        && !session.writer.is_finished()
+        && started.elapsed() < FORK_MARK_LONGEST
+        && stall.stalled().is_none()
+    {
+        std::thread::sleep(FORK_MARK_POLL);
+    }
+}
+
+/// The child never traces into its parent's file: stop sampling at once, watching the parent
+/// instead (see [`forked`]); the parent's session is forgotten (without touching its writer)
+/// when the child stops or restarts. Nor does it keep its parent's profile endpoint's port.
 extern "C" fn after_fork_in_child() {
-    STATE.store(OFF, Ordering::SeqCst);
+    forked::after_fork_in_child();
     loader::after_fork();
     handoff::unpublish();
     // `before_fork` locked SESSION in the parent on the thread that is the child's only
