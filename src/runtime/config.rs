@@ -212,7 +212,8 @@ pub enum StartError {
     /// The writer thread could not be started.
     Spawn(io::Error),
     /// The memory a trace needs to start (its sample queue, the writer thread's stack, a few
-    /// MiB) could not be had.
+    /// MiB), or the address space it takes once running (its threads' stacks and malloc arenas,
+    /// the symbolizer's mappings of object files), could not be had.
     NoMemory,
 }
 

@@ -121,6 +121,30 @@ pub(crate) fn memory_for(bytes: usize) -> bool {
     true
 }
 
+/// Whether `bytes` of address space can be had at once: reserved with no access (so nothing is
+/// committed: strict overcommit does not count it) and released again, which fails as the
+/// reservations of the tracer's threads (their malloc arenas) and the symbolizer's mappings of
+/// object files would under `RLIMIT_AS` or an exhausted address space.
+pub(crate) fn address_space_for(bytes: usize) -> bool {
+    // SAFETY: a fresh private anonymous mapping, which nothing else refers to.
+    let map = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            bytes,
+            libc::PROT_NONE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
+            0,
+        )
+    };
+    if map == libc::MAP_FAILED {
+        return false;
+    }
+    // SAFETY: the mapping made above, of that length, unused.
+    unsafe { libc::munmap(map, bytes) };
+    true
+}
+
 /// A captured stack: frame addresses, innermost first.
 pub(crate) type Frames = Box<[u64; MAX_FRAMES]>;
 
@@ -535,6 +559,7 @@ mod tests {
         assert_eq!(capacity_for(1e-9), MIN_CAPACITY);
         assert_eq!(capacity_for(f64::NAN), MAX_CAPACITY);
         assert!(!memory_for(bytes_for(1 << 60)), "an impossible size is refused, not aborted on");
+        assert!(!address_space_for(1 << 60) && address_space_for(1 << 30));
     }
 
     #[test]

@@ -22,6 +22,7 @@ mod forks;
 mod heap;
 mod hostile;
 mod live_profile;
+mod memory_limits;
 mod sampled_blocks;
 #[cfg(feature = "tracing")]
 mod spans;
@@ -459,6 +460,7 @@ fn child_role() {
         "estimates:grid" => estimates::child(),
         "closing:held" => closing::child(),
         "busy-stop" => busy_stop::child(),
+        "memory:limited" => memory_limits::child(),
         forking if forking.starts_with("fork:") => forks::child(forking),
         #[cfg(debug_assertions)]
         "estimates:behind" => estimates::child_behind(),

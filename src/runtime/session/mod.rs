@@ -248,9 +248,11 @@ pub fn start_tracing(config: TraceConfig) -> Result<TraceGuard, StartError> {
     // stack, the calibration and the trace writer's buffers), in allocations that cannot all
     // be made fallible; with less address space left than that, say so instead of failing
     // part-way, or aborting in one of them. The one check for all of it: the queue is not
-    // checked again when it is made.
+    // checked again when it is made. And the address space the session takes once running
+    // must be there now: under a tight `RLIMIT_AS` the start fails, not the program later.
     let needed = handoff::bytes_for(handoff::capacity_for(config.rate)).saturating_add(START_MEMORY);
-    if !handoff::memory_for(needed) {
+    if !handoff::memory_for(needed) || !handoff::address_space_for(needed.saturating_add(address_space_once_running()))
+    {
         return Err(StartError::NoMemory);
     }
     HOOKS.call_once(register_hooks);
@@ -333,6 +335,23 @@ pub fn start_tracing(config: TraceConfig) -> Result<TraceGuard, StartError> {
 /// The memory a start needs besides the queue: the writer thread's stack, the calibration's
 /// thread and symbolizer, the trace writer's buffers.
 const START_MEMORY: usize = 8 << 20;
+
+/// The tracer's threads while a session runs: the writer, and its symbolizer's (the
+/// calibration's, when there is one, has ended, and left its stack and arena to that one).
+const TRACER_THREADS: usize = 2;
+
+/// The address space of the shared libraries whose debug info the symbolizer maps, besides the
+/// executable's (libc's is 2 MiB).
+const LIBRARIES_MAPPED: usize = 16 << 20;
+
+/// The address space a running session takes beyond [`START_MEMORY`] and the queue, at most:
+/// its threads' stacks and malloc arenas (reserved by glibc as a thread first allocates, and
+/// never given back), and the symbolizer's mappings of the executable and libraries.
+fn address_space_once_running() -> usize {
+    let executable = std::env::current_exe().and_then(std::fs::metadata).map_or(0, |m| m.len() as usize);
+    (tracer_thread::STACK_SIZE + tracer_thread::ARENA_ADDRESS_SPACE) * TRACER_THREADS
+        + executable.saturating_add(LIBRARIES_MAPPED)
+}
 
 /// The rate from which starting names the start-up frames before sampling starts: some
 /// 60 000 samples a second at 2 GB/s of allocation, more than the writer absorbs while it
