@@ -153,7 +153,7 @@ impl TraceConfig {
     /// nobody reads, say) is left behind, with one message on stderr that says what it was seen
     /// doing, and the program goes on: the trace ends at the writer's last write. One that is
     /// getting on slowly (starved of CPU by the program's threads) is waited for up to 60 times
-    /// this long from the start of the stop, except by the exit hook.
+    /// this long (at least 5 s) without progress, except by the exit hook.
     ///
     /// [`stop_tracing`]: crate::stop_tracing
     pub fn stop_timeout(mut self, timeout: Duration) -> TraceConfig {

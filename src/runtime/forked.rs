@@ -51,9 +51,15 @@ pub(crate) fn watching() -> bool {
 /// say so once and stop watching. Allocates nothing and takes no lock (it runs inside the
 /// allocator).
 pub(crate) fn look_at_parent() {
+    if !watching() {
+        return;
+    }
     let parent = PARENT.load(Ordering::Relaxed);
     // SAFETY: getppid has no preconditions.
-    if !watching() || unsafe { libc::getppid() } == parent {
+    let now = unsafe { libc::getppid() };
+    // 0: the parent is in another PID namespace (a child forked into a new one), which says
+    // nothing of whether it lives.
+    if now == parent || now == 0 {
         return;
     }
     if STATE.compare_exchange(FORKED, OFF, Ordering::SeqCst, Ordering::Relaxed).is_ok() {

@@ -22,7 +22,9 @@ fn status_kib(field: &str) -> u64 {
 
 /// The memory figures of this process, for the report of a start.
 fn figures() -> String {
-    ["VmSize:", "VmPeak:", "VmRSS:", "VmHWM:"].map(|f| format!("{f} {} KiB", status_kib(f))).join(", ")
+    ["VmSize:", "VmPeak:", "VmRSS:", "VmHWM:", "RssAnon:", "RssFile:"]
+        .map(|f| format!("{f} {} KiB", status_kib(f)))
+        .join(", ")
 }
 
 /// What the program does, traced or not: a churn of small blocks of many sizes, and of blocks

@@ -12,7 +12,7 @@
 //! sampling off, sends the writer a stop message after everything queued, and waits for it
 //! while it gets on ([`stall`]): a writer that makes no progress for the session's stop timeout
 //! and is stuck (blocked on a pipe nobody reads) is left behind with its channel, and the
-//! program goes on; one starved of CPU is waited for up to 60 timeouts.
+//! program goes on; one starved of CPU is waited for up to 60 timeouts without progress.
 
 use std::fs::{File, OpenOptions};
 use std::io;
@@ -652,7 +652,7 @@ fn give_up(session: &Session, Stuck { cause, waited, longest_wait }: Stuck) -> W
     session.abandoned.store(true, Ordering::Release);
     handoff::abandon();
     let what = if longest_wait {
-        "has not finished within the longest wait for a writer that gets on"
+        "has made no progress for the longest wait for a writer that gets on"
     } else {
         "has made no progress for"
     };

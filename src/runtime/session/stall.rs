@@ -6,7 +6,8 @@
 //! A writer that has not moved because it does not get the CPU (runnable, the program's threads
 //! keeping every CPU busy), because it waits for a lock those busy threads take in turn (a
 //! malloc arena's), or because it is working without taking messages (on the CPU) is getting
-//! on: it is waited for up to [`LONGEST_WAIT_FACTOR`] times the stop timeout. One that sleeps
+//! on: it is waited for up to [`LONGEST_WAIT_FACTOR`] times the stop timeout (at least 5 s) without progress
+//! (and however long it takes while it makes progress, as before). One that sleeps
 //! in a system call (a write to a pipe nobody reads; a lock in a process otherwise idle, held
 //! by a thread interrupted by a signal handler that exits) or is stopped is stuck: given up
 //! on at the timeout. So is every writer without progress at exit (see [`Stall::watch`]).
@@ -24,8 +25,13 @@ use super::super::state::under_seccomp_filter;
 use super::super::symbolize;
 
 /// How many stop timeouts a writer that is getting on, without visible progress, is waited
-/// for at most, counted from the start of the stop.
-pub(crate) const LONGEST_WAIT_FACTOR: u32 = 60;
+/// for at most (and at least [`LONGEST_WAIT_FLOOR`]). One that makes progress is waited for
+/// however long it takes.
+const LONGEST_WAIT_FACTOR: u32 = 60;
+/// The least that wait lasts, whatever the timeout: a machine that other processes keep busy
+/// left a writer off the CPU for tens of milliseconds, far more than a timeout of 1 ms times
+/// the factor.
+const LONGEST_WAIT_FLOOR: Duration = Duration::from_secs(5);
 
 /// How often the writer thread is looked at, once it has made no progress for the timeout.
 const LOOK_INTERVAL: Duration = Duration::from_millis(20);
@@ -83,7 +89,7 @@ impl std::fmt::Display for Cause {
 pub(crate) struct Stuck {
     /// What it was seen doing.
     pub(crate) cause: Cause,
-    /// How long it made no progress, or (`longest_wait`) how long the stop waited.
+    /// How long it made no progress.
     pub(crate) waited: Duration,
     /// Whether it was getting on, and the stop waited for it as long as it waits.
     pub(crate) longest_wait: bool,
@@ -97,8 +103,6 @@ pub(crate) struct Stall {
     /// run in a signal handler that interrupted the allocator, and where a writer that seems to
     /// get on may wait, on the CPU, for what that handler's thread holds.
     patient: bool,
-    /// When the stop began.
-    since: Instant,
     /// The last progress seen (the channel's and the symbolizer's), and when it was seen.
     last_progress: ((u64, u64), Instant),
     /// The writer's time on a CPU when its progress was last seen, if it could be read, and
@@ -117,7 +121,6 @@ impl Stall {
             channel,
             timeout,
             patient,
-            since: now,
             last_progress: ((channel.progress(), symbolize::work_done()), now),
             cpu_at_progress: (writer_cpu_time(channel), process_cpu_time()),
             last_look: None,
@@ -125,7 +128,7 @@ impl Stall {
     }
 
     /// Whether to give up on the writer: no progress for the timeout and not getting on, or
-    /// getting on for [`LONGEST_WAIT_FACTOR`] timeouts since the stop began (if patient).
+    /// (if patient) getting on but without progress for [`LONGEST_WAIT_FACTOR`] timeouts.
     pub(crate) fn stalled(&mut self) -> Option<Stuck> {
         let now = Instant::now();
         let progress = (self.channel.progress(), symbolize::work_done());
@@ -150,9 +153,8 @@ impl Stall {
         if !cause.getting_on() || !self.patient {
             return Some(Stuck { cause, waited: without_progress, longest_wait: false });
         }
-        let longest = self.timeout.saturating_mul(LONGEST_WAIT_FACTOR);
-        let waited = now.duration_since(self.since);
-        (waited >= longest).then_some(Stuck { cause, waited, longest_wait: true })
+        let longest = self.timeout.saturating_mul(LONGEST_WAIT_FACTOR).max(LONGEST_WAIT_FLOOR);
+        (without_progress >= longest).then_some(Stuck { cause, waited: without_progress, longest_wait: true })
     }
 
     /// What the writer thread is doing, as the kernel says, `without_progress` after its last
