@@ -473,3 +473,45 @@ fn finish_packet(
 fn put_event_header(packet: &mut WriteBuf, id: u32, time: Timestamp) {
     packet.put_u32(id << 25 | (time & TIME_MASK) as u32);
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::trace::Reader;
+
+    /// Whether the trace in `bytes` reads, to its end, as closed by its writer.
+    fn reads_as_closed(bytes: &[u8]) -> bool {
+        let mut reader = Reader::new(bytes).unwrap();
+        while reader.next_event().unwrap().is_some() {}
+        reader.closed_by_writer()
+    }
+
+    /// A packet flushed marked (at a fork) makes the trace read as closed while nothing
+    /// follows it; the next flush unmarks it, and closing marks it again.
+    #[test]
+    fn only_the_last_packets_mark_counts() {
+        let info = Info {
+            sample_rate: 1e-3,
+            word_size: 64,
+            executable_name: b"test".to_vec(),
+            host_name: b"host".to_vec(),
+            runtime_params: Vec::new(),
+            pid: u64::from(std::process::id()),
+            initial_domain: 0,
+            start_time: 1_000,
+            context: None,
+        };
+        let mut writer = Writer::new(Vec::new(), &info).unwrap();
+        let mut collect = |writer: &mut Writer<Vec<u8>>, time| {
+            let id = writer.next_alloc_id(0).unwrap();
+            writer.put_collect(0, time, id).unwrap();
+        };
+        collect(&mut writer, 2_000);
+        writer.flush_marked().unwrap();
+        assert!(reads_as_closed(writer.output.out.as_slice()));
+        collect(&mut writer, 3_000);
+        writer.flush().unwrap();
+        assert!(!reads_as_closed(writer.output.out.as_slice()));
+        assert!(reads_as_closed(&writer.close_marked().unwrap()));
+    }
+}

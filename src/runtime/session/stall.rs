@@ -95,7 +95,10 @@ pub(crate) struct Stuck {
     pub(crate) longest_wait: bool,
 }
 
-/// Watches a stopping session's writer (see the module doc).
+/// Watches a stopping session's writer (see the module doc). Its progress is the channel's
+/// count (messages taken, frames named) beside its symbolizer's work
+/// ([`symbolize::work_done`]): the writer waits for its symbolizer's answers, or names
+/// addresses itself, without taking messages.
 pub(crate) struct Stall {
     channel: &'static Channel,
     timeout: Duration,
