@@ -490,26 +490,18 @@ mod tests {
     /// follows it; the next flush unmarks it, and closing marks it again.
     #[test]
     fn only_the_last_packets_mark_counts() {
-        let info = Info {
-            sample_rate: 1e-3,
-            word_size: 64,
-            executable_name: b"test".to_vec(),
-            host_name: b"host".to_vec(),
-            runtime_params: Vec::new(),
-            pid: u64::from(std::process::id()),
-            initial_domain: 0,
-            start_time: 1_000,
-            context: None,
-        };
+        // An upstream trace's description: the test is about packets, not what they describe.
+        let upstream: &[u8] = include_bytes!("../../../tests/data/lists_and_sets-v1.ctf");
+        let info = Reader::new(upstream).unwrap().info().clone();
         let mut writer = Writer::new(Vec::new(), &info).unwrap();
-        let mut collect = |writer: &mut Writer<Vec<u8>>, time| {
+        let collect = |writer: &mut Writer<Vec<u8>>, time| {
             let id = writer.next_alloc_id(0).unwrap();
             writer.put_collect(0, time, id).unwrap();
         };
-        collect(&mut writer, 2_000);
+        collect(&mut writer, info.start_time + 1);
         writer.flush_marked().unwrap();
         assert!(reads_as_closed(writer.output.out.as_slice()));
-        collect(&mut writer, 3_000);
+        collect(&mut writer, info.start_time + 2);
         writer.flush().unwrap();
         assert!(!reads_as_closed(writer.output.out.as_slice()));
         assert!(reads_as_closed(&writer.close_marked().unwrap()));
