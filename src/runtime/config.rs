@@ -150,9 +150,11 @@ impl TraceConfig {
     /// How long stopping (the guard's drop, [`stop_tracing`], the exit hook) waits for a writer
     /// thread that makes no progress (default 1 s). Stopping waits while the writer writes what
     /// is queued, names frames and closes the trace; a writer that has taken no message and
-    /// named no frame for this long (blocked writing to a pipe nobody reads, say) is left
-    /// behind, with one message on stderr, and the program goes on: the trace ends at the
-    /// writer's last write.
+    /// named no frame for this long is looked at: one that is stuck (blocked writing to a pipe
+    /// nobody reads, say) is left behind, with one message on stderr that says what it was seen
+    /// doing, and the program goes on: the trace ends at the writer's last write. One that is
+    /// getting on slowly (starved of CPU by the program's threads) is waited for up to 60 times
+    /// this long (at least 5 s) without progress, except by the exit hook.
     ///
     /// [`stop_tracing`]: crate::stop_tracing
     pub fn stop_timeout(mut self, timeout: Duration) -> TraceConfig {
@@ -241,7 +243,8 @@ pub enum StartError {
     /// The writer thread could not be started.
     Spawn(io::Error),
     /// The memory a trace needs to start (its sample queue, the writer thread's stack, a few
-    /// MiB) could not be had.
+    /// MiB), or the address space it takes once running (its threads' stacks and malloc arenas,
+    /// the symbolizer's mappings of object files), could not be had.
     NoMemory,
 }
 

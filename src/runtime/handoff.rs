@@ -36,7 +36,7 @@
 //! forked child that starts tracing makes a new queue: a thread of the parent may have been
 //! half-way through a send when the process forked.
 
-use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use crossbeam_channel::{Receiver, Sender, TrySendError};
@@ -121,6 +121,30 @@ pub(crate) fn memory_for(bytes: usize) -> bool {
     true
 }
 
+/// Whether `bytes` of address space can be had at once: reserved with no access (so nothing is
+/// committed: strict overcommit does not count it) and released again, which fails as the
+/// reservations of the tracer's threads (their malloc arenas) and the symbolizer's mappings of
+/// object files would under `RLIMIT_AS` or an exhausted address space.
+pub(crate) fn address_space_for(bytes: usize) -> bool {
+    // SAFETY: a fresh private anonymous mapping, which nothing else refers to.
+    let map = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            bytes,
+            libc::PROT_NONE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
+            0,
+        )
+    };
+    if map == libc::MAP_FAILED {
+        return false;
+    }
+    // SAFETY: the mapping made above, of that length, unused.
+    unsafe { libc::munmap(map, bytes) };
+    true
+}
+
 /// A captured stack: frame addresses, innermost first.
 pub(crate) type Frames = Box<[u64; MAX_FRAMES]>;
 
@@ -144,6 +168,9 @@ pub(crate) enum Msg {
     Free { session: u32, addr: usize, time: Timestamp },
     /// The thread with kernel id `tid`, whose samples follow, has the kernel name `name`.
     ThreadName { session: u32, tid: u32, name: KernelName },
+    /// Flush everything before it, the packet marked as a closed trace's last one, then say
+    /// so ([`Channel::marked`]): sent at a fork.
+    Mark { session: u32, seq: u32 },
     /// Close the trace and exit.
     Stop { session: u32 },
 }
@@ -155,6 +182,7 @@ impl Msg {
             Msg::Alloc { session, .. }
             | Msg::Free { session, .. }
             | Msg::ThreadName { session, .. }
+            | Msg::Mark { session, .. }
             | Msg::Stop { session } => session,
         }
     }
@@ -193,7 +221,15 @@ struct Progress {
     count: AtomicU64,
     /// Messages the writer has taken off the queue ahead of their turn and not yet handled.
     taken_ahead: AtomicUsize,
+    /// The kernel's id of the writer thread, 0 until it says: where stopping looks at a
+    /// writer that makes no progress.
+    writer_tid: AtomicI32,
+    /// The `seq` of the last [`Msg::Mark`] the writer has flushed.
+    marked: AtomicU32,
 }
+
+/// The `seq` of the last [`Msg::Mark`] sent.
+static MARKS: AtomicU32 = AtomicU32::new(0);
 
 /// The process's channel (leaked, never freed); null before the first session.
 static PROCESS: AtomicPtr<Channel> = AtomicPtr::new(std::ptr::null_mut());
@@ -218,7 +254,12 @@ impl Channel {
             pool_rx,
             first_sample_bell: AtomicPtr::new(std::ptr::null_mut()),
             first_sample_session: AtomicU32::new(0),
-            progress: Progress { count: AtomicU64::new(0), taken_ahead: AtomicUsize::new(0) },
+            progress: Progress {
+                count: AtomicU64::new(0),
+                taken_ahead: AtomicUsize::new(0),
+                writer_tid: AtomicI32::new(0),
+                marked: AtomicU32::new(0),
+            },
         }
     }
 
@@ -311,6 +352,36 @@ impl Channel {
     /// Say how many messages the writer holds taken ahead of their turn (writer side).
     pub(crate) fn note_taken_ahead(&self, held: usize) {
         self.progress.taken_ahead.store(held, Ordering::Relaxed);
+    }
+
+    /// Say that the calling thread is the writer (writer side, as it starts).
+    pub(crate) fn note_writer_thread(&self) {
+        // SAFETY: gettid has no preconditions.
+        let tid = unsafe { libc::syscall(libc::SYS_gettid) };
+        self.progress.writer_tid.store(tid as i32, Ordering::Relaxed);
+    }
+
+    /// The kernel's id of the writer thread, once it has said ([`Channel::note_writer_thread`]).
+    pub(crate) fn writer_tid(&self) -> Option<i32> {
+        Some(self.progress.writer_tid.load(Ordering::Relaxed)).filter(|&tid| tid > 0)
+    }
+
+    /// Queue a [`Msg::Mark`] for `session` without waiting: its `seq`, for [`Channel::marked`];
+    /// `None` if the queue is full.
+    pub(crate) fn send_mark(&self, session: u32) -> Option<u32> {
+        let seq = MARKS.fetch_add(1, Ordering::Relaxed).wrapping_add(1);
+        self.tx.try_send(Msg::Mark { session, seq }).ok().map(|()| seq)
+    }
+
+    /// Say that the writer has flushed the [`Msg::Mark`] `seq` (writer side).
+    pub(crate) fn note_marked(&self, seq: u32) {
+        self.progress.marked.store(seq, Ordering::Release);
+    }
+
+    /// Whether the writer has flushed the [`Msg::Mark`] `seq` (or a later one).
+    pub(crate) fn marked(&self, seq: u32) -> bool {
+        // Sequence numbers wrap: `seq` is at most half their range behind.
+        self.progress.marked.load(Ordering::Acquire).wrapping_sub(seq) < 1 << 31
     }
 
     /// A count that moves while the writer works.
@@ -489,6 +560,7 @@ mod tests {
         assert_eq!(capacity_for(1e-9), MIN_CAPACITY);
         assert_eq!(capacity_for(f64::NAN), MAX_CAPACITY);
         assert!(!memory_for(bytes_for(1 << 60)), "an impossible size is refused, not aborted on");
+        assert!(!address_space_for(1 << 60) && address_space_for(1 << 30));
     }
 
     #[test]

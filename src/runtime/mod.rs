@@ -5,6 +5,7 @@
 //! - [`descriptor`]: the tracer's own descriptors, used only while they hold the files they
 //!   were opened on, and the identity of a descriptor's file;
 //! - [`state`]: whether tracing is on, the allocator entry points, frame limits, the clock;
+//! - [`forked`]: a forked child of a traced process, which says so if it outlives its parent;
 //! - [`sampler`]: the per-thread byte countdown that picks the sampled allocations;
 //! - [`fork_safe_lock`]: a lock that the fork handlers can release in the child;
 //! - [`tracer_thread`]: the tracer's own threads, never sampled, and the doorbell that wakes one;
@@ -37,6 +38,7 @@ pub(crate) mod allocator;
 pub(crate) mod config;
 pub(crate) mod descriptor;
 pub(crate) mod fork_safe_lock;
+pub(crate) mod forked;
 pub(crate) mod handoff;
 pub(crate) mod http;
 pub(crate) mod late_frees;

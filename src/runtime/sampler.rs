@@ -40,6 +40,8 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use rand_distr::{Binomial, Distribution};
 
+use super::forked;
+
 /// Bytes per word: sample points are counted in 8-byte words.
 pub(crate) const WORD_BYTES: u64 = 8;
 
@@ -158,6 +160,12 @@ impl ThreadState {
     #[cold]
     #[inline(never)]
     fn sample_point(&self, mut left: i64, bytes: usize) -> u64 {
+        if forked::watching() {
+            // Nothing is sampled in a forked child: its countdown only paces its looks.
+            self.countdown.set(forked::CHECK_BYTES);
+            forked::look_at_parent();
+            return 0;
+        }
         let mut rng = self.rng.get();
         if rng == 0 {
             rng = seed(self as *const ThreadState as u64);

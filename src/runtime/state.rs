@@ -15,8 +15,11 @@ pub(crate) const OFF: u8 = 0;
 pub(crate) const ON: u8 = 1;
 /// Start-up calibration: sampled allocations only feed the calibration.
 pub(crate) const CALIBRATING: u8 = 2;
+/// A forked child of a traced process: nothing is sampled, but sample points look whether the
+/// parent is gone (`forked`).
+pub(crate) const FORKED: u8 = 3;
 
-/// Whether the allocator takes the tracing path (`OFF`, `ON` or `CALIBRATING`).
+/// Whether the allocator takes the tracing path (`OFF`, `ON`, `CALIBRATING` or `FORKED`).
 pub(crate) static STATE: AtomicU8 = AtomicU8::new(OFF);
 
 /// Default number of stack frames recorded per sample.

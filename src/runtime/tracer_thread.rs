@@ -250,6 +250,14 @@ fn set_cpus_of_this_thread(cpus: &libc::cpu_set_t) -> bool {
     unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), cpus) == 0 }
 }
 
+/// The address space a tracer thread's malloc arena reserves, if the thread gets one of its
+/// own: glibc's `HEAP_MAX_SIZE` on 64-bit systems (mapped with no access, then made accessible
+/// as the arena grows).
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+pub(crate) const ARENA_ADDRESS_SPACE: usize = 64 << 20;
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+pub(crate) const ARENA_ADDRESS_SPACE: usize = 0;
+
 /// Blocks [`grow_arena`] allocates: just below glibc's default threshold for serving a block
 /// by `mmap` (128 KiB), so that each comes from the thread's arena.
 const ARENA_BLOCK: usize = 120 << 10;

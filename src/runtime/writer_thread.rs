@@ -210,6 +210,14 @@ impl TraceWriter {
                     }
                     Msg::Free { addr, time, .. } => self.free(addr, time)?,
                     Msg::ThreadName { tid, name, .. } => self.names.pseudo.kernel_name(tid, name),
+                    Msg::Mark { seq, .. } => {
+                        self.write_late_frees(false)?;
+                        self.write_losses()?;
+                        if let Some(writer) = self.writer.as_mut() {
+                            writer.flush_marked()?;
+                        }
+                        channel.note_marked(seq);
+                    }
                     Msg::Stop { .. } => {
                         self.write_late_frees(true)?;
                         return self.write_losses();

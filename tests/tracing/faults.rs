@@ -360,6 +360,8 @@ fn a_fifo_whose_reader_stalls_lets_the_program_finish() {
         assert_eq!(messages.len(), 1, "{role}: {messages:?}");
         assert!(messages[0].contains("gave up waiting"), "{role}: {messages:?}");
         assert!(messages[0].contains(fifo.to_str().unwrap()), "{role}: {messages:?}");
+        // The cause the stop saw: the writer asleep in its write.
+        assert!(messages[0].contains("blocked in a read or write of a file"), "{role}: {messages:?}");
         // Nothing read: the pipe is full.
         let mut available: libc::c_int = 0;
         // SAFETY: FIONREAD on a descriptor we own, into an int.

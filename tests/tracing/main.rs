@@ -14,14 +14,17 @@ use memtrace_rs::trace::{EventKind, Warning};
 use memtrace_rs::trace::{Info, ObjectId, Reader};
 use memtrace_rs::{currently_tracing, start_tracing, stop_tracing, trace_if_requested, MemtraceAllocator};
 
+mod busy_stop;
 mod closing;
 mod estimates;
 mod faults;
 mod files;
+mod forks;
 mod heap;
 mod hostile;
 mod large_blocks;
 mod live_profile;
+mod memory_limits;
 mod sampled_blocks;
 #[cfg(feature = "tracing")]
 mod spans;
@@ -458,6 +461,9 @@ fn child_role() {
         "sampled-blocks:moves" => sampled_blocks::child(),
         "estimates:grid" => estimates::child(),
         "closing:held" => closing::child(),
+        "busy-stop" => busy_stop::child(),
+        "memory:limited" => memory_limits::child(),
+        forking if forking.starts_with("fork:") => forks::child(forking),
         #[cfg(debug_assertions)]
         "estimates:behind" => estimates::child_behind(),
         #[cfg(debug_assertions)]

@@ -258,6 +258,16 @@ impl<W: Write> Writer<W> {
         Ok(())
     }
 
+    /// [`flush`](Writer::flush), the packet marked as [`close_marked`](Writer::close_marked)
+    /// marks the last one, and go on: the trace reads as finished if nothing follows (its
+    /// process ended without closing it), and the next packets are unmarked again.
+    pub(crate) fn flush_marked(&mut self) -> Result<()> {
+        self.output.closing = true;
+        let flushed = self.flush();
+        self.output.closing = false;
+        flushed
+    }
+
     /// Flush and return the output stream.
     pub fn close(mut self) -> Result<W> {
         self.flush()?;
@@ -462,4 +472,38 @@ fn finish_packet(
 
 fn put_event_header(packet: &mut WriteBuf, id: u32, time: Timestamp) {
     packet.put_u32(id << 25 | (time & TIME_MASK) as u32);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::trace::Reader;
+
+    /// Whether the trace in `bytes` reads, to its end, as closed by its writer.
+    fn reads_as_closed(bytes: &[u8]) -> bool {
+        let mut reader = Reader::new(bytes).unwrap();
+        while reader.next_event().unwrap().is_some() {}
+        reader.closed_by_writer()
+    }
+
+    /// A packet flushed marked (at a fork) makes the trace read as closed while nothing
+    /// follows it; the next flush unmarks it, and closing marks it again.
+    #[test]
+    fn only_the_last_packets_mark_counts() {
+        // An upstream trace's description: the test is about packets, not what they describe.
+        let upstream: &[u8] = include_bytes!("../../../tests/data/lists_and_sets-v1.ctf");
+        let info = Reader::new(upstream).unwrap().info().clone();
+        let mut writer = Writer::new(Vec::new(), &info).unwrap();
+        let collect = |writer: &mut Writer<Vec<u8>>, time| {
+            let id = writer.next_alloc_id(0).unwrap();
+            writer.put_collect(0, time, id).unwrap();
+        };
+        collect(&mut writer, info.start_time + 1);
+        writer.flush_marked().unwrap();
+        assert!(reads_as_closed(writer.output.out.as_slice()));
+        collect(&mut writer, info.start_time + 2);
+        writer.flush().unwrap();
+        assert!(!reads_as_closed(writer.output.out.as_slice()));
+        assert!(reads_as_closed(&writer.close_marked().unwrap()));
+    }
 }

@@ -9,9 +9,10 @@
 //! packet can be written, opens (never waiting for a FIFO's reader) and locks the file,
 //! writes that packet, hands the file to the writer and only then turns sampling on. A start
 //! that fails removes the file if it created it, and ends the writer thread. Stopping turns
-//! sampling off, sends the writer a stop message after everything queued, and waits for it at
-//! most the session's stop timeout: a writer blocked longer (on a pipe nobody reads) is left
-//! behind with its channel, and the program goes on.
+//! sampling off, sends the writer a stop message after everything queued, and waits for it
+//! while it gets on ([`stall`]): a writer that makes no progress for the session's stop timeout
+//! and is stuck (blocked on a pipe nobody reads) is left behind with its channel, and the
+//! program goes on; one starved of CPU is waited for up to 60 timeouts without progress.
 
 use std::os::unix::ffi::OsStringExt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -24,6 +25,7 @@ use super::config::{
     config_from_env, http_requested, valid_rate, StartError, TraceConfig, FILE_VAR, HTTP_VAR, UPSTREAM_FILE_VAR,
 };
 use super::fork_safe_lock::ForkSafeLock;
+use super::forked;
 use super::handoff::{self, Channel};
 use super::http;
 use super::late_frees;
@@ -45,6 +47,9 @@ use super::unwind::{self, cfi, Walker};
 use super::writer_thread::{write_trace, WriterOutcome, DOMAIN};
 use crate::format::error::{Error, ErrorKind};
 use crate::format::trace::{trace_info_packet, Info, Writer};
+use stall::{Stall, Stuck};
+
+mod stall;
 
 /// The running session; held while starting and stopping (and across `fork`).
 static SESSION: ForkSafeLock<Slot> = ForkSafeLock::new(Slot { running: None, finished: None });
@@ -243,9 +248,11 @@ pub fn start_tracing(config: TraceConfig) -> Result<TraceGuard, StartError> {
     // stack, the calibration and the trace writer's buffers), in allocations that cannot all
     // be made fallible; with less address space left than that, say so instead of failing
     // part-way, or aborting in one of them. The one check for all of it: the queue is not
-    // checked again when it is made.
+    // checked again when it is made. And the address space the session takes once running
+    // must be there now: under a tight `RLIMIT_AS` the start fails, not the program later.
     let needed = handoff::bytes_for(handoff::capacity_for(config.rate)).saturating_add(START_MEMORY);
-    if !handoff::memory_for(needed) {
+    if !handoff::memory_for(needed) || !handoff::address_space_for(needed.saturating_add(address_space_once_running()))
+    {
         return Err(StartError::NoMemory);
     }
     HOOKS.call_once(register_hooks);
@@ -328,6 +335,23 @@ pub fn start_tracing(config: TraceConfig) -> Result<TraceGuard, StartError> {
 /// thread and symbolizer, the trace writer's buffers.
 const START_MEMORY: usize = 8 << 20;
 
+/// The tracer's threads while a session runs: the writer, and its symbolizer's (the
+/// calibration's, when there is one, has ended, and left its stack and arena to that one).
+const TRACER_THREADS: usize = 2;
+
+/// The address space of the shared libraries whose debug info the symbolizer maps, besides the
+/// executable's (libc's is 2 MiB).
+const LIBRARIES_MAPPED: usize = 16 << 20;
+
+/// The address space a running session takes beyond [`START_MEMORY`] and the queue, at most:
+/// its threads' stacks and malloc arenas (reserved by glibc as a thread first allocates, and
+/// never given back), and the symbolizer's mappings of the executable and libraries.
+fn address_space_once_running() -> usize {
+    let executable = std::env::current_exe().and_then(std::fs::metadata).map_or(0, |m| m.len() as usize);
+    (tracer_thread::STACK_SIZE + tracer_thread::ARENA_ADDRESS_SPACE) * TRACER_THREADS
+        + executable.saturating_add(LIBRARIES_MAPPED)
+}
+
 /// The rate from which starting names the start-up frames before sampling starts: some
 /// 60 000 samples a second at 2 GB/s of allocation, more than the writer absorbs while it
 /// parses a large program's first units.
@@ -383,6 +407,7 @@ fn spawn_writer(config: &TraceConfig, options: symbolize::Options, prepare: bool
     let desk = Arc::new(Desk::default());
     let lending = Arc::clone(&desk);
     let writer = TracerThread::spawn_beside(c"memtrace-writer", move || {
+        channel.note_writer_thread();
         channel.fill_pool(handoff::STARTING_POOL);
         // Now rather than at the first naming: glibc reads `/proc/sys/vm/overcommit_memory`
         // the first time an arena other than the main one shrinks (here, as the blocks are
@@ -487,6 +512,7 @@ fn stop_session(only: Option<u64>) -> Option<Result<TraceStats, Error>> {
 /// its parent's writer.
 fn finish(mut session: Session) -> Option<Result<TraceStats, Error>> {
     if session.pid != getpid() {
+        forked::forget();
         if let Some(endpoint) = session.http.take() {
             endpoint.forget();
         }
@@ -496,7 +522,7 @@ fn finish(mut session: Session) -> Option<Result<TraceStats, Error>> {
     if let Some(endpoint) = session.http.take() {
         endpoint.stop();
     }
-    let mut stall = send_stop(&session);
+    let mut stall = send_stop(&session, true);
     // While it waits, this thread names frames the writer lends it (`symbolize::Desk`), if it
     // has the stack for it and the writer another CPU to run on. It sleeps until a loan comes:
     // spinning for the first one cost more CPU than it saved wall (README.md at cfd4150, "Benchmarks").
@@ -517,25 +543,26 @@ fn finish(mut session: Session) -> Option<Result<TraceStats, Error>> {
             recv(loans) -> lent => if let Ok(lent) = lent {
                 desk.help(lent);
             },
-            default(STALL_CHECK_INTERVAL) => if stall.stalled() {
-                break give_up(&session);
+            default(STALL_CHECK_INTERVAL) => if let Some(stuck) = stall.stalled() {
+                break give_up(&session, stuck);
             },
         }
     };
     Some(outcome(written))
 }
 
-/// Stop sampling and queue the writer's stop: how the stop then watches it for a stall.
-fn send_stop(session: &Session) -> Stall {
+/// Stop sampling and queue the writer's stop: how the stop then watches it for a stall (waiting
+/// for a writer that gets on beyond the timeout if `patient`).
+fn send_stop(session: &Session, patient: bool) -> Stall {
     STATE.store(OFF, Ordering::SeqCst);
     handoff::unpublish();
-    let mut stall = Stall::watch(session.channel, session.stop_timeout);
+    let mut stall = Stall::watch(session.channel, session.stop_timeout, patient);
     // A writer that stopped on a write error no longer drains the queue: then Stop may not
     // fit, and is not needed. While it does not fit, the writer is woken to make room, rather
     // than left to its next poll.
     let alive = || {
         session.doorbell.ring();
-        !session.writer.is_finished() && !stall.stalled()
+        !session.writer.is_finished() && stall.stalled().is_none()
     };
     session.channel.send_stop(handoff::session_tag(session.id), alive);
     session.doorbell.ring();
@@ -590,13 +617,15 @@ fn finish_at_exit() {
     };
     let Some(session) = slot.running.take() else { return };
     if session.pid == getpid() {
-        let mut stall = send_stop(&session);
+        let mut stall = send_stop(&session, false);
         let written = loop {
             match session.outcome.try_recv() {
                 Ok(written) => break written,
                 Err(crossbeam_channel::TryRecvError::Disconnected) => break WriterOutcome::panicked(),
-                Err(crossbeam_channel::TryRecvError::Empty) if stall.stalled() => break give_up(&session),
-                Err(crossbeam_channel::TryRecvError::Empty) => std::thread::sleep(EXIT_POLL_INTERVAL),
+                Err(crossbeam_channel::TryRecvError::Empty) => match stall.stalled() {
+                    Some(stuck) => break give_up(&session, stuck),
+                    None => std::thread::sleep(EXIT_POLL_INTERVAL),
+                },
             }
         };
         std::mem::forget(outcome(written));
@@ -614,49 +643,25 @@ pub(crate) fn profile_mailbox() -> Option<Mailbox> {
 /// How often stopping looks at the writer's progress.
 const STALL_CHECK_INTERVAL: Duration = Duration::from_millis(20);
 
-/// Whether a writer is stalled: it has made no progress (taken no message, named no frame, and
-/// its symbolizer read nothing) for the stop timeout. A writer busy naming the frames of a
-/// large program is waited for, however long it takes; one blocked writing to a pipe nobody
-/// reads is not, nor one whose symbolizer is stuck reading a file. The symbolizer's work
-/// ([`symbolize::work_done`]) is watched beside the channel's progress: the writer waits for
-/// its symbolizer's answers, or names addresses itself, without taking messages (it takes
-/// them only between addresses).
-struct Stall {
-    channel: &'static Channel,
-    timeout: Duration,
-    last_progress: ((u64, u64), Instant),
-}
-
-impl Stall {
-    fn watch(channel: &'static Channel, timeout: Duration) -> Stall {
-        Stall { channel, timeout, last_progress: ((channel.progress(), symbolize::work_done()), Instant::now()) }
-    }
-
-    fn stalled(&mut self) -> bool {
-        let (progress, now) = ((self.channel.progress(), symbolize::work_done()), Instant::now());
-        if progress != self.last_progress.0 {
-            self.last_progress = (progress, now);
-        }
-        now.duration_since(self.last_progress.1) >= self.timeout
-    }
-}
-
-/// Leave behind the writer of `session`, still busy at its stop timeout (blocked writing to a
-/// pipe nobody reads, say): it cannot be cancelled, so it keeps its thread and its channel,
-/// and reports nothing more; the next session makes a new channel. One line on stderr.
-fn give_up(session: &Session) -> WriterOutcome {
+/// Leave behind the writer of `session`, stuck (blocked writing to a pipe nobody reads, say, for
+/// its stop timeout), or still not done at the longest wait ([`stall`]): it
+/// cannot be cancelled, so it keeps its thread and its channel, and reports nothing more; the
+/// next session makes a new channel. One line on stderr.
+fn give_up(session: &Session, Stuck { cause, waited, longest_wait }: Stuck) -> WriterOutcome {
     session.abandoned.store(true, Ordering::Release);
     handoff::abandon();
+    let what = if longest_wait {
+        "has made no progress for the longest wait for a writer that gets on"
+    } else {
+        "has made no progress for"
+    };
     say_without_allocating(format_args!(
-        "memtrace: the trace writer has made no progress writing {} for {:?} (a pipe or FIFO nobody reads, a file \
-         system that does not answer, or an exit from a signal handler that interrupted the allocator?); gave up \
-         waiting: {} queued samples and frees, and what it had not flushed, \
-         are not in the trace",
+        "memtrace: the trace writer of {} {what} ({waited:?}): it is {cause}; gave up waiting: {} queued samples and \
+         frees, and what it had not flushed, are not in the trace",
         session.path.display(),
-        session.stop_timeout,
         session.channel.queued(),
     ));
-    WriterOutcome { allocs: 0, frees: 0, error: Some(Error::new(ErrorKind::WriterStalled(session.stop_timeout))) }
+    WriterOutcome { allocs: 0, frees: 0, error: Some(Error::new(ErrorKind::WriterStalled(waited))) }
 }
 
 /// One line on stderr for lost samples, one for lost frees (allocating nothing).
@@ -713,6 +718,8 @@ fn register_hooks() {
 /// Flush a trace whose guard was never dropped (`std::process::exit`, or `main` returning
 /// with the guard leaked), in bounded time and without allocating ([`finish_at_exit`]).
 extern "C" fn at_exit() {
+    // A daemon that never allocated enough to look says it as it ends.
+    forked::look_at_parent();
     finish_at_exit();
 }
 
@@ -721,6 +728,7 @@ extern "C" fn at_exit() {
 /// list (see [`loader`]).
 extern "C" fn before_fork() {
     std::mem::forget(SESSION.lock());
+    forked::before_fork();
     loader::before_fork();
 }
 
@@ -728,13 +736,49 @@ extern "C" fn after_fork_in_parent() {
     loader::after_fork();
     // `before_fork` locked SESSION on this thread and forgot the guard.
     SESSION.force_unlock();
+    mark_at_fork();
 }
 
-/// The child never traces into its parent's file: stop sampling at once; the parent's
-/// session is forgotten (without touching its writer) when the child stops or restarts. Nor
-/// does it keep its parent's profile endpoint's port.
+/// How long a fork waits, in the parent, for a writer that makes no progress to flush what was
+/// sampled before it.
+const FORK_MARK_WAIT: Duration = Duration::from_millis(100);
+/// How long it waits for one that makes progress (naming the first frames of a large program
+/// takes a writer a while).
+const FORK_MARK_LONGEST: Duration = Duration::from_secs(2);
+
+/// How often the parent looks whether the writer has flushed.
+const FORK_MARK_POLL: Duration = Duration::from_micros(100);
+
+/// Have the writer flush everything sampled before the fork, its packet marked as a closed
+/// trace's last one (`Msg::Mark`), so that a parent that `_exit`s right after the fork (as
+/// `daemon(3)` does) leaves a trace that reads as closed; a later flush unmarks it. Waited for
+/// while the writer makes progress, at most [`FORK_MARK_LONGEST`], and at most
+/// [`FORK_MARK_WAIT`] without progress: a writer blocked, or a full queue, leave the trace as
+/// it was (it then reads as "not closed" if the parent ends so).
+fn mark_at_fork() {
+    if !currently_tracing() {
+        return;
+    }
+    let slot = SESSION.lock();
+    let Some(session) = slot.running.as_ref().filter(|s| s.pid == getpid()) else { return };
+    let Some(seq) = session.channel.send_mark(handoff::session_tag(session.id)) else { return };
+    session.doorbell.ring();
+    let started = Instant::now();
+    let mut stall = Stall::watch(session.channel, FORK_MARK_WAIT, false);
+    while !session.channel.marked(seq)
+        && !session.writer.is_finished()
+        && started.elapsed() < FORK_MARK_LONGEST
+        && stall.stalled().is_none()
+    {
+        std::thread::sleep(FORK_MARK_POLL);
+    }
+}
+
+/// The child never traces into its parent's file: stop sampling at once, watching the parent
+/// instead (see [`forked`]); the parent's session is forgotten (without touching its writer)
+/// when the child stops or restarts. Nor does it keep its parent's profile endpoint's port.
 extern "C" fn after_fork_in_child() {
-    STATE.store(OFF, Ordering::SeqCst);
+    forked::after_fork_in_child();
     loader::after_fork();
     handoff::unpublish();
     // `before_fork` locked SESSION in the parent on the thread that is the child's only
