@@ -259,6 +259,12 @@ for (const name of BROWSERS) describe(name, () => {
       assert.equal(sites.length, 1, cli.join('\n'));
       assert.match(sites[0], /^ *500\.0 KiB .* 500 .*app::build_index \(src\/index\.rs:50\)$/, sites[0]);
 
+      // A view typed into the address bar (a new fragment) is opened too: the
+      // fields it leaves out go back to their defaults.
+      n = await updates(page); await page.evaluate(() => { location.hash = '#live=end'; }); await settled(page, n);
+      assert.equal(await value(page, '#f-live'), 'end'); assert.equal(await value(page, '#f-life-max'), '');
+      assert.match(await text(page, '#filter-totals'), /20 of 170 blocks, 160 KiB/);
+
       // Figures from fewer than 10 samples are marked: the first two configuration blocks,
       // 4 samples each. Their 95% interval is the exact Poisson one, 3.45–15.8 samples
       // (Byar's approximation would say 3.44), and the command line's bounds are the same.
