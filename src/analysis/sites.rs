@@ -3,10 +3,11 @@
 //! A site is the innermost frame outside the allocator machinery ([`is_allocator_frame`]:
 //! the standard library's allocation and collections, hashbrown, this crate's allocator
 //! and the unwinder); whole stacks also lose the runtime's start-up frames at their outer
-//! end ([`is_root_frame`]), below the span and thread frames of this crate's runtime, which
-//! stay outermost. Allocator frames are trimmed
-//! from the inner end only, so a program's closure called from `core` is still a site. With
-//! [`Grouping::stacks`] a site is the whole stack with those frames trimmed. OCaml traces
+//! end ([`is_root_frame`]), and a hand-off to a runtime just inside them
+//! (`frames::hands_off_to_runtime`), below the span and thread frames of this crate's runtime,
+//! which stay outermost. Allocator frames are trimmed from the inner end only, so a program's
+//! closure called from `core` is still a site. With [`Grouping::stacks`] a site is the whole
+//! stack with those frames trimmed. OCaml traces
 //! never match these patterns, so their site is simply the innermost frame. Grouped by span
 //! or thread ([`Grouping::kind`]), a stack keeps only the frames of that kind instead of
 //! being trimmed: a site is its innermost span (all its spans with `stacks`) or its thread.
