@@ -109,8 +109,9 @@ fn is_c_library_offset(function: &str) -> bool {
 /// Prefixes (after any leading `<`) of the code that runs `main`, a spawned thread's closure
 /// or an async task: the standard library's start, panic catching, thread spawn closures and
 /// the `FnOnce` calls between them; tokio's scheduler and task harness, which poll a task's
-/// future on a worker thread; `tracing`'s `Instrumented` wrapper around a future.
-const RUST_ROOT_PREFIXES: [&str; 14] = [
+/// future on a worker thread; rayon's worker loop and the splitting of a parallel iterator
+/// that it runs; `tracing`'s `Instrumented` wrapper around a future.
+const RUST_ROOT_PREFIXES: [&str; 16] = [
     "std::rt::",
     "std::panicking::",
     "std::panic::",
@@ -122,6 +123,8 @@ const RUST_ROOT_PREFIXES: [&str; 14] = [
     "tokio::runtime::",
     "tokio::task::",
     "tokio::loom::",
+    "rayon_core::",
+    "rayon::iter::plumbing::",
     "tracing::instrument::Instrumented",
     "alloc::boxed::Box<dyn core::ops::function::FnOnce",
     // The same with its generic arguments elided (`analysis::short_name`).
@@ -129,9 +132,14 @@ const RUST_ROOT_PREFIXES: [&str; 14] = [
 ];
 
 /// Crates (the start of their source directory's name) and parts of the source paths in them of
-/// the same code: tokio's scheduler and task harness, `tracing`'s instrumented futures.
-const CRATE_ROOT_FILES: [(&str, &[&str]); 2] =
-    [("/tokio-1.", &["/src/runtime/", "/src/task/", "/src/loom/"]), ("/tracing-0.1.", &["/src/instrument.rs"])];
+/// the same code: tokio's scheduler and task harness, rayon's pool and its iterators' splitting,
+/// `tracing`'s instrumented futures.
+const CRATE_ROOT_FILES: [(&str, &[&str]); 4] = [
+    ("/tokio-1.", &["/src/runtime/", "/src/task/", "/src/loom/"]),
+    ("/rayon-core-1.", &["/src/"]),
+    ("/rayon-1.", &["/src/iter/plumbing/"]),
+    ("/tracing-0.1.", &["/src/instrument.rs"]),
+];
 
 /// Source paths of the same code (line-tables-only debug info names inlined frames without
 /// their path: `lang_start`, `call_once`, `{closure#0}`), and of the C library's start-up.
@@ -166,11 +174,36 @@ pub fn is_root_frame(function: &str, file: &str) -> bool {
         || CRATE_ROOT_FILES.iter().any(|(krate, parts)| file.contains(krate) && parts.iter().any(|p| file.contains(p)))
 }
 
+/// The function whose closure or async body `function` is (`app::main` of
+/// `app::main::{{closure}}`, `app::main::{async_block#0}` or `app::main::{closure#0}::{closure#1}`),
+/// or `None` for a function that is no closure.
+pub fn enclosing_function(function: &str) -> Option<&str> {
+    let mut name = function;
+    while let Some((outer, last)) = name.rsplit_once("::") {
+        if !last.starts_with('{') {
+            break;
+        }
+        name = outer;
+    }
+    (name.len() < function.len() && !name.is_empty()).then_some(name)
+}
+
+/// Whether the outermost frames of a stack that are the program's own begin with a hand-off to
+/// a runtime: a function `outer` (the `main` that `#[tokio::main]` writes, a function that calls
+/// `Runtime::block_on` or rayon's `install`) that runs its own closure or async body `inner`
+/// through root frames ([`is_root_frame`]: the runtime's `block_on` and its scheduler). That
+/// tower is start-up too: trimmed, the stack starts at `inner`. `between` is the number of root
+/// frames between the two (at least one: a closure called directly is the program's own call).
+pub(crate) fn hands_off_to_runtime(outer: &str, inner: &str, between: usize) -> bool {
+    between > 0 && enclosing_function(inner) == Some(outer)
+}
+
 /// The indexes of the `len` frames of a stack (innermost first, `frame(i)` the function and
 /// file of the `i`th) that are kept: without the allocator frames at the inner end unless
 /// `keep_allocator_frames`, and without the root frames below the span and thread
-/// pseudo-frames at the outer end (which are kept) unless `keep_root_frames`. A stack of
-/// allocator frames only is kept whole.
+/// pseudo-frames at the outer end (which are kept) unless `keep_root_frames`, nor a hand-off
+/// to a runtime just inside them ([`hands_off_to_runtime`]). A stack of allocator frames only
+/// is kept whole.
 pub(crate) fn kept_frames<'a>(
     len: usize,
     keep_allocator_frames: bool,
@@ -186,7 +219,52 @@ pub(crate) fn kept_frames<'a>(
     if !keep_root_frames {
         if let Some(last) = (start..end).rev().find(|&i| !is_root_frame(frame(i).0, frame(i).1)) {
             end = last + 1;
+            // The outermost kept frame hands its body to a runtime: the stack starts there.
+            let inner = (start..last).rev().find(|&i| !is_root_frame(frame(i).0, frame(i).1));
+            if let Some(inner) = inner.filter(|&i| hands_off_to_runtime(frame(last).0, frame(i).0, last - i - 1)) {
+                end = inner + 1;
+            }
         }
     }
     (start..end).chain(code_end..len)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_closure_names_its_enclosing_function() {
+        assert_eq!(enclosing_function("app::main::{{closure}}"), Some("app::main"));
+        assert_eq!(enclosing_function("app::main::{async_block#0}"), Some("app::main"));
+        assert_eq!(enclosing_function("app::main::{closure#0}::{closure#1}"), Some("app::main"));
+        assert_eq!(enclosing_function("app::main"), None);
+        assert_eq!(enclosing_function("{closure#0}"), None);
+    }
+
+    /// `#[tokio::main]`'s main thread, innermost first (see `tests/integration/cli_analysis.rs`
+    /// for the same through the sites of an analysis).
+    const TOKIO_MAIN: [(&str, &str); 7] = [
+        ("alloc::raw_vec::finish_grow", "/rustc/x/library/alloc/src/raw_vec.rs"),
+        ("app::main::{{closure}}", "src/main.rs"),
+        ("tokio::runtime::park::CachedParkThread::block_on", "tokio-1.54.1/src/runtime/park.rs"),
+        ("tokio::runtime::runtime::Runtime::block_on", "tokio-1.54.1/src/runtime/runtime.rs"),
+        ("app::main", "src/main.rs"),
+        ("std::rt::lang_start_internal", "/rustc/x/library/std/src/rt.rs"),
+        ("main", "<thread>"),
+    ];
+
+    #[test]
+    fn kept_frames_leave_out_a_hand_off_to_a_runtime() {
+        let kept = |stack: &[(&'static str, &'static str)], keep_root_frames| {
+            kept_frames(stack.len(), false, keep_root_frames, |i| stack[i]).collect::<Vec<_>>()
+        };
+        assert_eq!(kept(&TOKIO_MAIN, false), [1, 6]);
+        assert_eq!(kept(&TOKIO_MAIN, true), [1, 2, 3, 4, 5, 6]);
+        // `main` calling its closure itself is its own call.
+        let direct = [TOKIO_MAIN[0], TOKIO_MAIN[1], TOKIO_MAIN[4], TOKIO_MAIN[5], TOKIO_MAIN[6]];
+        assert_eq!(kept(&direct, false), [1, 2, 4]);
+        // A stack that ends in the runtime, inside `main`, keeps `main`.
+        assert_eq!(kept(&TOKIO_MAIN[2..], false), [0, 1, 2, 4]);
+    }
 }

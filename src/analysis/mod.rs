@@ -24,7 +24,7 @@ mod pass;
 mod sites;
 pub mod stacks;
 
-pub use crate::frames::{is_allocator_frame, is_root_frame};
+pub use crate::frames::{enclosing_function, is_allocator_frame, is_root_frame};
 pub use copy::{copy, Copied};
 pub use dump::dump;
 pub use estimate::{poisson_interval, Estimate, FEW_SAMPLES, Z};

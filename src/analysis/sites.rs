@@ -3,10 +3,11 @@
 //! A site is the innermost frame outside the allocator machinery ([`is_allocator_frame`]:
 //! the standard library's allocation and collections, hashbrown, this crate's allocator
 //! and the unwinder); whole stacks also lose the runtime's start-up frames at their outer
-//! end ([`is_root_frame`]), below the span and thread frames of this crate's runtime, which
-//! stay outermost. Allocator frames are trimmed
-//! from the inner end only, so a program's closure called from `core` is still a site. With
-//! [`Grouping::stacks`] a site is the whole stack with those frames trimmed. OCaml traces
+//! end ([`is_root_frame`]), and a hand-off to a runtime just inside them
+//! (`frames::hands_off_to_runtime`), below the span and thread frames of this crate's runtime,
+//! which stay outermost. Allocator frames are trimmed from the inner end only, so a program's
+//! closure called from `core` is still a site. With [`Grouping::stacks`] a site is the whole
+//! stack with those frames trimmed. OCaml traces
 //! never match these patterns, so their site is simply the innermost frame. Grouped by span
 //! or thread ([`Grouping::kind`]), a stack keeps only the frames of that kind instead of
 //! being trimmed: a site is its innermost span (all its spans with `stacks`) or its thread.
@@ -16,7 +17,7 @@ use std::sync::Arc;
 use super::pass::{Analysis, Frame, FrameId, FrameKind, Measure, StackStats};
 use super::stacks::{FrameTrie, NodeId, ROOT};
 use crate::format::hash::FastMap;
-use crate::frames::{is_allocator_frame, is_root_frame, kept_frames};
+use crate::frames::{hands_off_to_runtime, is_allocator_frame, is_root_frame, kept_frames};
 
 /// How stacks are grouped into sites.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -128,6 +129,9 @@ struct Walk {
     all: NodeId,
     /// The same without the outermost root frames; `None` while every code frame is one.
     trimmed: Option<NodeId>,
+    /// While the frames after the outermost kept one are root frames: that frame and how many
+    /// there are (a hand-off to a runtime, [`hands_off_to_runtime`], if its body follows).
+    hand_off: Option<(FrameId, usize)>,
     /// `all`, `trimmed` and the frame at the innermost frame so far that is not the
     /// allocator's.
     last_kept: Option<(NodeId, Option<NodeId>, FrameId)>,
@@ -136,13 +140,21 @@ struct Walk {
 }
 
 impl Walk {
-    const START: Walk =
-        Walk { in_pseudo: true, pseudo: ROOT, all: ROOT, trimmed: None, last_kept: None, innermost: None };
+    const START: Walk = Walk {
+        in_pseudo: true,
+        pseudo: ROOT,
+        all: ROOT,
+        trimmed: None,
+        hand_off: None,
+        last_kept: None,
+        innermost: None,
+    };
 }
 
 /// What [`ranked`] needs to know of each frame.
-struct Rules {
+struct Rules<'a> {
     grouping: Grouping,
+    frames: &'a [Frame],
     kind: Vec<FrameKind>,
     /// Trimmed from the inner end unless the allocator's frames are kept.
     allocator: Vec<bool>,
@@ -150,11 +162,12 @@ struct Rules {
     root: Vec<bool>,
 }
 
-impl Rules {
-    fn new(analysis: &Analysis, grouping: Grouping) -> Rules {
+impl<'a> Rules<'a> {
+    fn new(analysis: &'a Analysis, grouping: Grouping) -> Rules<'a> {
         let frames = &analysis.frames;
         Rules {
             grouping,
+            frames,
             kind: frames.iter().map(Frame::kind).collect(),
             allocator: frames
                 .iter()
@@ -190,11 +203,20 @@ impl Rules {
         walk.innermost = Some(f);
         if stacks {
             walk.all = sites.child(walk.all, f);
-            walk.trimmed = match walk.trimmed {
-                Some(t) => Some(sites.child(t, f)),
-                None if !self.root[f] => Some(sites.child(walk.pseudo, f)),
-                None => None,
+            let (trimmed, hand_off) = match (walk.trimmed, walk.hand_off) {
+                (Some(t), Some((outer, between))) if self.root[f] => {
+                    (Some(sites.child(t, f)), Some((outer, between + 1)))
+                }
+                (Some(_), Some((outer, between)))
+                    if hands_off_to_runtime(&self.frames[outer].function, &self.frames[f].function, between) =>
+                {
+                    (Some(sites.child(walk.pseudo, f)), None)
+                }
+                (Some(t), _) => (Some(sites.child(t, f)), None),
+                (None, _) if !self.root[f] => (Some(sites.child(walk.pseudo, f)), Some((f, 0))),
+                (None, _) => (None, None),
             };
+            (walk.trimmed, walk.hand_off) = (trimmed, hand_off);
         }
         if !self.allocator[f] {
             walk.last_kept = Some((walk.all, walk.trimmed, f));

@@ -5,7 +5,7 @@
 // and 1400 px. puppeteer-core drives both Debian browsers: Chromium over the DevTools
 // protocol, Firefox over WebDriver BiDi (no geckodriver, no browser download).
 // Env: MEMTRACE_BIN, REPORT_TRACE, REPORT_HTML, DIFF_HTML, THIN_HTML, STARTUP_TRACE,
-// STARTUP_HTML, HOSTILE_HTML, ARTIFACTS (screenshots), BROWSERS (default 'chromium,firefox'), CHROMIUM
+// STARTUP_HTML, HOSTILE_HTML, TOKIO_HTML (the tokio example's trace's page), ARTIFACTS (screenshots), BROWSERS (default 'chromium,firefox'), CHROMIUM
 // (default /usr/bin/chromium), FIREFOX (default /usr/bin/firefox-esr); BIG_REPORT
 // (optional: a report to time opening and filtering).
 import { describe, test, before, after } from 'node:test';
@@ -76,13 +76,24 @@ async function fill(page, sel, v) {
 const until = (page, flags) => page.waitForFunction((s) => document.getElementById('cli-equivalent').textContent === s, {}, `memtrace hotspots TRACE ${flags}`);
 async function settled(page, before) { await page.waitForFunction((n) => +document.body.dataset.updates > n, {}, before); }
 const updates = (page) => page.evaluate(() => +document.body.dataset.updates);
+// `file` may carry a view in its fragment (`page.html#live=`).
 async function open(browser, file) {
   const page = await browser.newPage(); const errors = watch(page);
   await page.setViewport({ width: 1400, height: 1000 });
-  await page.goto('file://' + file);
+  await page.goto(file.startsWith('file:') ? file : 'file://' + file);
   await page.waitForSelector('body[data-ready="1"]', { timeout: 60000 });
   return { page, errors };
 }
+// Back to the page's default view (live at the peak), then to everything allocated.
+async function allocatedAnyTime(page) {
+  let n = await updates(page); await page.click('#f-reset'); await settled(page, n);
+  n = await updates(page); await page.click('#q-allocated'); await settled(page, n);
+  assert.equal(await page.evaluate(() => document.getElementById('cli-equivalent').textContent), 'memtrace hotspots TRACE');
+}
+// The view in the page's URL: its fragment.
+const fragment = (page) => page.evaluate(() => location.hash);
+// The labels of the flame graph's frames (its titles up to the figures).
+const flameLabels = async (page) => (await all(page, '#flamegraph-svg g title', 'e.textContent')).map((t) => t.split(' — ')[0]);
 
 for (const name of BROWSERS) describe(name, () => {
   let browser;
@@ -106,6 +117,29 @@ for (const name of BROWSERS) describe(name, () => {
     const layout = await page.evaluate(() => ({ sw: document.documentElement.scrollWidth, minFont: Math.min(...[...document.querySelectorAll('td, th, label, p, button, legend')].filter((e) => e.offsetParent).map((e) => parseFloat(getComputedStyle(e).fontSize))) }));
     assert.ok(layout.sw <= 760, `page is ${layout.sw}px wide at 760`);
     assert.ok(layout.minFont >= 11, `smallest text ${layout.minFont}px`);
+    await columnsReachable(page, 760);
+    // Narrower still, the table no longer fits its box: it scrolls sideways.
+    await page.setViewport({ width: 420, height: 1000 }); await new Promise((r) => setTimeout(r, 400));
+    assert.ok(await columnsReachable(page, 420), 'the sites table fits in 420 px: the scroll is not tested');
+    await page.setViewport({ width: 760, height: 1000 }); await new Promise((r) => setTimeout(r, 400));
+  }
+  // Every column of the sites table is shown, and one the box cannot hold is a sideways scroll
+  // away: scrolled to its end, the box shows the last column whole. Whether it had to scroll.
+  async function columnsReachable(page, width) {
+    await reveal(page, '#sites');
+    const columns = await page.evaluate(() => {
+      const box = document.getElementById('sites'), ths = [...box.querySelectorAll('thead th')];
+      const shown = ths.map((th) => th.getBoundingClientRect().width > 0 && getComputedStyle(th).display !== 'none');
+      box.scrollLeft = box.scrollWidth;
+      const right = box.getBoundingClientRect().right, last = ths[ths.length - 1].getBoundingClientRect().right;
+      const out = { shown, labels: ths.map((th) => th.textContent), lastInside: last <= right + 1, scrolls: box.scrollWidth > box.clientWidth, byHand: ['auto', 'scroll'].includes(getComputedStyle(box).overflowX) };
+      box.scrollLeft = 0;
+      return out;
+    });
+    assert.ok(columns.shown.every(Boolean), `hidden columns at ${width}: ${columns.labels.filter((_, i) => !columns.shown[i])}`);
+    // A script can scroll a box whose overflow is hidden; a reader cannot.
+    assert.ok(columns.lastInside && (columns.byHand || !columns.scrolls), `the last column of the sites table cannot be scrolled to at ${width}`);
+    return columns.scrolls;
   }
 
   test('known-answer report', async () => {
@@ -113,8 +147,35 @@ for (const name of BROWSERS) describe(name, () => {
     const { page, errors } = await open(browser, html);
     try {
       for (const id of ['timeline', 'filters', 'flamegraph', 'sites', 'site-timeline', 'callees', 'callers', 'lifetimes', 'poi']) assert.ok(await count(page, '#' + id), id);
+      const history0 = await page.evaluate(() => history.length);
+      // The page opens on what is live at the peak: the index and the cache, 660 KiB, with
+      // the default view's URL (no fragment).
+      assert.equal(await value(page, '#f-live'), 'peak');
+      assert.equal(await attr(page, '#q-peak', 'aria-pressed'), 'true');
+      assert.match(await text(page, '#filter-totals'), /70 of 170 blocks, 660 KiB \(660 samples\)/);
+      assert.equal(await text(page, '#cli-equivalent'), 'memtrace hotspots TRACE --live-at peak');
+      assert.equal(+(await attr(page, '#flamegraph-svg', 'data-total')), 660 * KiB);
+      assert.equal(await fragment(page), '');
+      // The time axis starts at 0 in the unit of the trace's length (600 ms), and the chart
+      // keeps room after the trace's end for what is left then (the cache, never freed).
+      const ticks = await all(page, '#timeline-svg .axis text', 'e.textContent');
+      assert.ok(ticks.includes('0 ms') && ticks.includes('200 ms') && !ticks.some((t) => /µs/.test(t)), `${ticks}`);
+      const end = await page.evaluate(() => { const s = document.getElementById('timeline-svg'); return { x1: +s.dataset.x1, vw: s.viewBox.baseVal.width, endLive: +s.dataset.endLive }; });
+      assert.equal(end.endLive, 160 * KiB);
+      assert.ok(end.x1 + 10 <= end.vw - 12, `the trace ends at ${end.x1} of ${end.vw} px`);
+      // Everything allocated, a click away.
+      let n = await updates(page); await click(page, '#q-allocated'); await settled(page, n);
+      assert.equal(await value(page, '#f-live'), '');
+      assert.equal(await attr(page, '#q-allocated', 'aria-pressed'), 'true');
+      assert.equal(await fragment(page), '#live=');
       // Unfiltered: 1060 KiB allocated, peak 660 KiB at 319 ms.
       assert.match(await text(page, '#peak-label'), /peak 660 KiB at 319ms/);
+      // Points of interest: the stacks where the bytes split, none inside another (main and
+      // app::run would hold the others'), their shares adding up to the whole, and saying so.
+      const poi = await all(page, '#poi-stacks li', "[e.querySelector('a').textContent, +/\\(([\\d.]+)%\\)/.exec(e.textContent)[1]]");
+      assert.deepEqual(poi.map((p) => p[0]).sort(), ['app::build_index (src/index.rs:50)', 'app::cache::insert (src/cache.rs:60)', 'app::load_config (src/config.rs:30)']);
+      assert.ok(Math.abs(poi.reduce((sum, p) => sum + p[1], 0) - 100) < 0.2, `${poi}`);
+      assert.match(await text(page, '#poi'), /includes its callees/);
       assert.equal(+(await attr(page, '#flamegraph-svg', 'data-total')), 1060 * KiB);
       assert.match(await text(page, '#filter-totals'), /170 of 170 blocks, 1\.04 MiB \(1060 samples\)/);
       // The live curve reaches the peak it labels (which falls between two of its points), and
@@ -128,7 +189,7 @@ for (const name of BROWSERS) describe(name, () => {
       const d = await page.evaluate(() => ({ ...document.getElementById('timeline-svg').dataset, vw: document.getElementById('timeline-svg').viewBox.baseVal.width }));
       const px = (t) => box.x + ((+d.x0 + (t / +d.t1) * (+d.x1 - +d.x0)) / d.vw) * box.width;
       const y = box.y + box.height / 2;
-      let n = await updates(page);
+      n = await updates(page);
       await page.mouse.move(px(150e3), y); await page.mouse.down(); await page.mouse.move(px(300e3), y, { steps: 5 }); await page.mouse.move(px(450e3), y, { steps: 5 }); await page.mouse.up();
       await settled(page, n);
       const lo = await value(page, '#f-alloc-lo'), hi = await value(page, '#f-alloc-hi');
@@ -145,6 +206,27 @@ for (const name of BROWSERS) describe(name, () => {
       n = await updates(page); await fill(page, '#f-life-max', '500ms'); await settled(page, n);
       assert.match(await text(page, '#filter-totals'), /50 of 170 blocks, 500 KiB \(500 samples\)/);
       assert.match(await text(page, '#cli-equivalent'), /--live-at peak --lifetime-under 500ms/);
+      // The view is in the URL, replaced rather than pushed (Back leaves the page), and a page
+      // opened at that URL shows the same view, flame graph mode and roots included.
+      n = await updates(page); await page.select('#fg-root', 'thread'); await settled(page, n);
+      await page.select('#fg-mode', 'icicle');
+      const url = await page.evaluate(() => location.href), view = await fragment(page);
+      for (const part of ['alloc-lo=', 'alloc-hi=', 'life-max=500ms', 'fg-mode=icicle', 'fg-root=thread']) assert.ok(view.includes(part), `${part} in ${view}`);
+      assert.ok(!view.includes('live='), `the default, live at the peak, is left out: ${view}`);
+      assert.equal(await page.evaluate(() => history.length), history0);
+      // Read before the second page comes to the front: a page behind gets no animation frames.
+      const controls = ['#f-alloc-lo', '#f-alloc-hi', '#f-live', '#f-life-max', '#fg-mode', '#fg-root'];
+      const shown = { values: await Promise.all(controls.map((sel) => value(page, sel))), cli: await text(page, '#cli-equivalent') };
+      const again = await open(browser, url);
+      try {
+        assert.deepEqual(await Promise.all(controls.map((sel) => value(again.page, sel))), shown.values);
+        assert.equal(await text(again.page, '#cli-equivalent'), shown.cli);
+        assert.match(await text(again.page, '#filter-totals'), /50 of 170 blocks, 500 KiB \(500 samples\)/);
+        assert.equal(await fragment(again.page), view);
+        assert.deepEqual(again.errors, []);
+      } finally { await again.page.close(); }
+      await page.bringToFront();
+      await page.select('#fg-mode', 'flame'); n = await updates(page); await page.select('#fg-root', 'span'); await settled(page, n);
 
       // Flame graph: the root and the chain main → app::run → app::build_index, 500 KiB each.
       assert.equal(+(await attr(page, '#flamegraph-svg', 'data-total')), 500 * KiB);
@@ -177,6 +259,12 @@ for (const name of BROWSERS) describe(name, () => {
       assert.equal(sites.length, 1, cli.join('\n'));
       assert.match(sites[0], /^ *500\.0 KiB .* 500 .*app::build_index \(src\/index\.rs:50\)$/, sites[0]);
 
+      // A view typed into the address bar (a new fragment) is opened too: the
+      // fields it leaves out go back to their defaults.
+      n = await updates(page); await page.evaluate(() => { location.hash = '#live=end'; }); await settled(page, n);
+      assert.equal(await value(page, '#f-live'), 'end'); assert.equal(await value(page, '#f-life-max'), '');
+      assert.match(await text(page, '#filter-totals'), /20 of 170 blocks, 160 KiB/);
+
       // Figures from fewer than 10 samples are marked: the first two configuration blocks,
       // 4 samples each. Their 95% interval is the exact Poisson one, 3.45–15.8 samples
       // (Byar's approximation would say 3.44), and the command line's bounds are the same.
@@ -190,7 +278,7 @@ for (const name of BROWSERS) describe(name, () => {
       assert.equal(site.estimate.samples, 8);
       const [lo8, hi8] = low[0][2].split(' – ');
       assert.ok(showsBytes(lo8, site.estimate.low) && showsBytes(hi8, site.estimate.high), `${low[0][2]} vs ${JSON.stringify(site.estimate)}`);
-      n = await updates(page); await page.click('#f-reset'); await settled(page, n);
+      await allocatedAnyTime(page);
 
       // Function clauses, several substrings each: inside run and cache is the cache; not
       // inside cache or init is the index. The command line agrees.
@@ -201,7 +289,7 @@ for (const name of BROWSERS) describe(name, () => {
       await fill(page, '#f-inside', ''); await fill(page, '#f-not-inside', 'cache;init'); await until(page, "--not-inside 'cache' --not-inside 'init'");
       assert.match(await text(page, '#filter-totals'), /50 of 170 blocks, 500 KiB/);
       assert.match((await hotspots(page, trace))[0], /total 500\.0 KiB\b.* in 500 samples, 50 sampled allocations$/);
-      n = await updates(page); await page.click('#f-reset'); await settled(page, n);
+      await allocatedAnyTime(page);
 
       // Hidden functions choose no block: they leave the stacks, and what they allocated
       // counts for their nearest caller not hidden (past the index's Vec::push, allocator
@@ -221,7 +309,7 @@ for (const name of BROWSERS) describe(name, () => {
       await fill(page, '#f-inside', ''); await fill(page, '#f-hide', 'app::; main');
       await until(page, "--hide 'app::' --hide 'main'");
       assert.deepEqual((await cells(page, '#sites tbody tr')).map((r) => r.slice(0, 2)), [['(no backtrace)', '560 KiB'], ['__rust_alloc', '500 KiB']]);
-      n = await updates(page); await page.click('#f-reset'); await settled(page, n);
+      await allocatedAnyTime(page);
 
       // Never freed, one click away: the cache, 160 KiB.
       n = await updates(page); await click(page, '#lt-never'); await settled(page, n);
@@ -257,7 +345,7 @@ for (const name of BROWSERS) describe(name, () => {
 
   // Beyond --limit the samples are thinned, and the page says so.
   test('thinned report', async () => {
-    const { page, errors } = await open(browser, env('THIN_HTML'));
+    const { page, errors } = await open(browser, env('THIN_HTML') + '#live=');
     try {
       assert.ok(await page.evaluate(() => document.getElementById('thinned').checkVisibility()));
       assert.match(await text(page, '#thinned'), /its 170 sampled blocks exceed the limit of 50 \(memtrace report --limit\), so each of their 1,060 samples was kept with probability 0\.0\d+/);
@@ -282,9 +370,13 @@ for (const name of BROWSERS) describe(name, () => {
       assert.equal(+(await attr(page, '#timeline-svg', 'data-live-max')), 58 * 800);
       const cli = execFileSync(env('MEMTRACE_BIN'), ['hotspots', env('STARTUP_TRACE')]).toString().split('\n').slice(2).filter((l) => /^ +\d/.test(l));
       assert.deepEqual(cli.map((l) => { const [, samples, site] = /^ *\S+ \S+ +\S+ +\S+ +(\d+) +\S+ +(.*)$/.exec(l); return [site, samples]; }), rows);
-      const titles = (await all(page, '#flamegraph-svg g title', 'e.textContent')).map((t) => t.split(' — ')[0]);
+      // Threads merged (the default): no thread frame; split by thread, the thread's.
       const libc = 'libc.so.6+0x2724a (/lib/x86_64-linux-gnu/libc.so.6:1)';
-      assert.deepEqual(titles.sort(), ['all', 'thread main', 'app::parse (src/app.rs:40)', 'app::run (src/app.rs:20)', 'std::rt::lang_start_internal (library/std/src/rt.rs:1)', '_start', 'main', libc].sort());
+      const frames = ['all', 'app::parse (src/app.rs:40)', 'app::run (src/app.rs:20)', 'std::rt::lang_start_internal (library/std/src/rt.rs:1)', '_start', 'main', libc];
+      assert.equal(await value(page, '#fg-root'), 'span');
+      assert.deepEqual((await flameLabels(page)).sort(), frames.slice().sort());
+      let n = await updates(page); await page.select('#fg-root', 'thread'); await settled(page, n);
+      assert.deepEqual((await flameLabels(page)).sort(), frames.concat(['thread main']).sort());
       // The frames from a node out to the thread's, as the flame graph draws them.
       const outward = async (label) => page.evaluate((label) => {
         const title = (g) => g.querySelector('title').textContent.split(' — ')[0];
@@ -295,8 +387,35 @@ for (const name of BROWSERS) describe(name, () => {
       // Trimmed: the outermost frame under the thread is the program's own.
       assert.deepEqual(await outward('app::run (src/app.rs:20)'), ['app::run (src/app.rs:20)', 'thread main']);
       // Unticked, the start-up frames are back, in their order.
-      const n = await updates(page); await click(page, '#f-trim-root'); await settled(page, n);
+      n = await updates(page); await click(page, '#f-trim-root'); await settled(page, n);
       assert.deepEqual(await outward('app::run (src/app.rs:20)'), ['app::run (src/app.rs:20)', 'main', libc, '_start', 'thread main']);
+      assert.deepEqual(errors, []);
+    } finally { await page.close(); }
+  });
+
+  // The tokio example's trace: its main thread hands `main`'s async body to the runtime, whose
+  // `block_on` tower is trimmed with the start-up frames: under the thread, the body.
+  test('tokio runtime start-up trimmed', async () => {
+    const { page, errors } = await open(browser, env('TOKIO_HTML') + '#live=&fg-root=thread');
+    try {
+      const towers = async () => page.evaluate(() => {
+        const title = (g) => g.querySelector('title').textContent.split(' — ')[0];
+        const gs = [...document.querySelectorAll('#flamegraph-svg g')], main = gs.find((g) => title(g) === 'thread main');
+        const under = main ? gs.filter((g) => g.dataset.parent === main.dataset.node).map(title) : [];
+        return { under, all: gs.map(title) };
+      });
+      const trimmed = await towers();
+      assert.ok(trimmed.under.length > 0, 'the main thread allocated');
+      // Under the thread: `main`'s body, and `main` where it allocates itself (the runtime's
+      // building), never the tower between them.
+      assert.ok(trimmed.under.some((f) => f.startsWith('tokio_spans::main::{')), `under thread main: ${trimmed.under}`);
+      for (const f of trimmed.under) assert.match(f, /^tokio_spans::main(::\{| \()/, `under thread main: ${trimmed.under}`);
+      assert.deepEqual(trimmed.all.filter((f) => /block_on|lang_start/.test(f)), []);
+      // The tower is there to trim: with the start-up frames kept, block_on is drawn.
+      const n = await updates(page); await click(page, '#f-trim-root'); await settled(page, n);
+      assert.ok((await towers()).all.some((f) => f.startsWith('tokio::runtime::runtime::Runtime::block_on')));
+      await click(page, '#f-trim-root');
+      await shot(page, 'tokio-1400');
       assert.deepEqual(errors, []);
     } finally { await page.close(); }
   });
@@ -333,7 +452,8 @@ for (const name of BROWSERS) describe(name, () => {
   // bidi overrides, invalid UTF-8 and markup (tests/integration/cli_inert.rs): no markup
   // runs, and the page shows every such character as its escape (`\u{202e}`), never raw.
   test('hostile names', async () => {
-    const { page, errors } = await open(browser, env('HOSTILE_HTML'));
+    // Everything allocated, split by thread: every name the trace holds is shown.
+    const { page, errors } = await open(browser, env('HOSTILE_HTML') + '#live=&fg-root=thread');
     try {
       assert.equal(await count(page, 'img, iframe, object, embed'), 0);
       assert.equal(await count(page, 'script'), 2);

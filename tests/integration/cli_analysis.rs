@@ -227,6 +227,17 @@ fn root_frame_patterns() {
         // Debian's libc has no symbols for its start-up functions.
         ("libc.so.6+0x2724a", "/lib/x86_64-linux-gnu/libc.so.6 build-id 79005c16".to_string()),
         ("libpthread.so.0+0x7fa3", "/lib/x86_64-linux-gnu/libpthread.so.0".to_string()),
+        // rayon's worker loop and the splitting of a parallel iterator, with their paths and
+        // (inlined, line tables only) without.
+        ("rayon_core::registry::WorkerThread::wait_until_cold", String::new()),
+        ("<rayon_core::job::StackJob<L,F,R> as rayon_core::job::Job>::execute", String::new()),
+        ("rayon::iter::plumbing::bridge_producer_consumer::helper", String::new()),
+        (
+            "main_loop",
+            "/home/u/.cargo/registry/src/index.crates.io-6f17d22bba15001f/rayon-core-1.12.1/src/registry.rs"
+                .to_string(),
+        ),
+        ("helper<T>", "/home/u/.cargo/registry/src/x/rayon-1.10.0/src/iter/plumbing/mod.rs".to_string()),
     ] {
         assert!(is_root_frame(function, &file), "{function} {file}");
     }
@@ -237,6 +248,8 @@ fn root_frame_patterns() {
         ("libcrypto.so.3+0x1f00", "/lib/libcrypto.so.3"),
         ("app+0x1234", "/usr/bin/app"),
         ("libc.so.6+0xzz", "<unknown>"),
+        // rayon's iterator adaptors run the program's closures: their frames are its calls.
+        ("<rayon::iter::map::MapFolder<C,F> as rayon::iter::plumbing::Folder<T>>::consume", "src/iter/map.rs"),
     ] {
         assert!(!is_root_frame(function, file), "{function} {file}");
     }
@@ -278,6 +291,47 @@ fn root_frames_are_trimmed_from_the_outer_end_unless_kept() {
     let a = analyse(&b.finish(), STACKS);
     let g = Grouping { stacks: true, ..Default::default() };
     assert_eq!(sites::ranked(&a, g, Measure::Allocated)[0].frames().count(), 2);
+}
+
+/// The main thread of a `#[tokio::main]` program, innermost first: the program's handler and
+/// `main`'s async body, tokio's `block_on` tower, the `main` that the macro writes, std's
+/// start-up. `body` names the closure the runtime runs: `main`'s own (a hand-off) or another's.
+fn tokio_main_stack(body: &'static str) -> [(&'static str, &'static str); 9] {
+    [
+        ("app::handle", "src/main.rs"),
+        (body, "src/main.rs"),
+        ("tokio::runtime::park::CachedParkThread::block_on::{{closure}}", "tokio-1.54.1/src/runtime/park.rs"),
+        ("tokio::task::coop::with_budget", "tokio-1.54.1/src/task/coop/mod.rs"),
+        ("tokio::runtime::runtime::Runtime::block_on", "tokio-1.54.1/src/runtime/runtime.rs"),
+        ("app::main", "src/main.rs"),
+        ("std::rt::lang_start::{{closure}}", "/rustc/x/library/std/src/rt.rs"),
+        ("main", "<unknown>"),
+        ("main", "<thread>"),
+    ]
+}
+
+#[test]
+fn a_hand_off_to_a_runtime_is_trimmed_with_the_start_up_frames() {
+    let keys = |body: &'static str, trim: Trim| -> Vec<String> {
+        let stack = tokio_main_stack(body);
+        let mut b = TraceBuilder::new();
+        let codes: Vec<u64> = (0..stack.len() as u64).map(|i| 100 + i).collect();
+        b.alloc_with(10, 1, &codes, |code| location_at(stack[(code - 100) as usize].0, stack[(code - 100) as usize].1));
+        let a = analyse(&b.finish(), STACKS);
+        let g = Grouping { stacks: true, trim, ..Default::default() };
+        sites::ranked(&a, g, Measure::Allocated).iter().map(|s| s.key(&a)).collect()
+    };
+    // `main` hands its async body to tokio: the stack starts at the body, under the thread.
+    let body = "app::main::{{closure}}";
+    let trimmed = "app::handle (src/main.rs:1) <- app::main::{{closure}} (src/main.rs:1) <- thread main";
+    assert_eq!(keys(body, Trim::default()), [trimmed]);
+    assert_eq!(keys("app::main::{async_block#0}", Trim::default())[0].matches(" <- ").count(), 2);
+    // Kept when asked, and with them the whole tower.
+    let kept = keys(body, Trim { keep_root_frames: true, ..Trim::default() });
+    assert_eq!(kept[0].matches(" <- ").count(), 8, "{kept:?}");
+    // Another function's closure run by the runtime is no hand-off of `main`'s: `main` stays.
+    let other = keys("app::serve::{{closure}}", Trim::default());
+    assert!(other[0].ends_with("<- app::main (src/main.rs:1) <- thread main"), "{other:?}");
 }
 
 #[test]

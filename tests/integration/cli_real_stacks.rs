@@ -1,8 +1,8 @@
 //! Whole stacks of traces written by real programs (the sample app: a main thread and a pool
 //! of workers; the tokio example: a multi-thread runtime with spans), read back in every
 //! output that shows them: no stack holds a start-up frame (the standard library's, tokio's
-//! scheduler, the C library's, named or by object and offset) or a raw address, and the
-//! outermost frame under the thread's is the program's own. The stacks of two runs of one
+//! scheduler and `block_on`, the C library's, named or by object and offset) or a raw address,
+//! and the outermost frame under the thread's is the program's own. The stacks of two runs of one
 //! program match, whatever the load addresses and thread ids.
 
 use std::collections::BTreeSet;
@@ -31,7 +31,7 @@ pub fn trace_run(program: &str, rate: &str, trace: &Path) {
 
 /// Parts of the names of the frames that start a program, a thread or a task, which no
 /// trimmed stack may hold (raw addresses and the C library by object and offset included).
-const START_UP: [&str; 14] = [
+const START_UP: [&str; 16] = [
     "lang_start",
     "__rust_begin_short_backtrace",
     "catch_unwind",
@@ -46,6 +46,9 @@ const START_UP: [&str; 14] = [
     "0x7f",
     "tokio::runtime::scheduler::multi_thread::worker::run",
     "tokio::runtime::task::harness",
+    // The tower of `#[tokio::main]`'s `block_on`, between `main` and its async body.
+    "tokio::runtime::runtime::Runtime::block_on",
+    "tokio::runtime::park::CachedParkThread::block_on",
 ];
 
 fn assert_no_start_up_frame(what: &str, frame: &str) {

@@ -2,14 +2,16 @@
 //!
 //! A trace with known answers is built here; `memtrace report` writes its page (and a diff
 //! page), and `tests/browser/report.test.mjs` (node's test runner with puppeteer-core,
-//! driving Debian's chromium and firefox-esr in turn) drags on the chart, applies "live at
-//! peak" and a lifetime bound, checks the figures of the flame graph, the tables and the
-//! chart, checks that the console stays clean and saves screenshots at 760 and 1400 px in
-//! `target/test-artifacts/` (or `$CARGO_TARGET_DIR/test-artifacts/`), one per browser; it
+//! driving Debian's chromium and firefox-esr in turn) checks that the page opens on what is
+//! live at the peak, with everything allocated a click away, drags on the chart, applies a
+//! lifetime bound, checks the figures of the flame graph, the tables and the chart, that the
+//! view is in the URL and a page opened at it shows the same view, that every column of the
+//! sites table is reachable at 760 px, that the console stays clean, and saves screenshots at
+//! 760 and 1400 px in `target/test-artifacts/` (or `$CARGO_TARGET_DIR/test-artifacts/`), one per browser; it
 //! also opens the diff page, a page thinned by `--limit` and the page of a trace with
-//! start-up frames ([`startup_trace`]), whose sites it compares with `hotspots`', and the
-//! page of `cli_inert`'s trace of hostile names (no markup runs, no control or bidi
-//! character is shown raw). `hotspots_gives_the_figures_the_page_shows` checks that
+//! start-up frames ([`startup_trace`]), whose sites it compares with `hotspots`', the page
+//! of the tokio example's trace (no runtime start-up tower) and the page of `cli_inert`'s
+//! trace of hostile names (no markup runs, no control or bidi character is shown raw). `hotspots_gives_the_figures_the_page_shows` checks that
 //! `memtrace hotspots` with the same filter flags gives the same figures.
 //!
 //! Without `tests/browser/node_modules` (`npm ci` there) the browser test says why and
@@ -197,6 +199,10 @@ fn the_page_shows_the_known_figures_in_a_browser() {
     let (hostile, hostile_html) = (dir.path().join("hostile.ctf"), dir.path().join("hostile.html"));
     std::fs::write(&hostile, crate::cli_inert::hostile_trace(0)).unwrap();
     memtrace(&["report", &path(&hostile), "-o", &path(&hostile_html)]);
+    // The tokio example's trace: a `#[tokio::main]`-style `block_on` tower on its main thread.
+    let (tokio, tokio_html) = (dir.path().join("tokio.ctf"), dir.path().join("tokio.html"));
+    crate::cli_real_stacks::trace_run("tokio-spans", "1e-3", &tokio);
+    memtrace(&["report", &path(&tokio), "-o", &path(&tokio_html)]);
     let target = std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| repo("target"), PathBuf::from);
     let artifacts = target.join("test-artifacts");
     std::fs::create_dir_all(&artifacts).unwrap();
@@ -222,6 +228,7 @@ fn the_page_shows_the_known_figures_in_a_browser() {
         .env("STARTUP_TRACE", &startup)
         .env("STARTUP_HTML", &startup_html)
         .env("HOSTILE_HTML", &hostile_html)
+        .env("TOKIO_HTML", &tokio_html)
         .env("ARTIFACTS", &artifacts)
         .env("BROWSERS", browsers.join(","))
         .status()

@@ -6,8 +6,10 @@
 //! of [`memtrace_rs::analysis::filter`] (every view follows it), the live-heap chart (drag to
 //! select a time range), per-site live heap, flame and icicle graphs, top-down and
 //! bottom-up tables, the sites table with 95 % intervals, a lifetime histogram and points
-//! of interest. The sampled blocks are embedded compactly ([`data`]) and every view is
-//! computed from them in the browser by `report/report.js`.
+//! of interest. It opens on what is live at the peak, and keeps the view (every control not at
+//! its default) in the URL's fragment, so that a link opens the same view. The sampled blocks
+//! are embedded compactly ([`data`]) and every view is computed from them in the browser by
+//! `report/report.js`.
 //!
 //! Nothing is fetched: the styles and script are inline, and the data is one JSON
 //! `<script>` element. The page is vanilla JS (the charts and the flame graph are small

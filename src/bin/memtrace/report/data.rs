@@ -5,7 +5,8 @@
 //!
 //! ```text
 //! { version: 1, limit, top, keep: {allocator, root}, cli,
-//!   frames: { strings: [..], fn: [string id], file: [string id], label: [string id], line: [..], alloc: [0|1], root: [0|1] },
+//!   frames: { strings: [..], fn: [string id], file: [string id], label: [string id], line: [..], alloc: [0|1], root: [0|1],
+//!             pseudo: [0|1], body_of: [string id of the function whose closure it is, or −1], thread: [0|1] },
 //!   traces: [ A ] or [ A (base), B (new) ], each
 //!    { name, info: {start_us, rate, word_size, executable, host, runtime, context, pid},
 //!      duration_us, tick_us, truncated, events, warnings: [..],
@@ -44,7 +45,9 @@ use serde_json::{json, Value};
 use memtrace_rs::analysis::blocks::{self, Block};
 use memtrace_rs::analysis::filter::Filter;
 use memtrace_rs::analysis::stacks::{FrameTrie, NodeId, ROOT};
-use memtrace_rs::analysis::{inert, inert_bytes, is_allocator_frame, is_root_frame, FrameKind, FrameTable, Origin};
+use memtrace_rs::analysis::{
+    enclosing_function, inert, inert_bytes, is_allocator_frame, is_root_frame, FrameKind, FrameTable, Origin,
+};
 use memtrace_rs::trace::{Info, Reader, Warning};
 use memtrace_rs::Result;
 
@@ -278,6 +281,15 @@ pub fn write_json(
         intern(&mut files, frame.file.as_str());
         intern(&mut label_ids, label.as_str());
     }
+    // The page trims a hand-off to a runtime as `Trim::kept` does: it compares a closure's
+    // enclosing function with the function of an outer frame.
+    let body_of: Vec<i64> = list
+        .iter()
+        .map(|f| match enclosing_function(&f.function) {
+            Some(outer) => intern_in(&mut strings, &mut ids, outer) as i64,
+            None => -1,
+        })
+        .collect();
     let doc = json!({
         "version": 1, "limit": options.limit, "top": options.top,
         "keep": { "allocator": options.trim.keep_allocator_frames, "root": options.trim.keep_root_frames },
@@ -288,6 +300,8 @@ pub fn write_json(
             "alloc": list.iter().map(|f| u8::from(is_allocator_frame(&f.function, &f.file))).collect::<Vec<_>>(),
             "root": list.iter().map(|f| u8::from(f.kind() == FrameKind::Code && is_root_frame(&f.function, &f.file))).collect::<Vec<_>>(),
             "pseudo": list.iter().map(|f| u8::from(f.kind() != FrameKind::Code)).collect::<Vec<_>>(),
+            "body_of": body_of,
+            "thread": list.iter().map(|f| u8::from(f.kind() == FrameKind::Thread)).collect::<Vec<_>>(),
         },
         "traces": traces.iter().map(TraceData::to_json).collect::<Vec<_>>(),
     });

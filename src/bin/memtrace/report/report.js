@@ -100,10 +100,15 @@ function timeStep(raw) {
   const s = steps.find((s) => raw <= s * 1e6);
   return s ? s * 1e6 : Math.ceil(raw / 864e8) * 864e8;
 }
-// A tick's time: as fmtTime below a minute, then in minutes and seconds (`1min 30s`), never a
-// fraction of a minute.
-function fmtTick(us) {
-  if (us < 6e7) return fmtTime(us);
+// A tick's time, `step` µs after the one before: below a minute in one unit for the whole
+// axis, chosen for the trace's length (`0 s`, `0.5 s`, `1 s`; `0 ms`, `20 ms`), with the
+// decimals of the step; then in minutes and seconds (`1min 30s`), never a fraction of a minute.
+function fmtTick(us, step) {
+  if (us < 6e7) {
+    const [k, unit] = DUR >= 1e6 ? [1e6, 's'] : DUR >= 1e3 ? [1e3, 'ms'] : [1, 'µs'];
+    const decimals = Math.max(0, -Math.floor(Math.log10(step / k) + 1e-9));
+    return `${+(us / k).toFixed(decimals)} ${unit}`;
+  }
   const s = Math.round(us / 1e6), h = Math.floor(s / 3600), m = Math.floor((s % 3600) / 60), sec = s % 60;
   return [h ? `${h}h` : '', m ? `${m}min` : '', sec ? `${sec}s` : ''].filter(Boolean).join(' ') || '0s';
 }
@@ -224,14 +229,48 @@ const trimDefaults = () => { $('f-trim').checked = !D.keep.allocator; $('f-trim-
 trimDefaults();
 $('f-reset').addEventListener('click', () => { $('filters').reset(); trimDefaults(); readForm(); flame.zoom = -1; flame.focus = -1; update(); });
 
+// Two questions a click apart: what is live at the peak (the page opens on it), and what was
+// allocated at all.
+$('q-peak').addEventListener('click', () => { setField('f-live', 'peak'); applyForm(); });
+$('q-allocated').addEventListener('click', () => { setField('f-live', ''); applyForm(); });
+function showQuestion() {
+  for (const [id, on] of [['q-peak', F.live === 'peak'], ['q-allocated', F.live === '']]) { $(id).classList.toggle('on', on); $(id).setAttribute('aria-pressed', on); }
+}
+
+// ------------------------------------------------------------------ the view in the URL
+// Every control of the view (the filter bar, the flame graph's mode and roots) whose value is
+// not the page's default, as `#key=value&…` in the URL's fragment (the page is a file: the
+// fragment is what a link to it can carry), kept up to date as the view changes; a URL with a
+// view in it opens that view.
+const VIEW_IDS = [...document.querySelectorAll('#filters input, #filters select')].map((e) => e.id).concat(['fg-mode', 'fg-root']);
+const viewKey = (id) => id.replace(/^f-/, '');
+const controlValue = (e) => (e.type === 'checkbox' ? (e.checked ? '1' : '0') : e.value);
+let viewDefaults = null; // by id, taken before the URL's view is applied
+function viewFragment() {
+  const q = new URLSearchParams();
+  for (const id of VIEW_IDS) { const v = controlValue($(id)); if (v !== viewDefaults[id]) q.set(viewKey(id), v); }
+  const s = q.toString(); return s ? '#' + s : '';
+}
+function saveView() { const h = viewFragment(); if (h !== location.hash) history.replaceState(null, '', h || location.pathname + location.search); }
+function loadView() {
+  const q = new URLSearchParams(location.hash.slice(1));
+  for (const id of VIEW_IDS) {
+    const e = $(id), v = q.get(viewKey(id)) ?? viewDefaults[id];
+    if (e.type === 'checkbox') e.checked = v === '1';
+    else { e.value = v; if (e.value !== v) e.value = viewDefaults[id]; } // a select keeps a known option
+  }
+  flame.mode = $('fg-mode').value; flame.root = $('fg-root').value;
+}
+
 // ------------------------------------------------------------------ per-filter computation
 const NB = 600; // timeline samples
 // The live bytes of the blocks `idx` (ascending: in allocation order) over the trace: at each
 // of the NB + 1 points k·dt, the most live in the bucket ((k−1)·dt, k·dt] (at 0, at time 0),
-// so that the curve reaches every peak between two points, the labelled one included.
+// so that the curve reaches every peak between two points, the labelled one included; then,
+// as point NB + 1, what is live once the trace has ended.
 // Events at one time count together, as for the command line's peak (blocks::PeakFinder).
 function liveSeries(t, idx) {
-  const dt = DUR / NB, { a, f, ns, bps } = t, out = new Float64Array(NB + 1);
+  const dt = DUR / NB, { a, f, ns, bps } = t, out = new Float64Array(NB + 2);
   const chosen = (t.chosen ||= new Uint8Array(t.n)); chosen.fill(0);
   for (let j = 0; j < idx.length; j++) chosen[idx[j]] = 1;
   // Freed blocks by free time, sorted once per trace.
@@ -248,7 +287,8 @@ function liveSeries(t, idx) {
     out[b] = Math.max(out[b], live);
   }
   while (cur < NB) out[++cur] = live;
-  for (let k = 0; k <= NB; k++) if (out[k] < 1e-6) out[k] = 0;
+  out[NB + 1] = live; // at the end, after its last events: the heap's fall at exit
+  for (let k = 0; k <= NB + 1; k++) if (out[k] < 1e-6) out[k] = 0;
   return out;
 }
 const allIdx = traces.map((t) => { const u = new Uint32Array(t.n); for (let i = 0; i < t.n; i++) u[i] = i; return u; });
@@ -266,6 +306,9 @@ function buildTree(results) {
       for (const a of [selfW, selfN, selfB]) { a[0].push(0); a[1].push(0); } }
     return c;
   }
+  // The flame graph's roots (`memtrace flamegraph --root`): thread frames are drawn only split
+  // by thread, span frames unless merged too; a frame not drawn counts for its callee.
+  const undrawn = Uint8Array.from({ length: nFrames }, (_, fr) => FR.pseudo[fr] && (flame.root === 'code' || (flame.root === 'span' && FR.thread[fr])));
   results.forEach((r, ti) => {
     const t = traces[ti]; if (!r) return;
     // Trimming and hiding as the command line does (Filter::hide_frames, then
@@ -277,11 +320,21 @@ function buildTree(results) {
     // them, and one made only of start-up frames too.
     const trimTo = new Int32Array(t.nNodes);
     for (let i = 1; i < t.nNodes; i++) trimTo[i] = FR.alloc[t.frame[i]] || hideFrame[t.frame[i]] ? trimTo[t.parent[i]] : i;
+    // A hand-off to a runtime just inside them is trimmed too (frames::hands_off_to_runtime):
+    // the outermost kept frame, root frames, then that frame's own closure or async body, whose
+    // node is then drawn under what is outside the outermost kept frame (`anchor`).
     const outerPseudo = new Uint8Array(t.nNodes), startup = new Uint8Array(t.nNodes);
+    const handOff = new Int32Array(t.nNodes).fill(-1), between = new Int32Array(t.nNodes), anchor = new Int32Array(t.nNodes).fill(-1);
     for (let i = 1; i < t.nNodes; i++) {
-      const p = t.parent[i], outer = p === 0 || outerPseudo[p];
-      outerPseudo[i] = FR.pseudo[t.frame[i]] && outer ? 1 : 0;
-      if (F.trimRoot) startup[i] = (FR.root[t.frame[i]] || hideFrame[t.frame[i]]) && (outer || startup[p]) ? 1 : 0;
+      const p = t.parent[i], fr = t.frame[i], outer = p === 0 || outerPseudo[p];
+      outerPseudo[i] = FR.pseudo[fr] && outer ? 1 : 0;
+      if (!F.trimRoot) continue;
+      startup[i] = (FR.root[fr] || hideFrame[fr]) && (outer || startup[p]) ? 1 : 0;
+      if (startup[i] || outerPseudo[i]) continue;
+      const h = handOff[p];
+      if (outer || startup[p]) { handOff[i] = i; between[i] = 0; } // the outermost kept frame
+      else if (h >= 0 && (hideFrame[fr] || FR.root[fr])) { handOff[i] = h; between[i] = between[p] + (hideFrame[fr] ? 0 : 1); }
+      else if (h >= 0 && between[p] > 0 && FR.body_of[fr] === FR.fn[t.frame[h]]) anchor[i] = t.parent[h];
     }
     // Display nodes, memoised per node, and whether the path passes through the focused
     // frame: [0] with start-up frames trimmed, [1] kept.
@@ -293,8 +346,9 @@ function buildTree(results) {
       if (disp[node] !== -2) return disp[node];
       const stack = []; let x = node; while (disp[x] === -2) { stack.push(x); x = t.parent[x]; }
       for (let k = stack.length - 1; k >= 0; k--) {
-        const y = stack[k], fr = t.frame[y], p = t.parent[y];
-        if (hideFrame[fr] || (startup[y] && !keepStartup)) { disp[y] = disp[p]; inFocus[y] = inFocus[p]; continue; }
+        // A hand-off's body hangs from its anchor, an ancestor, so already placed.
+        const y = stack[k], fr = t.frame[y], p = anchor[y] >= 0 ? anchor[y] : t.parent[y];
+        if (hideFrame[fr] || undrawn[fr] || (startup[y] && !keepStartup)) { disp[y] = disp[p]; inFocus[y] = inFocus[p]; continue; }
         if (!inFocus[p]) { if (fr === focus) { disp[y] = child(0, fr); inFocus[y] = 1; } else disp[y] = 0; continue; }
         disp[y] = child(disp[p], fr); inFocus[y] = 1;
       }
@@ -336,19 +390,23 @@ function update() {
   const t2 = performance.now();
   const timing = (window.__memtraceTiming = { filter_ms: t1 - t0, render_ms: t2 - t1, total_ms: t2 - t0, views });
   requestAnimationFrame(() => setTimeout(() => { timing.painted_ms = performance.now() - t0; }, 0));
+  showQuestion(); saveView();
   document.body.dataset.updates = String((+document.body.dataset.updates || 0) + 1);
 }
 const val = (tree, i) => (DIFF ? tree.tot[1][i] - tree.tot[0][i] : tree.tot[0][i]);
 const fmtM = (x) => (F.measure === 'count' ? fmtCount(x) : fmtBytes(x));
 
 // ------------------------------------------------------------------ timeline
+const TAIL = 14;
 function chartFrame(container, height, drawAxes) {
   const width = Math.max(300, widths[container.id] || 700);
   const m = { l: 62, r: 12, t: 24, b: 30 };
   container.textContent = '';
   const svg = el('svg', { viewBox: `0 0 ${width} ${height}`, height, role: 'img' }, container);
-  const pw = width - m.l - m.r, ph = height - m.t - m.b;
-  return { svg, width, height, m, pw, ph, x: (t) => m.l + (t / DUR) * pw, tOf: (px) => Math.min(DUR, Math.max(0, ((px - m.l) / pw) * DUR)) };
+  // The trace's time spans the plot but its last TAIL px, where the live curve shows what is
+  // left once the trace ends: the fall at exit is then a drop the eye sees, not the last pixel.
+  const pw = width - m.l - m.r, ph = height - m.t - m.b, tw = pw - TAIL;
+  return { svg, width, height, m, pw, ph, x: (t) => m.l + (t / DUR) * tw, tOf: (px) => Math.min(DUR, Math.max(0, ((px - m.l) / tw) * DUR)) };
 }
 function yAxis(c, max, fmt) {
   const step = niceStep(Math.max(max, 1) / 4), unit = max >= 1 << 30 ? 1 << 30 : max >= 1 << 20 ? 1 << 20 : max >= 1024 ? 1024 : 1;
@@ -372,7 +430,7 @@ function xAxes(c, wall) {
     const x = c.x(t);
     el('line', { x1: x, x2: x, y1: c.m.t + c.ph, y2: c.m.t + c.ph + 4 }, g);
     const anchor = x < c.m.l + 30 ? 'start' : x > c.m.l + c.pw - 40 ? 'end' : 'middle';
-    el('text', { x, y: c.m.t + c.ph + 16, 'text-anchor': anchor }, g).textContent = fmtTick(t);
+    el('text', { x, y: c.m.t + c.ph + 16, 'text-anchor': anchor }, g).textContent = fmtTick(t, step);
     if (wall) {
       const d = new Date((traces[0].T.info.start_us + t) / 1000);
       const s = d.toISOString().slice(11, step < 1e6 ? 23 : 19);
@@ -388,7 +446,11 @@ function linePath(c, ys, y) {
   for (let k = 0; k <= NB; k++) d += `${k ? 'L' : 'M'}${c.x((k * DUR) / NB).toFixed(1)},${y(ys[k]).toFixed(1)}`;
   return d;
 }
-const pathOf = (c, ys, y) => `M${c.x(0)},${y(0)}${linePath(c, ys, y).replace(/^M/, 'L')}L${c.x(DUR)},${y(0)}Z`;
+// The area under a live series, its end (point NB + 1) drawn in the plot's tail.
+const pathOf = (c, ys, y) => {
+  const end = `L${c.x(DUR).toFixed(1)},${y(ys[NB + 1]).toFixed(1)}L${c.m.l + c.pw},${y(ys[NB + 1]).toFixed(1)}L${c.m.l + c.pw},${y(0)}`;
+  return `M${c.x(0)},${y(0)}${linePath(c, ys, y).replace(/^M/, 'L')}${end}Z`;
+};
 function drawTimeline() {
   const box = $('timeline'); const c = chartFrame(box, 240);
   const filt = R.map((r, ti) => liveSeries(traces[ti], r));
@@ -417,7 +479,7 @@ function drawTimeline() {
   const filtered = R.some((r, ti) => r.length < traces[ti].n);
   leg.textContent = `${filtered ? 'filtered' : 'live'}: max ${fmtBytes(fmax)}${DIFF ? ' (A dashed, B solid)' : ''}`;
   const liveMax = Math.max(...totalSeries[totalSeries.length - 1]);
-  Object.assign(c.svg.dataset, { x0: c.m.l, x1: c.m.l + c.pw, t0: 0, t1: DUR, filteredMax: fmax, liveMax, peakBytes: peaks[peaks.length - 1] });
+  Object.assign(c.svg.dataset, { x0: c.m.l, x1: c.x(DUR), t0: 0, t1: DUR, endLive: totalSeries[totalSeries.length - 1][NB + 1], filteredMax: fmax, liveMax, peakBytes: peaks[peaks.length - 1] });
   c.svg.id = 'timeline-svg';
   // drag to select
   const sel = el('rect', { y: c.m.t, height: c.ph, fill: '#1f5fbf', 'fill-opacity': 0.15, visibility: 'hidden' }, c.svg);
@@ -522,7 +584,7 @@ function drawSiteTimeline() {
 }
 
 // ------------------------------------------------------------------ flame graph
-const flame = { zoom: -1, focus: -1, sel: -1, mode: 'flame' };
+const flame = { zoom: -1, focus: -1, sel: -1, mode: 'flame', root: 'span' };
 const ROW = 18;
 function colorFor(i) {
   if (DIFF) {
@@ -568,7 +630,7 @@ function drawFlame() {
     parts.push(h + '</g>');
   }
   box.innerHTML = `<svg xmlns="${SVGNS}" viewBox="0 0 ${width} ${H}" width="${width}" height="${H}" id="flamegraph-svg" data-total="${val(tr, 0)}" data-root="${root}">${parts.join('')}</svg>`;
-  if (q) { const base = root === 0 ? val(tr, 0) : val(tr, root); $('fg-match').textContent = `matched ${fmtM(matched)} (${base ? ((100 * matched) / base).toFixed(1) : 0}%)`; } else $('fg-match').textContent = '';
+  if (q) { const base = root === 0 ? val(tr, 0) : val(tr, root); $('fg-match').textContent = `matched ${fmtM(matched)} (${base ? ((100 * matched) / base).toFixed(1) : 0}%, callees included)`; } else $('fg-match').textContent = '';
   $('fg-selected').textContent = flame.sel > 0 && flame.sel < tr.m ? `selected: ${frameLabel(tr.frame[flame.sel])} ${fmtM(val(tr, flame.sel))}` : '';
   $('fg-focus').textContent = flame.focus >= 0 ? `Unfocus ${fnOf(flame.focus)}` : 'Focus selected';
   if (!icicle && flame._scrolled !== H) { box.scrollTop = box.scrollHeight; flame._scrolled = H; }
@@ -593,7 +655,8 @@ $('flamegraph').addEventListener('keydown', (e) => {
   }
   if (handled) { e.preventDefault(); flame.sel = s; drawFlame(); const g = $('flamegraph').querySelector('g.sel'); if (g && g.scrollIntoView) g.scrollIntoView({ block: 'nearest' }); }
 });
-$('fg-mode').addEventListener('change', () => { flame.mode = $('fg-mode').value; flame._scrolled = -1; drawFlame(); });
+$('fg-mode').addEventListener('change', () => { flame.mode = $('fg-mode').value; flame._scrolled = -1; drawFlame(); saveView(); });
+$('fg-root').addEventListener('change', () => { flame.root = $('fg-root').value; flame.zoom = -1; flame.sel = -1; update(); });
 $('fg-search').addEventListener('input', () => drawFlame());
 $('fg-reset').addEventListener('click', () => { flame.zoom = -1; drawFlame(); });
 $('fg-focus').addEventListener('click', () => {
@@ -645,10 +708,10 @@ function drawSites() {
     { key: 'v', label: DIFF ? 'B − A' : F.measure === 'count' ? 'objects' : 'bytes', num: true, fmt: (v, r) => `<span class="${DIFF ? (v > 0 ? 'pos' : 'neg') : ''}">${fmtM(v)}</span>`, low: (r) => r.samples < LOW },
     { key: 'lo', label: '95% interval', num: true, cls: 'interval', fmt: (v, r) => `${fmtM(r.lo)} – ${fmtM(r.hi)}` },
     { key: 'pct', label: '%', num: true, fmt: (v) => v.toFixed(1) },
-    { key: 'samples', label: 'samples', num: true, cls: 'hide-narrow' },
-    { key: 'blocks', label: 'blocks', num: true, cls: 'hide-narrow' },
+    { key: 'samples', label: 'samples', num: true },
+    { key: 'blocks', label: 'blocks', num: true },
   ];
-  if (DIFF) cols.splice(1, 0, { key: 'a', label: 'A', num: true, fmt: fmtM, cls: 'hide-narrow' }, { key: 'b', label: 'B', num: true, fmt: fmtM, cls: 'hide-narrow' });
+  if (DIFF) cols.splice(1, 0, { key: 'a', label: 'A', num: true, fmt: fmtM }, { key: 'b', label: 'B', num: true, fmt: fmtM });
   table($('sites'), cols, rows, sitesState, (id) => { sitesState.sel = id; view.site = id; drawSites(); drawSiteTimeline(); $('site-timeline').scrollIntoView({ block: 'nearest' }); });
   const note = rows.some((r) => r.samples < LOW) ? `<p class="hint"><span class="low"></span> fewer than ${LOW} samples: the estimate is rough. Intervals: 95%, Poisson in the sample count.</p>` : '<p class="hint">Intervals: 95%, Poisson in the sample count.</p>';
   $('sites').insertAdjacentHTML('beforeend', note);
@@ -744,19 +807,24 @@ $('lt-short').title = `lifetime under ${fmtTime(shortThreshold())} (1/100 of the
 function drawPoi() {
   const tr = TREE, total = Math.abs(val(tr, 0)); const box = $('poi');
   if (!total) { box.innerHTML = '<p>No allocations match the filter.</p>'; return; }
-  const out = []; const todo = [0];
-  while (todo.length && out.length < 12) {
+  const found = []; const todo = [0];
+  while (todo.length && found.length < 12) {
     const i = todo.shift(); const w = Math.abs(val(tr, i));
     const kids = [...tr.kids[i].values()].filter((k) => Math.abs(val(tr, k)) >= 0.05 * total).sort((p, q) => Math.abs(val(tr, q)) - Math.abs(val(tr, p)));
     if (kids.length && Math.abs(val(tr, kids[0])) >= 0.8 * w) { todo.push(kids[0]); continue; }
     // Threads and spans are where the stacks run, not points of interest themselves.
-    if (i > 0 && !FR.pseudo[tr.frame[i]]) out.push(i);
+    if (i > 0 && !FR.pseudo[tr.frame[i]]) found.push(i);
     for (const k of kids) todo.push(k);
   }
+  // Only the innermost of nested ones: each figure includes its callees', so the stacks shown
+  // are disjoint and their shares add up to at most the whole.
+  const isFound = new Set(found), nested = new Set();
+  for (const i of found) for (let x = tr.parent[i]; x > 0; x = tr.parent[x]) if (isFound.has(x)) nested.add(x);
+  const out = found.filter((i) => !nested.has(i));
   const path = (i) => { const p = []; for (let x = i; x > 0; x = tr.parent[x]) p.push(fnOf(tr.frame[x])); return p.reverse(); };
   const sites = siteRows().sort((a, b) => Math.abs(b.v) - Math.abs(a.v)); let acc = 0; const fsites = [];
   for (const s of sites) { if (acc >= 0.8 * total || fsites.length >= 8) break; fsites.push(s); acc += Math.abs(s.v); }
-  let h = '<h3>Stacks</h3><ol id="poi-stacks">';
+  let h = '<h3>Stacks</h3><p class="hint">No stack below holds another; each figure includes its callees’, as a share of the filtered total.</p><ol id="poi-stacks">';
   for (const i of out.slice(0, 8)) {
     const p = path(i), v = val(tr, i);
     h += `<li><a href="#flamegraph" data-node="${i}">${esc(frameLabel(tr.frame[i]))}</a> — <strong>${fmtM(v)}</strong> (${((100 * v) / total).toFixed(1)}%)<br><span class="hint mono">${esc(p.length > 6 ? p.slice(0, 2).join(' → ') + ' → … → ' + p.slice(-3).join(' → ') : p.join(' → '))}</span></li>`;
@@ -768,7 +836,9 @@ function drawPoi() {
 }
 
 // ------------------------------------------------------------------ start
-readForm(); update();
+viewDefaults = Object.fromEntries(VIEW_IDS.map((id) => [id, controlValue($(id))]));
+loadView(); readForm(); update();
+window.addEventListener('hashchange', () => { loadView(); flame.zoom = -1; flame.sel = -1; if (readForm()) update(); });
 let rz = 0; window.addEventListener('resize', () => { clearTimeout(rz); rz = setTimeout(() => { measure(); drawTimeline(); drawSiteTimeline(); drawFlame(); drawLifetimes(); }, 150); });
 $('status').textContent = DIFF ? `Diff: B (${B.T.name}) − A (${A.T.name}), frames matched by function (file, line and name; unnamed threads as one, thread-*).` : `${traces[0].T.name}: ${traces[0].n.toLocaleString('en')} sampled blocks.`;
 window.__memtraceReady = { open_ms: performance.now() - T0, since_nav_ms: performance.now() };
