@@ -93,6 +93,9 @@ mod frames;
 mod layer;
 mod naming;
 mod runtime;
+#[cfg(test)]
+#[path = "../tests/common/skip.rs"]
+mod test_skip;
 
 #[cfg(feature = "analysis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "analysis")))]

@@ -9,6 +9,7 @@
 //! as `\x00`; `tests/tracing/spans.rs` checks that.) `report_browser` opens the report of
 //! this trace in the browsers.
 
+use crate::skip::skip;
 use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
@@ -228,7 +229,7 @@ fn pprof_strings_are_inert_in_go_tool_pprof() {
             .output()
         {
             Ok(out) => out,
-            Err(e) => return eprintln!("skipped: go tool pprof: {e}"),
+            Err(e) => return skip(&format!("go tool pprof did not run (apt-get install golang-go): {e}")),
         };
         assert!(out.status.success(), "go tool pprof {view}: {}", String::from_utf8_lossy(&out.stderr));
         let text = inert_text(&format!("go tool pprof {view}"), out.stdout);

@@ -1,5 +1,6 @@
 //! The pprof profile `memtrace pprof` writes decodes back (with the binary's own prost
 //! structs) into the expected samples, locations, functions and lines.
+use crate::skip::skip;
 use std::io::Read;
 use std::path::Path;
 
@@ -156,7 +157,7 @@ fn go_pprof_shows_full_names_and_no_allocator_frame_on_top() {
     let trace = trace.to_str().unwrap();
     memtrace_ok(dir.path(), &["pprof", trace, "-o", "trimmed.pb.gz"]);
     let Some(rows) = pprof_top(&dir.path().join("trimmed.pb.gz"), &["-sample_index=alloc_space"]) else {
-        println!("skipped: go is not installed");
+        skip("go is not installed (apt-get install golang-go)");
         return;
     };
     let flat: Vec<&str> = rows.iter().filter(|(flat, _)| flat != "0").map(|(_, name)| name.as_str()).collect();

@@ -1,6 +1,7 @@
 //! The whole loop on a trace the sample app writes: the `memtrace` command line must find
 //! the same allocation sites, with the same estimates, as the sample app's own summary
 //! (written with the bare reader), and count the blocks the app reports.
+use crate::skip::skip;
 use std::path::PathBuf;
 use std::process::Command;
 
@@ -78,7 +79,7 @@ fn the_cli_agrees_with_the_sample_apps_own_summary() {
     run(Command::new(memtrace).arg("pprof").arg(&trace).arg("-o").arg(dir.path().join("heap.pb.gz")));
     let profile = dir.path().join("heap.pb.gz");
     let Some(rows) = crate::util::cli::pprof_top(&profile, &["-sample_index=alloc_space"]) else {
-        println!("skipped the pprof read-back: go is not installed");
+        skip("go is not installed, for the pprof read-back (apt-get install golang-go)");
         return;
     };
     let flat: Vec<&str> = rows.iter().filter(|(flat, _)| flat != "0").map(|(_, name)| name.as_str()).collect();

@@ -6,6 +6,8 @@
 //! The global allocator here counts each thread's allocations and live bytes, so that the
 //! reader's tests can bound what it allocates.
 
+#[path = "../common/skip.rs"]
+mod skip;
 mod util;
 
 #[cfg(feature = "cli")]

@@ -3,6 +3,7 @@
 //! to its stack limit, a start that fails after choosing its file; and a program traced under
 //! heaptrack, whose `malloc` unwinds every call.
 
+use crate::skip::skip;
 use std::hint::black_box;
 use std::os::fd::AsRawFd;
 use std::process::Stdio;
@@ -275,8 +276,7 @@ fn a_program_traced_under_heaptrack_runs_to_its_end() {
     let found = std::env::var_os("PATH")
         .and_then(|path| std::env::split_paths(&path).map(|dir| dir.join("heaptrack")).find(|p| p.is_file()));
     let Some(heaptrack) = found else {
-        assert!(std::env::var_os("CI").is_none(), "heaptrack is not installed under CI");
-        println!("heaptrack is not installed: not checked");
+        skip("heaptrack is not installed (apt-get install heaptrack)");
         return;
     };
     // heaptrack unwinds every `malloc` of its program: a CPU-heavy run, kept apart from the

@@ -4,6 +4,7 @@
 //! trace file's name never destroys a file that is not a trace (a symbolic link to one, one
 //! planted in a sticky directory, the program's stdout, a blank name).
 
+use crate::skip::skip;
 use std::fs::File;
 use std::io::Write;
 use std::os::fd::AsRawFd;
@@ -319,7 +320,7 @@ fn a_symlink_to_a_file_that_is_not_a_trace_is_refused() {
 fn a_symlink_another_user_planted_in_a_sticky_directory_is_refused() {
     // SAFETY: geteuid cannot fail.
     if unsafe { libc::geteuid() } != 0 {
-        eprintln!("skipped: needs root, to give the link another owner");
+        skip("needs root, to give the link another owner");
         return;
     }
     const ANOTHER_USER: u32 = 12345;

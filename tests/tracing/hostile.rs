@@ -5,6 +5,7 @@
 //! limit, allocates on small foreign stacks, exits from a signal handler, loads a library with
 //! corrupt unwind tables, or forbids opening files.
 
+use crate::skip::skip;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -912,8 +913,7 @@ fn corrupt_unwind_tables_in_a_library_never_crash_the_walk() {
     const FUZZED: usize = 60;
     let dir = tempfile::tempdir().unwrap();
     let Some(libraries) = build_corrupt_libraries(dir.path(), FUZZED) else {
-        assert!(std::env::var_os("CI").is_none(), "no C compiler under CI");
-        eprintln!("no C compiler: not checked");
+        skip("no C compiler (apt-get install gcc)");
         return;
     };
     let paths = libraries.iter().map(|(_, p)| p.to_str().unwrap()).collect::<Vec<_>>().join(":");
@@ -948,8 +948,7 @@ fn corrupt_unwind_tables_in_a_library_never_crash_the_walk() {
 fn a_sandbox_that_kills_on_open_installed_after_the_start() {
     let dir = tempfile::tempdir().unwrap();
     let Some(library) = build_calling_library(dir.path()) else {
-        assert!(std::env::var_os("CI").is_none(), "no C compiler under CI");
-        eprintln!("no C compiler: not checked");
+        skip("no C compiler (apt-get install gcc)");
         return;
     };
     let library = library.to_str().unwrap();

@@ -5,6 +5,7 @@
 //! and from code), the framework helper, bad requests to the endpoint, and a child of far more
 //! distinct stacks than the profile keeps.
 
+use crate::skip::skip;
 use std::collections::HashMap;
 use std::hint::black_box;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -444,7 +445,7 @@ fn get(addr: SocketAddr, path: &str) -> (u16, Vec<u8>) {
 #[test]
 fn live_profiles_over_http_match_the_truth() {
     if !go_available() {
-        eprintln!("go not found: skipped");
+        skip("go is not installed (apt-get install golang-go)");
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -512,7 +513,7 @@ fn many_distinct_stacks_are_folded_and_totals_kept() {
     /// The budget of stacks with nothing live (`live_profile::IDLE_STACKS`, documented).
     const BUDGET: usize = 8192;
     if !go_available() {
-        eprintln!("go not found: skipped");
+        skip("go is not installed (apt-get install golang-go)");
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -547,7 +548,7 @@ fn many_distinct_stacks_are_folded_and_totals_kept() {
 #[test]
 fn a_session_for_profiles_only_from_the_environment_writes_no_file() {
     if !go_available() {
-        eprintln!("go not found: skipped");
+        skip("go is not installed (apt-get install golang-go)");
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -563,7 +564,7 @@ fn a_session_for_profiles_only_from_the_environment_writes_no_file() {
 #[test]
 fn profiles_from_code_in_a_session_for_profiles_only() {
     if !go_available() {
-        eprintln!("go not found: skipped");
+        skip("go is not installed (apt-get install golang-go)");
         return;
     }
     let (cwd, out) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());

@@ -222,6 +222,7 @@ pub fn function_names_once(addr: u64) -> Vec<String> {
 #[cfg(test)]
 fn test_objects() -> Vec<std::path::PathBuf> {
     let mut paths = vec![std::env::current_exe().unwrap()];
+    let before = paths.len();
     paths.extend(
         std::fs::read_dir("/usr/lib/debug/.build-id")
             .into_iter()
@@ -230,6 +231,9 @@ fn test_objects() -> Vec<std::path::PathBuf> {
             .flat_map(|dir| std::fs::read_dir(dir.path()).into_iter().flatten().flatten().map(|f| f.path()).take(2))
             .take(40),
     );
+    if paths.len() == before {
+        crate::test_skip::skip("no separate debug files, so no DWARF 5 from GCC (apt-get install libc6-dbg)");
+    }
     paths
 }
 

@@ -705,8 +705,7 @@ pub(super) mod tests {
 
     /// Says that a test is skipped for want of a C compiler: a failure under CI, which has one.
     pub(in crate::runtime::symbolize) fn skip_without_compiler() {
-        assert!(std::env::var_os("CI").is_none(), "no C compiler under CI");
-        eprintln!("skipped: no C compiler");
+        crate::test_skip::skip("no C compiler (apt-get install gcc)");
     }
 
     /// Builds `lib<name>.so` exporting `fn_name` in `dir`; `None` when there is no C compiler
@@ -844,8 +843,7 @@ pub(super) mod tests {
             objcopy(&[format!("--add-gnu-debuglink={}", debug.display()).as_ref(), library.as_os_str()]),
         ];
         if !split.iter().all(|status| status.as_ref().is_ok_and(|s| s.success())) {
-            assert!(std::env::var_os("CI").is_none(), "no objcopy (binutils) under CI: {split:?}");
-            eprintln!("skipped: no objcopy");
+            crate::test_skip::skip(&format!("objcopy did not run (apt-get install binutils): {split:?}"));
             return;
         }
         let (handle, f) = dlopen_sym(&library, "gamma_fn");
