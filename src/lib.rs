@@ -103,6 +103,9 @@ pub use format::error::{Error, ErrorKind, Result};
 pub use layer::MemtraceLayer;
 pub use runtime::allocator::MemtraceAllocator;
 pub use runtime::config::{StartError, TraceConfig};
+pub use runtime::control::{
+    session_state, set_rate, start_file_trace, stop_file_trace, trace_window, ControlError, SessionState, WindowStats,
+};
 pub use runtime::profile::{
     http_response, profile, profile_delta, HttpResponse, Profile, ProfileError, ProfileKind, MAX_DELTA,
 };
@@ -116,7 +119,7 @@ pub mod trace {
     pub use crate::format::location_codec::Location;
     pub use crate::format::trace::{
         writer_holds_lock, Alloc, AllocSource, Event, EventKind, Info, LocationTable, NewAlloc, ObjectId, Reader,
-        Timestamp, Warning, Writer, FORMAT_VERSION,
+        Timestamp, Warning, Writer, FORMAT_VERSION, LIVE_AT_START_PARAM,
     };
     pub use crate::runtime::span_table::{LOST_SAMPLES_FILE, LOST_SAMPLES_PREFIX, SPAN_FILE_PREFIX, THREAD_FILE};
 }

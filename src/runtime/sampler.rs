@@ -135,6 +135,9 @@ fn publish(rate: f64) -> u32 {
     epoch
 }
 
+// A sample's message carries its epoch modulo 2^8 (`handoff::Msg`): the same slot.
+const _: () = assert!(256 % EPOCH_SLOTS == 0);
+
 /// The rate of `epoch`, one of the last [`EPOCH_SLOTS`] (0.0 before any).
 pub(crate) fn rate_of_epoch(epoch: u32) -> f64 {
     f64::from_bits(RATES[epoch as usize % EPOCH_SLOTS].load(Ordering::Acquire))
