@@ -363,7 +363,6 @@ impl TraceWriter {
             // As the program left it: the round gives back the buffers of the samples it takes.
             let pooled = channel.pooled();
             self.live.take_requests(&self.requests);
-            self.take_controls()?;
             let mut received = 0;
             while received < POLL_BATCH {
                 let Some(msg) = next_message(channel, &mut self.names.backlog) else { break };
@@ -393,6 +392,13 @@ impl TraceWriter {
             self.write_late_frees(false)?;
             self.write_losses()?;
             self.live.answer(received < POLL_BATCH);
+            // Once the queue is drained, so that each takes effect where the program asked for
+            // it: after the samples queued before (a trace that starts begins with their blocks,
+            // a new rate's part with the samples taken after it). A writer that does not drain
+            // the queue is losing samples already.
+            if received < POLL_BATCH {
+                self.take_controls()?;
+            }
             let now = Instant::now();
             if now >= next_flush {
                 each_output(&mut self.file, &mut self.windows, |out| {
