@@ -1,7 +1,8 @@
 //! Control of a running session, end to end: a window's trace of a service for profiles only,
 //! which begins with its 200 MB live; a file trace rotated at 1 MiB over some 10 MiB, each
 //! file readable alone and the last ones kept; a rate change from 1e-5 to 1e-3 and back, whose
-//! files of the series keep every estimate unbiased.
+//! files of the series keep every estimate unbiased; a file trace started and stopped in a
+//! running session.
 //!
 //! Each child does its part and exits; the parent reads its traces back with this crate's
 //! reader (`Trace::read`, which checks every event). Estimates are checked at 5 sigma, not 4:
@@ -12,7 +13,9 @@ use std::hint::black_box;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use memtrace_rs::{session_state, set_rate, start_tracing, trace_window, TraceConfig};
+use memtrace_rs::{
+    session_state, set_rate, start_file_trace, start_tracing, stop_file_trace, trace_window, ControlError, TraceConfig,
+};
 
 use super::{memtrace_messages, output_within, temp_path, Trace};
 
@@ -91,6 +94,7 @@ pub(super) fn child(role: &str) {
         "control:window" => window_child(&dir),
         "control:rotate" => rotate_child(&dir),
         "control:rate" => rate_child(&dir),
+        "control:file" => file_child(&dir),
         other => panic!("unknown role {other}"),
     }
 }
@@ -311,5 +315,70 @@ fn a_rate_change_keeps_every_estimate_unbiased() {
     let live = live_at_end(&traces[2], "::site_kept_at_the_high_rate");
     assert!(within_5_sigma(live, high.0, &[(high.0, LOW_RATE)]), "kept at 1e-3, live at 1e-5 {live:.0}");
     assert_eq!(bytes_at(&traces[2], "::site_kept_at_the_high_rate", false, false), 0.0);
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+// ---------------------------------------------------------------------------------------------
+// A file trace started and stopped in a running session
+
+const FILE_RATE: f64 = 1e-3;
+const FILE_KEPT: usize = 8 << 20;
+const FILE_CHURN: usize = 8 << 20;
+
+#[inline(never)]
+fn site_kept_before_the_file() -> Vec<Vec<u8>> {
+    keep(FILE_KEPT)
+}
+
+#[inline(never)]
+fn site_churn_while_the_file_runs() {
+    churn(FILE_CHURN)
+}
+
+#[inline(never)]
+fn site_churn_without_a_file() {
+    churn(FILE_CHURN)
+}
+
+fn file_child(dir: &Path) {
+    let base = dir.join("trace.ctf");
+    let guard = start_tracing(TraceConfig::new(&base).rate(FILE_RATE).file_at_start(false)).unwrap();
+    assert!(!base.exists(), "no file before it is started");
+    assert!(matches!(stop_file_trace(), Err(ControlError::File(_))));
+    let kept = site_kept_before_the_file();
+    assert_eq!(start_file_trace().unwrap(), base);
+    assert!(matches!(start_file_trace(), Err(ControlError::File(_))), "one file at a time");
+    site_churn_while_the_file_runs();
+    assert_eq!(stop_file_trace().unwrap(), base);
+    let state = session_state().unwrap();
+    assert!(!state.file_open() && state.files() == [base.clone()], "{}", state.to_json());
+    site_churn_without_a_file();
+    assert_eq!(start_file_trace().unwrap(), dir.join("trace.1.ctf"));
+    guard.finish().unwrap();
+    // A session for profiles only has no file to start.
+    let _guard = start_tracing(TraceConfig::profile_only()).unwrap();
+    assert!(matches!(start_file_trace(), Err(ControlError::File(_))));
+    std::mem::forget(kept);
+}
+
+/// A session started without its file: the file started later begins with the blocks live
+/// then, holds what was allocated until it was stopped and nothing after; started again, it
+/// goes on in the series' next file.
+#[test]
+fn a_file_trace_starts_and_stops_in_a_running_session() {
+    let dir = run_child("control:file");
+    let (first, second) = (Trace::read(&dir.join("trace.ctf")), Trace::read(&dir.join("trace.1.ctf")));
+    let kept = FILE_KEPT as f64;
+    let parts = [(kept, FILE_RATE)];
+    for (name, trace) in [("trace.ctf", &first), ("trace.1.ctf", &second)] {
+        assert!(trace.info.begins_with_live_blocks(), "{name}: {}", params(trace));
+        let live = bytes_at(trace, "::site_kept_before_the_file", true, true);
+        assert!(within_5_sigma(live, kept, &parts), "{name}: kept, live {live:.0}");
+        assert_eq!(bytes_at(trace, "::site_kept_before_the_file", false, false), 0.0, "{name}");
+        assert_eq!(bytes_at(trace, "::site_churn_without_a_file", false, false), 0.0, "{name}");
+    }
+    let churned = bytes_at(&first, "::site_churn_while_the_file_runs", false, false);
+    let truth = FILE_CHURN as f64;
+    assert!(within_5_sigma(churned, truth, &[(truth, FILE_RATE)]), "allocated while the file ran {churned:.0}");
     std::fs::remove_dir_all(dir).unwrap();
 }
