@@ -46,6 +46,14 @@
 //! `go tool pprof`, Pyroscope or Parca; a session may run for profiles only, without a trace
 //! file ([`TraceConfig::profile_only`]).
 //!
+//! # Controlling a running session
+//!
+//! [`trace_window`] writes a trace of the next seconds of the running session to any `Write`
+//! (beginning with the blocks live at its start), [`set_rate`] changes the rate,
+//! [`start_file_trace`] and [`stop_file_trace`] attach and detach the file trace, and
+//! [`session_state`] says what runs; [`TraceConfig::file_limit`] splits the file into a series
+//! of files of bounded size (docs/GUIDE.md, "Production use").
+//!
 //! # Reading traces
 //!
 //! [`trace::Reader`] streams the events of a trace, one packet in memory; the
