@@ -22,6 +22,8 @@ use super::writer_thread::{Control, WriterState};
 /// How long a control waits for the writer's answer at most: a writer busy naming a large
 /// program's first frames answers between two of them, far sooner.
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long [`session_state`] waits for it: a scraper of the state would rather have none.
+const STATE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Window ids, so that a window's end reaches its own trace.
 static NEXT_WINDOW: AtomicU64 = AtomicU64::new(1);
@@ -101,7 +103,7 @@ pub struct WindowStats {
 ///
 /// Blocks the calling thread for the window; never blocks the writer thread on `out`: packets
 /// go through a bounded queue to this thread, which writes them. A window whose `out` falls
-/// behind by that queue (some MiB) is ended ([`ControlError::WindowLost`]); what was written
+/// behind by that queue (16 MiB) is ended ([`ControlError::WindowLost`]); what was written
 /// is a readable trace up to there.
 pub fn trace_window<W: Write>(mut out: W, duration: Duration, rate: Option<f64>) -> Result<WindowStats, ControlError> {
     let Controls { controls, doorbell, rate: session_rate } = session::controls().ok_or(ControlError::NoSession)?;
@@ -187,29 +189,30 @@ pub fn set_rate(rate: f64) -> Result<(), ControlError> {
 /// it), as the next file of its series: it begins with the blocks live now. Never at a path
 /// chosen any other way. The path written to.
 pub fn start_file_trace() -> Result<PathBuf, ControlError> {
-    ask(Control::StartFile)?.map_err(ControlError::File)
+    ask(Control::StartFile, ANSWER_TIMEOUT)?.map_err(ControlError::File)
 }
 
 /// Stop the running session's file trace, closing its file; the session (its profiles, its
 /// HTTP endpoint) keeps running, and [`start_file_trace`] starts the next file. The path closed.
 pub fn stop_file_trace() -> Result<PathBuf, ControlError> {
-    ask(Control::StopFile)?.map_err(ControlError::File)
+    ask(Control::StopFile, ANSWER_TIMEOUT)?.map_err(ControlError::File)
 }
 
 /// The running session's state, `None` without one (or with its writer too busy to say).
 pub fn session_state() -> Option<SessionState> {
     let rate = session::controls()?.rate;
-    let writer = ask(Control::State).ok()?;
+    let writer = ask(Control::State, STATE_TIMEOUT).ok()?;
     Some(SessionState { rate, writer, losses: record::losses_so_far() })
 }
 
-/// Send the control that `control` makes with a reply channel, and wait for the answer.
-fn ask<T>(control: impl FnOnce(crossbeam_channel::Sender<T>) -> Control) -> Result<T, ControlError> {
+/// Send the control that `control` makes with a reply channel, and wait `timeout` at most for
+/// the answer.
+fn ask<T>(control: impl FnOnce(crossbeam_channel::Sender<T>) -> Control, timeout: Duration) -> Result<T, ControlError> {
     let Controls { controls, doorbell, .. } = session::controls().ok_or(ControlError::NoSession)?;
     let (reply, answer): (_, Receiver<T>) = crossbeam_channel::bounded(1);
     controls.try_send(control(reply)).map_err(|_| ControlError::Busy)?;
     doorbell.ring();
-    answer.recv_timeout(ANSWER_TIMEOUT).map_err(|e| match e {
+    answer.recv_timeout(timeout).map_err(|e| match e {
         crossbeam_channel::RecvTimeoutError::Timeout => ControlError::Busy,
         crossbeam_channel::RecvTimeoutError::Disconnected => ControlError::NoSession,
     })

@@ -10,8 +10,9 @@ use std::time::Instant;
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TrySendError};
 
 /// Packets a window's queue holds: a packet is at most 32 KiB (`format::trace`'s buffer), so
-/// 4 MiB at most.
-const QUEUED_PACKETS: usize = 128;
+/// 16 MiB at most, taken only while the caller is behind: room for the burst of a window's
+/// start, the live blocks (some 20 bytes each), while the caller writes them out.
+const QUEUED_PACKETS: usize = 512;
 
 /// The writer thread's end of a window's queue.
 pub(crate) struct WindowSink {
