@@ -113,3 +113,23 @@ fn a_series_of_two_processes_is_refused() {
     assert!(!run.status.success());
     assert!(run.stderr.contains("trace.3.ctf") && run.stderr.contains("different processes"), "{}", run.stderr);
 }
+
+/// A file at twice the series' lowest rate (after a rate change) is thinned to it: each of its
+/// sample points kept with probability 1/2, within 5 sigma of half (5, not 4: the team's bound
+/// of 1e-6 false failures; the draws have a fixed seed, so the figure never changes).
+#[test]
+fn a_series_at_two_rates_is_read_at_the_lowest() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut first = Writer::new(Vec::new(), &part_info(0, 0.01, 0)).unwrap();
+    put(&mut first, 10, 1, &LOAD, false);
+    write_trace(dir.path(), "trace.ctf", &first.close().unwrap());
+    let mut second = Writer::new(Vec::new(), &part_info(100, 0.02, 1)).unwrap();
+    const SAMPLES: u64 = 100_000;
+    put(&mut second, 110, SAMPLES, &PARSE, false);
+    write_trace(dir.path(), "trace.1.ctf", &second.close().unwrap());
+    let series = info_json(dir.path(), "trace.ctf");
+    assert_eq!(series["sample_rate"], 0.01, "{series:#}");
+    let kept = series["allocated"]["samples"].as_u64().unwrap() - 1;
+    let (mean, sigma) = (SAMPLES as f64 / 2.0, (SAMPLES as f64 / 4.0).sqrt());
+    assert!((kept as f64 - mean).abs() < 5.0 * sigma, "{kept} of {SAMPLES} samples kept");
+}
