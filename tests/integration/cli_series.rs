@@ -93,6 +93,8 @@ fn a_series_is_read_as_one_trace_its_carried_blocks_counted_once() {
 fn a_file_that_begins_with_its_live_blocks_reads_alone() {
     let dir = tempfile::tempdir().unwrap();
     write_series(dir.path());
+    let text = memtrace_ok(dir.path(), &["info", "trace.1.ctf"]);
+    assert!(text.contains("Live at start:      1 sampled blocks, allocated before the trace began"), "{text}");
     let second = info_json(dir.path(), "trace.1.ctf");
     // b only is allocated; k counts in the live figures.
     assert_eq!(bytes(&second, "allocated"), 4.0 * SAMPLE_BYTES, "{second:#}");
