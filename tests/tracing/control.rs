@@ -17,7 +17,7 @@ use memtrace_rs::{
     session_state, set_rate, start_file_trace, start_tracing, stop_file_trace, trace_window, ControlError, TraceConfig,
 };
 
-use super::{memtrace_messages, output_within, temp_path, Trace};
+use super::{assert_one_message, memtrace_messages, output_within, temp_path, Trace};
 
 /// Where a child writes its traces.
 const DIR_VAR: &str = "MEMTRACE_TEST_DIR";
@@ -78,14 +78,23 @@ fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
 
 /// Run the child `role` with its traces in a new directory, within five minutes: the directory.
 fn run_child(role: &str) -> PathBuf {
+    let (dir, out) = run_child_with(role, &[]);
+    assert_eq!(memtrace_messages(&out), Vec::<String>::new(), "{role}: something was lost");
+    dir
+}
+
+/// [`run_child`] with the variables `env` besides (`{dir}` in a value is the directory), which
+/// may say something: the directory and the child's output.
+fn run_child_with(role: &str, env: &[(&str, &str)]) -> (PathBuf, std::process::Output) {
     let dir = temp_path(role.trim_start_matches("control:")).with_extension("d");
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    let env = [(DIR_VAR, dir.to_str().unwrap())];
-    let (out, _) = output_within(super::child(role, &env), role, Duration::from_secs(300));
+    let values: Vec<String> = env.iter().map(|(_, v)| v.replace("{dir}", dir.to_str().unwrap())).collect();
+    let mut vars = vec![(DIR_VAR, dir.to_str().unwrap())];
+    vars.extend(env.iter().zip(&values).map(|((k, _), v)| (*k, v.as_str())));
+    let (out, _) = output_within(super::child(role, &vars), role, Duration::from_secs(300));
     assert!(out.status.success(), "{role}: {}", String::from_utf8_lossy(&out.stderr));
-    assert_eq!(memtrace_messages(&out), Vec::<String>::new(), "{role}: something was lost");
-    dir
+    (dir, out)
 }
 
 pub(super) fn child(role: &str) {
@@ -95,6 +104,7 @@ pub(super) fn child(role: &str) {
         "control:rotate" => rotate_child(&dir),
         "control:rate" => rate_child(&dir),
         "control:file" => file_child(&dir),
+        "control:env" => env_child(&dir),
         other => panic!("unknown role {other}"),
     }
 }
@@ -380,5 +390,53 @@ fn a_file_trace_starts_and_stops_in_a_running_session() {
     let churned = bytes_at(&first, "::site_churn_while_the_file_runs", false, false);
     let truth = FILE_CHURN as f64;
     assert!(within_5_sigma(churned, truth, &[(truth, FILE_RATE)]), "allocated while the file ran {churned:.0}");
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+// ---------------------------------------------------------------------------------------------
+// The variables
+
+fn env_child(dir: &Path) {
+    let guard = memtrace_rs::trace_if_requested();
+    let Some(guard) = guard else { return };
+    let base = dir.join("trace.ctf");
+    assert!(!base.exists(), "MEMTRACE_FILE_ON_DEMAND: no file before it is started");
+    assert_eq!(start_file_trace().unwrap(), base);
+    wait_for("four parts", || {
+        site_churn_across_parts();
+        let files = session_state().unwrap().files().to_vec();
+        assert!(files.len() <= 2, "{files:?}");
+        files.last().is_some_and(|last| last.ends_with("trace.3.ctf"))
+    });
+    guard.finish().unwrap();
+}
+
+/// `MEMTRACE_FILE_ON_DEMAND`, `MEMTRACE_FILE_LIMIT` and `MEMTRACE_FILE_KEEP` from the
+/// environment: the file waits for `start_file_trace`, then rotates at 64 KiB and keeps 2 files;
+/// a limit that is no size is one line on stderr, and no tracing.
+#[test]
+fn the_file_variables_are_read_from_the_environment() {
+    let env = [
+        ("MEMTRACE_FILE", "{dir}/trace.ctf"),
+        ("MEMTRACE_FILE_ON_DEMAND", "1"),
+        ("MEMTRACE_FILE_LIMIT", "64KiB"),
+        ("MEMTRACE_FILE_KEEP", "2"),
+        ("MEMTRACE_RATE", "1e-2"),
+    ];
+    let (dir, out) = run_child_with("control:env", &env);
+    assert_eq!(memtrace_messages(&out), Vec::<String>::new());
+    let mut names: Vec<String> =
+        std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    names.sort();
+    assert_eq!(names, ["trace.2.ctf", "trace.3.ctf"]);
+    for name in names {
+        let trace = Trace::read(&dir.join(&name));
+        assert!(trace.info.begins_with_live_blocks(), "{name}");
+    }
+    std::fs::remove_dir_all(dir).unwrap();
+    let (dir, out) =
+        run_child_with("control:env", &[("MEMTRACE_FILE", "{dir}/trace.ctf"), ("MEMTRACE_FILE_LIMIT", "12MB")]);
+    assert_one_message(&out, "MEMTRACE_FILE_LIMIT must be a size such as 64MiB (at least 1KiB), got \"12MB\"");
+    assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0, "no trace");
     std::fs::remove_dir_all(dir).unwrap();
 }
