@@ -49,20 +49,23 @@ impl Series {
         Series { base, limit, keep, next: 0, kept: VecDeque::new() }
     }
 
-    /// The number and path of the next part, noted as written: the oldest parts beyond the
-    /// number kept are removed, counting this one.
+    /// The number and path of the next part (a part that cannot be opened is skipped).
     pub(crate) fn next_part(&mut self) -> (u32, PathBuf) {
         let part = self.next;
         self.next += 1;
-        let path = part_path(&self.base, part);
-        self.kept.push_back(path.clone());
+        (part, part_path(&self.base, part))
+    }
+
+    /// Note the part at `path` as opened: the oldest parts beyond the number kept are removed,
+    /// counting this one.
+    pub(crate) fn opened(&mut self, path: PathBuf) {
+        self.kept.push_back(path);
         while self.kept.len() > self.keep {
             if let Some(old) = self.kept.pop_front() {
                 // Already gone (removed by hand) is fine.
                 let _ = std::fs::remove_file(old);
             }
         }
-        (part, path)
     }
 
     /// Whether the part being written, `size` bytes long of which its first `carried` are the
@@ -127,7 +130,8 @@ mod tests {
         let mut series = Series::new(dir.join("t.ctf"), Some(1 << 20), Some(2));
         for _ in 0..4 {
             let (_, path) = series.next_part();
-            std::fs::write(path, b"x").unwrap();
+            std::fs::write(&path, b"x").unwrap();
+            series.opened(path);
         }
         let mut on_disk: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name()).collect();
         on_disk.sort();

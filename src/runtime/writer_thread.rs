@@ -535,7 +535,7 @@ impl TraceWriter {
                             self.files
                                 .as_ref()
                                 .and_then(|f| f.series.files().last().map(Path::to_owned))
-                                .ok_or_else(String::new)
+                                .ok_or_else(|| "the file series is gone".to_owned())
                         }
                     };
                     let _ = reply.try_send(result);
@@ -627,6 +627,7 @@ impl TraceWriter {
         };
         let (part, path) = files.series.next_part();
         let file = (files.open)(&path).map_err(|e| e.to_string())?;
+        files.series.opened(path.clone());
         let rate = self.rate;
         let info = self.info_now(rate, &format!("part={part}"));
         let fail = |e: Error| format!("error writing trace file {}: {e}", path.display());

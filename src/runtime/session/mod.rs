@@ -298,6 +298,8 @@ pub fn start_tracing(config: TraceConfig) -> Result<TraceGuard, StartError> {
     let mut session = match files {
         Some(mut files) if config.file_at_start => {
             let (_, path) = files.series.next_part();
+            // Noted before it is opened: a start that fails ends the series with it.
+            files.series.opened(path.clone());
             let path = &path;
             let write_error = |source| StartError::Write { path: path.clone(), source };
             // A first packet that cannot be written (a context too long for a packet) must not
