@@ -137,15 +137,21 @@ fn site_kept_in_window() -> Vec<Vec<u8>> {
 fn window_child(dir: &Path) {
     let _guard = start_tracing(TraceConfig::profile_only().rate(WINDOW_RATE)).unwrap();
     let mut live = site_live_before_window();
+    let above = trace_window(std::io::sink(), Duration::from_secs(1), Some(WINDOW_RATE * 2.0));
+    assert!(matches!(above, Err(ControlError::RateAboveSession { .. })), "{above:?}");
     let out = std::fs::File::create(dir.join("window.ctf")).unwrap();
     let window = std::thread::spawn(move || trace_window(out, Duration::from_secs(2), None));
-    wait_for("the window's start", || session_state().is_some_and(|s| s.windows() == 1));
+    // The same window at a tenth of the rate: the samples thinned to it.
+    let low = std::fs::File::create(dir.join("window-low.ctf")).unwrap();
+    let low = std::thread::spawn(move || trace_window(low, Duration::from_secs(2), Some(WINDOW_RATE / 10.0)));
+    wait_for("the windows' start", || session_state().is_some_and(|s| s.windows() == 2));
     site_churn_in_window();
     let kept = site_kept_in_window();
     drop(live.split_off(live.len() / 2));
     // The window's allocations are all in it (they take far less than its 2 s).
-    assert_eq!(session_state().unwrap().windows(), 1, "the window ended before its allocations were made");
+    assert_eq!(session_state().unwrap().windows(), 2, "a window ended before its allocations were made");
     let stats = window.join().unwrap().unwrap();
+    low.join().unwrap().unwrap();
     assert!(stats.live_at_start > 0 && stats.samples > 0 && stats.frees > 0, "{stats:?}");
     // Nothing on disk but the window: the session is for profiles only.
     assert!(session_state().unwrap().files().is_empty());
@@ -170,6 +176,10 @@ fn a_window_of_a_service_for_profiles_only_begins_with_its_live_heap() {
     let still_live = bytes_at(&trace, start, true, true);
     assert!(within_5_sigma(still_live, half, &[(half, rate)]), "live at the end {still_live:.0}");
     assert_eq!(bytes_at(&trace, start, false, false), 0.0, "the live blocks are not allocations of the window");
+    let low = Trace::read(&dir.join("window-low.ctf"));
+    assert_eq!(low.info.sample_rate, WINDOW_RATE / 10.0);
+    let low_start = bytes_at(&low, start, true, false);
+    assert!(within_5_sigma(low_start, truth, &[(truth, WINDOW_RATE / 10.0)]), "at a tenth of the rate {low_start:.0}");
     for (site, truth, live) in [(churned, WINDOW_CHURN, 0.0), (kept, WINDOW_KEPT, WINDOW_KEPT as f64)] {
         let truth = truth as f64;
         let allocated = bytes_at(&trace, site, false, false);
