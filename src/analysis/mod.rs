@@ -21,6 +21,7 @@ pub mod filter;
 mod inert;
 mod names;
 mod pass;
+pub mod series;
 mod sites;
 pub mod stacks;
 

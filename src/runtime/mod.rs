@@ -22,6 +22,8 @@
 //! - [`unwind`]: capturing a sampled allocation's stack, and calibrating the walkers;
 //! - [`record`]: the sampled path of an allocation and of a free;
 //! - [`allocator`]: [`MemtraceAllocator`](allocator::MemtraceAllocator), the hot path;
+//! - [`series`]: the numbered parts of a file trace, its size limit and the parts kept;
+//! - [`window`]: the queue a window's trace leaves the writer through;
 //! - [`config`]: [`TraceConfig`](config::TraceConfig), the environment, start errors;
 //! - [`trace_file`]: the trace file's descriptor, checked to be the tracer's own before writes;
 //! - [`trace_open`]: opening the trace file, and the files it refuses to open as one;
@@ -31,12 +33,14 @@
 //! - [`http`]: the profile endpoint, which answers with `profile`'s answers (the one use of a
 //!   later module);
 //! - [`session`]: starting and stopping, and the process hooks;
+//! - [`control`]: control of the running session from code: windows, rate, file, state;
 //! - [`profile`]: heap profiles on demand from the running session's writer, encoded as pprof
 //!   or folded stacks, and the answers to HTTP requests for them.
 
 pub(crate) mod allocator;
 pub(crate) mod config;
 pub(crate) mod descriptor;
+pub(crate) mod control;
 pub(crate) mod fork_safe_lock;
 pub(crate) mod forked;
 pub(crate) mod handoff;
@@ -48,6 +52,7 @@ pub(crate) mod profile;
 pub(crate) mod record;
 pub(crate) mod sampled_set;
 pub(crate) mod sampler;
+pub(crate) mod series;
 pub(crate) mod session;
 pub(crate) mod span_table;
 pub(crate) mod spans;
@@ -57,4 +62,5 @@ pub(crate) mod trace_file;
 pub(crate) mod trace_open;
 pub(crate) mod tracer_thread;
 pub(crate) mod unwind;
+pub(crate) mod window;
 pub(crate) mod writer_thread;

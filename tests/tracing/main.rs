@@ -17,6 +17,7 @@ use memtrace_rs::{currently_tracing, start_tracing, stop_tracing, trace_if_reque
 
 mod busy_stop;
 mod closing;
+mod control;
 mod estimates;
 mod faults;
 mod files;
@@ -476,6 +477,7 @@ fn child_role() {
         "large:growth" => large_blocks::child_growth(),
         "large:layouts" => large_blocks::child_layouts(),
         "live:serve" => live_profile::serving_child(),
+        control if control.starts_with("control:") => control::child(control),
         "live:api" => live_profile::api_child(),
         "live:fork" => live_profile::fork_child(),
         #[cfg(feature = "tracing")]
@@ -675,6 +677,9 @@ fn assert_one_message(out: &Output, mentions: &str) {
 
 struct Allocation {
     nsamples: u64,
+    /// One of the blocks live at the trace's start, which it begins with (see
+    /// `Info::begins_with_live_blocks`).
+    carried: bool,
     /// Location codes, outermost frame first.
     codes: Vec<u64>,
 }
@@ -698,12 +703,13 @@ impl Trace {
             assert_eq!(event.domain, 0);
             match event.kind {
                 EventKind::Alloc(a) => {
-                    assert_eq!(a.source, memtrace_rs::trace::AllocSource::External);
+                    let carried = a.source == memtrace_rs::trace::AllocSource::Major && info.begins_with_live_blocks();
+                    assert!(a.source == memtrace_rs::trace::AllocSource::External || carried, "{:?}", a.source);
                     assert!(a.nsamples >= 1);
                     for &code in a.backtrace {
                         event.locations.get(code).unwrap();
                     }
-                    let alloc = Allocation { nsamples: a.nsamples, codes: a.backtrace.to_vec() };
+                    let alloc = Allocation { nsamples: a.nsamples, carried, codes: a.backtrace.to_vec() };
                     assert!(allocs.insert(a.id, alloc).is_none());
                 }
                 EventKind::Collect { id } => {
