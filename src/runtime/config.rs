@@ -41,6 +41,9 @@ pub(crate) const FILE_KEEP_VAR: &str = "MEMTRACE_FILE_KEEP";
 /// Environment variable that, `1`, makes [`FILE_VAR`] the file that `start_file_trace` opens,
 /// not one opened at the start (see [`TraceConfig::file_at_start`]).
 pub(crate) const FILE_ON_DEMAND_VAR: &str = "MEMTRACE_FILE_ON_DEMAND";
+/// Environment variable that, `1`, leaves out the line that says where a trace went, or, `0`,
+/// writes it even when stderr is no terminal (see [`TraceConfig::summary`]).
+pub(crate) const QUIET_VAR: &str = "MEMTRACE_QUIET";
 /// How long stopping waits for the writer thread by default.
 pub(crate) const DEFAULT_STOP_TIMEOUT: Duration = Duration::from_secs(1);
 
@@ -82,6 +85,8 @@ pub struct TraceConfig {
     pub(crate) file_keep: Option<usize>,
     /// Whether the file is opened at the start (else by `start_file_trace`).
     pub(crate) file_at_start: bool,
+    /// Whether a trace's end says where it went: `None` for when stderr is a terminal.
+    pub(crate) summary: Option<bool>,
 }
 
 impl TraceConfig {
@@ -101,6 +106,7 @@ impl TraceConfig {
             file_limit: None,
             file_keep: None,
             file_at_start: true,
+            summary: None,
         }
     }
 
@@ -189,6 +195,15 @@ impl TraceConfig {
     /// later, at this configuration's path.
     pub fn file_at_start(mut self, on: bool) -> TraceConfig {
         self.file_at_start = on;
+        self
+    }
+
+    /// Whether the end of a trace says on stderr, in one line, where it went: its file, its
+    /// samples, its size and the command to run next. By default it does when stderr is a
+    /// terminal, and not otherwise (a service's log, a test's captured output); `MEMTRACE_QUIET`
+    /// `1` or `0` sets it from the environment.
+    pub fn summary(mut self, on: bool) -> TraceConfig {
+        self.summary = Some(on);
         self
     }
 
@@ -375,6 +390,14 @@ pub(crate) fn config_from_env(path: Option<OsString>) -> Result<TraceConfig, Sta
     config.file_keep =
         number_from_env(FILE_KEEP_VAR, |v| v.parse().ok().filter(|&n| n >= 1), "a number of files, 1 or more")?;
     config.file_at_start = memtrace_var(FILE_ON_DEMAND_VAR).is_none_or(|v| v != "1");
+    config.summary = match memtrace_var(QUIET_VAR).as_deref().and_then(|v| v.to_str()) {
+        Some("1") => Some(false),
+        Some("0") => Some(true),
+        Some(other) if !other.is_empty() => {
+            return Err(StartError::InvalidVariable { var: QUIET_VAR, value: other.to_owned(), expected: "0 or 1" })
+        }
+        _ => None,
+    };
     Ok(config)
 }
 

@@ -39,8 +39,8 @@
 
 pub(crate) mod allocator;
 pub(crate) mod config;
-pub(crate) mod descriptor;
 pub(crate) mod control;
+pub(crate) mod descriptor;
 pub(crate) mod fork_safe_lock;
 pub(crate) mod forked;
 pub(crate) mod handoff;

@@ -87,6 +87,11 @@ impl Sink {
         Sink::File { file, bytes: 0 }
     }
 
+    /// A file that holds `bytes` already (the first packet, written as the session started).
+    pub(crate) fn file_holding(file: TraceFile, bytes: u64) -> Sink {
+        Sink::File { file, bytes }
+    }
+
     fn bytes(&self) -> u64 {
         match self {
             Sink::File { bytes, .. } => *bytes,
@@ -259,13 +264,15 @@ struct TraceWriter {
 pub(crate) struct WriterOutcome {
     pub(crate) allocs: u64,
     pub(crate) frees: u64,
+    /// The size of the file the trace ended in, if it ended in one, closed.
+    pub(crate) file_bytes: Option<u64>,
     pub(crate) error: Option<Error>,
 }
 
 impl WriterOutcome {
     /// The outcome of a writer thread that panicked outside the code that catches it.
     pub(crate) fn panicked() -> WriterOutcome {
-        WriterOutcome { allocs: 0, frees: 0, error: Some(Error::new(ErrorKind::WriterPanicked)) }
+        WriterOutcome { allocs: 0, frees: 0, file_bytes: None, error: Some(Error::new(ErrorKind::WriterPanicked)) }
     }
 }
 
@@ -318,6 +325,7 @@ pub(crate) fn write_trace(
     // with nobody draining the queue: it stops tracing like a write error.
     let (mut allocs, mut frees) = (0, 0);
     let mut spare = None;
+    let mut file_bytes = None;
     let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         let result = state.run();
         (allocs, frees) = (state.allocs, state.frees);
@@ -326,7 +334,12 @@ pub(crate) fn write_trace(
         for window in state.windows.drain(..) {
             window.end_window(Some("the session stopped".to_owned()));
         }
-        result.and_then(|()| state.file.take().map_or(Ok(()), |file| file.writer.close_marked().map(drop)))
+        result.and_then(|()| {
+            state
+                .file
+                .take()
+                .map_or(Ok(()), |file| file.writer.close_marked().map(|sink| file_bytes = Some(sink.bytes())))
+        })
     }));
     // Also after a panic: the bell holds the writer's thread.
     channel.no_first_sample_bell();
@@ -344,7 +357,7 @@ pub(crate) fn write_trace(
             say(&format!("memtrace: error writing trace file {}: {e}; tracing stopped", path.display()));
         }
     }
-    WriterOutcome { allocs, frees, error }
+    WriterOutcome { allocs, frees, file_bytes, error }
 }
 
 impl TraceWriter {

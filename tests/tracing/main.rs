@@ -32,6 +32,7 @@ mod sampled_blocks;
 mod skip;
 #[cfg(feature = "tracing")]
 mod spans;
+mod summary_line;
 
 #[global_allocator]
 static GLOBAL: MemtraceAllocator = MemtraceAllocator::system();
@@ -476,6 +477,7 @@ fn child_role() {
         "large:sparse" => large_blocks::child_sparse(),
         "large:growth" => large_blocks::child_growth(),
         "large:layouts" => large_blocks::child_layouts(),
+        "summary" => summary_line::child_summary(),
         "live:serve" => live_profile::serving_child(),
         control if control.starts_with("control:") => control::child(control),
         "live:api" => live_profile::api_child(),

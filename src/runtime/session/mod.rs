@@ -170,6 +170,8 @@ struct Session {
     /// Where its writer takes controls (see `runtime::control`), and its rate now.
     controls: Sender<Control>,
     rate: f64,
+    /// Whether its end says where the trace went (see [`TraceConfig::summary`]).
+    summary: bool,
 }
 
 /// Start tracing if the environment asks for it: `MEMTRACE_FILE` (or upstream's `MEMTRACE`)
@@ -453,7 +455,9 @@ fn spawn_writer(config: &TraceConfig, options: symbolize::Options, prepare: bool
             return;
         };
         let symbolizer = prepared.unwrap_or_else(|| symbolize::take_spare(options));
-        let file = file.map(|file| Writer::after_info_packet(Sink::file(file), &info).check_pid_on_flush(true));
+        let header = trace_info_packet(&info).map_or(0, |packet| packet.as_bytes().len() as u64);
+        let file = file
+            .map(|file| Writer::after_info_packet(Sink::file_holding(file, header), &info).check_pid_on_flush(true));
         let _ = ready_tx.send(());
         // Freeing the replaced file's blocks, here, after a start that waits has stopped waiting.
         drop(replaced);
@@ -479,6 +483,8 @@ fn spawn_writer(config: &TraceConfig, options: symbolize::Options, prepare: bool
         http: None,
         controls,
         rate: config.rate,
+        // SAFETY: isatty has no preconditions.
+        summary: config.summary.unwrap_or_else(|| unsafe { libc::isatty(libc::STDERR_FILENO) } == 1),
     };
     let ready = (handoff::capacity_for(config.rate) == handoff::MAX_CAPACITY).then_some(ready);
     Ok(PendingWriter { setup: Some(setup), ready, session: Some(session) })
@@ -578,7 +584,39 @@ fn finish(mut session: Session) -> Option<Result<TraceStats, Error>> {
             },
         }
     };
+    say_where_it_went(&session, &written);
     Some(outcome(written))
+}
+
+/// The line that ends a trace written to a file, where asked for (see
+/// [`TraceConfig::summary`]): where it went, what it holds, and what to run next. Allocates
+/// nothing (the exit hook says it too).
+fn say_where_it_went(session: &Session, written: &WriterOutcome) {
+    let Some(bytes) = written.file_bytes.filter(|_| session.summary && written.error.is_none()) else { return };
+    let path = session.path.display();
+    say_without_allocating(format_args!(
+        "memtrace: trace written to {path}: {} samples, {}; next: memtrace report {path} -o report.html",
+        written.allocs,
+        Size(bytes),
+    ));
+}
+
+/// A size as people read it (`920 bytes`, `63.4 KiB`, `1.2 GiB`), formatted without allocating.
+struct Size(u64);
+
+impl std::fmt::Display for Size {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        const UNITS: [&str; 4] = ["KiB", "MiB", "GiB", "TiB"];
+        if self.0 < 1024 {
+            return write!(f, "{} bytes", self.0);
+        }
+        let (mut value, mut unit) = (self.0 as f64 / 1024.0, 0);
+        while value >= 1024.0 && unit + 1 < UNITS.len() {
+            value /= 1024.0;
+            unit += 1;
+        }
+        write!(f, "{value:.1} {}", UNITS[unit])
+    }
 }
 
 /// Stop sampling and queue the writer's stop: how the stop then watches it for a stall (waiting
@@ -658,6 +696,7 @@ fn finish_at_exit() {
                 },
             }
         };
+        say_where_it_went(&session, &written);
         std::mem::forget(outcome(written));
     }
     std::mem::forget(session);
@@ -723,7 +762,7 @@ fn give_up(session: &Session, Stuck { cause, waited, longest_wait }: Stuck) -> W
         session.path.display(),
         session.channel.queued(),
     ));
-    WriterOutcome { allocs: 0, frees: 0, error: Some(Error::new(ErrorKind::WriterStalled(waited))) }
+    WriterOutcome { allocs: 0, frees: 0, file_bytes: None, error: Some(Error::new(ErrorKind::WriterStalled(waited))) }
 }
 
 /// One line on stderr for lost samples, one for lost frees (allocating nothing).
