@@ -5,9 +5,8 @@
 //! running session.
 //!
 //! Each child does its part and exits; the parent reads its traces back with this crate's
-//! reader (`Trace::read`, which checks every event). Estimates are checked at 5 sigma, not 4:
-//! each test makes several checks, and the team's bound is 1e-6 false failures per run (4 sigma
-//! two-sided is 6e-5 a check, 5 sigma 6e-7).
+//! reader (`Trace::read`, which checks every event). Estimates are checked at `SIGMAS` (6)
+//! standard deviations, for a false failure rarer than one run in a million.
 
 use std::hint::black_box;
 use std::path::{Path, PathBuf};
@@ -17,7 +16,7 @@ use memtrace_rs::{
     session_state, set_rate, start_file_trace, start_tracing, stop_file_trace, trace_window, ControlError, TraceConfig,
 };
 
-use super::{assert_one_message, memtrace_messages, output_within, temp_path, Trace};
+use super::{assert_one_message, memtrace_messages, output_within, temp_path, Trace, SIGMAS};
 
 /// Where a child writes its traces.
 const DIR_VAR: &str = "MEMTRACE_TEST_DIR";
@@ -40,12 +39,12 @@ fn churn(bytes: usize) {
     }
 }
 
-/// Whether `estimate` bytes is within 5 sigma of `truth`, sigma² being the sum of
+/// Whether `estimate` bytes is within [`SIGMAS`] standard deviations of `truth`, sigma² being the sum of
 /// `8 × bytes / rate` over the parts `(bytes, rate)` of the truth sampled at each rate (a
 /// site's samples are about Poisson, see `estimates`).
-fn within_5_sigma(estimate: f64, truth: f64, parts: &[(f64, f64)]) -> bool {
+fn within_sigmas(estimate: f64, truth: f64, parts: &[(f64, f64)]) -> bool {
     let sigma = parts.iter().map(|(bytes, rate)| 8.0 * bytes / rate).sum::<f64>().sqrt();
-    (estimate - truth).abs() <= 5.0 * sigma
+    (estimate - truth).abs() <= SIGMAS * sigma
 }
 
 /// The bytes of `trace`'s allocations at `site`: those it began with (`carried`) or those
@@ -171,22 +170,22 @@ fn a_window_of_a_service_for_profiles_only_begins_with_its_live_heap() {
     let (start, churned, kept) = ("::site_live_before_window", "::site_churn_in_window", "::site_kept_in_window");
     let live_at_start = bytes_at(&trace, start, true, false);
     let truth = LIVE_AT_START as f64;
-    assert!(within_5_sigma(live_at_start, truth, &[(truth, rate)]), "live at the start {live_at_start:.0}");
+    assert!(within_sigmas(live_at_start, truth, &[(truth, rate)]), "live at the start {live_at_start:.0}");
     let half = truth / 2.0;
     let still_live = bytes_at(&trace, start, true, true);
-    assert!(within_5_sigma(still_live, half, &[(half, rate)]), "live at the end {still_live:.0}");
+    assert!(within_sigmas(still_live, half, &[(half, rate)]), "live at the end {still_live:.0}");
     assert_eq!(bytes_at(&trace, start, false, false), 0.0, "the live blocks are not allocations of the window");
     let low = Trace::read(&dir.join("window-low.ctf"));
     assert_eq!(low.info.sample_rate, WINDOW_RATE / 10.0);
     let low_start = bytes_at(&low, start, true, false);
-    assert!(within_5_sigma(low_start, truth, &[(truth, WINDOW_RATE / 10.0)]), "at a tenth of the rate {low_start:.0}");
+    assert!(within_sigmas(low_start, truth, &[(truth, WINDOW_RATE / 10.0)]), "at a tenth of the rate {low_start:.0}");
     for (site, truth, live) in [(churned, WINDOW_CHURN, 0.0), (kept, WINDOW_KEPT, WINDOW_KEPT as f64)] {
         let truth = truth as f64;
         let allocated = bytes_at(&trace, site, false, false);
-        assert!(within_5_sigma(allocated, truth, &[(truth, rate)]), "{site}: allocated {allocated:.0}");
+        assert!(within_sigmas(allocated, truth, &[(truth, rate)]), "{site}: allocated {allocated:.0}");
         assert_eq!(bytes_at(&trace, site, true, false), 0.0, "{site}: allocated during the window, not before");
         let at_end = bytes_at(&trace, site, false, true);
-        assert!(within_5_sigma(at_end, live, &[(live, rate)]), "{site}: live at the end {at_end:.0}");
+        assert!(within_sigmas(at_end, live, &[(live, rate)]), "{site}: live at the end {at_end:.0}");
     }
     std::fs::remove_dir_all(dir).unwrap();
 }
@@ -252,7 +251,7 @@ fn a_rotated_trace_keeps_its_last_files_each_readable_alone() {
         }
         let truth = ROTATE_KEPT as f64;
         let live = live_at_end(&trace, "::site_kept_across_parts");
-        assert!(within_5_sigma(live, truth, &[(truth, ROTATE_RATE)]), "{name}: live at the end {live:.0}");
+        assert!(within_sigmas(live, truth, &[(truth, ROTATE_RATE)]), "{name}: live at the end {live:.0}");
         assert!(bytes_at(&trace, "::site_kept_across_parts", true, true) > 0.0, "{name}: begins with the kept blocks");
     }
     std::fs::remove_dir_all(dir).unwrap();
@@ -304,7 +303,7 @@ fn rate_child(dir: &Path) {
 }
 
 /// A rate change from 1e-5 to 1e-3 and back: three files at their rates; what each allocated,
-/// and their total, within 5 sigma of the truth (sigma from the mixed rates), and the blocks
+/// and their total, within `SIGMAS` standard deviations of the truth (from the mixed rates), and the blocks
 /// live across the changes carried with their own rate's weight.
 #[test]
 fn a_rate_change_keeps_every_estimate_unbiased() {
@@ -318,22 +317,22 @@ fn a_rate_change_keeps_every_estimate_unbiased() {
     let churned: Vec<f64> = traces.iter().map(|t| bytes_at(t, churn_site, false, false)).collect();
     let parts = [(CHURN_LOW as f64, LOW_RATE), (CHURN_HIGH as f64, HIGH_RATE), (CHURN_LOW as f64, LOW_RATE)];
     for (file, (&estimate, &(truth, rate))) in churned.iter().zip(&parts).enumerate() {
-        assert!(within_5_sigma(estimate, truth, &[(truth, rate)]), "file {file}: allocated {estimate:.0} of {truth}");
+        assert!(within_sigmas(estimate, truth, &[(truth, rate)]), "file {file}: allocated {estimate:.0} of {truth}");
     }
     let total: f64 = churned.iter().sum();
     let truth = (2 * CHURN_LOW + CHURN_HIGH) as f64;
-    assert!(within_5_sigma(total, truth, &parts), "allocated in all {total:.0} of {truth}");
+    assert!(within_sigmas(total, truth, &parts), "allocated in all {total:.0} of {truth}");
     // The blocks kept before the change, carried at 1e-3 and back, each with its own weight.
     let (low, high) = ((KEPT_LOW as f64, LOW_RATE), (KEPT_HIGH as f64, HIGH_RATE));
     for (file, trace) in traces.iter().enumerate() {
         let live = live_at_end(trace, "::site_kept_before_the_change");
-        assert!(within_5_sigma(live, low.0, &[low]), "file {file}: kept before the change, live {live:.0}");
+        assert!(within_sigmas(live, low.0, &[low]), "file {file}: kept before the change, live {live:.0}");
     }
     // The blocks kept at 1e-3, live at the end of the second file, carried into the third at 1e-5.
     let live = live_at_end(&traces[1], "::site_kept_at_the_high_rate");
-    assert!(within_5_sigma(live, high.0, &[high]), "kept at 1e-3, live {live:.0}");
+    assert!(within_sigmas(live, high.0, &[high]), "kept at 1e-3, live {live:.0}");
     let live = live_at_end(&traces[2], "::site_kept_at_the_high_rate");
-    assert!(within_5_sigma(live, high.0, &[(high.0, LOW_RATE)]), "kept at 1e-3, live at 1e-5 {live:.0}");
+    assert!(within_sigmas(live, high.0, &[(high.0, LOW_RATE)]), "kept at 1e-3, live at 1e-5 {live:.0}");
     assert_eq!(bytes_at(&traces[2], "::site_kept_at_the_high_rate", false, false), 0.0);
     std::fs::remove_dir_all(dir).unwrap();
 }
@@ -393,13 +392,13 @@ fn a_file_trace_starts_and_stops_in_a_running_session() {
     for (name, trace) in [("trace.ctf", &first), ("trace.1.ctf", &second)] {
         assert!(trace.info.begins_with_live_blocks(), "{name}: {}", params(trace));
         let live = bytes_at(trace, "::site_kept_before_the_file", true, true);
-        assert!(within_5_sigma(live, kept, &parts), "{name}: kept, live {live:.0}");
+        assert!(within_sigmas(live, kept, &parts), "{name}: kept, live {live:.0}");
         assert_eq!(bytes_at(trace, "::site_kept_before_the_file", false, false), 0.0, "{name}");
         assert_eq!(bytes_at(trace, "::site_churn_without_a_file", false, false), 0.0, "{name}");
     }
     let churned = bytes_at(&first, "::site_churn_while_the_file_runs", false, false);
     let truth = FILE_CHURN as f64;
-    assert!(within_5_sigma(churned, truth, &[(truth, FILE_RATE)]), "allocated while the file ran {churned:.0}");
+    assert!(within_sigmas(churned, truth, &[(truth, FILE_RATE)]), "allocated while the file ran {churned:.0}");
     std::fs::remove_dir_all(dir).unwrap();
 }
 

@@ -1,6 +1,6 @@
 //! The estimates on heaps the size of real services: live heaps of 256 MiB and 1 GiB in blocks
 //! of every size class that once capped what could be seen, at the default rate and at 1e-4,
-//! each site's live and allocated estimates within 4 sigma of the truth and no sample lost;
+//! each site's live and allocated estimates within `SIGMAS` (6) standard deviations of the truth and no sample lost;
 //! and a writer forced to fall behind, whose lost samples the trace records so that the total
 //! stays unbiased.
 
@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use memtrace_rs::trace_if_requested;
 
-use super::{memtrace_messages, output_within, temp_path, Trace};
+use super::{memtrace_messages, output_within, temp_path, Trace, SIGMAS};
 
 /// The variables of a grid child: the bytes to keep live, and the blocks to keep them in.
 const HEAP_VAR: &str = "MEMTRACE_TEST_HEAP";
@@ -101,12 +101,12 @@ fn truths(heap: usize, blocks: &str) -> Vec<Truth> {
     }
 }
 
-/// Whether `estimate` bytes is within 4 standard deviations of `truth` at `rate`: a site's
+/// Whether `estimate` bytes is within [`SIGMAS`] standard deviations of `truth` at `rate`: a site's
 /// samples are the sample points among its words, about Poisson with mean `words × rate`, so
 /// an estimate of `truth` bytes has a standard deviation of `sqrt(truth × 8 / rate)` bytes.
-fn within_4_sigma(estimate: f64, truth: usize, rate: f64) -> bool {
+fn within_sigmas(estimate: f64, truth: usize, rate: f64) -> bool {
     let sigma = (truth as f64 * 8.0 / rate).sqrt();
-    (estimate - truth as f64).abs() <= 4.0 * sigma.max(8.0 / rate)
+    (estimate - truth as f64).abs() <= SIGMAS * sigma.max(8.0 / rate)
 }
 
 /// One case of the grid: the child keeps `heap` bytes in `blocks` at `rate`; every site's
@@ -141,11 +141,11 @@ fn check_case(rate: &str, heap: usize, blocks: &str) {
         let (allocated, live) = (samples(false), samples(true));
         let what = format!("rate {rate}, {heap} bytes in {blocks}, {}", truth.site);
         assert!(
-            within_4_sigma(allocated, truth.allocated, rate),
+            within_sigmas(allocated, truth.allocated, rate),
             "{what}: allocated {allocated:.0}, truth {}",
             truth.allocated
         );
-        assert!(within_4_sigma(live, truth.live, rate), "{what}: live at the end {live:.0}, truth {}", truth.live);
+        assert!(within_sigmas(live, truth.live, rate), "{what}: live at the end {live:.0}, truth {}", truth.live);
     }
     let _ = std::fs::remove_file(&path);
 }
@@ -208,7 +208,7 @@ pub(super) fn child_behind() {
 }
 
 /// A writer that falls far behind loses samples, and says so in the trace: `memtrace info`
-/// reports them, by cause, and the allocated total, lost samples included, stays within 4 sigma
+/// reports them, by cause, and the allocated total, lost samples included, stays within `SIGMAS`
 /// of the bytes allocated.
 #[test]
 #[cfg(all(debug_assertions, feature = "cli"))]
@@ -255,8 +255,7 @@ fn samples_lost_with_the_writer_behind_are_recorded_and_keep_the_total() {
     // The whole program's allocations: the site's, and the few of the test harness's child.
     let total = info["allocated"]["bytes"].as_f64().unwrap();
     assert!(
-        within_4_sigma(total, BEHIND_BYTES, 1e-2)
-            || (total > BEHIND_BYTES as f64 && total < BEHIND_BYTES as f64 * 1.01),
+        within_sigmas(total, BEHIND_BYTES, 1e-2) || (total > BEHIND_BYTES as f64 && total < BEHIND_BYTES as f64 * 1.01),
         "allocated {total:.0}, truth {BEHIND_BYTES}"
     );
     let _ = std::fs::remove_file(&path);

@@ -1,6 +1,6 @@
 //! Live heap profiles: a child with known live, freed and peak sites (and threads that keep
 //! allocating) serves its profiles over HTTP, and `go tool pprof` reads them; the estimates
-//! must be within 4 sigma of the truth, with the thread's and (with the `tracing` feature) the
+//! must be within `SIGMAS` (6) standard deviations of the truth, with the thread's and (with the `tracing` feature) the
 //! span's frames at the root. Also sessions for profiles only (from the environment
 //! and from code), the framework helper, bad requests to the endpoint, and a child of far more
 //! distinct stacks than the profile keeps.
@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use memtrace_rs::{ProfileKind, TraceConfig};
 
-use super::{child, Trace};
+use super::{child, Trace, SIGMAS};
 
 /// The sampling rate of these children: about one sample per 8 KB. The live sites' blocks are
 /// large (sampled blocks of less than 64 KiB come from a pool of bounded size classes), and the
@@ -381,11 +381,11 @@ fn bytes_of(top: &HashMap<String, f64>, name: &str) -> f64 {
     top.iter().filter(|(f, _)| f.ends_with(&format!("::{name}")) || *f == name).map(|(_, &b)| b).sum()
 }
 
-/// Require `estimate` to be within 4 sigma of `truth` bytes: the sampled points of `truth`
+/// Require `estimate` to be within [`SIGMAS`] standard deviations of `truth` bytes: the sampled points of `truth`
 /// bytes are a Poisson count of mean `truth × rate / 8`.
-fn assert_within_4_sigma(what: &str, estimate: f64, truth: f64) {
+fn assert_within_sigmas(what: &str, estimate: f64, truth: f64) {
     let samples = truth * RATE / 8.0;
-    let tolerance = 4.0 * samples.sqrt() * 8.0 / RATE;
+    let tolerance = SIGMAS * samples.sqrt() * 8.0 / RATE;
     assert!((estimate - truth).abs() <= tolerance, "{what}: estimated {estimate}, truth {truth} ± {tolerance}");
 }
 
@@ -394,8 +394,8 @@ fn assert_within_4_sigma(what: &str, estimate: f64, truth: f64) {
 /// thread-kept blocks are under the thread's frame.
 fn check_known_profiles(heap: &str, allocs: &str, peak: &str) {
     let inuse = pprof_top(heap, "inuse_space", &[]);
-    assert_within_4_sigma("live site", bytes_of(&inuse, "site_live_big"), LIVE_BYTES);
-    assert_within_4_sigma("thread's site", bytes_of(&inuse, "site_kept_by_thread"), THREAD_BYTES);
+    assert_within_sigmas("live site", bytes_of(&inuse, "site_live_big"), LIVE_BYTES);
+    assert_within_sigmas("thread's site", bytes_of(&inuse, "site_kept_by_thread"), THREAD_BYTES);
     // Threads and spans are named as the command line names them.
     let thread = format!("thread {KEEPER}");
     assert!(bytes_of(&inuse, &thread) >= bytes_of(&inuse, "site_kept_by_thread"), "no thread frame: {inuse:?}");
@@ -410,17 +410,17 @@ fn check_known_profiles(heap: &str, allocs: &str, peak: &str) {
     // No allocator frame is a function of the profile (trimmed as the CLI does).
     assert!(!inuse.keys().any(|f| f.contains("__rust_alloc") || f.contains("RawVec")), "{inuse:?}");
     let allocated = pprof_top(allocs, "alloc_space", &[]);
-    assert_within_4_sigma("churned site", bytes_of(&allocated, "site_churned"), CHURNED_BYTES);
-    assert_within_4_sigma("peak site, allocated", bytes_of(&allocated, "site_peak"), PEAK_BYTES);
-    assert_within_4_sigma("live site, allocated", bytes_of(&allocated, "site_live_big"), LIVE_BYTES);
+    assert_within_sigmas("churned site", bytes_of(&allocated, "site_churned"), CHURNED_BYTES);
+    assert_within_sigmas("peak site, allocated", bytes_of(&allocated, "site_peak"), PEAK_BYTES);
+    assert_within_sigmas("live site, allocated", bytes_of(&allocated, "site_live_big"), LIVE_BYTES);
     let at_peak = pprof_top(peak, "inuse_space", &[]);
-    assert_within_4_sigma("peak site at the peak", bytes_of(&at_peak, "site_peak"), PEAK_BYTES);
-    assert_within_4_sigma("live site at the peak", bytes_of(&at_peak, "site_live_big"), LIVE_BYTES);
+    assert_within_sigmas("peak site at the peak", bytes_of(&at_peak, "site_peak"), PEAK_BYTES);
+    assert_within_sigmas("live site at the peak", bytes_of(&at_peak, "site_live_big"), LIVE_BYTES);
 }
 
 /// A delta over a time when `site_delta` ran shows it and not what was allocated before.
 fn check_delta(delta: &HashMap<String, f64>) {
-    assert_within_4_sigma("delta site", bytes_of(delta, "site_delta"), DELTA_BYTES);
+    assert_within_sigmas("delta site", bytes_of(delta, "site_delta"), DELTA_BYTES);
     assert_eq!(bytes_of(delta, "site_churned"), 0.0);
     assert_eq!(bytes_of(delta, "site_live_big"), 0.0);
 }
@@ -465,7 +465,7 @@ fn live_profiles_over_http_match_the_truth() {
         .filter(|l| l.contains("site_live_big"))
         .map(|l| l.rsplit_once(' ').unwrap().1.parse::<f64>().unwrap())
         .sum();
-    assert_within_4_sigma("live site, folded", live, LIVE_BYTES);
+    assert_within_sigmas("live site, folded", live, LIVE_BYTES);
     let thread = format!("thread {KEEPER};");
     assert!(folded.lines().any(|l| l.starts_with(&thread) && l.contains("site_kept_by_thread")), "{folded}");
     #[cfg(feature = "tracing")]
@@ -534,7 +534,7 @@ fn many_distinct_stacks_are_folded_and_totals_kept() {
     let (samples, functions) = pprof_raw(&serving.url("/debug/pprof/allocs"));
     serving.finish();
     let allocated: i64 = samples.iter().map(|values| values[1]).sum();
-    assert_within_4_sigma("all allocated", allocated as f64, VARIED_BYTES);
+    assert_within_sigmas("all allocated", allocated as f64, VARIED_BYTES);
     assert!((BUDGET..BUDGET + 100).contains(&samples.len()), "{} samples", samples.len());
     let folded = functions.iter().find_map(|f| {
         let (_, rest) = f.split_once("<stacks folded: allocated totals of ")?;
@@ -554,7 +554,7 @@ fn a_session_for_profiles_only_from_the_environment_writes_no_file() {
     let dir = tempfile::tempdir().unwrap();
     let serving = Serving::start(&[], dir.path());
     let inuse = pprof_top(&serving.url("/debug/pprof/heap"), "inuse_space", &[]);
-    assert_within_4_sigma("live site", bytes_of(&inuse, "site_live_big"), LIVE_BYTES);
+    assert_within_sigmas("live site", bytes_of(&inuse, "site_live_big"), LIVE_BYTES);
     let said = serving.finish();
     assert_eq!(said.iter().filter(|l| l.starts_with("memtrace: ")).count(), 1, "{said:?}");
     let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
@@ -576,7 +576,7 @@ fn profiles_from_code_in_a_session_for_profiles_only() {
     check_known_profiles(&file("heap.pb.gz"), &file("allocs.pb.gz"), &file("peak.pb.gz"));
     check_delta(&pprof_top(&file("delta.pb.gz"), "alloc_space", &[]));
     let response = pprof_top(&file("response.pb.gz"), "inuse_space", &[]);
-    assert_within_4_sigma("live site, framework helper", bytes_of(&response, "site_live_big"), LIVE_BYTES);
+    assert_within_sigmas("live site, framework helper", bytes_of(&response, "site_live_big"), LIVE_BYTES);
     // Files and lines: the allocation's line in `site_live_big` is in this file.
     let by_line = pprof_top(&file("heap.pb.gz"), "inuse_space", &["-lines"]);
     assert!(

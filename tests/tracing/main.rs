@@ -587,6 +587,13 @@ fn writer_threads() -> usize {
 // ---------------------------------------------------------------------------------------------
 // Parent side
 
+/// How many standard deviations a sampled estimate may be off its truth in these tests, so
+/// that a false failure is rarer than one run in a million. A site's samples are Poisson: with
+/// 100 expected, `P(|X - λ| > 6√λ)` is 1.3e-8, with 335 (256 MiB at the default rate) 4.5e-9,
+/// so that the largest test (`estimates`, 88 such checks, most of sites far larger) fails
+/// falsely with probability about 4e-7; 4 standard deviations gave 5e-5 a check.
+const SIGMAS: f64 = 6.0;
+
 fn temp_path(name: &str) -> PathBuf {
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("memtrace-tests");
     std::fs::create_dir_all(&dir).unwrap();

@@ -9,7 +9,7 @@ use memtrace_rs::trace::{SPAN_FILE_PREFIX, THREAD_FILE};
 use memtrace_rs::{start_tracing, trace_if_requested, MemtraceLayer, TraceConfig};
 use tracing::{info_span, Instrument};
 
-use super::{assert_close, memtrace_messages, run, temp_path, Allocation, Trace, SECOND_FILE_VAR};
+use super::{assert_close, memtrace_messages, run, temp_path, Allocation, Trace, SECOND_FILE_VAR, SIGMAS};
 
 // ---------------------------------------------------------------------------------------------
 // The children
@@ -305,15 +305,15 @@ fn tokio_requests_are_attributed_to_their_spans() {
     assert!(line.contains(r#"info_span!("request", kind = "small")"#), "{small:?}: {line}");
 }
 
-/// At the default rate each span's sample count is within four standard deviations of the
-/// number its bytes call for (a Poisson count).
+/// At the default rate each span's sample count is within [`SIGMAS`] standard deviations of
+/// the number its bytes call for (a Poisson count).
 #[test]
 fn tokio_span_estimates_at_the_default_rate_are_within_their_interval() {
     let trace = tokio_trace("spans-tokio-default", None);
     for (span, bytes) in [("request{kind=small}", SMALL_BYTES), ("request{kind=large}", LARGE_BYTES)] {
         let expected = bytes as f64 * trace.info.sample_rate / 8.0;
         let (samples, _) = trace.in_span(span);
-        let slack = 4.0 * expected.sqrt() + 1.0;
+        let slack = SIGMAS * expected.sqrt() + 1.0;
         assert!(
             (samples as f64 - expected).abs() <= slack,
             "{span}: {samples} samples, expected {expected:.0} ± {slack:.0}"
