@@ -92,6 +92,7 @@ mod frames;
 #[cfg(feature = "tracing")]
 mod layer;
 mod runtime;
+pub mod testing;
 
 #[cfg(feature = "analysis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "analysis")))]

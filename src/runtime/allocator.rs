@@ -25,6 +25,11 @@
 //!   trace a `realloc` counts as the old block being freed (if it was sampled) and the new
 //!   block being allocated.
 //!
+//! On a thread that measures a scope (`testing::measure`, [`measure`]) every allocation
+//! reaches the out-of-line half (its countdown is forced there), and a block allocated in the
+//! scope is credited to it and tracked like a sampled block, with the scope's slot in its
+//! entry, so that its free on any thread credits the scope back. Other threads are unchanged.
+//!
 //! A sample is never lost silently: where its block cannot be allocated at the sampled
 //! alignment or tracked, the block is served as unsampled and the loss recorded
 //! ([`record::lost`]), in the trace itself.
@@ -39,6 +44,7 @@
 
 use std::alloc::{GlobalAlloc, Layout, System};
 
+use super::measure::{self, Current};
 use super::record::{self, Loss};
 use super::sampled_set::{self, may_be_sampled, sampled_layout};
 use super::sampler;
@@ -80,9 +86,9 @@ impl<A: GlobalAlloc> MemtraceAllocator<A> {
     #[cold]
     #[inline(never)]
     unsafe fn alloc_at_sample_point(&self, layout: Layout) -> *mut u8 {
-        let nsamples = sampler::sample_points(layout.size());
+        let (nsamples, scope) = (sampler::sample_points(layout.size()), measure::current());
         // SAFETY: the closure is the inner call, for `layout` or a larger alignment of it.
-        unsafe { self.sampled(nsamples, layout, Entry::Alloc, |layout| self.inner.alloc(layout)) }
+        unsafe { self.sampled(nsamples, scope, layout, Entry::Alloc, |layout| self.inner.alloc(layout)) }
     }
 
     /// `alloc_zeroed` whose countdown reached a sample point or checkpoint.
@@ -92,21 +98,31 @@ impl<A: GlobalAlloc> MemtraceAllocator<A> {
     #[cold]
     #[inline(never)]
     unsafe fn alloc_zeroed_at_sample_point(&self, layout: Layout) -> *mut u8 {
-        let nsamples = sampler::sample_points(layout.size());
+        let (nsamples, scope) = (sampler::sample_points(layout.size()), measure::current());
         // SAFETY: the closure is the inner call, for `layout` or a larger alignment of it.
-        unsafe { self.sampled(nsamples, layout, Entry::AllocZeroed, |layout| self.inner.alloc_zeroed(layout)) }
+        unsafe { self.sampled(nsamples, scope, layout, Entry::AllocZeroed, |layout| self.inner.alloc_zeroed(layout)) }
     }
 
     /// A new block of `layout` that covers `nsamples` sample points (from [`sampler`]), made by
-    /// `make` (the inner allocator's call for a layout): as is if that is 0, else at the
-    /// sampled layout (the program's own for a large block), tracked and recorded.
+    /// `make` (the inner allocator's call for a layout) in the measured `scope` if any: as is if
+    /// neither, else at the sampled layout (the program's own for a large block), tracked,
+    /// recorded if sampled and credited to the scope if measured.
     ///
     /// # Safety
     /// `make` must be a call of the inner allocator that is sound for `layout` and for its
     /// sampled layout, as for the caller's method.
     #[inline(always)]
-    unsafe fn sampled(&self, nsamples: u64, layout: Layout, entry: Entry, make: impl Fn(Layout) -> *mut u8) -> *mut u8 {
-        if nsamples == 0 || record::lost_for_want_of_stack(nsamples, layout.size()) {
+    unsafe fn sampled(
+        &self,
+        nsamples: u64,
+        scope: Option<Current>,
+        layout: Layout,
+        entry: Entry,
+        make: impl Fn(Layout) -> *mut u8,
+    ) -> *mut u8 {
+        let nsamples =
+            if nsamples != 0 && record::lost_for_want_of_stack(nsamples, layout.size()) { 0 } else { nsamples };
+        if nsamples == 0 && scope.is_none() {
             // Kept apart from the sampled case, so that it compiles to a tail call.
             return make(layout);
         }
@@ -121,17 +137,21 @@ impl<A: GlobalAlloc> MemtraceAllocator<A> {
             // (a sample lost if that can be had; if not, the allocation fails as it would).
             let ptr = make(layout);
             if !ptr.is_null() {
-                record::lost(Loss::NoMemory, nsamples, layout.size());
+                untracked(nsamples, scope, Loss::NoMemory, layout.size(), entry);
             }
             return ptr;
         }
-        match track(ptr, layout.size()) {
+        let slot = credit(scope, layout.size(), entry);
+        match track(ptr, layout.size(), slot) {
             Some((key, inserted)) => {
-                record_alloc(key, layout.size(), nsamples, entry, inserted);
+                if nsamples != 0 {
+                    record_alloc(key, layout.size(), nsamples, entry, inserted);
+                }
                 ptr
             }
             None => {
-                record::lost(Loss::Untracked, nsamples, layout.size());
+                uncredit(scope, layout.size());
+                untracked(nsamples, None, Loss::Untracked, layout.size(), entry);
                 if sampled == layout {
                     return ptr;
                 }
@@ -150,9 +170,9 @@ impl<A: GlobalAlloc> MemtraceAllocator<A> {
     #[cold]
     #[inline(never)]
     unsafe fn realloc_at_sample_point(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        let nsamples = sampler::sample_points(new_size);
+        let (nsamples, scope) = (sampler::sample_points(new_size), measure::current());
         // SAFETY: under the caller's contract.
-        unsafe { self.realloc_block(nsamples, ptr, layout, false, new_size) }
+        unsafe { self.realloc_block(nsamples, scope, ptr, layout, false, new_size) }
     }
 
     /// `realloc` of a block whose address and size say it may have been sampled (the countdown
@@ -165,12 +185,15 @@ impl<A: GlobalAlloc> MemtraceAllocator<A> {
     unsafe fn realloc_maybe_sampled(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         let was_sampled = forget_if_sampled(ptr, layout.size());
         let nsamples = if enabled() { sampler::take(new_size) } else { 0 };
+        let scope = measure::current();
         // SAFETY: under the caller's contract.
-        unsafe { self.realloc_block(nsamples, ptr, layout, was_sampled, new_size) }
+        unsafe { self.realloc_block(nsamples, scope, ptr, layout, was_sampled, new_size) }
     }
 
     /// The `realloc` of `ptr`, allocated with `layout` (at its sampled layout if
-    /// `was_sampled`; no longer tracked), to a new block that covers `nsamples` sample points.
+    /// `was_sampled`; no longer tracked), to a new block that covers `nsamples` sample points,
+    /// in the measured `scope` if any (as dhat counts a `realloc`: a new block of the new size,
+    /// the old one freed if it was the scope's).
     /// Whenever the old and the new block's layouts have one alignment (both unsampled, both
     /// sampled and small, or either sampled and large, which keeps the program's layout), this
     /// is the inner allocator's own `realloc`, which may grow in place or `mremap`; otherwise
@@ -182,6 +205,7 @@ impl<A: GlobalAlloc> MemtraceAllocator<A> {
     unsafe fn realloc_block(
         &self,
         nsamples: u64,
+        scope: Option<Current>,
         ptr: *mut u8,
         layout: Layout,
         was_sampled: bool,
@@ -191,13 +215,15 @@ impl<A: GlobalAlloc> MemtraceAllocator<A> {
         // SAFETY: the caller's contract makes `new_size` with `layout`'s alignment a layout.
         let new_layout = unsafe { Layout::from_size_align_unchecked(new_size, layout.align()) };
         let old_layout = if was_sampled { sampled_layout(layout) } else { layout };
-        if nsamples != 0 {
+        if nsamples != 0 || scope.is_some() {
             let sampled = sampled_layout(new_layout);
             // SAFETY: `ptr` holds a block of `old_layout`, under the caller's contract.
             let new = unsafe { self.resize(ptr, old_layout, sampled) };
             if !new.is_null() {
-                let Some((key, inserted)) = track(new, new_size) else {
-                    record::lost(Loss::Untracked, nsamples, new_size);
+                let slot = credit(scope, new_size, Entry::Realloc);
+                let Some((key, inserted)) = track(new, new_size, slot) else {
+                    uncredit(scope, new_size);
+                    untracked(nsamples, None, Loss::Untracked, new_size, Entry::Realloc);
                     if sampled == new_layout {
                         return new;
                     }
@@ -209,7 +235,9 @@ impl<A: GlobalAlloc> MemtraceAllocator<A> {
                     let out = unsafe { self.resize(new, sampled, new_layout) };
                     return if out.is_null() { new } else { out };
                 };
-                record_alloc(key, new_size, nsamples, Entry::Realloc, inserted);
+                if nsamples != 0 {
+                    record_alloc(key, new_size, nsamples, Entry::Realloc, inserted);
+                }
                 return new;
             }
             // No memory for the sampled layout: the block as an unsampled one if the memory is
@@ -221,10 +249,10 @@ impl<A: GlobalAlloc> MemtraceAllocator<A> {
             if old_layout != layout {
                 // The old block stays the program's at its sampled layout: tracked again (by no
                 // session), so that its free uses that layout.
-                track(ptr, layout.size());
+                track(ptr, layout.size(), 0);
             }
-        } else if nsamples != 0 {
-            record::lost(Loss::NoMemory, nsamples, new_size);
+        } else {
+            untracked(nsamples, scope, Loss::NoMemory, new_size, Entry::Realloc);
         }
         out
     }
@@ -277,13 +305,42 @@ impl MemtraceAllocator<System> {
     }
 }
 
-/// Note the new sampled block of `size` bytes at `ptr` in the sampled-block set (see
-/// [`sampled_set::insert`]): its key and where the set holds it, or `None` where it cannot be
-/// tracked.
+/// Note the new sampled or measured block of `size` bytes at `ptr` in the sampled-block set,
+/// measured by the scope of `slot` (0: none; see [`sampled_set::insert`]): its key and where the
+/// set holds it, or `None` where it cannot be tracked.
 #[inline(always)]
-fn track(ptr: *mut u8, size: usize) -> Option<(usize, sampled_set::Inserted)> {
+fn track(ptr: *mut u8, size: usize, slot: sampled_set::ScopeSlot) -> Option<(usize, sampled_set::Inserted)> {
     let key = sampled_set::block_key(ptr as usize, size)?;
-    Some((key, sampled_set::insert(key)?))
+    Some((key, sampled_set::insert(key, slot)?))
+}
+
+/// Credit a block of `size` bytes to the measured `scope`, if any (aborts if it panics): the
+/// slot its entry carries, 0 for none.
+#[inline(always)]
+fn credit(scope: Option<Current>, size: usize, entry: Entry) -> sampled_set::ScopeSlot {
+    scope.map_or(0, |scope| AbortOnUnwind::around(|| scope.allocated(size, entry)))
+}
+
+/// Take back [`credit`]'s block from the live figures: it cannot be tracked, so its free
+/// will not be seen.
+#[inline(always)]
+fn uncredit(scope: Option<Current>, size: usize) {
+    if let Some(scope) = scope {
+        scope.untracked(size);
+    }
+}
+
+/// A new block of `size` bytes served untracked: the sample lost to `cause` if it covered
+/// `nsamples` points, and the block counted untracked by the measured `scope` if any.
+#[inline(always)]
+fn untracked(nsamples: u64, scope: Option<Current>, cause: Loss, size: usize, entry: Entry) {
+    if nsamples != 0 {
+        record::lost(cause, nsamples, size);
+    }
+    if let Some(scope) = scope {
+        credit(Some(scope), size, entry);
+        scope.untracked(size);
+    }
 }
 
 /// Aborts the process if dropped: armed around the sampled path and defused when the path
@@ -360,13 +417,14 @@ fn record_free(key: usize, tag: sampled_set::SessionTag) {
 #[inline(never)]
 fn forget_if_sampled(ptr: *mut u8, size: usize) -> bool {
     let Some(key) = sampled_set::block_key(ptr as usize, size) else { return false };
-    AbortOnUnwind::around(|| match sampled_set::remove(key) {
-        Some(0) => true,
-        Some(tag) => {
+    AbortOnUnwind::around(|| {
+        let Some(marks) = sampled_set::remove(key) else { return false };
+        let tag = marks & sampled_set::TAG_MASK;
+        if tag != 0 {
             record_free(key, tag);
-            true
         }
-        None => false,
+        measure::freed(marks, size);
+        true
     })
 }
 
