@@ -18,6 +18,7 @@ mod closing;
 mod estimates;
 mod faults;
 mod heap;
+mod heap_assertions;
 mod hostile;
 mod large_blocks;
 mod live_profile;
@@ -455,6 +456,7 @@ fn child_role() {
         #[cfg(all(target_os = "linux", target_env = "gnu"))]
         "heap:mmap-threshold" => heap::child(),
         "sampled-blocks:moves" => sampled_blocks::child(),
+        "heap-assertions:session" => heap_assertions::session_child(),
         "estimates:grid" => estimates::child(),
         "closing:held" => closing::child(),
         #[cfg(debug_assertions)]
