@@ -84,7 +84,7 @@ pub struct Site {
     /// The line, 0 if unknown.
     pub line: u32,
     /// The bytes the site allocated, as a sample of the scope's allocations estimates them
-    /// (its first allocations exactly, then one per 4 KiB allocated).
+    /// (its first 64 allocations exactly, then one per 16 KiB allocated).
     pub bytes: u64,
 }
 

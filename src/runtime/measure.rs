@@ -34,9 +34,11 @@ use super::unwind;
 use crate::format::hash::FastMap;
 
 /// Allocations of a scope whose stacks are always captured.
-const FIRST_CAPTURES: u64 = 32;
-/// After the first allocations, the stack of one allocation per this many bytes is captured.
-const SITE_SAMPLE_BYTES: u64 = 4096;
+const FIRST_CAPTURES: u64 = 64;
+/// After the first allocations, the stack of one allocation per this many bytes is captured
+/// (a capture costs far more than a measured allocation, so that a denser sampling of the
+/// sites would dominate the scope's cost).
+const SITE_SAMPLE_BYTES: u64 = 16 << 10;
 /// Distinct stacks a scope keeps; the bytes of others are counted apart.
 const MAX_STACKS: usize = 4096;
 
@@ -263,11 +265,17 @@ impl Current {
         SLOTS[scope.slot as usize].refs.fetch_add(1, Ordering::AcqRel);
         let size = size as u64;
         for c in chain(scope.slot) {
-            c.total_bytes.fetch_add(size, Ordering::Relaxed);
-            c.total_blocks.fetch_add(1, Ordering::Relaxed);
+            // The totals have one writer, this thread (a scope and those enclosing it run on
+            // the thread that made them), so they need no read-modify-write; the live figures
+            // are also written by frees on other threads.
+            c.total_bytes.store(c.total_bytes.load(Ordering::Relaxed) + size, Ordering::Relaxed);
+            c.total_blocks.store(c.total_blocks.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
             c.live_blocks.fetch_add(1, Ordering::Relaxed);
             let live = c.live_bytes.fetch_add(size, Ordering::Relaxed) + size;
-            c.peak_bytes.fetch_max(live, Ordering::Relaxed);
+            // The peak only grows: compared first, written only when passed.
+            if live > c.peak_bytes.load(Ordering::Relaxed) {
+                c.peak_bytes.fetch_max(live, Ordering::Relaxed);
+            }
         }
         scope.sample_site(size, entry);
         scope.slot
@@ -300,9 +308,11 @@ impl Scope {
             return;
         }
         self.captures.set(self.captures.get() + 1);
-        let mut frames = [0u64; MAX_FRAMES];
-        let n = if unwind::stack_left_for_capture() { unwind::capture(entry, false, &mut frames) } else { 0 };
+        // Inside the tracer, as a sample's capture is: what the walk or the map allocates is
+        // neither measured nor sampled, so it never comes back here.
         sampler::in_tracer(|| {
+            let mut frames = [0u64; MAX_FRAMES];
+            let n = if unwind::stack_left_for_capture() { unwind::capture(entry, false, &mut frames) } else { 0 };
             let mut sites = self.sites.borrow_mut();
             if n == 0 {
                 sites.other_bytes += bytes;
