@@ -7,7 +7,8 @@
 //! (the session's countdown, kept aside, still picks the session's samples exactly), and
 //! [`super::state::STATE`] counts the thread, so that the hot path takes that path with no
 //! session too. There, a block allocated in the scope is credited to it ([`Current::allocated`])
-//! and tracked in the sampled-block set like a sampled block (at the sampled layout) with the
+//! and tracked in the sampled-block set like a sampled block, at an address the free tests as a
+//! sampled block's (`allocator` serves a small one inside a larger inner block), with the
 //! scope's slot in its entry, so that its free, on whatever thread, finds the slot and credits
 //! it back ([`freed`]). Other threads, and the tracer's own allocations, are not measured.
 //!

@@ -23,7 +23,8 @@
 //! a block no session recorded). Entries outlive their session: a block allocated over-aligned
 //! must be freed so, whenever it is. A block allocated in a measured scope (`testing::measure`)
 //! is tracked here too, with the scope's slot ([`ScopeSlot`]) in the entry's top bits
-//! ([`SCOPE_SHIFT`]), above any user-space address of the 64-bit platforms we run on.
+//! ([`SCOPE_SHIFT`]), above any user-space address of the 64-bit platforms we run on; one the
+//! allocator serves inside a larger inner block has [`OFFSET_BLOCK`] and its offset for a tag.
 //!
 //! The tables are generations, each four times the buckets of the one before, mapped (not
 //! allocated: this runs inside the allocator) when the live entries reach twice the newest
@@ -69,6 +70,12 @@ pub(crate) const LARGE_BLOCK: usize = 64 << 10;
 const LARGE_KEY_BIT: usize = SAMPLED_ALIGN / 2;
 /// The low bits of an entry that hold its tag: those below [`LARGE_KEY_BIT`].
 pub(crate) const TAG_MASK: usize = LARGE_KEY_BIT - 1;
+/// The bit of an entry's tag that marks a measured block the allocator serves at an offset
+/// inside a larger block of the inner allocator (see `allocator`): the bits below it hold the
+/// offset in [`OFFSET_UNIT`]s, and session tags stay below it.
+pub(crate) const OFFSET_BLOCK: usize = 1 << 7;
+/// The unit of an offset block's offset: the inner block is aligned to it at least.
+pub(crate) const OFFSET_UNIT: usize = 16;
 /// The lowest of the entry's bits that hold the slot of the scope that measured its block
 /// (user-space addresses stay below 2^56 on x86_64, even with 5-level paging, and aarch64).
 const SCOPE_SHIFT: u32 = 56;
@@ -123,12 +130,12 @@ pub(crate) fn block_key(addr: usize, size: usize) -> Option<usize> {
 }
 
 /// What an entry records of the session that sampled its block: 0 for none (a block allocated
-/// for a sample that was then lost), else 1..=[`TAG_MASK`] from the session's id.
+/// for a sample that was then lost), else 1..[`OFFSET_BLOCK`] from the session's id.
 pub(crate) type SessionTag = usize;
 
 /// The tag of the session whose hand-off tag is `session` (never 0).
 pub(crate) fn session_tag(session: u32) -> SessionTag {
-    session as usize % TAG_MASK + 1
+    session as usize % (OFFSET_BLOCK - 1) + 1
 }
 
 /// log2 of the first generation's buckets (2 MiB of address space).
@@ -385,11 +392,11 @@ impl Inserted {
 }
 
 /// Record the block of key `addr` (from [`block_key`]) as live and sampled, so far by no
-/// session, measured by the scope of `scope` (0: none). `None` only when no generation has
-/// room for it (see the module doc).
-pub(crate) fn insert(addr: usize, scope: ScopeSlot) -> Option<Inserted> {
-    debug_assert!(addr != 0 && addr & !KEY_MASK == 0);
-    let untagged = addr | scope_bits(scope);
+/// session, with `marks` (the scope's bits, [`scope_bits`], and an offset block's tag). `None`
+/// only when no generation has room for it (see the module doc).
+pub(crate) fn insert(addr: usize, marks: usize) -> Option<Inserted> {
+    debug_assert!(addr != 0 && addr & !KEY_MASK == 0 && marks & KEY_MASK == 0);
+    let untagged = addr | marks;
     // An entry of the same address is stale: its block was freed behind the allocator's back
     // (C's `free` of a Rust block), and the address reused. The new block takes its place,
     // rather than leave the old entry to fill the bucket as the address comes back.
@@ -491,15 +498,15 @@ mod tests {
     #[test]
     fn a_measured_entry_keeps_its_scope_through_its_tag_and_a_remark() {
         let (a, b, c) = (0x7f00_2468_0000, 0x7f00_2468_0200, 0x7f00_2468_0400);
-        insert(a, 200).unwrap().tag(session_tag(9));
-        insert(b, 200).unwrap();
-        insert(c, 202).unwrap();
+        insert(a, scope_bits(200)).unwrap().tag(session_tag(9));
+        insert(b, scope_bits(200) | OFFSET_BLOCK | 3).unwrap();
+        insert(c, scope_bits(202)).unwrap();
         let mut moved = 0;
         remark(200, 201, || moved += 1);
         assert_eq!(moved, 2);
         let marks = remove(a).unwrap();
         assert_eq!((marks & TAG_MASK, scope_of(marks)), (session_tag(9), 201));
-        assert_eq!(remove(b).map(scope_of), Some(201));
+        assert_eq!(remove(b), Some(scope_bits(201) | OFFSET_BLOCK | 3), "an offset block's tag kept");
         assert_eq!(remove(c).map(scope_of), Some(202), "another scope's entry moved");
         remark(201, 0, || moved += 1);
         assert_eq!(moved, 2, "removed entries are not moved");
@@ -520,9 +527,9 @@ mod tests {
 
     #[test]
     fn session_tags_are_never_zero_and_fit_the_alignment() {
-        for session in [0, 1, 510, 511, 512, 4096, u32::MAX] {
+        for session in [0, 1, 126, 127, 510, 511, 512, 4096, u32::MAX] {
             let tag = session_tag(session);
-            assert!(tag != 0 && tag & !TAG_MASK == 0, "{session}: {tag}");
+            assert!(tag != 0 && tag < OFFSET_BLOCK, "{session}: {tag}");
         }
     }
 

@@ -54,6 +54,7 @@ fn a_string_grown_to_100_bytes_counts_each_growth_step() {
     assert_eq!((steps, sum), (5, 8 + 16 + 32 + 64 + 128), "std's growth steps changed");
     let last = s.capacity() as u64;
     assert_eq!(figures(&stats), [sum, steps, last, last, 1]);
+    assert_eq!(s, "x".repeat(100), "the string's bytes through its moves");
 }
 
 /// `realloc` as dhat counts it: a new block of the new size; the old one freed if the scope
@@ -71,6 +72,54 @@ fn a_realloc_counts_as_dhat_counts_it() {
     let ((), stats) = measure(|| before.reserve_exact(1000));
     assert_eq!(figures(&stats), [1000, 1, 1000, 1000, 1]);
     drop(before);
+}
+
+/// Measured blocks of every size and alignment (those the allocator serves inside a larger
+/// block, over-aligned, or large) keep their contents through `realloc` up and down, are
+/// zeroed by `alloc_zeroed`, and are freed with the layout they were made with (a wrong one
+/// crashes glibc's `free`).
+#[test]
+fn measured_blocks_keep_their_contents_and_layouts() {
+    use std::alloc::{alloc, alloc_zeroed, dealloc, realloc, Layout};
+    let check = |p: *mut u8, n: usize, seed: u8| {
+        // SAFETY: `p` holds `n` initialised bytes.
+        let bytes = unsafe { std::slice::from_raw_parts(p, n) };
+        assert!(bytes.iter().enumerate().all(|(i, &b)| b == (i as u8).wrapping_add(seed)), "{n} bytes");
+    };
+    let fill = |p: *mut u8, n: usize, seed: u8| {
+        for i in 0..n {
+            // SAFETY: `p` has room for `n` bytes.
+            unsafe { p.add(i).write((i as u8).wrapping_add(seed)) };
+        }
+    };
+    let ((), stats) = measure(|| {
+        for size in [1, 15, 16, 100, 497, 512, 4000, 65_535, 65_536, 100_000] {
+            for align in [1, 8, 16, 64, 512, 4096] {
+                let layout = Layout::from_size_align(size, align).unwrap();
+                // SAFETY: every block is nonzero in size, used within its size and freed with
+                // its layout.
+                unsafe {
+                    let zeroed = alloc_zeroed(layout);
+                    assert!(!zeroed.is_null() && (zeroed as usize).is_multiple_of(align));
+                    assert!(std::slice::from_raw_parts(zeroed, size).iter().all(|&b| b == 0), "{size} zeroed");
+                    dealloc(zeroed, layout);
+                    let p = alloc(layout);
+                    assert!(!p.is_null() && (p as usize).is_multiple_of(align));
+                    fill(p, size, 7);
+                    let bigger = realloc(p, layout, size * 3);
+                    assert!(!bigger.is_null() && (bigger as usize).is_multiple_of(align));
+                    check(bigger, size, 7);
+                    fill(bigger, size * 3, 9);
+                    let smaller = realloc(bigger, Layout::from_size_align(size * 3, align).unwrap(), size.div_ceil(2));
+                    assert!(!smaller.is_null() && (smaller as usize).is_multiple_of(align));
+                    check(smaller, size.div_ceil(2), 9);
+                    dealloc(smaller, Layout::from_size_align(size.div_ceil(2), align).unwrap());
+                }
+            }
+        }
+    });
+    assert_eq!((stats.curr_blocks, stats.curr_bytes, stats.untracked_blocks), (0, 0, 0), "{stats:?}");
+    assert_eq!(stats.total_blocks, 10 * 6 * 4);
 }
 
 /// Where dhat-rs's reference program for this crate is built (once per target directory).
