@@ -104,6 +104,7 @@ mod runtime;
 #[cfg(test)]
 #[path = "../tests/common/skip.rs"]
 mod test_skip;
+pub mod testing;
 
 #[cfg(feature = "analysis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "analysis")))]

@@ -25,6 +25,15 @@
 //!   trace a `realloc` counts as the old block being freed (if it was sampled) and the new
 //!   block being allocated.
 //!
+//! On a thread that measures a scope (`testing::measure`, [`measure`]) every allocation
+//! reaches the out-of-line half (its countdown is forced there), and a block allocated in the
+//! scope is credited to it and tracked like a sampled block, with the scope's slot in its
+//! entry, so that its free on any thread credits the scope back. A small one not sampled is
+//! served at the first multiple of the sampled-block alignment inside an inner block larger by
+//! that alignment (an offset block, [`offset_layout`]; the offset is in its entry's tag),
+//! which costs the inner allocator no more than a plain block, where an over-aligned block
+//! costs glibc several times that. Other threads are unchanged.
+//!
 //! A sample is never lost silently: where its block cannot be allocated at the sampled
 //! alignment or tracked, the block is served as unsampled and the loss recorded
 //! ([`record::lost`]), in the trace itself.
@@ -39,8 +48,9 @@
 
 use std::alloc::{GlobalAlloc, Layout, System};
 
+use super::measure::{self, Current};
 use super::record::{self, Loss};
-use super::sampled_set::{self, may_be_sampled, sampled_layout};
+use super::sampled_set::{self, may_be_sampled, sampled_layout, LARGE_BLOCK, OFFSET_BLOCK, OFFSET_UNIT, SAMPLED_ALIGN};
 use super::sampler;
 use super::state::{enabled, write_stderr, Entry};
 
@@ -80,9 +90,9 @@ impl<A: GlobalAlloc> MemtraceAllocator<A> {
     #[cold]
     #[inline(never)]
     unsafe fn alloc_at_sample_point(&self, layout: Layout) -> *mut u8 {
-        let nsamples = sampler::sample_points(layout.size());
+        let (nsamples, scope) = (sampler::sample_points(layout.size()), measure::current());
         // SAFETY: the closure is the inner call, for `layout` or a larger alignment of it.
-        unsafe { self.sampled(nsamples, layout, Entry::Alloc, |layout| self.inner.alloc(layout)) }
+        unsafe { self.sampled(nsamples, scope, layout, Entry::Alloc, |layout| self.inner.alloc(layout)) }
     }
 
     /// `alloc_zeroed` whose countdown reached a sample point or checkpoint.
@@ -92,23 +102,37 @@ impl<A: GlobalAlloc> MemtraceAllocator<A> {
     #[cold]
     #[inline(never)]
     unsafe fn alloc_zeroed_at_sample_point(&self, layout: Layout) -> *mut u8 {
-        let nsamples = sampler::sample_points(layout.size());
+        let (nsamples, scope) = (sampler::sample_points(layout.size()), measure::current());
         // SAFETY: the closure is the inner call, for `layout` or a larger alignment of it.
-        unsafe { self.sampled(nsamples, layout, Entry::AllocZeroed, |layout| self.inner.alloc_zeroed(layout)) }
+        unsafe { self.sampled(nsamples, scope, layout, Entry::AllocZeroed, |layout| self.inner.alloc_zeroed(layout)) }
     }
 
     /// A new block of `layout` that covers `nsamples` sample points (from [`sampler`]), made by
-    /// `make` (the inner allocator's call for a layout): as is if that is 0, else at the
-    /// sampled layout (the program's own for a large block), tracked and recorded.
+    /// `make` (the inner allocator's call for a layout) in the measured `scope` if any: as is if
+    /// neither, else at the sampled layout (the program's own for a large block), tracked,
+    /// recorded if sampled and credited to the scope if measured.
     ///
     /// # Safety
     /// `make` must be a call of the inner allocator that is sound for `layout` and for its
     /// sampled layout, as for the caller's method.
     #[inline(always)]
-    unsafe fn sampled(&self, nsamples: u64, layout: Layout, entry: Entry, make: impl Fn(Layout) -> *mut u8) -> *mut u8 {
-        if nsamples == 0 || record::lost_for_want_of_stack(nsamples, layout.size()) {
+    unsafe fn sampled(
+        &self,
+        nsamples: u64,
+        scope: Option<Current>,
+        layout: Layout,
+        entry: Entry,
+        make: impl Fn(Layout) -> *mut u8,
+    ) -> *mut u8 {
+        let nsamples =
+            if nsamples != 0 && record::lost_for_want_of_stack(nsamples, layout.size()) { 0 } else { nsamples };
+        if nsamples == 0 && scope.is_none() {
             // Kept apart from the sampled case, so that it compiles to a tail call.
             return make(layout);
+        }
+        if let (0, Some(scope), Some(padded)) = (nsamples, scope, offset_layout(layout)) {
+            // SAFETY: under the caller's contract, `make` is sound for the larger `padded`.
+            return unsafe { self.offset_block(scope, layout, padded, entry, make) };
         }
         let sampled = sampled_layout(layout);
         let ptr = make(sampled);
@@ -121,17 +145,21 @@ impl<A: GlobalAlloc> MemtraceAllocator<A> {
             // (a sample lost if that can be had; if not, the allocation fails as it would).
             let ptr = make(layout);
             if !ptr.is_null() {
-                record::lost(Loss::NoMemory, nsamples, layout.size());
+                untracked(nsamples, scope, Loss::NoMemory, layout.size(), entry);
             }
             return ptr;
         }
-        match track(ptr, layout.size()) {
+        let slot = credit(scope, layout.size(), entry);
+        match track(ptr, layout.size(), sampled_set::scope_bits(slot)) {
             Some((key, inserted)) => {
-                record_alloc(key, layout.size(), nsamples, entry, inserted);
+                if nsamples != 0 {
+                    record_alloc(key, layout.size(), nsamples, entry, inserted);
+                }
                 ptr
             }
             None => {
-                record::lost(Loss::Untracked, nsamples, layout.size());
+                uncredit(scope, layout.size());
+                untracked(nsamples, None, Loss::Untracked, layout.size(), entry);
                 if sampled == layout {
                     return ptr;
                 }
@@ -142,6 +170,49 @@ impl<A: GlobalAlloc> MemtraceAllocator<A> {
         }
     }
 
+    /// A new block of `layout` measured by `scope` and not sampled, made by `make` (as for
+    /// [`MemtraceAllocator::sampled`]) at an offset inside a block of `padded`
+    /// ([`offset_layout`]): the program's block starts at its first multiple of the sampled-block
+    /// alignment, which its free tests as a sampled block's, and the entry's tag holds the
+    /// offset. (An inner block at that alignment costs the inner allocator several times a
+    /// plain one: glibc splits a larger chunk and frees the rest.)
+    ///
+    /// # Safety
+    /// `make` must be a call of the inner allocator that is sound for `layout` and `padded`.
+    #[inline(always)]
+    unsafe fn offset_block(
+        &self,
+        scope: Current,
+        layout: Layout,
+        padded: Layout,
+        entry: Entry,
+        make: impl Fn(Layout) -> *mut u8,
+    ) -> *mut u8 {
+        let base = make(padded);
+        if base.is_null() {
+            let ptr = make(layout);
+            if !ptr.is_null() {
+                untracked(0, Some(scope), Loss::NoMemory, layout.size(), entry);
+            }
+            return ptr;
+        }
+        let offset = (SAMPLED_ALIGN - (base as usize & (SAMPLED_ALIGN - 1))) & (SAMPLED_ALIGN - 1);
+        // SAFETY: `padded` holds `layout.size()` bytes past any offset below `SAMPLED_ALIGN`, and
+        // `base`'s alignment (at least `OFFSET_UNIT`, and `layout`'s) is kept by the offset, a
+        // multiple of both (`SAMPLED_ALIGN` is a multiple of every alignment `offset_layout`
+        // takes).
+        let ptr = unsafe { base.add(offset) };
+        let slot = credit(Some(scope), layout.size(), entry);
+        let marks = sampled_set::scope_bits(slot) | OFFSET_BLOCK | (offset / OFFSET_UNIT);
+        if track(ptr, layout.size(), marks).is_some() {
+            return ptr;
+        }
+        uncredit(Some(scope), layout.size());
+        // SAFETY: `base` was just allocated with `padded`, and is not the program's yet.
+        unsafe { self.inner.dealloc(base, padded) };
+        make(layout)
+    }
+
     /// `realloc` of a block not sampled (its address and size say so) whose countdown, already
     /// decremented by `new_size`, reached a sample point or checkpoint.
     ///
@@ -150,9 +221,9 @@ impl<A: GlobalAlloc> MemtraceAllocator<A> {
     #[cold]
     #[inline(never)]
     unsafe fn realloc_at_sample_point(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        let nsamples = sampler::sample_points(new_size);
+        let (nsamples, scope) = (sampler::sample_points(new_size), measure::current());
         // SAFETY: under the caller's contract.
-        unsafe { self.realloc_block(nsamples, ptr, layout, false, new_size) }
+        unsafe { self.realloc_block(nsamples, scope, ptr, layout, None, new_size) }
     }
 
     /// `realloc` of a block whose address and size say it may have been sampled (the countdown
@@ -163,14 +234,18 @@ impl<A: GlobalAlloc> MemtraceAllocator<A> {
     #[cold]
     #[inline(never)]
     unsafe fn realloc_maybe_sampled(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        let was_sampled = forget_if_sampled(ptr, layout.size());
+        let marks = forget_if_sampled(ptr, layout.size());
         let nsamples = if enabled() { sampler::take(new_size) } else { 0 };
+        let scope = measure::current();
         // SAFETY: under the caller's contract.
-        unsafe { self.realloc_block(nsamples, ptr, layout, was_sampled, new_size) }
+        unsafe { self.realloc_block(nsamples, scope, ptr, layout, marks, new_size) }
     }
 
-    /// The `realloc` of `ptr`, allocated with `layout` (at its sampled layout if
-    /// `was_sampled`; no longer tracked), to a new block that covers `nsamples` sample points.
+    /// The `realloc` of `ptr`, allocated with `layout` (as its entry's `marks` say if it was in
+    /// the sampled-block set, [`inner_block`]; no longer tracked), to a new block that covers
+    /// `nsamples` sample points,
+    /// in the measured `scope` if any (as dhat counts a `realloc`: a new block of the new size,
+    /// the old one freed if it was the scope's).
     /// Whenever the old and the new block's layouts have one alignment (both unsampled, both
     /// sampled and small, or either sampled and large, which keeps the program's layout), this
     /// is the inner allocator's own `realloc`, which may grow in place or `mremap`; otherwise
@@ -182,22 +257,25 @@ impl<A: GlobalAlloc> MemtraceAllocator<A> {
     unsafe fn realloc_block(
         &self,
         nsamples: u64,
+        scope: Option<Current>,
         ptr: *mut u8,
         layout: Layout,
-        was_sampled: bool,
+        marks: Option<usize>,
         new_size: usize,
     ) -> *mut u8 {
         let nsamples = if nsamples != 0 && record::lost_for_want_of_stack(nsamples, new_size) { 0 } else { nsamples };
         // SAFETY: the caller's contract makes `new_size` with `layout`'s alignment a layout.
         let new_layout = unsafe { Layout::from_size_align_unchecked(new_size, layout.align()) };
-        let old_layout = if was_sampled { sampled_layout(layout) } else { layout };
-        if nsamples != 0 {
+        let (old_base, old_layout) = marks.map_or((ptr, layout), |marks| inner_block(ptr, layout, marks));
+        if nsamples != 0 || scope.is_some() {
             let sampled = sampled_layout(new_layout);
-            // SAFETY: `ptr` holds a block of `old_layout`, under the caller's contract.
-            let new = unsafe { self.resize(ptr, old_layout, sampled) };
+            // SAFETY: `ptr` holds the program's block in `old_base`'s of `old_layout`.
+            let new = unsafe { self.resize(ptr, old_base, old_layout, layout.size(), sampled) };
             if !new.is_null() {
-                let Some((key, inserted)) = track(new, new_size) else {
-                    record::lost(Loss::Untracked, nsamples, new_size);
+                let slot = credit(scope, new_size, Entry::Realloc);
+                let Some((key, inserted)) = track(new, new_size, sampled_set::scope_bits(slot)) else {
+                    uncredit(scope, new_size);
+                    untracked(nsamples, None, Loss::Untracked, new_size, Entry::Realloc);
                     if sampled == new_layout {
                         return new;
                     }
@@ -206,40 +284,45 @@ impl<A: GlobalAlloc> MemtraceAllocator<A> {
                     // program's (which `System`, whose `free` takes no layout, and most
                     // allocators accept).
                     // SAFETY: `new` is a fresh block of `sampled`, not the program's yet.
-                    let out = unsafe { self.resize(new, sampled, new_layout) };
+                    let out = unsafe { self.resize(new, new, sampled, new_size, new_layout) };
                     return if out.is_null() { new } else { out };
                 };
-                record_alloc(key, new_size, nsamples, Entry::Realloc, inserted);
+                if nsamples != 0 {
+                    record_alloc(key, new_size, nsamples, Entry::Realloc, inserted);
+                }
                 return new;
             }
             // No memory for the sampled layout: the block as an unsampled one if the memory is
             // there (a sample lost), else the `realloc` fails as it would.
         }
-        // SAFETY: `ptr` holds a block of `old_layout`, under the caller's contract.
-        let out = unsafe { self.resize(ptr, old_layout, new_layout) };
+        // SAFETY: `ptr` holds the program's block in `old_base`'s of `old_layout`.
+        let out = unsafe { self.resize(ptr, old_base, old_layout, layout.size(), new_layout) };
         if out.is_null() {
-            if old_layout != layout {
-                // The old block stays the program's at its sampled layout: tracked again (by no
-                // session), so that its free uses that layout.
-                track(ptr, layout.size());
+            if (old_base, old_layout) != (ptr, layout) {
+                // The old block stays the program's in its inner block: tracked again (by no
+                // session, no scope), so that its free finds that block.
+                let offset_tag = marks.map_or(0, |m| if m & OFFSET_BLOCK != 0 { m & sampled_set::TAG_MASK } else { 0 });
+                track(ptr, layout.size(), offset_tag);
             }
-        } else if nsamples != 0 {
-            record::lost(Loss::NoMemory, nsamples, new_size);
+        } else {
+            untracked(nsamples, scope, Loss::NoMemory, new_size, Entry::Realloc);
         }
         out
     }
 
-    /// The block `ptr` of layout `from`, as a block of layout `to` (of the same size or another)
-    /// holding its contents: the inner `realloc` where the two have one alignment, so that the
-    /// inner allocator grows or shrinks it as it would untraced, else a move (alloc, copy,
-    /// free). Null, with `ptr` left as it was, when there is no memory.
+    /// The `size` bytes at `ptr`, in the inner allocator's block `base` of layout `from` (where
+    /// `ptr` is `base` but for an offset block), as a block of layout `to` (of the same size or
+    /// another) holding them: the inner `realloc` where the program's block is the inner one and
+    /// the two layouts have one alignment, so that the inner allocator grows or shrinks it as it
+    /// would untraced, else a move (alloc, copy, free). Null, with the block left as it was,
+    /// when there is no memory.
     ///
     /// # Safety
-    /// `ptr` must be a block of the inner allocator allocated with `from`, and `to` a layout
-    /// of nonzero size.
+    /// `base` must be a block of the inner allocator allocated with `from`, holding `size` bytes
+    /// from `ptr` on, and `to` a layout of nonzero size.
     #[inline(always)]
-    unsafe fn resize(&self, ptr: *mut u8, from: Layout, to: Layout) -> *mut u8 {
-        if from.align() == to.align() {
+    unsafe fn resize(&self, ptr: *mut u8, base: *mut u8, from: Layout, size: usize, to: Layout) -> *mut u8 {
+        if ptr == base && from.align() == to.align() {
             // SAFETY: `ptr` was allocated with `from`; `to.size()` with `from`'s alignment is
             // the layout `to`.
             return unsafe { self.inner.realloc(ptr, from, to.size()) };
@@ -247,11 +330,11 @@ impl<A: GlobalAlloc> MemtraceAllocator<A> {
         // SAFETY: `to` is a layout of nonzero size.
         let new = unsafe { self.inner.alloc(to) };
         if !new.is_null() {
-            // SAFETY: `new` is a fresh block with room for `to.size()` bytes; `ptr` holds
-            // `from.size()` and is freed with the layout it was allocated with.
+            // SAFETY: `new` is a fresh block with room for `to.size()` bytes; `ptr` holds `size`,
+            // and `base` is freed with the layout it was allocated with.
             unsafe {
-                std::ptr::copy_nonoverlapping(ptr, new, from.size().min(to.size()));
-                self.inner.dealloc(ptr, from);
+                std::ptr::copy_nonoverlapping(ptr, new, size.min(to.size()));
+                self.inner.dealloc(base, from);
             }
         }
         new
@@ -264,9 +347,13 @@ impl<A: GlobalAlloc> MemtraceAllocator<A> {
     #[cold]
     #[inline(never)]
     unsafe fn dealloc_maybe_sampled(&self, ptr: *mut u8, layout: Layout) {
-        let layout = if forget_if_sampled(ptr, layout.size()) { sampled_layout(layout) } else { layout };
-        // SAFETY: forwarded under the caller's contract, with the layout `ptr` was allocated with.
-        unsafe { self.inner.dealloc(ptr, layout) }
+        let (block, layout) = match forget_if_sampled(ptr, layout.size()) {
+            Some(marks) => inner_block(ptr, layout, marks),
+            None => (ptr, layout),
+        };
+        // SAFETY: forwarded under the caller's contract, with the inner block `ptr` is in and
+        // the layout it was allocated with.
+        unsafe { self.inner.dealloc(block, layout) }
     }
 }
 
@@ -277,13 +364,67 @@ impl MemtraceAllocator<System> {
     }
 }
 
-/// Note the new sampled block of `size` bytes at `ptr` in the sampled-block set (see
-/// [`sampled_set::insert`]): its key and where the set holds it, or `None` where it cannot be
-/// tracked.
+/// Note the new sampled or measured block of `size` bytes at `ptr` in the sampled-block set,
+/// with `marks` (see [`sampled_set::insert`]): its key and where the set holds it, or `None`
+/// where it cannot be tracked.
 #[inline(always)]
-fn track(ptr: *mut u8, size: usize) -> Option<(usize, sampled_set::Inserted)> {
+fn track(ptr: *mut u8, size: usize, marks: usize) -> Option<(usize, sampled_set::Inserted)> {
     let key = sampled_set::block_key(ptr as usize, size)?;
-    Some((key, sampled_set::insert(key)?))
+    Some((key, sampled_set::insert(key, marks)?))
+}
+
+/// The layout of the inner block that holds a measured block of `layout` at an offset, for
+/// those small enough (and no more aligned than the sampled-block alignment): room for the
+/// block at any offset below that alignment.
+#[inline(always)]
+fn offset_layout(layout: Layout) -> Option<Layout> {
+    if layout.size() >= LARGE_BLOCK || layout.align() > SAMPLED_ALIGN {
+        return None;
+    }
+    Layout::from_size_align(layout.size() + SAMPLED_ALIGN, layout.align().max(OFFSET_UNIT)).ok()
+}
+
+/// The bits of a tag below [`OFFSET_BLOCK`]: a session's tag, or an offset block's offset.
+const SESSION_TAGS: usize = OFFSET_BLOCK - 1;
+
+/// The inner allocator's block, and its layout, that holds the program's block `ptr` of `layout`
+/// whose entry in the sampled-block set had `marks`: an offset block's, or a sampled block's at
+/// its sampled layout.
+#[inline(always)]
+fn inner_block(ptr: *mut u8, layout: Layout, marks: usize) -> (*mut u8, Layout) {
+    match offset_layout(layout) {
+        Some(padded) if marks & OFFSET_BLOCK != 0 => (ptr.wrapping_sub((marks & SESSION_TAGS) * OFFSET_UNIT), padded),
+        _ => (ptr, sampled_layout(layout)),
+    }
+}
+
+/// Credit a block of `size` bytes to the measured `scope`, if any (aborts if it panics): the
+/// slot its entry carries, 0 for none.
+#[inline(always)]
+fn credit(scope: Option<Current>, size: usize, entry: Entry) -> sampled_set::ScopeSlot {
+    scope.map_or(0, |scope| AbortOnUnwind::around(|| scope.allocated(size, entry)))
+}
+
+/// Take back [`credit`]'s block from the live figures: it cannot be tracked, so its free
+/// will not be seen.
+#[inline(always)]
+fn uncredit(scope: Option<Current>, size: usize) {
+    if let Some(scope) = scope {
+        scope.untracked(size);
+    }
+}
+
+/// A new block of `size` bytes served untracked: the sample lost to `cause` if it covered
+/// `nsamples` points, and the block counted untracked by the measured `scope` if any.
+#[inline(always)]
+fn untracked(nsamples: u64, scope: Option<Current>, cause: Loss, size: usize, entry: Entry) {
+    if nsamples != 0 {
+        record::lost(cause, nsamples, size);
+    }
+    if let Some(scope) = scope {
+        credit(Some(scope), size, entry);
+        scope.untracked(size);
+    }
 }
 
 /// Aborts the process if dropped: armed around the sampled path and defused when the path
@@ -355,19 +496,21 @@ fn record_free(key: usize, tag: sampled_set::SessionTag) {
 }
 
 /// For a block of `size` bytes about to be freed whose address and size say it may have been
-/// sampled: look it up in the sampled-block set, and if it was sampled, forget it, report its
-/// end if a session recorded it, and return true (aborts if it panics).
+/// sampled: look it up in the sampled-block set, and if it was sampled or measured, forget it,
+/// report its end if a session recorded it or credit it to the scope that measured it, and
+/// return its entry's marks (aborts if it panics).
 #[cold]
 #[inline(never)]
-fn forget_if_sampled(ptr: *mut u8, size: usize) -> bool {
-    let Some(key) = sampled_set::block_key(ptr as usize, size) else { return false };
-    AbortOnUnwind::around(|| match sampled_set::remove(key) {
-        Some(0) => true,
-        Some(tag) => {
+fn forget_if_sampled(ptr: *mut u8, size: usize) -> Option<usize> {
+    let key = sampled_set::block_key(ptr as usize, size)?;
+    AbortOnUnwind::around(|| {
+        let marks = sampled_set::remove(key)?;
+        let tag = marks & sampled_set::TAG_MASK;
+        if tag != 0 && tag & OFFSET_BLOCK == 0 {
             record_free(key, tag);
-            true
         }
-        None => false,
+        measure::freed(marks, size);
+        Some(marks)
     })
 }
 

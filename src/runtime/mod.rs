@@ -20,6 +20,8 @@
 //! - [`span_table`]: span descriptions and thread names, and the locations of pseudo-frames;
 //! - [`symbolize`]: code addresses to source locations (the writer's, and calibration's);
 //! - [`unwind`]: capturing a sampled allocation's stack, and calibrating the walkers;
+//! - [`measure`]: exact counts of measured scopes (`testing::measure`): their slots' counters,
+//!   the scope current on each thread, the credit of a measured block's allocation and free;
 //! - [`record`]: the sampled path of an allocation and of a free;
 //! - [`allocator`]: [`MemtraceAllocator`](allocator::MemtraceAllocator), the hot path;
 //! - [`series`]: the numbered parts of a file trace, its size limit and the parts kept;
@@ -48,6 +50,7 @@ pub(crate) mod http;
 pub(crate) mod late_frees;
 pub(crate) mod live_profile;
 pub(crate) mod loader;
+pub(crate) mod measure;
 pub(crate) mod profile;
 pub(crate) mod record;
 pub(crate) mod sampled_set;

@@ -21,7 +21,10 @@
 //! also the block's identity in the writer and the late frees. Each entry is the key with, in
 //! its low bits ([`TAG_MASK`]), the tag of the session that recorded it ([`SessionTag`]; 0 for
 //! a block no session recorded). Entries outlive their session: a block allocated over-aligned
-//! must be freed so, whenever it is.
+//! must be freed so, whenever it is. A block allocated in a measured scope (`testing::measure`)
+//! is tracked here too, with the scope's slot ([`ScopeSlot`]) in the entry's top bits
+//! ([`SCOPE_SHIFT`]), above any user-space address of the 64-bit platforms we run on; one the
+//! allocator serves inside a larger inner block has [`OFFSET_BLOCK`] and its offset for a tag.
 //!
 //! The tables are generations, each four times the buckets of the one before, mapped (not
 //! allocated: this runs inside the allocator) when the live entries reach twice the newest
@@ -67,6 +70,31 @@ pub(crate) const LARGE_BLOCK: usize = 64 << 10;
 const LARGE_KEY_BIT: usize = SAMPLED_ALIGN / 2;
 /// The low bits of an entry that hold its tag: those below [`LARGE_KEY_BIT`].
 pub(crate) const TAG_MASK: usize = LARGE_KEY_BIT - 1;
+/// The bit of an entry's tag that marks a measured block the allocator serves at an offset
+/// inside a larger block of the inner allocator (see `allocator`): the bits below it hold the
+/// offset in [`OFFSET_UNIT`]s, and session tags stay below it.
+pub(crate) const OFFSET_BLOCK: usize = 1 << 7;
+/// The unit of an offset block's offset: the inner block is aligned to it at least.
+pub(crate) const OFFSET_UNIT: usize = 16;
+/// The lowest of the entry's bits that hold the slot of the scope that measured its block
+/// (user-space addresses stay below 2^56 on x86_64, even with 5-level paging, and aarch64).
+const SCOPE_SHIFT: u32 = 56;
+/// The bits of an entry that hold its block's key.
+const KEY_MASK: usize = ((1 << SCOPE_SHIFT) - 1) & !TAG_MASK;
+
+/// The slot of a measured scope (`runtime::measure`), 1..=255, in an entry's top bits; 0 for a
+/// block no scope measured.
+pub(crate) type ScopeSlot = u8;
+
+/// The bits of an entry (what [`remove`] returns) that hold the scope's slot.
+pub(crate) fn scope_bits(scope: ScopeSlot) -> usize {
+    (scope as usize) << SCOPE_SHIFT
+}
+
+/// The slot of the scope in an entry's `marks` (from [`remove`]): 0 for none.
+pub(crate) fn scope_of(marks: usize) -> ScopeSlot {
+    (marks >> SCOPE_SHIFT) as ScopeSlot
+}
 
 /// The layout a sampled block of `layout` is allocated with (and must be freed with).
 #[inline(always)]
@@ -90,6 +118,10 @@ pub(crate) fn may_be_sampled(addr: usize, size: usize) -> bool {
 /// be tracked.
 #[inline(always)]
 pub(crate) fn block_key(addr: usize, size: usize) -> Option<usize> {
+    if addr & !KEY_MASK & !(SAMPLED_ALIGN - 1) != 0 {
+        // An address that reaches the scope's bits cannot be told from them.
+        return None;
+    }
     if size >= LARGE_BLOCK {
         Some(addr & !(SAMPLED_ALIGN - 1) | LARGE_KEY_BIT)
     } else {
@@ -98,12 +130,12 @@ pub(crate) fn block_key(addr: usize, size: usize) -> Option<usize> {
 }
 
 /// What an entry records of the session that sampled its block: 0 for none (a block allocated
-/// for a sample that was then lost), else 1..=[`TAG_MASK`] from the session's id.
+/// for a sample that was then lost), else 1..[`OFFSET_BLOCK`] from the session's id.
 pub(crate) type SessionTag = usize;
 
 /// The tag of the session whose hand-off tag is `session` (never 0).
 pub(crate) fn session_tag(session: u32) -> SessionTag {
-    session as usize % TAG_MASK + 1
+    session as usize % (OFFSET_BLOCK - 1) + 1
 }
 
 /// log2 of the first generation's buckets (2 MiB of address space).
@@ -272,23 +304,27 @@ impl Generation {
         if !self.touched(index) {
             return None;
         }
-        self.bucket(index).0.iter().find(|slot| slot.load(Ordering::Relaxed) & !TAG_MASK == addr)
+        self.bucket(index).0.iter().find(|slot| slot.load(Ordering::Relaxed) & KEY_MASK == addr)
     }
 
-    /// Remove the block at `addr`, returning its entry's tag. (Loops rather than iterator
-    /// adapters: on the free path of a thread with little stack left, an unoptimised build's
-    /// adapter frames overflowed it.)
+    /// Remove the block at `addr`, returning its entry's marks (see [`remove`]). An entry of
+    /// the block's key is its own (only the thread freeing a block removes it), so a failed
+    /// exchange means [`remark`] changed its marks: it is tried again. (Loops rather than
+    /// iterator adapters: on the free path of a thread with little stack left, an unoptimised
+    /// build's adapter frames overflowed it.)
     #[inline(always)]
-    fn remove(&self, addr: usize) -> Option<SessionTag> {
+    fn remove(&self, addr: usize) -> Option<usize> {
         let index = self.index(addr);
         if !self.touched(index) {
             return None;
         }
         for slot in &self.bucket(index).0 {
-            let entry = slot.load(Ordering::Relaxed);
-            if entry & !TAG_MASK == addr && slot.compare_exchange(entry, 0, Ordering::AcqRel, Ordering::Relaxed).is_ok()
-            {
-                return Some(entry & TAG_MASK);
+            let mut entry = slot.load(Ordering::Relaxed);
+            while entry & KEY_MASK == addr {
+                match slot.compare_exchange(entry, 0, Ordering::AcqRel, Ordering::Relaxed) {
+                    Ok(_) => return Some(entry & !KEY_MASK),
+                    Err(now) => entry = now,
+                }
             }
         }
         None
@@ -344,26 +380,29 @@ fn generations() -> impl Iterator<Item = Generation> {
 /// the sample was recorded.
 pub(crate) struct Inserted {
     slot: &'static AtomicUsize,
-    addr: usize,
+    /// The entry without its tag: the key and the scope's bits.
+    untagged: usize,
 }
 
 impl Inserted {
     /// Tag the entry as recorded by the session of `tag`.
     pub(crate) fn tag(self, tag: SessionTag) {
-        self.slot.store(self.addr | (tag & TAG_MASK), Ordering::Relaxed);
+        self.slot.store(self.untagged | (tag & TAG_MASK), Ordering::Relaxed);
     }
 }
 
 /// Record the block of key `addr` (from [`block_key`]) as live and sampled, so far by no
-/// session. `None` only when no generation has room for it (see the module doc).
-pub(crate) fn insert(addr: usize) -> Option<Inserted> {
-    debug_assert!(addr != 0 && addr & TAG_MASK == 0);
+/// session, with `marks` (the scope's bits, [`scope_bits`], and an offset block's tag). `None`
+/// only when no generation has room for it (see the module doc).
+pub(crate) fn insert(addr: usize, marks: usize) -> Option<Inserted> {
+    debug_assert!(addr != 0 && addr & !KEY_MASK == 0 && marks & KEY_MASK == 0);
+    let untagged = addr | marks;
     // An entry of the same address is stale: its block was freed behind the allocator's back
     // (C's `free` of a Rust block), and the address reused. The new block takes its place,
     // rather than leave the old entry to fill the bucket as the address comes back.
     if let Some(slot) = generations().find_map(|g| g.find(addr)) {
-        slot.store(addr, Ordering::Relaxed);
-        return Some(Inserted { slot, addr });
+        slot.store(untagged, Ordering::Relaxed);
+        return Some(Inserted { slot, untagged });
     }
     // Counted before the entry is written, so that a free that finds the entry finds the count.
     count(filter_slot(addr), 1);
@@ -374,8 +413,8 @@ pub(crate) fn insert(addr: usize) -> Option<Inserted> {
         map_generation(generations_mapped);
     }
     loop {
-        if let Some(slot) = generations().find_map(|g| g.insert(addr, addr)) {
-            return Some(Inserted { slot, addr });
+        if let Some(slot) = generations().find_map(|g| g.insert(addr, untagged)) {
+            return Some(Inserted { slot, untagged });
         }
         // The address's bucket is full in every generation: a new one, whatever the count.
         if !map_generation(mapped()) {
@@ -386,10 +425,12 @@ pub(crate) fn insert(addr: usize) -> Option<Inserted> {
     }
 }
 
-/// If the block at `addr` is in the set, remove it and return its entry's tag. Reads the
-/// address's bucket in each generation whose page of it an insert has written.
+/// If the block at `addr` is in the set, remove it and return its entry's marks: its session's
+/// tag (`marks & TAG_MASK`) and its scope's slot ([`scope_of`]); both 0 for a block no session
+/// recorded and no scope measured. Reads the address's bucket in each generation whose page
+/// of it an insert has written.
 #[inline(never)]
-pub(crate) fn remove(addr: usize) -> Option<SessionTag> {
+pub(crate) fn remove(addr: usize) -> Option<usize> {
     let mut g = mapped();
     while g > 0 {
         g -= 1;
@@ -401,6 +442,34 @@ pub(crate) fn remove(addr: usize) -> Option<SessionTag> {
         }
     }
     None
+}
+
+/// Move every entry measured by the scope of slot `from` to the scope of slot `to` (0: none),
+/// calling `moved` after each: the blocks still live when a scope ends. Reads every page of
+/// buckets an insert has written (a scope that ends with no live block skips this).
+pub(crate) fn remark(from: ScopeSlot, to: ScopeSlot, mut moved: impl FnMut()) {
+    debug_assert!(from != 0);
+    for g in generations() {
+        for first in (0..1usize << g.bits).step_by(BUCKETS_PER_PAGE) {
+            if !g.touched(first) {
+                continue;
+            }
+            for slot in (first..first + BUCKETS_PER_PAGE).flat_map(|index| &g.bucket(index).0) {
+                let mut entry = slot.load(Ordering::Relaxed);
+                while entry != 0 && scope_of(entry) == from {
+                    let remarked = entry & !scope_bits(ScopeSlot::MAX) | scope_bits(to);
+                    match slot.compare_exchange(entry, remarked, Ordering::AcqRel, Ordering::Relaxed) {
+                        Ok(_) => {
+                            moved();
+                            break;
+                        }
+                        // Freed meanwhile (0), or its tag set.
+                        Err(now) => entry = now,
+                    }
+                }
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -417,11 +486,31 @@ mod tests {
     fn insert_tag_find_remove() {
         let a = 0x7f00_1234_5000;
         assert_eq!(remove(a), None);
-        insert(a).unwrap().tag(session_tag(7));
+        insert(a, 0).unwrap().tag(session_tag(7));
         assert_eq!(remove(a), Some(session_tag(7)));
         assert_eq!(remove(a), None);
-        insert(a).unwrap();
+        insert(a, 0).unwrap();
         assert_eq!(remove(a), Some(0), "an untagged entry is found, with no session");
+    }
+
+    /// A measured block's entry keeps its scope's slot through its session's tag and a
+    /// removal; a remark moves exactly the entries of one scope to another.
+    #[test]
+    fn a_measured_entry_keeps_its_scope_through_its_tag_and_a_remark() {
+        let (a, b, c) = (0x7f00_2468_0000, 0x7f00_2468_0200, 0x7f00_2468_0400);
+        insert(a, scope_bits(200)).unwrap().tag(session_tag(9));
+        insert(b, scope_bits(200) | OFFSET_BLOCK | 3).unwrap();
+        insert(c, scope_bits(202)).unwrap();
+        let mut moved = 0;
+        remark(200, 201, || moved += 1);
+        assert_eq!(moved, 2);
+        let marks = remove(a).unwrap();
+        assert_eq!((marks & TAG_MASK, scope_of(marks)), (session_tag(9), 201));
+        assert_eq!(remove(b), Some(scope_bits(201) | OFFSET_BLOCK | 3), "an offset block's tag kept");
+        assert_eq!(remove(c).map(scope_of), Some(202), "another scope's entry moved");
+        remark(201, 0, || moved += 1);
+        assert_eq!(moved, 2, "removed entries are not moved");
+        assert_eq!(block_key(1 << SCOPE_SHIFT, 16), None, "an address in the scope's bits");
     }
 
     /// An address inserted again without a removal between (its block freed by C's `free`)
@@ -430,7 +519,7 @@ mod tests {
     fn a_stale_entry_gives_way_to_its_address_reused() {
         let a = 0x7f00_5678_9000;
         for tag in 1..=3 * SLOTS {
-            insert(a).expect("room").tag(tag);
+            insert(a, 0).expect("room").tag(tag);
         }
         assert_eq!(remove(a), Some(3 * SLOTS));
         assert_eq!(remove(a), None);
@@ -438,9 +527,9 @@ mod tests {
 
     #[test]
     fn session_tags_are_never_zero_and_fit_the_alignment() {
-        for session in [0, 1, 510, 511, 512, 4096, u32::MAX] {
+        for session in [0, 1, 126, 127, 510, 511, 512, 4096, u32::MAX] {
             let tag = session_tag(session);
-            assert!(tag != 0 && tag & !TAG_MASK == 0, "{session}: {tag}");
+            assert!(tag != 0 && tag < OFFSET_BLOCK, "{session}: {tag}");
         }
     }
 
@@ -476,7 +565,7 @@ mod tests {
             assert_eq!(key & TAG_MASK, 0, "{key:#x}");
         }
         assert_eq!(block_key(base + 16, 24), None);
-        insert(large).unwrap().tag(session_tag(3));
+        insert(large, 0).unwrap().tag(session_tag(3));
         assert_eq!(remove(small), None, "a small block's key found a large block's entry");
         assert_eq!(remove(large), Some(session_tag(3)));
     }
@@ -502,7 +591,7 @@ mod tests {
         let n = (1usize << FIRST_BUCKET_BITS) * SLOTS * 2;
         let addrs: Vec<usize> = addresses(0x5100_0000_0000, n).collect();
         for (i, &a) in addrs.iter().enumerate() {
-            insert(a).expect("room").tag(session_tag(i as u32));
+            insert(a, 0).expect("room").tag(session_tag(i as u32));
         }
         assert!(generations().count() >= 2, "no generation was added");
         assert!(addrs.iter().all(|&a| may_hold(a)), "the filter turned away a held block");
@@ -522,7 +611,7 @@ mod tests {
         let addrs: Vec<usize> =
             addresses(0x5500_0000_0000, 1 << 26).filter(|&a| first.index(a) == target).take(3 * SLOTS).collect();
         for &a in &addrs {
-            insert(a).expect("room in some generation").tag(1);
+            insert(a, 0).expect("room in some generation").tag(1);
         }
         assert!(generations().count() >= 2);
         for &a in &addrs {
@@ -551,7 +640,7 @@ mod tests {
                                 assert_eq!(remove(addr), Some(3), "{addr:#x} not removed");
                                 assert_eq!(remove(addr), None, "{addr:#x} removed twice");
                             } else {
-                                insert(addr).expect("room").tag(3);
+                                insert(addr, 0).expect("room").tag(3);
                             }
                             live[i] = !live[i];
                         }

@@ -38,6 +38,11 @@
 //! the distance from the last of them to the next point, beyond the block, one geometric draw
 //! (memorylessness again). Both ways are exact, so the estimate stays unbiased for every size.
 //!
+//! A thread that measures a scope (`testing::measure`, [`begin_forced`]) has its countdown
+//! forced below zero, so that every allocation it makes reaches the out-of-line path, which
+//! counts it; the session's true countdown is kept aside and counted down there exactly as the
+//! hot path would have, so that the session's sample points fall where they would have fallen.
+//!
 //! The thread state is a `const`-initialised set of [`Cell`]s with no destructor, so
 //! touching it never allocates, never registers a TLS destructor and cannot fail except
 //! during thread teardown, where `try_with` makes "TLS gone" mean "not sampled".
@@ -49,6 +54,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use rand_distr::{Binomial, Distribution};
 
 use super::forked;
+use super::state::{OFF, STATE};
 
 /// Bytes per word: sample points are counted in 8-byte words.
 pub(crate) const WORD_BYTES: u64 = 8;
@@ -96,7 +102,16 @@ struct ThreadState {
     in_tracer: Cell<bool>,
     /// Set by [`force_sample`]: the next sample on this thread is a calibration capture.
     calibrating: Cell<bool>,
+    /// Set while the thread measures a scope: `countdown` is [`FORCED`], and `kept` is the
+    /// session's countdown.
+    forced: Cell<bool>,
+    /// The session's countdown while `forced`.
+    kept: Cell<i64>,
 }
+
+/// The countdown of a thread that measures a scope: far below zero, so that every allocation
+/// finds it reached, and no allocation's size brings it back above.
+const FORCED: i64 = i64::MIN / 2;
 
 thread_local! {
     static THREAD: ThreadState = const {
@@ -108,6 +123,8 @@ thread_local! {
             rate: Cell::new(0),
             in_tracer: Cell::new(false),
             calibrating: Cell::new(false),
+            forced: Cell::new(false),
+            kept: Cell::new(0),
         }
     };
 }
@@ -210,14 +227,74 @@ pub(crate) fn count_down(bytes: usize) -> bool {
 }
 
 /// The cold half of [`take`], after [`count_down`] returned true for an allocation of `bytes`:
-/// the number of sample points it covers (0 at a checkpoint, inside the tracer, or with the
-/// thread-local storage gone), refilling the countdown.
+/// the number of sample points it covers (0 at a checkpoint, inside the tracer, with no
+/// session, or with the thread-local storage gone), refilling the countdown.
+///
+/// On a thread that measures a scope, the session's countdown kept aside is counted down here
+/// instead (not at all with no session, as the hot path would not have), and the forced one
+/// left forced. With no session (the tracing path taken because some thread measures), a
+/// thread that does not measure gets a countdown to a checkpoint: it comes back here once per
+/// [`CHECKPOINT_BYTES`], and notices a session started meanwhile as it would.
 #[inline(always)]
 pub(crate) fn sample_points(bytes: usize) -> u64 {
-    THREAD.try_with(|t| t.sample_point(t.countdown.get(), bytes)).unwrap_or(0)
+    sample_points_in(bytes, STATE.load(Ordering::Relaxed) != OFF)
+}
+
+/// [`sample_points`], told whether a session runs.
+#[inline(always)]
+fn sample_points_in(bytes: usize, session: bool) -> u64 {
+    THREAD.try_with(|t| t.sample_points(bytes, session)).unwrap_or(0)
+}
+
+/// Make this thread's countdown reach the out-of-line path at every allocation, keeping the
+/// session's aside, until [`end_forced`] (for `testing::measure`; not nested).
+pub(crate) fn begin_forced() {
+    let _ = THREAD.try_with(|t| {
+        t.kept.set(t.countdown.replace(FORCED));
+        t.forced.set(true);
+    });
+}
+
+/// Give this thread its session's countdown back (see [`begin_forced`]).
+pub(crate) fn end_forced() {
+    let _ = THREAD.try_with(|t| {
+        t.forced.set(false);
+        t.countdown.set(t.kept.get());
+    });
+}
+
+/// Whether this thread runs tracer code now (see [`in_tracer`]); true with its thread-local
+/// storage gone.
+pub(crate) fn inside_tracer() -> bool {
+    THREAD.try_with(|t| t.in_tracer.get()).unwrap_or(true)
 }
 
 impl ThreadState {
+    /// See [`sample_points`].
+    #[cold]
+    #[inline(never)]
+    fn sample_points(&self, bytes: usize, session: bool) -> u64 {
+        if !self.forced.get() {
+            if session {
+                return self.sample_point(self.countdown.get(), bytes);
+            }
+            self.countdown.set(CHECKPOINT_BYTES);
+            self.checkpoint.set(true);
+            return 0;
+        }
+        if !session {
+            return 0;
+        }
+        let left = self.kept.get().wrapping_sub(bytes as i64);
+        if left > 0 {
+            self.kept.set(left);
+            return 0;
+        }
+        let nsamples = self.sample_point(left, bytes);
+        self.kept.set(self.countdown.replace(FORCED));
+        nsamples
+    }
+
     /// The countdown reached `left ≤ 0` during an allocation of `bytes`: count the sample
     /// points and refill the countdown (a checkpoint only refills it).
     #[cold]
@@ -397,7 +474,11 @@ pub(crate) fn enter_tracer_forever() {
 /// a calibration capture (see [`take_calibration_flag`]).
 pub(crate) fn force_sample() {
     let _ = THREAD.try_with(|t| {
-        t.countdown.set(0);
+        if t.forced.get() {
+            t.kept.set(0);
+        } else {
+            t.countdown.set(0);
+        }
         t.checkpoint.set(false);
         t.epoch.set(EPOCH.load(Ordering::Acquire));
         t.calibrating.set(true);
@@ -562,6 +643,15 @@ mod tests {
         THREAD.with(|t| t.countdown.get())
     }
 
+    /// [`super::take`] as while a session runs (these tests run none).
+    fn take(bytes: usize) -> u64 {
+        if count_down(bytes) {
+            sample_points_in(bytes, true)
+        } else {
+            0
+        }
+    }
+
     /// Samples `take` reports over `calls` allocations of `bytes`.
     fn take_many(calls: usize, bytes: usize) -> u64 {
         (0..calls).map(|_| take(bytes)).sum()
@@ -678,6 +768,32 @@ mod tests {
             assert!(!THREAD.with(|t| t.in_tracer.get()));
             THREAD.with(|t| t.countdown.set(8));
             assert!(take(8) >= 1);
+        });
+    }
+
+    /// A measuring thread's allocations all reach the out-of-line path, and the session's
+    /// countdown kept aside moves exactly as it would have (not at all with no session).
+    #[test]
+    fn a_forced_countdown_keeps_the_sessions_exactly() {
+        on_fresh_thread(|| {
+            configure(0.01);
+            let _ = take(1);
+            THREAD.with(|t| t.countdown.set(1000));
+            begin_forced();
+            for _ in 0..10 {
+                assert!(count_down(24));
+                assert_eq!(sample_points_in(24, true), 0);
+            }
+            assert!(count_down(24));
+            assert_eq!(sample_points_in(24, false), 0, "no session: nothing counted down");
+            end_forced();
+            assert_eq!(countdown(), 1000 - 240);
+            begin_forced();
+            assert!(count_down(800));
+            assert!(sample_points_in(800, true) >= 1, "the session's point, reached while forced, is sampled");
+            assert!(count_down(1));
+            end_forced();
+            assert!(countdown() > 0);
         });
     }
 

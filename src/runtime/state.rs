@@ -1,6 +1,6 @@
-//! What every part of the runtime shares: whether the allocator takes the tracing path, the
-//! allocator entry point a sample came through, the frame limits, the clock, and how it says
-//! something on stderr.
+//! What every part of the runtime shares: whether the allocator takes the tracing path (a
+//! session's mode, and whether some thread measures a scope), the allocator entry point a
+//! sample came through, the frame limits, the clock, and how it says something on stderr.
 //!
 //! Above `descriptor` alone, the bottom of the runtime.
 
@@ -19,18 +19,67 @@ pub(crate) const CALIBRATING: u8 = 2;
 /// parent is gone (`forked`).
 pub(crate) const FORKED: u8 = 3;
 
-/// Whether the allocator takes the tracing path (`OFF`, `ON`, `CALIBRATING` or `FORKED`).
-pub(crate) static STATE: AtomicU8 = AtomicU8::new(OFF);
+/// The session's mode (`OFF`, `ON`, `CALIBRATING` or `FORKED`), and how many threads measure a scope
+/// (`testing::measure`): the one word the allocator's hot path reads.
+pub(crate) static STATE: State = State(AtomicU32::new(OFF as u32));
+
+/// The bits of [`STATE`] that hold the mode; the count of measuring threads is above them.
+const MODE_MASK: u32 = 0b11;
+/// One measuring thread in [`STATE`].
+const MEASURER: u32 = MODE_MASK + 1;
+
+/// The mode and the count of measuring threads in one word, so that the hot path's one relaxed
+/// load says whether to take the tracing path (either is nonzero). Its `load` and `store` read
+/// and write the mode alone, as the `AtomicU8` it was, so that the session code is unchanged.
+pub(crate) struct State(AtomicU32);
+
+impl State {
+    /// The mode.
+    #[inline(always)]
+    pub(crate) fn load(&self, order: Ordering) -> u8 {
+        (self.0.load(order) & MODE_MASK) as u8
+    }
+
+    /// Set the mode, keeping the count of measuring threads (always sequentially consistent:
+    /// a compare-and-swap loop, rare).
+    pub(crate) fn store(&self, mode: u8, _order: Ordering) {
+        let _ = self.0.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |word| Some(word & !MODE_MASK | mode as u32));
+    }
+
+    /// Set the mode to `new` if it is `current` (keeping the count of measuring threads): the
+    /// mode it was, `Err` if not `current`. Sequentially consistent, as [`State::store`].
+    pub(crate) fn compare_exchange(&self, current: u8, new: u8, _success: Ordering, _failure: Ordering) -> Result<u8, u8> {
+        let mode = |word: u32| (word & MODE_MASK) as u8;
+        self.0
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |word| {
+                (mode(word) == current).then_some(word & !MODE_MASK | new as u32)
+            })
+            .map(mode)
+            .map_err(mode)
+    }
+
+    /// Count one more thread that measures a scope: the allocator then takes the tracing path
+    /// even with no session, on every thread (see `sampler::sample_points` for what that costs
+    /// the others: one out-of-line call per 4 MiB).
+    pub(crate) fn add_measurer(&self) {
+        self.0.fetch_add(MEASURER, Ordering::SeqCst);
+    }
+
+    /// Count one thread less that measures a scope.
+    pub(crate) fn remove_measurer(&self) {
+        self.0.fetch_sub(MEASURER, Ordering::SeqCst);
+    }
+}
 
 /// Default number of stack frames recorded per sample.
 pub(crate) const DEFAULT_FRAME_CAP: usize = 64;
 /// Most stack frames a sample can record (and the size of every frame buffer).
 pub(crate) const MAX_FRAMES: usize = 128;
 
-/// True while allocations go through the sampling path.
+/// True while allocations go through the sampling path: a session runs, or a thread measures.
 #[inline(always)]
 pub(crate) fn enabled() -> bool {
-    STATE.load(Ordering::Relaxed) != OFF
+    STATE.0.load(Ordering::Relaxed) != 0
 }
 
 /// Whether a trace is being recorded right now.

@@ -23,6 +23,7 @@ mod faults;
 mod files;
 mod forks;
 mod heap;
+mod heap_assertions;
 mod hostile;
 mod large_blocks;
 mod live_profile;
@@ -464,6 +465,7 @@ fn child_role() {
         #[cfg(all(target_os = "linux", target_env = "gnu"))]
         "heap:mmap-threshold" => heap::child(),
         "sampled-blocks:moves" => sampled_blocks::child(),
+        "heap-assertions:session" => heap_assertions::session_child(),
         "estimates:grid" => estimates::child(),
         "closing:held" => closing::child(),
         "busy-stop" => busy_stop::child(),
