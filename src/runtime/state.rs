@@ -48,7 +48,13 @@ impl State {
 
     /// Set the mode to `new` if it is `current` (keeping the count of measuring threads): the
     /// mode it was, `Err` if not `current`. Sequentially consistent, as [`State::store`].
-    pub(crate) fn compare_exchange(&self, current: u8, new: u8, _success: Ordering, _failure: Ordering) -> Result<u8, u8> {
+    pub(crate) fn compare_exchange(
+        &self,
+        current: u8,
+        new: u8,
+        _success: Ordering,
+        _failure: Ordering,
+    ) -> Result<u8, u8> {
         let mode = |word: u32| (word & MODE_MASK) as u8;
         self.0
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |word| {

@@ -2,7 +2,7 @@
 //! `HashMap` counted as dhat-rs counts it (a child with dhat as its allocator), leaks, frees on
 //! other threads, threads measuring at once, nested scopes, panics, `realloc`, a failing
 //! assertion's message, and a tracing session running meanwhile, whose estimates stay within
-//! 5 sigma while the scope's counts stay exact.
+//! `SIGMAS` standard deviations while the scope's counts stay exact.
 
 use std::hint::black_box;
 use std::path::{Path, PathBuf};
@@ -14,7 +14,7 @@ use std::time::Duration;
 use memtrace_rs::testing::{measure, unwound_stats, HeapStats};
 use memtrace_rs::trace_if_requested;
 
-use super::{memtrace_messages, output_within, temp_path, Trace};
+use super::{memtrace_messages, output_within, temp_path, Trace, SIGMAS};
 
 mod workload;
 
@@ -356,7 +356,7 @@ pub(super) fn session_child() {
 }
 
 /// A session tracing while a scope is measured: both sites' estimates (the measured one's
-/// samples taken by the countdown kept aside) within 5 sigma of the truth, nothing lost, and
+/// samples taken by the countdown kept aside) within [`SIGMAS`] standard deviations of the truth, nothing lost, and
 /// the scope's counts exact (checked in the child).
 #[test]
 fn a_session_running_meanwhile_is_not_disturbed() {
@@ -374,7 +374,7 @@ fn a_session_running_meanwhile_is_not_disturbed() {
     let sigma = (bytes * 8.0 / rate).sqrt();
     for site in ["::site_measured", "::site_unmeasured"] {
         let estimate = trace.estimated_bytes(site);
-        assert!((estimate - bytes).abs() <= 5.0 * sigma, "{site}: estimated {estimate:.0}, truth {bytes}");
+        assert!((estimate - bytes).abs() <= SIGMAS * sigma, "{site}: estimated {estimate:.0}, truth {bytes}");
     }
     let _ = std::fs::remove_file(&path);
 }
