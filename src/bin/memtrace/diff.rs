@@ -311,8 +311,11 @@ pub fn changes(base: &Analysis, new: &Analysis, options: &Options) -> Vec<Change
         .map(|(node, (base, new))| Change::alone(Frames { node, names: Arc::clone(&names) }, base, new))
         .filter(|c| c.delta() != 0.0)
         .collect();
-    holm(&mut changes, sites);
     let order = names.trie.label_order(&names.labels, changes.len());
+    // In the labels' order first: Holm's ranks of sites with equal changes (a stable sort)
+    // then never depend on the map's order, which differs from run to run.
+    changes.sort_by(|a, b| order.cmp(a.frames.node, b.frames.node));
+    holm(&mut changes, sites);
     changes.sort_by(|a, b| {
         b.beyond_noise()
             .cmp(&a.beyond_noise())
