@@ -158,6 +158,20 @@ fn answer(mut client: std::net::TcpStream) -> String {
     answer
 }
 
+/// The inodes of the process's listening TCP sockets over IPv4 (state `0A` in
+/// `/proc/self/net/tcp`).
+fn listening_socket_inodes() -> Vec<String> {
+    let table = std::fs::read_to_string("/proc/self/net/tcp").unwrap();
+    table
+        .lines()
+        .skip(1)
+        .filter_map(|row| {
+            let fields: Vec<&str> = row.split_whitespace().collect();
+            (fields.get(3) == Some(&"0A")).then(|| fields.get(9).map(|inode| inode.to_string()))?
+        })
+        .collect()
+}
+
 /// A program serving profiles that puts a listening socket of its own on the number of the
 /// endpoint's: a client of its socket gets the program's answer, never a profile.
 fn answer_on_the_profile_endpoints_number() {
@@ -167,13 +181,16 @@ fn answer_on_the_profile_endpoints_number() {
     let guard = start_tracing(TraceConfig::profile_only().http(endpoint)).unwrap();
     let served = answer(client_asking(endpoint));
     assert!(served.starts_with("HTTP/1.1 200"), "{served}");
-    // The endpoint's socket: the one this program did not open.
+    // The endpoint's socket: the listening one this program did not open (the connection it
+    // just served may not be closed yet on a loaded machine).
+    let listening = listening_socket_inodes();
     let sockets: Vec<i32> = std::fs::read_dir("/proc/self/fd")
         .unwrap()
         .filter_map(|entry| {
             let entry = entry.ok()?;
-            let socket = std::fs::read_link(entry.path()).ok()?.to_str()?.starts_with("socket:");
-            socket.then(|| entry.file_name().to_str()?.parse().ok())?
+            let link = std::fs::read_link(entry.path()).ok()?;
+            let inode = link.to_str()?.strip_prefix("socket:[")?.strip_suffix(']')?.to_owned();
+            listening.contains(&inode).then(|| entry.file_name().to_str()?.parse().ok())?
         })
         .filter(|&fd| fd != program.as_raw_fd())
         .collect();
