@@ -376,12 +376,13 @@ fn a_fifo_whose_reader_stalls_lets_the_program_finish() {
 /// is sampled) as it does untraced: the sample it has no stack for is dropped and reported; the
 /// free of a sampled block there, with no stack to send its message, is kept for the writer
 /// (`late_frees`), not lost. Optimised, both work with a few hundred bytes left;
-/// unoptimised, the allocator's and the sampler's frames before the stack check take some
-/// 600 bytes more than the system allocator does, so the traced run gets 1 KiB more (a capture
-/// there would take 3 KiB with frame pointers, 6 KiB for a first DWARF walk, and overflow).
+/// unoptimised, the allocator's frame before the stack check holds the locals of every path
+/// inlined into it (sampled, measured, offset blocks), some 2.5 KiB more than the system
+/// allocator takes, so the traced run gets 3 KiB more (a capture there would take 3 KiB with
+/// frame pointers, 6 KiB for a first DWARF walk, and overflow).
 #[test]
 fn a_thread_near_its_stack_limit_allocates_as_untraced() {
-    let (left, debug_frames) = if cfg!(debug_assertions) { (1280, 1024) } else { (384, 0) };
+    let (left, debug_frames) = if cfg!(debug_assertions) { (1280, 3072) } else { (384, 0) };
     let untraced = left.to_string();
     let (out, _) = run_within("small_stack", &[(STACK_LEFT_VAR, &untraced)], Duration::from_secs(30));
     assert!(out.status.success(), "the untraced program itself fails with {left} bytes of stack left");
@@ -430,7 +431,8 @@ fn a_rejected_context_leaves_no_file() {
 /// The stack the tracer takes, measured per walker, is within what its stack checks require:
 /// `STACK_NEEDED` in `src/runtime/unwind/capture.rs` (8 KiB for frame pointers, 16 KiB for
 /// DWARF and libgcc) and `FREE_STACK_NEEDED` in `src/runtime/record.rs` (4 KiB); and a session
-/// starts (calibration included) in 16 KiB.
+/// starts (calibration included) in 20 KiB (unoptimised: 17.8 KiB with the file series'
+/// and the measured scopes' state, 16.2 KiB before them).
 #[test]
 fn stack_use_of_the_tracer() {
     let path = temp_path("stack-use");
@@ -453,7 +455,7 @@ fn stack_use_of_the_tracer() {
         };
         assert!(used("first-sample").max(used("sample")).max(used("libgcc-first")) <= needed, "{unwinder}: {line}");
         assert!(used("free") <= 4 << 10, "{line}");
-        assert!(used("start") <= 16 << 10, "{line}");
+        assert!(used("start") <= 20 << 10, "{line}");
     }
     let _ = std::fs::remove_file(&path);
     let _ = std::fs::remove_file(&second);
