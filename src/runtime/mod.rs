@@ -24,17 +24,17 @@
 //! - [`live_profile`]: the writer's live profile (live blocks and allocations by stack, the
 //!   peak), and the mailbox profiles are asked for through;
 //! - [`writer_thread`]: the thread that owns the trace writer;
-//! - [`http`]: the profile endpoint, which answers with `profile`'s answers (the one use of a
-//!   later module);
+//! - [`serve`]: the HTTP endpoint: `request`, `response` and `server` (the connections and
+//!   their limits, which the session owns), then, after `session` and `profile`, `routes`;
 //! - [`session`]: starting and stopping, and the process hooks;
 //! - [`profile`]: heap profiles on demand from the running session's writer, encoded as pprof
-//!   or folded stacks, and the answers to HTTP requests for them.
+//!   or folded stacks;
+//! - [`start`]: starting a session with its endpoint, from code or from the environment.
 
 pub(crate) mod allocator;
 pub(crate) mod config;
 pub(crate) mod fork_safe_lock;
 pub(crate) mod handoff;
-pub(crate) mod http;
 pub(crate) mod late_frees;
 pub(crate) mod live_profile;
 pub(crate) mod loader;
@@ -42,9 +42,11 @@ pub(crate) mod profile;
 pub(crate) mod record;
 pub(crate) mod sampled_set;
 pub(crate) mod sampler;
+pub(crate) mod serve;
 pub(crate) mod session;
 pub(crate) mod span_table;
 pub(crate) mod spans;
+pub(crate) mod start;
 pub(crate) mod state;
 pub(crate) mod symbolize;
 pub(crate) mod trace_file;

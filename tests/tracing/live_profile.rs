@@ -257,10 +257,10 @@ pub(super) fn fork_child() {
 // Parent side
 
 /// A serving child: its process, its stdin, its stderr lines, the endpoint's address.
-struct Serving {
-    process: Child,
+pub(super) struct Serving {
+    pub(super) process: Child,
     stderr: Receiver<String>,
-    addr: SocketAddr,
+    pub(super) addr: SocketAddr,
     /// Everything it said on stderr so far.
     said: Vec<String>,
 }
@@ -268,7 +268,7 @@ struct Serving {
 impl Serving {
     /// Start the serving child with `env` (and `MEMTRACE_HTTP`, a free loopback port) in `dir`,
     /// and wait until it is ready.
-    fn start(env: &[(&str, &str)], dir: &Path) -> Serving {
+    pub(super) fn start(env: &[(&str, &str)], dir: &Path) -> Serving {
         Serving::start_as("live:serve", env, dir)
     }
 
@@ -317,7 +317,7 @@ impl Serving {
     }
 
     /// Close its stdin and wait (a minute at most) for it to end well; what it said.
-    fn finish(mut self) -> Vec<String> {
+    pub(super) fn finish(mut self) -> Vec<String> {
         drop(self.process.stdin.take());
         let deadline = Instant::now() + Duration::from_secs(60);
         let status = loop {
@@ -423,7 +423,7 @@ fn go_available() -> bool {
 }
 
 /// `GET path` of the endpoint at `addr` with a plain connection: the status and body.
-fn get(addr: SocketAddr, path: &str) -> (u16, Vec<u8>) {
+pub(super) fn get(addr: SocketAddr, path: &str) -> (u16, Vec<u8>) {
     let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(10)).unwrap();
     stream.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
     write!(stream, "GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
@@ -647,7 +647,7 @@ fn a_non_loopback_address_needs_opting_in() {
 
 /// Start `n` connections to `addr` at once, without waiting for them (those past the
 /// endpoint's backlog never complete).
-fn connect_at_once(addr: SocketAddr, n: usize) -> Vec<std::os::fd::OwnedFd> {
+pub(super) fn connect_at_once(addr: SocketAddr, n: usize) -> Vec<std::os::fd::OwnedFd> {
     use std::os::fd::FromRawFd;
     let SocketAddr::V4(v4) = addr else { panic!("{addr} is not IPv4") };
     let to = libc::sockaddr_in {

@@ -15,6 +15,7 @@ use memtrace_rs::trace::{Info, ObjectId, Reader};
 use memtrace_rs::{currently_tracing, start_tracing, stop_tracing, trace_if_requested, MemtraceAllocator};
 
 mod closing;
+mod endpoint;
 mod estimates;
 mod faults;
 mod heap;

@@ -1,0 +1,68 @@
+//! Answers: [`HttpResponse`], a whole answer (what the routes give and what a web framework's
+//! handler returns), and how one goes out on a connection. Every write is a `send` with
+//! `MSG_NOSIGNAL`.
+
+use std::io;
+use std::net::TcpStream;
+use std::os::fd::AsRawFd;
+
+/// An answer to an HTTP request for a profile (see [`http_response`](crate::http_response)).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct HttpResponse {
+    /// The status code: 200, 400 (a malformed query), 404 (no such profile), 503 (no
+    /// session, or the writer busy).
+    pub status: u16,
+    /// The body's `Content-Type`.
+    pub content_type: &'static str,
+    /// The body: the profile, or a one-line explanation.
+    pub body: Vec<u8>,
+}
+
+/// A plain-text answer of `status`: `message` on one line.
+pub(crate) fn text(status: u16, message: &str) -> HttpResponse {
+    HttpResponse { status, content_type: "text/plain; charset=utf-8", body: format!("{message}\n").into_bytes() }
+}
+
+/// The head of an answer of `status` and `content_type`, with a body of `length` bytes.
+fn head(status: u16, content_type: &str, length: usize) -> String {
+    let reason = match status {
+        200 => "OK",
+        400 => "Bad Request",
+        403 => "Forbidden",
+        404 => "Not Found",
+        405 => "Method Not Allowed",
+        409 => "Conflict",
+        413 => "Content Too Large",
+        _ => "Service Unavailable",
+    };
+    format!(
+        "HTTP/1.1 {status} {reason}\r\nContent-Type: {content_type}\r\nContent-Length: {length}\r\nConnection: \
+         close\r\n\r\n"
+    )
+}
+
+/// Write `response` whole to `stream`.
+pub(crate) fn send(stream: &TcpStream, response: &HttpResponse) -> io::Result<()> {
+    send_all(stream, head(response.status, response.content_type, response.body.len()).as_bytes())?;
+    send_all(stream, &response.body)
+}
+
+/// Write `bytes` to `stream` with `MSG_NOSIGNAL`: a client that closed its end must not raise
+/// `SIGPIPE`, which kills a program that has not set it aside. The stream's write timeout
+/// bounds each `send`.
+pub(crate) fn send_all(stream: &TcpStream, mut bytes: &[u8]) -> io::Result<()> {
+    while !bytes.is_empty() {
+        // SAFETY: `bytes` is readable for its length; the descriptor is open.
+        let sent = unsafe { libc::send(stream.as_raw_fd(), bytes.as_ptr().cast(), bytes.len(), libc::MSG_NOSIGNAL) };
+        if sent < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        bytes = &bytes[sent as usize..];
+    }
+    Ok(())
+}

@@ -1,0 +1,112 @@
+//! The endpoint under load, in a serving child (`live:serve`): slow clients and a long delta
+//! delay no other client's profile, the connection limit answers 503, and the child's threads
+//! stay bounded throughout.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::live_profile::{connect_at_once, get, Serving};
+
+/// The endpoint's connection limit (docs/GUIDE.md, "Live heap profiles over HTTP").
+const MAX_CONNECTIONS: usize = 64;
+/// The bound on how long another client may delay a profile, plus the second the
+/// profile itself may take on a loaded machine: a hang guard (the answer takes milliseconds).
+const PROFILE_WITHIN: Duration = Duration::from_secs(2);
+
+/// The threads of process `pid` now (`Threads:` of `/proc/PID/status`).
+fn threads_of(pid: u32) -> usize {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status.lines().find(|l| l.starts_with("Threads:")).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+/// A serving child for profiles only (in a directory of its own, kept while it runs), and its
+/// threads once ready.
+fn serving_child() -> (tempfile::TempDir, Serving, usize) {
+    let dir = tempfile::tempdir().unwrap();
+    let serving = Serving::start(&[], dir.path());
+    let threads = threads_of(serving.process.id());
+    (dir, serving, threads)
+}
+
+/// A client that sends a request's head a byte a second, over and over (a connection the
+/// endpoint closes is opened again), until `stop`.
+fn slow_client(addr: SocketAddr, stop: Arc<AtomicBool>) {
+    let head = b"GET /debug/pprof/heap HTTP/1.1\r\nHost: x\r\n\r\n";
+    while !stop.load(Ordering::Relaxed) {
+        let Ok(mut stream) = TcpStream::connect(addr) else { continue };
+        for byte in head {
+            if stop.load(Ordering::Relaxed) || stream.write_all(&[*byte]).is_err() {
+                break;
+            }
+            std::thread::sleep(Duration::from_secs(1));
+        }
+    }
+}
+
+/// `GET /debug/pprof/heap`, timed: it must answer 200 within [`PROFILE_WITHIN`].
+fn timed_heap_profile(addr: SocketAddr) {
+    let started = Instant::now();
+    let (status, body) = get(addr, "/debug/pprof/heap");
+    let took = started.elapsed();
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+    assert!(took < PROFILE_WITHIN, "a heap profile took {took:?} beside slow clients and a long delta");
+}
+
+/// 50 clients that send a byte a second, and a `?seconds=10` delta in flight: heap profiles
+/// still answer at once, and the child's threads stay within the connection limit.
+#[test]
+fn slow_clients_and_a_long_delta_delay_no_profile() {
+    let (_dir, serving, before) = serving_child();
+    let (addr, pid) = (serving.addr, serving.process.id());
+    let long = std::thread::spawn(move || get(addr, "/debug/pprof/allocs?seconds=10"));
+    let stop = Arc::new(AtomicBool::new(false));
+    let clients: Vec<_> = (0..50)
+        .map(|_| {
+            let stop = Arc::clone(&stop);
+            std::thread::spawn(move || slow_client(addr, stop))
+        })
+        .collect();
+    // Past the first cut of the slow clients' connections (after a second), they reconnect.
+    std::thread::sleep(Duration::from_millis(1500));
+    for _ in 0..5 {
+        timed_heap_profile(addr);
+        let threads = threads_of(pid);
+        assert!(threads <= before + MAX_CONNECTIONS + 1, "{threads} threads, {before} before the clients");
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    stop.store(true, Ordering::Relaxed);
+    clients.into_iter().for_each(|c| c.join().unwrap());
+    let (status, body) = long.join().unwrap();
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+    serving.finish();
+}
+
+/// Connections past the limit are answered 503 at once, the child's threads stay within the
+/// limit meanwhile, and the endpoint serves again once they are gone.
+#[test]
+fn past_the_connection_limit_a_client_gets_503() {
+    let (_dir, serving, before) = serving_child();
+    let (addr, pid) = (serving.addr, serving.process.id());
+    // Idle: each holds a connection's place until the endpoint cuts it, a second after it came.
+    let crowd = connect_at_once(addr, 2 * MAX_CONNECTIONS);
+    std::thread::sleep(Duration::from_millis(300));
+    let threads = threads_of(pid);
+    assert!(threads <= before + MAX_CONNECTIONS + 1, "{threads} threads, {before} before the crowd");
+    // Every answer is in by now: the refusals at once, the cuts after a second.
+    std::thread::sleep(Duration::from_millis(2500));
+    let (mut refused, mut cut) = (0, 0);
+    for fd in crowd {
+        let mut stream = TcpStream::from(fd);
+        let mut answer = Vec::new();
+        let _ = stream.read_to_end(&mut answer);
+        refused += answer.starts_with(b"HTTP/1.1 503 ") as usize;
+        cut += answer.starts_with(b"HTTP/1.1 400 ") as usize;
+    }
+    assert!(refused > 0 && cut > 0, "{refused} refused, {cut} cut of {} connections", 2 * MAX_CONNECTIONS);
+    timed_heap_profile(addr);
+    serving.finish();
+}
