@@ -89,6 +89,7 @@
 
 mod format;
 mod frames;
+mod inert;
 #[cfg(feature = "tracing")]
 mod layer;
 mod runtime;

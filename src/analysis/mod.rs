@@ -18,17 +18,16 @@ mod copy;
 mod dump;
 mod estimate;
 pub mod filter;
-mod inert;
 mod names;
 mod pass;
 mod sites;
 pub mod stacks;
 
 pub use crate::frames::{is_allocator_frame, is_root_frame};
+pub use crate::inert::{inert, inert_bytes};
 pub use copy::{copy, Copied};
 pub use dump::dump;
 pub use estimate::{poisson_interval, Estimate, FEW_SAMPLES, Z};
-pub use inert::{inert, inert_bytes};
 pub use names::{frame_identity, matched_frame, short_name, UNNAMED_THREADS};
 pub use pass::{
     estimated_objects, short_path, Analysis, Bucket, Counts, Frame, FrameId, FrameKind, FrameTable, LostSamples,

@@ -6,6 +6,8 @@ use std::io;
 use std::net::TcpStream;
 use std::os::fd::AsRawFd;
 
+use crate::inert::inert;
+
 /// An answer to an HTTP request for a profile (see [`http_response`](crate::http_response)).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -19,9 +21,14 @@ pub struct HttpResponse {
     pub body: Vec<u8>,
 }
 
-/// A plain-text answer of `status`: `message` on one line.
+/// A plain-text answer of `status`: `message` on one line, made [`inert`]: a message may quote
+/// a path or a writer's error, and a client shows it on a terminal.
 pub(crate) fn text(status: u16, message: &str) -> HttpResponse {
-    HttpResponse { status, content_type: "text/plain; charset=utf-8", body: format!("{message}\n").into_bytes() }
+    HttpResponse {
+        status,
+        content_type: "text/plain; charset=utf-8",
+        body: format!("{}\n", inert(message)).into_bytes(),
+    }
 }
 
 /// The head of an answer of `status` and `content_type`, with a body of `length` bytes.
@@ -65,4 +72,15 @@ pub(crate) fn send_all(stream: &TcpStream, mut bytes: &[u8]) -> io::Result<()> {
         bytes = &bytes[sent as usize..];
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn text_answers_are_inert() {
+        let answer = text(409, "cannot open /tmp/a\x1b[2Jb\u{202e}c\nd: é");
+        assert_eq!(String::from_utf8(answer.body).unwrap(), "cannot open /tmp/a\\x1b[2Jb\\u{202e}c\\x0ad: é\n");
+    }
 }
