@@ -46,6 +46,14 @@
 //! `go tool pprof`, Pyroscope or Parca; a session may run for profiles only, without a trace
 //! file ([`TraceConfig::profile_only`]).
 //!
+//! # Controlling a running session
+//!
+//! [`trace_window`] writes a trace of the next seconds of the running session to any `Write`
+//! (beginning with the blocks live at its start), [`set_rate`] changes the rate,
+//! [`start_file_trace`] and [`stop_file_trace`] attach and detach the file trace, and
+//! [`session_state`] says what runs; [`TraceConfig::file_limit`] splits the file into a series
+//! of files of bounded size (docs/GUIDE.md, "Production use").
+//!
 //! # Reading traces
 //!
 //! [`trace::Reader`] streams the events of a trace, one packet in memory; the
@@ -104,6 +112,9 @@ pub use format::error::{Error, ErrorKind, Result};
 pub use layer::MemtraceLayer;
 pub use runtime::allocator::MemtraceAllocator;
 pub use runtime::config::{StartError, TraceConfig};
+pub use runtime::control::{
+    session_state, set_rate, start_file_trace, stop_file_trace, trace_window, ControlError, SessionState, WindowStats,
+};
 pub use runtime::profile::{profile, profile_delta, Profile, ProfileError, ProfileKind, MAX_DELTA};
 pub use runtime::serve::{http_response, HttpResponse};
 pub use runtime::session::{stop_tracing, TraceGuard, TraceStats};
@@ -117,7 +128,7 @@ pub mod trace {
     pub use crate::format::location_codec::Location;
     pub use crate::format::trace::{
         writer_holds_lock, Alloc, AllocSource, Event, EventKind, Info, LocationTable, NewAlloc, ObjectId, Reader,
-        Timestamp, Warning, Writer, FORMAT_VERSION,
+        Timestamp, Warning, Writer, FORMAT_VERSION, LIVE_AT_START_PARAM,
     };
     pub use crate::runtime::span_table::{LOST_SAMPLES_FILE, LOST_SAMPLES_PREFIX, SPAN_FILE_PREFIX, THREAD_FILE};
 }

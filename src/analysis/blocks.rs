@@ -38,6 +38,10 @@ pub struct Block {
     /// The block's stack: a node of [`Stacks::trie`] (the same node as in an analysis of
     /// the same trace, [`Analysis::trie`](super::Analysis::trie)).
     pub stack: u32,
+    /// Allocated before the trace began: one of the blocks live at its start, which it begins
+    /// with ([`Info::begins_with_live_blocks`](crate::trace::Info::begins_with_live_blocks)),
+    /// live but not allocated in it.
+    pub carried: bool,
 }
 
 impl Block {
@@ -124,6 +128,7 @@ pub fn stream<R: Read>(
 ) -> Result<Stacks> {
     reader.set_decode_backtraces(true);
     let start = reader.info().start_time;
+    let carries = reader.info().begins_with_live_blocks();
     let mut interner = StackInterner::default();
     let mut stacks = Stacks::default();
     let mut live: FastMap<ObjectId, Block> = FastMap::default();
@@ -141,11 +146,13 @@ pub fn stream<R: Read>(
         match event.kind {
             EventKind::Alloc(a) => {
                 match a.source {
+                    _ if carries && a.source == AllocSource::Major => {}
                     AllocSource::External => stacks.external_allocs = true,
                     AllocSource::Minor | AllocSource::Major => stacks.ocaml_events = true,
                 }
                 let stack = interner.intern(event.domain, &a);
-                let block = Block { alloc_us: t, free_us: None, words: a.length, nsamples: a.nsamples, stack };
+                let carried = carries && a.source == AllocSource::Major;
+                let block = Block { alloc_us: t, free_us: None, words: a.length, nsamples: a.nsamples, stack, carried };
                 live_total = live_total.saturating_add(u128::from(a.nsamples));
                 if let Some(mut old) = live.insert(a.id, block) {
                     // A reused id: the old object is gone.
@@ -195,7 +202,7 @@ mod tests {
 
     #[test]
     fn live_at_and_lifetime() {
-        let b = Block { alloc_us: 10, free_us: Some(20), words: 1, nsamples: 1, stack: 0 };
+        let b = Block { alloc_us: 10, free_us: Some(20), words: 1, nsamples: 1, stack: 0, carried: false };
         assert!(!b.live_at(9) && b.live_at(10) && b.live_at(19) && !b.live_at(20));
         assert_eq!(b.lifetime(), Some(10));
         assert_eq!(Block { free_us: None, ..b }.lifetime(), None);

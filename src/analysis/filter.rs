@@ -244,7 +244,8 @@ pub fn restrict<R: Read>(
         &mut reader,
         |block| {
             let node = block.stack as usize;
-            if passes[node] && filter.matches_block(block, peak_us, word_bytes) {
+            // A block live at the start was not allocated in the trace.
+            if passes[node] && !block.carried && filter.matches_block(block, peak_us, word_bytes) {
                 let objects = estimated_objects(block.nsamples, block.words, rate);
                 let allocated = Tally { samples: block.nsamples, objects };
                 stats[stack_of_node[node]].add(&StackStats { allocs: 1, allocated, ..StackStats::default() });
@@ -310,7 +311,7 @@ mod tests {
     use super::*;
 
     fn block(alloc_us: u64, free_us: Option<u64>, words: u64) -> Block {
-        Block { alloc_us, free_us, words, nsamples: 1, stack: 0 }
+        Block { alloc_us, free_us, words, nsamples: 1, stack: 0, carried: false }
     }
 
     #[test]

@@ -20,6 +20,7 @@ mod estimate;
 pub mod filter;
 mod names;
 mod pass;
+pub mod series;
 mod sites;
 pub mod stacks;
 

@@ -14,6 +14,11 @@
 //! frames its backtrace adds to the previous one's ([`StackInterner`]): a crafted trace of
 //! ever deeper stacks takes memory and time linear in its size, not in stacks × depth.
 //!
+//! A trace that begins with the blocks live at its start (a window, a later file of a series:
+//! [`Info::begins_with_live_blocks`]) has them as allocations of source `Major`: they count in
+//! every live figure (at the end, at the peak, at a time) and in no allocated one
+//! ([`Counts::live_at_start`]).
+//!
 //! At the end the location codes of the trie are resolved once each into [`Frame`]s.
 //! Estimates follow the trace's rate and word size ([`Info::bytes_for_samples`]); the number
 //! of objects an allocation of `length` words with `nsamples` samples stands for is
@@ -316,6 +321,9 @@ pub struct Counts {
     pub samples: u64,
     /// Words of all sampled allocations (saturating at `u64::MAX`).
     pub words: u64,
+    /// Blocks live at the trace's start, which it begins with (see
+    /// [`Info::begins_with_live_blocks`]): in none of the counts above.
+    pub live_at_start: u64,
 }
 
 impl Counts {
@@ -556,16 +564,24 @@ impl Pass {
         self.snapshot_taken = true;
     }
 
-    fn alloc(&mut self, time: Timestamp, id: ObjectId, length: u64, samples: u64, node: NodeId) {
+    /// An allocation, or (`carried`) a block live at the trace's start, which counts as live
+    /// only.
+    fn alloc(&mut self, time: Timestamp, id: ObjectId, (length, samples): (u64, u64), node: NodeId, carried: bool) {
         let stack = self.stack_id(node);
         let objects = estimated_objects(samples, length, self.rate);
-        let size = length.saturating_mul(self.word_bytes);
-        self.sizes[size_bucket(size)].add(samples, objects);
+        if !carried {
+            let size = length.saturating_mul(self.word_bytes);
+            self.sizes[size_bucket(size)].add(samples, objects);
+        }
         let state = self.touch(stack);
-        state.allocs = state.allocs.saturating_add(1);
-        state.allocated.add(samples, objects);
+        if !carried {
+            state.allocs = state.allocs.saturating_add(1);
+            state.allocated.add(samples, objects);
+        }
         state.live.add(samples, objects);
-        if let Some(old) = self.live.insert(id, LiveObject { stack, samples, objects, born: time }) {
+        // A block live at the start was allocated before the trace: never temporary.
+        let born = if carried { 0 } else { time };
+        if let Some(old) = self.live.insert(id, LiveObject { stack, samples, objects, born }) {
             // A reused id: the old object is gone.
             self.free(old);
         }
@@ -787,6 +803,7 @@ impl Analysis {
     ) -> Result<Analysis> {
         reader.set_decode_backtraces(options.stacks);
         let info = reader.info().clone();
+        let carries = info.begins_with_live_blocks();
         let mut pass = Pass {
             start: info.start_time,
             rate: info.sample_rate,
@@ -822,16 +839,20 @@ impl Analysis {
             match event.kind {
                 EventKind::Alloc(a) => {
                     let c = &mut pass.counts;
+                    let carried = carries && a.source == AllocSource::Major;
                     match a.source {
+                        _ if carried => c.live_at_start += 1,
                         AllocSource::Minor => c.allocs_minor += 1,
                         AllocSource::Major => c.allocs_major += 1,
                         AllocSource::External => c.allocs_external += 1,
                     }
-                    c.samples = c.samples.saturating_add(a.nsamples);
-                    c.words = c.words.saturating_add(a.length);
-                    allocated = a.nsamples;
+                    if !carried {
+                        c.samples = c.samples.saturating_add(a.nsamples);
+                        c.words = c.words.saturating_add(a.length);
+                        allocated = a.nsamples;
+                    }
                     let node = pass.interner.intern(event.domain, &a);
-                    pass.alloc(event.time, a.id, a.length, a.nsamples, node);
+                    pass.alloc(event.time, a.id, (a.length, a.nsamples), node, carried);
                 }
                 EventKind::Promote { .. } => pass.counts.promotes += 1,
                 EventKind::Collect { id } => {
@@ -863,6 +884,7 @@ impl Analysis {
     /// `memtrace-rs`, or every allocation is external and nothing was promoted) or OCaml.
     pub fn origin(&self) -> Origin {
         let c = &self.counts;
+        // A carried block (source Major) is not an OCaml event: it counts in none of these.
         let ocaml_events = c.allocs_minor > 0 || c.allocs_major > 0 || c.promotes > 0;
         Origin::of(&self.info, ocaml_events, c.allocs_external > 0)
     }

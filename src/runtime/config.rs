@@ -8,6 +8,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use super::series::parse_size;
 use super::state::{memtrace_var, DEFAULT_FRAME_CAP, MAX_FRAMES};
 use super::unwind::Unwinder;
 
@@ -31,6 +32,15 @@ pub(crate) const STOP_TIMEOUT_VAR: &str = "MEMTRACE_STOP_TIMEOUT";
 pub(crate) const HTTP_VAR: &str = "MEMTRACE_HTTP";
 /// Environment variable that, `1`, lets [`HTTP_VAR`] name an address other than a loopback one.
 pub(crate) const HTTP_ANY_ADDRESS_VAR: &str = "MEMTRACE_HTTP_ANY_ADDRESS";
+/// Environment variable holding the size from which the trace file goes on in a new numbered
+/// file (see [`TraceConfig::file_limit`]).
+pub(crate) const FILE_LIMIT_VAR: &str = "MEMTRACE_FILE_LIMIT";
+/// Environment variable holding the number of numbered files kept (see
+/// [`TraceConfig::keep_files`]).
+pub(crate) const FILE_KEEP_VAR: &str = "MEMTRACE_FILE_KEEP";
+/// Environment variable that, `1`, makes [`FILE_VAR`] the file that `start_file_trace` opens,
+/// not one opened at the start (see [`TraceConfig::file_at_start`]).
+pub(crate) const FILE_ON_DEMAND_VAR: &str = "MEMTRACE_FILE_ON_DEMAND";
 /// How long stopping waits for the writer thread by default.
 pub(crate) const DEFAULT_STOP_TIMEOUT: Duration = Duration::from_secs(1);
 
@@ -65,6 +75,12 @@ pub struct TraceConfig {
     pub(crate) http: Option<SocketAddr>,
     /// Whether the endpoint may listen on an address other than a loopback one.
     pub(crate) http_on_any_address: bool,
+    /// The size from which the trace goes on in a new numbered file, if it does.
+    pub(crate) file_limit: Option<u64>,
+    /// Numbered files kept at most.
+    pub(crate) file_keep: Option<usize>,
+    /// Whether the file is opened at the start (else by `start_file_trace`).
+    pub(crate) file_at_start: bool,
 }
 
 impl TraceConfig {
@@ -81,6 +97,9 @@ impl TraceConfig {
             stop_timeout: DEFAULT_STOP_TIMEOUT,
             http: None,
             http_on_any_address: false,
+            file_limit: None,
+            file_keep: None,
+            file_at_start: true,
         }
     }
 
@@ -143,6 +162,32 @@ impl TraceConfig {
     /// name `<thread>`.
     pub fn thread_frames(mut self, on: bool) -> TraceConfig {
         self.thread_frames = on;
+        self
+    }
+
+    /// Bound the disk the trace takes: once the file reaches `bytes`, the trace goes on in a
+    /// new numbered file (`trace.ctf`, `trace.1.ctf`, `trace.2.ctf`, ...), each of which begins
+    /// with the blocks live at its start and opens alone; only the last
+    /// [`keep_files`](TraceConfig::keep_files) are kept. A file whose live blocks alone take
+    /// more than half the limit is cut at those plus half the limit. See docs/GUIDE.md.
+    pub fn file_limit(mut self, bytes: u64) -> TraceConfig {
+        self.file_limit = Some(bytes);
+        self
+    }
+
+    /// How many numbered files of the trace are kept at most (at least 1; default 8 with a
+    /// [`file_limit`](TraceConfig::file_limit), all without one): the oldest are removed as
+    /// new ones start.
+    pub fn keep_files(mut self, files: usize) -> TraceConfig {
+        self.file_keep = Some(files);
+        self
+    }
+
+    /// Whether the trace file is opened at the start (the default). Off, the session starts
+    /// for profiles only, and [`start_file_trace`](crate::start_file_trace) opens the file
+    /// later, at this configuration's path.
+    pub fn file_at_start(mut self, on: bool) -> TraceConfig {
+        self.file_at_start = on;
         self
     }
 
@@ -272,7 +317,24 @@ pub(crate) fn config_from_env(path: Option<OsString>) -> Result<TraceConfig, Sta
     config.context = memtrace_var(CONTEXT_VAR).and_then(|c| c.into_string().ok()).filter(|c| !c.is_empty());
     config.http = http_from_env(http_requested().as_deref())?;
     config.http_on_any_address = memtrace_var(HTTP_ANY_ADDRESS_VAR).is_some_and(|v| v == "1");
+    config.file_limit = number_from_env(FILE_LIMIT_VAR, parse_size, "a size such as 64MiB (at least 1KiB)")?;
+    config.file_keep =
+        number_from_env(FILE_KEEP_VAR, |v| v.parse().ok().filter(|&n| n >= 1), "a number of files, 1 or more")?;
+    config.file_at_start = memtrace_var(FILE_ON_DEMAND_VAR).is_none_or(|v| v != "1");
     Ok(config)
+}
+
+/// The value of `var` as `parse` reads it: `None` when unset or empty.
+fn number_from_env<T>(
+    var: &'static str,
+    parse: impl Fn(&str) -> Option<T>,
+    expected: &'static str,
+) -> Result<Option<T>, StartError> {
+    let Some(value) = memtrace_var(var).filter(|v| !v.is_empty()) else { return Ok(None) };
+    match value.to_str().and_then(|v| parse(v.trim())) {
+        Some(n) => Ok(Some(n)),
+        None => Err(StartError::InvalidVariable { var, value: value.to_string_lossy().into_owned(), expected }),
+    }
 }
 
 /// The value of [`HTTP_VAR`], unless unset or empty.

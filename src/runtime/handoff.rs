@@ -131,7 +131,10 @@ pub(crate) enum Msg {
     Alloc {
         session: u32,
         /// Frame addresses, innermost first; only the first `nframes` are meaningful.
-        nframes: u16,
+        nframes: u8,
+        /// The sampler's epoch (modulo 2^8) in whose rate's units `nsamples` is counted (see
+        /// `sampler::rate_of_epoch`).
+        epoch: u8,
         addr: usize,
         time: Timestamp,
         /// Size in words.
@@ -493,11 +496,11 @@ mod tests {
     #[test]
     fn messages_are_small() {
         assert!(std::mem::size_of::<Msg>() <= 48, "{}", std::mem::size_of::<Msg>());
-        const { assert!(MAX_FRAMES <= u16::MAX as usize) };
+        const { assert!(MAX_FRAMES <= u8::MAX as usize) };
     }
 
     fn alloc(frames: Frames) -> Msg {
-        Msg::Alloc { session: 1, nframes: 0, addr: 8, time: 0, length: 1, nsamples: 1, frames }
+        Msg::Alloc { session: 1, nframes: 0, epoch: 0, addr: 8, time: 0, length: 1, nsamples: 1, frames }
     }
 
     fn free() -> Msg {

@@ -10,6 +10,12 @@
 //! every profile of allocated figures shows what lost its detail. Spans whose field values vary
 //! per request make distinct stacks grow with the run; this is where that stops.
 //!
+//! The live blocks are also what a trace that starts while the session runs (a window, a new
+//! file of a series) begins with ([`LiveProfile::live_blocks`]): each keeps its sample points
+//! at the rate it was sampled at, so that it carries over with its own rate's weight. The
+//! profile's figures are in the units of the session's first rate: a sample taken at another
+//! (after `set_rate`) is rescaled to it, without bias (`sampler::rescale`).
+//!
 //! A profile is asked of the writer through the session's [`Mailbox`]: the writer answers
 //! between two rounds of messages with a [`Snapshot`] (figures and shared frame names, no
 //! encoding), and the thread that asked encodes it (`runtime::profile`). Application threads
@@ -21,6 +27,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use crossbeam_channel::{Receiver, Sender};
 
+use super::sampler;
 use super::span_table::{pseudo_location, LOST_SAMPLES_FILE};
 use super::spans::Pseudo;
 use super::tracer_thread::Doorbell;
@@ -95,13 +102,41 @@ pub(crate) struct LiveProfile {
     folded_stacks: u64,
     /// Samples counted so far: the clock of `last_sampled`.
     sampled: u64,
-    /// The stack and figures of each live sampled block, by address.
-    blocks: FastMap<usize, (u64, Figures)>,
+    /// Each live sampled block, by address.
+    blocks: FastMap<usize, Block>,
+    /// The state of the draws that rescale samples taken at another rate.
+    rng: u64,
     /// Sample points of all live blocks.
     live_samples: u64,
     peak: Peak,
     /// Requests taken, waiting for the writer to catch up with the queue.
     waiting: Vec<Request>,
+}
+
+/// A live sampled block.
+struct Block {
+    /// Its stack's id.
+    stack: u64,
+    /// Its figures, in the profile's units.
+    figures: Figures,
+    /// Its size in words, its sample points and the rate they were found at.
+    length: u64,
+    nsamples: u64,
+    rate: f64,
+}
+
+/// A live sampled block as a trace that starts now carries it over (see
+/// [`LiveProfile::live_blocks`]).
+pub(crate) struct LiveBlock<'a> {
+    pub(crate) addr: usize,
+    /// Size in words.
+    pub(crate) length: u64,
+    /// Sample points, at `rate`.
+    pub(crate) nsamples: u64,
+    pub(crate) rate: f64,
+    /// Its stack's location codes and their locations, innermost first.
+    pub(crate) codes: &'a [u64],
+    pub(crate) frames: &'a [CodeLocations],
 }
 
 /// The live heap at its highest so far (by sample points, which bytes are proportional to).
@@ -144,26 +179,43 @@ impl LiveProfile {
             folded_stacks: 0,
             sampled: 0,
             blocks: FastMap::default(),
+            rng: sampler::next_u64(&mut (std::process::id() as u64 ^ 0x6c69_7665)) | 1,
             live_samples: 0,
             peak: Peak::default(),
             waiting: Vec::new(),
         }
     }
 
-    /// A sampled block of `length` words with `nsamples` sample points allocated at `addr` by
-    /// the stack of location `codes` (innermost first), whose locations `locations_of` gives.
+    /// [`alloc_at`](LiveProfile::alloc_at) the profile's own rate.
+    #[cfg(test)]
     pub(crate) fn alloc(
         &mut self,
         addr: usize,
         length: u64,
         nsamples: u64,
         codes: &[u64],
+        locations_of: impl FnMut(u64) -> CodeLocations,
+    ) {
+        self.alloc_at(addr, length, nsamples, self.rate, codes, locations_of);
+    }
+
+    /// A sampled block of `length` words with `nsamples` sample points found at `rate`,
+    /// allocated at `addr` by the stack of location `codes` (innermost first), whose locations
+    /// `locations_of` gives.
+    pub(crate) fn alloc_at(
+        &mut self,
+        addr: usize,
+        length: u64,
+        sampled: u64,
+        rate: f64,
+        codes: &[u64],
         mut locations_of: impl FnMut(u64) -> CodeLocations,
     ) {
+        let nsamples = sampler::rescale(sampled, rate, self.rate, &mut self.rng);
         let figures = Figures { samples: nsamples, objects: nsamples as f64 / (length.max(1) as f64 * self.rate) };
         // A block at an address not freed (a lost free) is not live any more.
         if let Some(old) = self.blocks.remove(&addr) {
-            self.remove_live(old);
+            self.remove_live(old.stack, old.figures);
         }
         self.sampled += 1;
         let id = match self.stack_ids.get(codes) {
@@ -196,7 +248,7 @@ impl LiveProfile {
         stack.live_blocks += 1;
         stack.allocated.add(figures);
         stack.live.add(figures);
-        self.blocks.insert(addr, (id, figures));
+        self.blocks.insert(addr, Block { stack: id, figures, length, nsamples: sampled, rate });
         self.live_samples += nsamples;
         // A new high while at the high, or one above the copied peak by more than its margin.
         let margin = if self.peak.is_now { 0 } else { self.peak.samples / PEAK_MARGIN };
@@ -215,10 +267,25 @@ impl LiveProfile {
     /// The sampled block at `addr` was freed: whether it was in the profile.
     pub(crate) fn free(&mut self, addr: usize) -> bool {
         let block = self.blocks.remove(&addr);
-        block.map(|block| self.remove_live(block)).is_some()
+        block.map(|block| self.remove_live(block.stack, block.figures)).is_some()
     }
 
-    fn remove_live(&mut self, (id, figures): (u64, Figures)) {
+    /// The live sampled blocks, each with its stack and the points it was sampled with.
+    pub(crate) fn live_blocks(&self) -> impl Iterator<Item = LiveBlock<'_>> {
+        self.blocks.iter().map(|(&addr, block)| {
+            let stack = &self.stacks[&block.stack];
+            LiveBlock {
+                addr,
+                length: block.length,
+                nsamples: block.nsamples,
+                rate: block.rate,
+                codes: &stack.codes,
+                frames: &stack.frames,
+            }
+        })
+    }
+
+    fn remove_live(&mut self, id: u64, figures: Figures) {
         if self.peak.is_now {
             self.peak.is_now = false;
             self.peak.live.clear();
@@ -532,6 +599,22 @@ pub(crate) mod tests {
         // Only the budget's one idle stack and the folded ones' are kept beside the peak's.
         assert_eq!(p.stacks.len(), 1);
         assert_eq!(s.stacks.iter().filter(|s| s.allocated.samples > 0).count(), 2);
+    }
+
+    /// A block sampled at another rate counts in the profile's units, and is carried over
+    /// with its own points and rate, its stack's codes and frames.
+    #[test]
+    fn live_blocks_keep_their_own_rate() {
+        let mut p = LiveProfile::new(1e-5);
+        p.alloc_at(0x10, 4, 3, 1e-7, &[7, 8], named);
+        p.alloc(0x20, 2, 5, &[9], named);
+        p.free(0x20);
+        let blocks: Vec<_> =
+            p.live_blocks().map(|b| (b.addr, b.length, b.nsamples, b.rate, b.codes.to_vec())).collect();
+        assert_eq!(blocks, [(0x10, 4, 3, 1e-7, vec![7, 8])]);
+        assert_eq!(p.live_blocks().next().unwrap().frames[1][0].defname[..], b"f8"[..]);
+        // In the profile's units: each point at 1e-7 stands for 100 at 1e-5.
+        assert_eq!(p.snapshot().stacks[0].live.samples, 300);
     }
 
     /// A block allocated again at an address whose free was lost is counted once.

@@ -19,20 +19,25 @@
 //! - [`unwind`]: capturing a sampled allocation's stack, and calibrating the walkers;
 //! - [`record`]: the sampled path of an allocation and of a free;
 //! - [`allocator`]: [`MemtraceAllocator`](allocator::MemtraceAllocator), the hot path;
+//! - [`series`]: the numbered parts of a file trace, its size limit and the parts kept;
+//! - [`window`]: the queue a window's trace leaves the writer through;
 //! - [`config`]: [`TraceConfig`](config::TraceConfig), the environment, start errors;
 //! - [`trace_file`]: the trace file's descriptor, checked to be the tracer's own before writes;
 //! - [`live_profile`]: the writer's live profile (live blocks and allocations by stack, the
 //!   peak), and the mailbox profiles are asked for through;
 //! - [`writer_thread`]: the thread that owns the trace writer;
 //! - [`serve`]: the HTTP endpoint: `request`, `response` and `server` (the connections and
-//!   their limits, which the session owns), then, after `session` and `profile`, `routes`;
+//!   their limits, which the session owns), then, after `session`, `control` and `profile`,
+//!   `routes`;
 //! - [`session`]: starting and stopping, and the process hooks;
+//! - [`control`]: control of the running session from code: windows, rate, file, state;
 //! - [`profile`]: heap profiles on demand from the running session's writer, encoded as pprof
 //!   or folded stacks;
 //! - [`start`]: starting a session with its endpoint, from code or from the environment.
 
 pub(crate) mod allocator;
 pub(crate) mod config;
+pub(crate) mod control;
 pub(crate) mod fork_safe_lock;
 pub(crate) mod handoff;
 pub(crate) mod late_frees;
@@ -42,6 +47,7 @@ pub(crate) mod profile;
 pub(crate) mod record;
 pub(crate) mod sampled_set;
 pub(crate) mod sampler;
+pub(crate) mod series;
 pub(crate) mod serve;
 pub(crate) mod session;
 pub(crate) mod span_table;
@@ -52,4 +58,5 @@ pub(crate) mod symbolize;
 pub(crate) mod trace_file;
 pub(crate) mod tracer_thread;
 pub(crate) mod unwind;
+pub(crate) mod window;
 pub(crate) mod writer_thread;

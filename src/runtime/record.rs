@@ -79,6 +79,14 @@ impl LossCounters {
         self.bytes.fetch_add(bytes, Ordering::Relaxed);
     }
 
+    fn load(&self) -> Lost {
+        Lost {
+            samples: self.samples.load(Ordering::Relaxed),
+            points: self.points.load(Ordering::Relaxed),
+            bytes: self.bytes.load(Ordering::Relaxed),
+        }
+    }
+
     fn take(&self) -> Lost {
         Lost {
             samples: self.samples.swap(0, Ordering::Relaxed),
@@ -140,6 +148,15 @@ pub(crate) fn take_losses() -> Losses {
         }),
         frees: DROPPED_FREES.swap(0, Ordering::Relaxed),
         frees_no_stack: DROPPED_FREES_STACK.swap(0, Ordering::Relaxed),
+    }
+}
+
+/// The losses counted since the running session started, leaving them counted.
+pub(crate) fn losses_so_far() -> Losses {
+    Losses {
+        samples: Loss::ALL.map(|cause| LOST[cause as usize].load()),
+        frees: DROPPED_FREES.load(Ordering::Relaxed),
+        frees_no_stack: DROPPED_FREES_STACK.load(Ordering::Relaxed),
     }
 }
 
@@ -219,8 +236,9 @@ fn record_alloc(addr: usize, size: usize, nsamples: u64, entry: Entry, calibrati
         channel.try_send(Msg::ThreadName { session, tid, name });
     }
     let length = (size as u64).div_ceil(WORD_BYTES);
-    let nframes = nframes as u16;
-    if channel.try_send(Msg::Alloc { session, nframes, addr, time: now_us(), length, nsamples, frames }) {
+    let nframes = nframes as u8;
+    let epoch = sampler::thread_epoch() as u8;
+    if channel.try_send(Msg::Alloc { session, nframes, epoch, addr, time: now_us(), length, nsamples, frames }) {
         channel.sample_sent(session);
         Some(sampled_set::session_tag(session))
     } else {

@@ -3,19 +3,30 @@
 //! new frame address once (and names each new pseudo-frame, see `span_table`), and flushes at
 //! least once a second. Beside the trace (or instead of it, in a session for profiles only), it
 //! keeps the live profile (`live_profile`) and answers the requests for it.
+//!
+//! It writes every sample to each of its outputs: the session's file, a part of its series
+//! (`series`), and the windows asked for (`window`), each at its own rate (a sample found at
+//! another is rescaled to it, `sampler::rescale`). An output that starts while the session runs
+//! (a window, a new part: at the size limit, at a rate change, or when a file is started)
+//! begins with the live blocks, as allocations of source `Major` at its start time
+//! (docs/FORMAT.md, "Series and windows"). It takes the [`Control`]s of `runtime::control`
+//! between two rounds of messages.
 
 use std::collections::VecDeque;
-use std::path::Path;
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::config::StartError;
 use super::handoff::{self, Channel, Msg};
 use super::late_frees;
 use super::live_profile::{LiveProfile, Request};
 use super::record;
 use super::sampled_set;
-use super::sampler::WORD_BYTES;
+use super::sampler::{self, WORD_BYTES};
+use super::series::Series;
 use super::span_table::PseudoFrames;
 use super::spans::Pseudo;
 use super::state::{now_us, say, MAX_FRAMES, OFF, STATE};
@@ -23,11 +34,12 @@ use super::symbolize::{self, Worker};
 use super::trace_file::TraceFile;
 use super::tracer_thread::Doorbell;
 use super::unwind::cfi;
+use super::window::WindowSink;
 use crate::format::error::{Error, ErrorKind};
 use crate::format::hash::FastMap;
 use crate::format::location_codec::Location;
-use crate::format::trace::{AllocSource, NewAlloc, ObjectId, Timestamp, Writer};
-use crossbeam_channel::Receiver;
+use crate::format::trace::{AllocSource, Info, NewAlloc, ObjectId, Timestamp, Writer, LIVE_AT_START_PARAM};
+use crossbeam_channel::{Receiver, Sender};
 
 /// The writer flushes at least this often.
 const FLUSH_INTERVAL: Duration = Duration::from_secs(1);
@@ -63,10 +75,164 @@ const ADDRESS_BITS: u32 = 48;
 /// Domain of every event.
 pub(crate) const DOMAIN: u16 = 0;
 
+/// Where one of the writer's traces goes: a part of the session's file series (its bytes
+/// counted, for the size limit), or a window's queue.
+pub(crate) enum Sink {
+    File { file: TraceFile, bytes: u64 },
+    Window(WindowSink),
+}
+
+impl Sink {
+    pub(crate) fn file(file: TraceFile) -> Sink {
+        Sink::File { file, bytes: 0 }
+    }
+
+    fn bytes(&self) -> u64 {
+        match self {
+            Sink::File { bytes, .. } => *bytes,
+            Sink::Window(_) => 0,
+        }
+    }
+}
+
+impl Write for Sink {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            Sink::File { file, bytes } => file.write(buf).inspect(|&n| *bytes += n as u64),
+            Sink::Window(window) => window.write(buf),
+        }
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        match self {
+            Sink::File { file, .. } => file.flush(),
+            Sink::Window(window) => window.flush(),
+        }
+    }
+}
+
+/// One trace the writer writes.
+struct Output {
+    writer: Writer<Sink>,
+    /// Object id of each of its live sampled blocks, by address.
+    ids: FastMap<usize, ObjectId>,
+    /// Its rate: the samples written to it are in its units.
+    rate: f64,
+    /// The bytes of its start (the trace info and the blocks live then).
+    carried_bytes: u64,
+    /// The window's id and where to say how it ended, for a window.
+    window: Option<(u64, Sender<WindowEnd>)>,
+    /// What it holds: the blocks it began with, the allocations and frees since.
+    counts: OutputCounts,
+}
+
+/// What one of the writer's traces holds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct OutputCounts {
+    /// Live blocks it began with.
+    pub(crate) carried: u64,
+    pub(crate) allocs: u64,
+    pub(crate) frees: u64,
+}
+
+impl Output {
+    fn new(writer: Writer<Sink>, rate: f64, window: Option<(u64, Sender<WindowEnd>)>) -> Output {
+        Output { writer, ids: FastMap::default(), rate, carried_bytes: 0, window, counts: OutputCounts::default() }
+    }
+
+    /// End a window: close its trace (unless it failed) and say how it went.
+    fn end_window(self, failed: Option<String>) {
+        let Some((_, ended)) = &self.window else { return };
+        let ended = ended.clone();
+        let counts = self.counts;
+        let result = match failed {
+            Some(e) => Err(e),
+            None => self.writer.close_marked().map(|_| counts).map_err(|e| e.to_string()),
+        };
+        // Room is kept for it; a caller gone does not want it.
+        let _ = ended.try_send(result);
+    }
+}
+
+/// How a window ended, sent to its caller (see `runtime::control`).
+pub(crate) type WindowEnd = Result<OutputCounts, String>;
+
+/// What the writer is told to do between two rounds of messages (by `runtime::control`).
+pub(crate) enum Control {
+    /// Write a trace of the session from now to `sink` at `rate`, until [`Control::EndWindow`]
+    /// (or a write error), then send how it ended to `ended` (a channel with room for it).
+    OpenWindow {
+        id: u64,
+        sink: WindowSink,
+        rate: f64,
+        ended: Sender<WindowEnd>,
+    },
+    EndWindow {
+        id: u64,
+    },
+    /// The session samples at a new rate from now: a file goes on in a new part at it.
+    Rate(f64),
+    /// Start writing the session's file series (its next part), or stop it: the part's path.
+    StartFile(Sender<Result<PathBuf, String>>),
+    StopFile(Sender<Result<PathBuf, String>>),
+    /// Say what the writer writes.
+    State(Sender<WriterState>),
+}
+
+/// What the writer writes, for `session_state`.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct WriterState {
+    /// The parts of the file series on disk, oldest first.
+    pub(crate) files: Vec<PathBuf>,
+    /// Whether the last of them is being written.
+    pub(crate) file_open: bool,
+    pub(crate) windows: usize,
+    pub(crate) live_blocks: usize,
+    pub(crate) allocs: u64,
+    pub(crate) frees: u64,
+}
+
+/// Opens a part of the file series (the session's way: created 0600, locked, emptied).
+pub(crate) type Opener = Box<dyn FnMut(&Path) -> Result<TraceFile, StartError> + Send>;
+
+/// The session's file series, if it has a file configured, and how its parts are opened.
+pub(crate) struct Files {
+    pub(crate) series: Series,
+    pub(crate) open: Opener,
+}
+
+/// Controls waiting at most (more are refused at once).
+const WAITING_CONTROLS: usize = 16;
+
+/// A channel of controls for a writer.
+pub(crate) fn controls() -> (Sender<Control>, Receiver<Control>) {
+    crossbeam_channel::bounded(WAITING_CONTROLS)
+}
+
+/// The traces a writer starts with: the file's (holding its first packet), its series, the
+/// session's trace info, and where its controls come from.
+pub(crate) struct Traces {
+    pub(crate) file: Option<Writer<Sink>>,
+    pub(crate) files: Option<Files>,
+    pub(crate) info: Info,
+    pub(crate) controls: Receiver<Control>,
+}
+
 /// The writer thread's state.
 struct TraceWriter {
-    /// `None` in a session for profiles only.
-    writer: Option<Writer<TraceFile>>,
+    /// The file's trace: `None` in a session for profiles only, or with the file stopped.
+    file: Option<Output>,
+    /// The windows being written.
+    windows: Vec<Output>,
+    /// The file series, if the session has a file configured.
+    files: Option<Files>,
+    /// The session's trace info, the pattern of every trace's.
+    info: Info,
+    /// The session's rate now.
+    rate: f64,
+    /// The state of the draws that rescale samples (`sampler::rescale`).
+    rng: u64,
+    controls: Receiver<Control>,
     /// The live profile, and where it is asked for.
     live: LiveProfile,
     requests: Receiver<Request>,
@@ -76,8 +242,6 @@ struct TraceWriter {
     names: Names,
     /// The id of this writer's session: messages of other sessions are ignored.
     session: u32,
-    /// Object id of each live sampled block, by address.
-    ids: FastMap<usize, ObjectId>,
     /// The loader's count of loads and unloads when last looked at, and how many times it
     /// changed in this session: the tag of location codes (see [`TraceWriter::set_codes`]).
     loader_changes: u64,
@@ -114,17 +278,23 @@ impl WriterOutcome {
 pub(crate) fn write_trace(
     channel: &'static Channel,
     session: u32,
-    writer: Option<Writer<TraceFile>>,
+    traces: Traces,
     (live, requests): (LiveProfile, Receiver<Request>),
     worker: Worker,
     path: &Path,
     abandoned: &AtomicBool,
     doorbell: Arc<Doorbell>,
 ) -> WriterOutcome {
-    // Event times only matter in the trace.
-    let start_time = writer.as_ref().map_or(Timestamp::default(), Writer::start_time);
+    let Traces { file, files, info, controls } = traces;
+    let (start_time, rate) = (info.start_time, info.sample_rate);
     let mut state = TraceWriter {
-        writer,
+        file: file.map(|writer| Output::new(writer, rate, None)),
+        windows: Vec::new(),
+        files,
+        info,
+        rate,
+        rng: sampler::next_u64(&mut (start_time ^ 0x7772_6974)) | 1,
+        controls,
         live,
         requests,
         doorbell,
@@ -137,7 +307,6 @@ pub(crate) fn write_trace(
             tag: 0,
         },
         session,
-        ids: FastMap::default(),
         loader_changes: symbolize::loader_changes(),
         epoch: 0,
         codes: Vec::with_capacity(MAX_FRAMES),
@@ -154,7 +323,10 @@ pub(crate) fn write_trace(
         (allocs, frees) = (state.allocs, state.frees);
         // Not after a panic, which may have left it half-updated.
         spare = state.names.worker.take_symbolizer();
-        result.and_then(|()| state.writer.take().map_or(Ok(()), |writer| writer.close_marked().map(drop)))
+        for window in state.windows.drain(..) {
+            window.end_window(Some("the session stopped".to_owned()));
+        }
+        result.and_then(|()| state.file.take().map_or(Ok(()), |file| file.writer.close_marked().map(drop)))
     }));
     // Also after a panic: the bell holds the writer's thread.
     channel.no_first_sample_bell();
@@ -201,10 +373,11 @@ impl TraceWriter {
                     continue;
                 }
                 match msg {
-                    Msg::Alloc { addr, time, length, nsamples, mut frames, nframes, .. } => {
+                    Msg::Alloc { addr, time, length, nsamples, epoch, mut frames, nframes, .. } => {
                         let frames_used = &mut frames[..(nframes as usize).min(MAX_FRAMES)];
                         self.names.pseudo.name_thread(frames_used);
-                        let result = self.alloc(addr, time, length, nsamples, frames_used);
+                        let rate = sampler::rate_of_epoch(u32::from(epoch));
+                        let result = self.alloc(addr, time, length, (nsamples, rate), frames_used);
                         channel.recycle(frames);
                         result?
                     }
@@ -219,12 +392,27 @@ impl TraceWriter {
             self.write_late_frees(false)?;
             self.write_losses()?;
             self.live.answer(received < POLL_BATCH);
+            // Once the queue is drained, so that each takes effect where the program asked for
+            // it: after the samples queued before (a trace that starts begins with their blocks,
+            // a new rate's part with the samples taken after it). A writer that does not drain
+            // the queue is losing samples already.
+            if received < POLL_BATCH {
+                self.take_controls()?;
+            }
             let now = Instant::now();
             if now >= next_flush {
-                if let Some(writer) = self.writer.as_mut().filter(|w| w.has_unflushed_events()) {
-                    writer.flush()?;
-                }
+                each_output(&mut self.file, &mut self.windows, |out| {
+                    if out.writer.has_unflushed_events() {
+                        out.writer.flush()?;
+                    }
+                    Ok(())
+                })?;
                 next_flush = now + FLUSH_INTERVAL;
+            }
+            let full =
+                |file: &Output, files: &Files| files.series.full(file.writer.output().bytes(), file.carried_bytes);
+            if self.file.as_ref().zip(self.files.as_ref()).is_some_and(|(file, files)| full(file, files)) {
+                self.next_part()?;
             }
             self.names.worker.release_if_idle(now);
             cfi::invalidate_if_unloaded();
@@ -282,21 +470,172 @@ impl TraceWriter {
         self.last_time
     }
 
-    fn alloc(&mut self, addr: usize, time: Timestamp, length: u64, nsamples: u64, frames: &[u64]) -> crate::Result<()> {
+    /// A sampled block of `length` words at `addr`, with `nsamples` sample points found at
+    /// `rate`, allocated by the stack of `frames`.
+    fn alloc(
+        &mut self,
+        addr: usize,
+        time: Timestamp,
+        length: u64,
+        (nsamples, rate): (u64, f64),
+        frames: &[u64],
+    ) -> crate::Result<()> {
         if self.holds(addr) && late_frees::take(addr, sampled_set::session_tag(self.session)) {
             // The block that had the address was freed while the queue was full.
             self.free(addr, time)?;
         }
         let time = self.time(time);
         self.set_codes(frames);
-        self.profile_alloc(addr, length, nsamples);
+        self.profile_alloc(addr, length, nsamples, rate);
         self.allocs += 1;
-        let Some(writer) = self.writer.as_mut() else { return Ok(()) };
-        let alloc = NewAlloc { length, nsamples, source: AllocSource::External, callstack: &self.codes, drop: 0 };
-        let (names, codes) = (&mut self.names, &self.codes);
-        let id = writer.put_alloc(DOMAIN, time, &alloc, |code| names.locations_of(code, codes))?;
-        self.ids.insert(addr, id);
+        let (names, codes, rng) = (&mut self.names, &self.codes, &mut self.rng);
+        each_output(&mut self.file, &mut self.windows, |out| {
+            let nsamples = sampler::rescale(nsamples, rate, out.rate, rng);
+            if nsamples == 0 {
+                // Not in a trace at a lower rate.
+                return Ok(());
+            }
+            let alloc = NewAlloc { length, nsamples, source: AllocSource::External, callstack: codes, drop: 0 };
+            let id = out.writer.put_alloc(DOMAIN, time, &alloc, |code| names.locations_of(code, codes))?;
+            out.ids.insert(addr, id);
+            out.counts.allocs += 1;
+            Ok(())
+        })
+    }
+
+    /// Take the controls waiting (see [`Control`]).
+    fn take_controls(&mut self) -> crate::Result<()> {
+        while let Ok(control) = self.controls.try_recv() {
+            match control {
+                Control::OpenWindow { id, sink, rate, ended } => self.open_window(id, sink, rate, ended),
+                Control::EndWindow { id } => {
+                    if let Some(at) = self.windows.iter().position(|w| w.window.as_ref().is_some_and(|(w, _)| *w == id))
+                    {
+                        self.windows.swap_remove(at).end_window(None);
+                    }
+                }
+                Control::Rate(rate) => {
+                    self.rate = rate;
+                    if self.file.is_some() {
+                        self.next_part()?;
+                    }
+                }
+                Control::StartFile(reply) => {
+                    let result = match self.file {
+                        Some(_) => Err("a trace file is being written already".to_owned()),
+                        None => self.open_part(),
+                    };
+                    let _ = reply.try_send(result);
+                }
+                Control::StopFile(reply) => {
+                    let result = match self.file.take() {
+                        None => Err("no trace file is being written".to_owned()),
+                        Some(file) => {
+                            file.writer.close_marked()?;
+                            self.files
+                                .as_ref()
+                                .and_then(|f| f.series.files().last().map(Path::to_owned))
+                                .ok_or_else(|| "the file series is gone".to_owned())
+                        }
+                    };
+                    let _ = reply.try_send(result);
+                }
+                Control::State(reply) => {
+                    let state = WriterState {
+                        files: self
+                            .files
+                            .as_ref()
+                            .map(|f| f.series.files().map(Path::to_owned).collect())
+                            .unwrap_or_default(),
+                        file_open: self.file.is_some(),
+                        windows: self.windows.len(),
+                        live_blocks: self.live.live_blocks().count(),
+                        allocs: self.allocs,
+                        frees: self.frees,
+                    };
+                    let _ = reply.try_send(state);
+                }
+            }
+        }
         Ok(())
+    }
+
+    /// The trace info of a trace that starts now at `rate`, with the live blocks, as `params`
+    /// (`window`, `part=N`) say.
+    fn info_now(&mut self, rate: f64, params: &str) -> Info {
+        let mut info = self.info.clone();
+        info.sample_rate = rate;
+        info.start_time = self.time(now_us());
+        info.runtime_params.extend_from_slice(format!(",{LIVE_AT_START_PARAM},{params}").as_bytes());
+        info
+    }
+
+    /// Begin `out`, a trace that starts now, with the live blocks, each at its rate's weight
+    /// in `out`'s (see `sampler::rescale`): allocations of source `Major` at its start.
+    fn carry(&mut self, out: &mut Output) -> crate::Result<()> {
+        let time = out.writer.start_time();
+        for block in self.live.live_blocks() {
+            let nsamples = sampler::rescale(block.nsamples, block.rate, out.rate, &mut self.rng);
+            if nsamples == 0 {
+                continue;
+            }
+            let alloc = NewAlloc {
+                length: block.length,
+                nsamples,
+                source: AllocSource::Major,
+                callstack: block.codes,
+                drop: 0,
+            };
+            let (codes, frames) = (block.codes, block.frames);
+            let locations =
+                |code| codes.iter().position(|&c| c == code).map_or_else(Default::default, |i| frames[i].clone());
+            let id = out.writer.put_alloc(DOMAIN, time, &alloc, locations)?;
+            out.ids.insert(block.addr, id);
+            out.counts.carried += 1;
+        }
+        out.writer.flush()?;
+        out.carried_bytes = out.writer.output().bytes();
+        Ok(())
+    }
+
+    /// Start a window's trace (see [`Control::OpenWindow`]); one that cannot start says so.
+    fn open_window(&mut self, id: u64, sink: WindowSink, rate: f64, ended: Sender<WindowEnd>) {
+        let info = self.info_now(rate, "window");
+        let started =
+            Writer::new(Sink::Window(sink), &info).map(|writer| Output::new(writer, rate, Some((id, ended.clone()))));
+        match started.and_then(|mut out| self.carry(&mut out).map(|()| out)) {
+            Ok(out) => self.windows.push(out),
+            Err(e) => drop(ended.try_send(Err(e.to_string()))),
+        }
+    }
+
+    /// End the part of the file series being written, and go on in the next.
+    fn next_part(&mut self) -> crate::Result<()> {
+        if let Some(file) = self.file.take() {
+            file.writer.close_marked()?;
+        }
+        if let Err(e) = self.open_part() {
+            say(&format!("memtrace: {e}; the session goes on without a trace file"));
+        }
+        Ok(())
+    }
+
+    /// Open the next part of the file series and begin it with the live blocks: its path.
+    fn open_part(&mut self) -> Result<PathBuf, String> {
+        let Some(files) = self.files.as_mut() else {
+            return Err("the session has no trace file configured".to_owned());
+        };
+        let (part, path) = files.series.next_part();
+        let file = (files.open)(&path).map_err(|e| e.to_string())?;
+        files.series.opened(path.clone());
+        let rate = self.rate;
+        let info = self.info_now(rate, &format!("part={part}"));
+        let fail = |e: Error| format!("error writing trace file {}: {e}", path.display());
+        let writer = Writer::new(Sink::file(file), &info).map_err(fail)?.check_pid_on_flush(true);
+        let mut out = Output::new(writer, rate, None);
+        self.carry(&mut out).map_err(fail)?;
+        self.file = Some(out);
+        Ok(path)
     }
 
     /// Write the frees that found the queue full (see `late_frees`), at the time they are taken:
@@ -316,10 +655,10 @@ impl TraceWriter {
         result
     }
 
-    /// Whether the block at `addr` is one this writer has written the alloc of (in the trace,
-    /// or in the live profile of a session without one).
+    /// Whether the block at `addr` is one this writer has taken the alloc of (every such block
+    /// is in the live profile until it is freed).
     fn holds(&self, addr: usize) -> bool {
-        self.ids.contains_key(&addr) || self.live.holds(addr)
+        self.live.holds(addr)
     }
 
     /// Write the samples lost since the last call (see `record`) as one allocation for each
@@ -337,45 +676,62 @@ impl TraceWriter {
             self.codes.clear();
             self.codes.push(Pseudo::Lost(cause as u32).code());
             let length = lost.bytes.div_ceil(WORD_BYTES);
-            self.profile_alloc(LOST, length, lost.points);
+            // Counted in the session's rate now (a loss racing a rate change may be in the
+            // last one's).
+            let rate = self.rate;
+            self.profile_alloc(LOST, length, lost.points, rate);
             self.live.free(LOST);
-            let Some(writer) = self.writer.as_mut() else { continue };
-            let alloc = NewAlloc {
-                length,
-                nsamples: lost.points,
-                source: AllocSource::External,
-                callstack: &self.codes,
-                drop: 0,
-            };
-            let (names, codes) = (&mut self.names, &self.codes);
-            let id = writer.put_alloc(DOMAIN, time, &alloc, |code| names.locations_of(code, codes))?;
-            writer.put_collect(DOMAIN, time, id)?;
+            let (names, codes, rng) = (&mut self.names, &self.codes, &mut self.rng);
+            each_output(&mut self.file, &mut self.windows, |out| {
+                let nsamples = sampler::rescale(lost.points, rate, out.rate, rng);
+                if nsamples == 0 {
+                    return Ok(());
+                }
+                let alloc = NewAlloc { length, nsamples, source: AllocSource::External, callstack: codes, drop: 0 };
+                let id = out.writer.put_alloc(DOMAIN, time, &alloc, |code| names.locations_of(code, codes))?;
+                out.writer.put_collect(DOMAIN, time, id)
+            })?;
         }
         Ok(())
     }
 
     fn free(&mut self, addr: usize, time: Timestamp) -> crate::Result<()> {
+        // A block of an earlier session, or a stale table entry, is in no trace.
         let profiled = self.live.free(addr);
-        if self.writer.is_none() {
-            self.frees += u64::from(profiled);
-            return Ok(());
-        }
-        match self.ids.remove(&addr) {
+        self.frees += u64::from(profiled);
+        let time = self.time(time);
+        each_output(&mut self.file, &mut self.windows, |out| match out.ids.remove(&addr) {
             Some(id) => {
-                let time = self.time(time);
-                self.frees += 1;
-                self.writer.as_mut().map_or(Ok(()), |writer| writer.put_collect(DOMAIN, time, id))
+                out.counts.frees += 1;
+                out.writer.put_collect(DOMAIN, time, id)
             }
-            // A block of an earlier session, or a stale table entry: not in this trace.
+            // Not sampled at its rate.
             None => Ok(()),
-        }
+        })
     }
 
-    /// Count the sample being written (its codes set) in the live profile.
-    fn profile_alloc(&mut self, addr: usize, length: u64, nsamples: u64) {
+    /// Count the sample being written (its codes set), found at `rate`, in the live profile.
+    fn profile_alloc(&mut self, addr: usize, length: u64, nsamples: u64, rate: f64) {
         let (names, codes) = (&mut self.names, &self.codes);
-        self.live.alloc(addr, length, nsamples, codes, |code| names.locations_of(code, codes));
+        self.live.alloc_at(addr, length, nsamples, rate, codes, |code| names.locations_of(code, codes));
     }
+}
+
+/// Do `write` to each output: a window it fails on ends (its caller is told why), the file's
+/// error is the writer's.
+fn each_output(
+    file: &mut Option<Output>,
+    windows: &mut Vec<Output>,
+    mut write: impl FnMut(&mut Output) -> crate::Result<()>,
+) -> crate::Result<()> {
+    let mut at = 0;
+    while at < windows.len() {
+        match write(&mut windows[at]) {
+            Ok(()) => at += 1,
+            Err(e) => windows.swap_remove(at).end_window(Some(e.to_string())),
+        }
+    }
+    file.as_mut().map_or(Ok(()), write)
 }
 
 /// Messages the writer may take off the queue ahead of their turn, beyond those it holds.
@@ -552,7 +908,8 @@ mod tests {
         let queued = next_message as *const () as u64 + 1;
         let mut frames: handoff::Frames = Box::new([0; MAX_FRAMES]);
         frames[..2].copy_from_slice(&[queued, first]);
-        let sample = Msg::Alloc { session: 1, nframes: 2, addr: 0x1000, time: 0, length: 1, nsamples: 1, frames };
+        let sample =
+            Msg::Alloc { session: 1, nframes: 2, epoch: 0, addr: 0x1000, time: 0, length: 1, nsamples: 1, frames };
         assert!(channel.try_send(sample));
         let named = names.locations_of(first, &[first]);
         assert!(

@@ -31,6 +31,8 @@ mod cli_robustness;
 #[cfg(feature = "cli")]
 mod cli_sample_app;
 #[cfg(feature = "cli")]
+mod cli_series;
+#[cfg(feature = "cli")]
 mod cli_spans;
 mod corruption;
 #[cfg(feature = "analysis")]

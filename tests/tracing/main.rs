@@ -15,6 +15,7 @@ use memtrace_rs::trace::{Info, ObjectId, Reader};
 use memtrace_rs::{currently_tracing, start_tracing, stop_tracing, trace_if_requested, MemtraceAllocator};
 
 mod closing;
+mod control;
 mod endpoint;
 mod estimates;
 mod faults;
@@ -463,6 +464,7 @@ fn child_role() {
         "estimates:frees-behind" => estimates::child_frees_behind(),
         "sampled-blocks:c-free" => sampled_blocks::child_freed_by_c(),
         "live:serve" => live_profile::serving_child(),
+        control if control.starts_with("control:") => control::child(control),
         "live:api" => live_profile::api_child(),
         "live:fork" => live_profile::fork_child(),
         #[cfg(feature = "tracing")]
@@ -661,6 +663,9 @@ fn assert_one_message(out: &Output, mentions: &str) {
 
 struct Allocation {
     nsamples: u64,
+    /// One of the blocks live at the trace's start, which it begins with (see
+    /// `Info::begins_with_live_blocks`).
+    carried: bool,
     /// Location codes, outermost frame first.
     codes: Vec<u64>,
 }
@@ -684,12 +689,13 @@ impl Trace {
             assert_eq!(event.domain, 0);
             match event.kind {
                 EventKind::Alloc(a) => {
-                    assert_eq!(a.source, memtrace_rs::trace::AllocSource::External);
+                    let carried = a.source == memtrace_rs::trace::AllocSource::Major && info.begins_with_live_blocks();
+                    assert!(a.source == memtrace_rs::trace::AllocSource::External || carried, "{:?}", a.source);
                     assert!(a.nsamples >= 1);
                     for &code in a.backtrace {
                         event.locations.get(code).unwrap();
                     }
-                    let alloc = Allocation { nsamples: a.nsamples, codes: a.backtrace.to_vec() };
+                    let alloc = Allocation { nsamples: a.nsamples, carried, codes: a.backtrace.to_vec() };
                     assert!(allocs.insert(a.id, alloc).is_none());
                 }
                 EventKind::Collect { id } => {

@@ -54,6 +54,11 @@ fn summary(analysis: &Analysis, name: &str) -> Vec<Line> {
             ("Sampled words", c.words.to_string()),
         ]),
     }
+    if c.live_at_start > 0 {
+        // A window's, or a later file of a series: not in the allocated figures.
+        let blocks = format!("{} sampled blocks, allocated before the trace began", c.live_at_start);
+        lines.push(("Live at start", blocks));
+    }
     lines.extend([
         ("Allocated (est.)", estimate(analysis, c.samples)),
         ("Live at end (est.)", estimate(analysis, analysis.live_end)),

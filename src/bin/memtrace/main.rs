@@ -21,14 +21,14 @@ mod timeline;
 
 use std::cell::Cell;
 use std::fmt;
-use std::io::{self, BufWriter, IsTerminal, Write};
+use std::io::{self, BufReader, BufWriter, IsTerminal, Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::rc::Rc;
 
 use clap::{CommandFactory, Parser, Subcommand};
 
-use memtrace_rs::analysis::{filter, Analysis, Frame, FrameTable, Options as AnalysisOptions, Origin};
+use memtrace_rs::analysis::{filter, series, Analysis, Frame, FrameTable, Options as AnalysisOptions, Origin};
 use memtrace_rs::trace::{Reader, Warning};
 use output::Output;
 use progress::Progress;
@@ -466,20 +466,48 @@ fn warn_if_samples_lost(path: &Path, lost: u64, all: u64) {
     }
 }
 
-/// Run `pass` on a reader of the trace at `path`, with a progress bar on a terminal.
+/// Run `pass` on a reader of the trace at `path`, with a progress bar on a terminal: of the
+/// series of files whose first file is at `path` if there is one (`trace.ctf`, `trace.1.ctf`,
+/// ...: `analysis::series`), read as one trace.
 fn with_progress<T>(
     path: &Path,
-    pass: impl FnOnce(Reader, &mut dyn FnMut(u64)) -> memtrace_rs::Result<T>,
+    pass: impl FnOnce(Reader<Box<dyn Read>>, &mut dyn FnMut(u64)) -> memtrace_rs::Result<T>,
 ) -> Result<T, Failure> {
     let read = || -> memtrace_rs::Result<T> {
-        let size = std::fs::metadata(path)?.len();
+        let files = series::files(path);
+        let mut size = 0;
+        for file in &files {
+            size += std::fs::metadata(file)?.len();
+        }
+        let input: Box<dyn Read> = match &files[..] {
+            [first, .., last] => {
+                say_once_series(path, files.len(), first, last);
+                Box::new(BufReader::with_capacity(1 << 16, series::Joined::open(&files)?))
+            }
+            _ => Box::new(BufReader::with_capacity(1 << 16, std::fs::File::open(path)?)),
+        };
         let label = path.file_name().map_or_else(String::new, |n| n.to_string_lossy().into_owned());
         let mut progress = Progress::new(size, &label);
-        let result = pass(Reader::open(path)?, &mut |bytes| progress.update(bytes));
+        let result = pass(Reader::new(input)?, &mut |bytes| progress.update(bytes));
         progress.finish();
         result
     };
     read().map_err(|e| Failure::new(path, e))
+}
+
+/// Say on stderr, once per run, that `path` is read as a series of `files` files.
+fn say_once_series(path: &Path, files: usize, first: &Path, last: &Path) {
+    static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if !SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        let name =
+            |p: &Path| p.file_name().map_or_else(|| p.display().to_string(), |n| n.to_string_lossy().into_owned());
+        eprintln!(
+            "memtrace: {}: read with the rest of its series, {files} files from {} to {}",
+            path.display(),
+            name(first),
+            name(last)
+        );
+    }
 }
 
 /// A warning with its position, as shown on stderr.

@@ -68,7 +68,19 @@ pub struct Info {
     pub context: Option<Vec<u8>>,
 }
 
+/// The runtime parameter (one of [`Info::runtime_params`]' comma-separated ones) of a trace
+/// that begins with the blocks live at its start, carried over from the session that wrote
+/// it: its allocations of source [`AllocSource::Major`] are those blocks, allocated before the
+/// trace began (docs/FORMAT.md, "Series and windows").
+pub const LIVE_AT_START_PARAM: &str = "live-at-start=major";
+
 impl Info {
+    /// Whether the trace's allocations of source [`AllocSource::Major`] are the blocks live at
+    /// its start (see [`LIVE_AT_START_PARAM`]), not allocations made while it ran.
+    pub fn begins_with_live_blocks(&self) -> bool {
+        self.runtime_params.split(|&b| b == b',').any(|param| param == LIVE_AT_START_PARAM.as_bytes())
+    }
+
     /// Estimated bytes represented by `nsamples` samples at this trace's rate and word size.
     pub fn bytes_for_samples(&self, nsamples: u64) -> f64 {
         nsamples as f64 * (self.word_size as f64 / 8.0) / self.sample_rate

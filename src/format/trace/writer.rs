@@ -160,6 +160,11 @@ impl<W: Write> Writer<W> {
         Writer { output, start_time: info.start_time, domains: vec![first], current: 0, dirty: false }
     }
 
+    /// The output stream, as the writer left it (packets flushed so far).
+    pub(crate) fn output(&self) -> &W {
+        &self.output.out
+    }
+
     /// The trace's start time (its info's): no event is earlier.
     pub(crate) fn start_time(&self) -> Timestamp {
         self.start_time

@@ -33,6 +33,7 @@ use super::live_profile::{self, LiveProfile, Mailbox};
 use super::loader;
 use super::record::{self, Loss, Losses};
 use super::sampler;
+use super::series::Series;
 use super::serve::server::Endpoint;
 use super::span_table;
 use super::spans;
@@ -43,7 +44,7 @@ use super::symbolize::{self, Desk, Worker};
 use super::trace_file::{self, TraceFile};
 use super::tracer_thread::{self, Doorbell, TracerThread};
 use super::unwind::{self, cfi, Walker};
-use super::writer_thread::{write_trace, WriterOutcome, DOMAIN};
+use super::writer_thread::{self, write_trace, Control, Files, Sink, Traces, WriterOutcome, DOMAIN};
 use crate::format::error::{Error, ErrorKind};
 use crate::format::trace::{trace_info_packet, Info, Writer};
 
@@ -161,6 +162,9 @@ struct Session {
     profiles: Mailbox,
     /// Its profile endpoint, if it serves one.
     http: Option<Endpoint>,
+    /// Where its writer takes controls (see `runtime::control`), and its rate now.
+    controls: Sender<Control>,
+    rate: f64,
 }
 
 /// Start a session as `config` says (see [`crate::start_tracing`]), with the endpoint that
@@ -224,8 +228,16 @@ pub(crate) fn start(
         start_time,
         context: config.context.clone().map(String::into_bytes),
     };
-    let mut session = match &config.path {
-        Some(path) => {
+    let files = config.path.clone().map(|path| Files {
+        series: Series::new(path, config.file_limit, config.file_keep),
+        open: Box::new(open_part),
+    });
+    let mut session = match files {
+        Some(mut files) if config.file_at_start => {
+            let (_, path) = files.series.next_part();
+            // Noted before it is opened: a start that fails ends the series with it.
+            files.series.opened(path.clone());
+            let path = &path;
             let write_error = |source| StartError::Write { path: path.clone(), source };
             // A first packet that cannot be written (a context too long for a packet) must not
             // cost the file: check it before opening.
@@ -233,15 +245,15 @@ pub(crate) fn start(
             let Opened { mut file, created, replaced } = open_locked(path)?;
             trace_file::write_all_without_signals(&mut file, first_packet.as_bytes())
                 .map_err(|e| write_error(e.into()))
-                .map(|()| writer.start(Some(TraceFile::new(file)), info, replaced.map(TraceFile::new)))
+                .map(|()| writer.start(Some(TraceFile::new(file)), info, replaced.map(TraceFile::new), Some(files)))
                 .inspect_err(|_| {
                     if created {
                         let _ = std::fs::remove_file(path);
                     }
                 })?
         }
-        // Profiles only: the same session without a file.
-        None => writer.start(None, info, None),
+        // Profiles only: the same session without a file (until one is started).
+        files => writer.start(None, info, None, files),
     };
     session.http = serve(&config, session.profiles.clone());
 
@@ -271,8 +283,15 @@ const NAME_START_UP_FRAMES_FROM_RATE: f64 = 2.5e-4;
 static NEXT_SESSION: AtomicU64 = AtomicU64::new(1);
 
 /// What a pending writer is sent to start: the trace file (holding its first packet; none for
-/// profiles only), the trace's description, and the file it replaced, to close.
-type Setup = (Option<TraceFile>, Info, Option<TraceFile>);
+/// profiles only), the trace's description, the file it replaced, to close, and the file
+/// series, if a file is configured.
+type Setup = (Option<TraceFile>, Info, Option<TraceFile>, Option<Files>);
+
+/// Open a later part of a file series as the first one is (on the writer thread, which closes
+/// the file it replaced at once).
+fn open_part(path: &Path) -> Result<TraceFile, StartError> {
+    open_locked(path).map(|opened| TraceFile::new(opened.file))
+}
 
 /// The writer thread of a session being started, spawned before the calibration: it puts the
 /// first frame buffers in the pool and takes the spare symbolizer and gets it ready for a
@@ -313,6 +332,7 @@ fn spawn_writer(config: &TraceConfig, options: symbolize::Options, prepare: bool
     let doorbell = Arc::new(Doorbell::default());
     let rung = Arc::clone(&doorbell);
     let (profiles, requests) = live_profile::mailbox(Arc::clone(&doorbell));
+    let (controls, controls_rx) = writer_thread::controls();
     let (rate, written) = (config.rate, path.clone());
     let desk = Arc::new(Desk::default());
     let lending = Arc::clone(&desk);
@@ -334,20 +354,21 @@ fn spawn_writer(config: &TraceConfig, options: symbolize::Options, prepare: bool
                     .map(|()| symbolizer)
             })
             .flatten();
-        let Ok((file, info, replaced)) = setup_rx.recv() else {
+        let Ok((file, info, replaced, files)) = setup_rx.recv() else {
             if let Some(symbolizer) = prepared {
                 symbolize::put_spare(symbolizer);
             }
             return;
         };
         let symbolizer = prepared.unwrap_or_else(|| symbolize::take_spare(options));
-        let writer = file.map(|file| Writer::after_info_packet(file, &info).check_pid_on_flush(true));
+        let file = file.map(|file| Writer::after_info_packet(Sink::file(file), &info).check_pid_on_flush(true));
         let _ = ready_tx.send(());
         // Freeing the replaced file's blocks, here, after a start that waits has stopped waiting.
         drop(replaced);
         let worker = Worker::new(symbolizer).lending_at(lending);
         let live = (LiveProfile::new(rate), requests);
-        let outcome = write_trace(channel, tag, writer, live, worker, &written, &given_up, rung);
+        let traces = Traces { file, files, info, controls: controls_rx };
+        let outcome = write_trace(channel, tag, traces, live, worker, &written, &given_up, rung);
         let _ = outcome_tx.send(outcome);
     })
     .map_err(StartError::Spawn)?;
@@ -364,6 +385,8 @@ fn spawn_writer(config: &TraceConfig, options: symbolize::Options, prepare: bool
         path,
         profiles,
         http: None,
+        controls,
+        rate: config.rate,
     };
     let ready = (handoff::capacity_for(config.rate) == handoff::MAX_CAPACITY).then_some(ready);
     Ok(PendingWriter { setup: Some(setup), ready, session: Some(session) })
@@ -371,10 +394,16 @@ fn spawn_writer(config: &TraceConfig, options: symbolize::Options, prepare: bool
 
 impl PendingWriter {
     /// Have the writer write the trace `info` describes to `file`: the session, running.
-    fn start(mut self, file: Option<TraceFile>, info: Info, replaced: Option<TraceFile>) -> Session {
+    fn start(
+        mut self,
+        file: Option<TraceFile>,
+        info: Info,
+        replaced: Option<TraceFile>,
+        files: Option<Files>,
+    ) -> Session {
         // Sent into room kept for it: the thread takes it, or has ended (a panic).
         if let Some(setup) = self.setup.take() {
-            let _ = setup.send((file, info, replaced));
+            let _ = setup.send((file, info, replaced, files));
         }
         if let Some(ready) = self.ready.take() {
             let _ = ready.recv();
@@ -543,6 +572,38 @@ fn finish_at_exit() {
 pub(crate) fn profile_mailbox() -> Option<Mailbox> {
     let slot = SESSION.lock();
     slot.running.as_ref().filter(|s| s.pid == getpid()).map(|s| s.profiles.clone())
+}
+
+/// What `runtime::control` needs of the running session: where its writer takes controls,
+/// the doorbell that wakes it, and its rate.
+pub(crate) struct Controls {
+    pub(crate) controls: Sender<Control>,
+    pub(crate) doorbell: Arc<Doorbell>,
+    pub(crate) rate: f64,
+}
+
+/// The running session's [`Controls`]: `None` without a session (or in a forked child).
+pub(crate) fn controls() -> Option<Controls> {
+    let slot = SESSION.lock();
+    let session = slot.running.as_ref().filter(|s| s.pid == getpid() && currently_tracing())?;
+    let (controls, doorbell) = (session.controls.clone(), Arc::clone(&session.doorbell));
+    Some(Controls { controls, doorbell, rate: session.rate })
+}
+
+/// Sample the running session at `rate` from now (a valid rate), its file going on in a new
+/// part at it: whether there was a session to change, and room for the writer's control.
+pub(crate) fn rerate(rate: f64) -> Option<bool> {
+    let mut slot = SESSION.lock();
+    let session = slot.running.as_mut().filter(|s| s.pid == getpid() && currently_tracing())?;
+    // The writer first: samples still counted at the old rate reach it labelled with their
+    // epoch's, and are rescaled to the new part's.
+    if session.controls.try_send(Control::Rate(rate)).is_err() {
+        return Some(false);
+    }
+    session.doorbell.ring();
+    sampler::rerate(rate);
+    session.rate = rate;
+    Some(true)
 }
 
 /// How often stopping looks at the writer's progress.
