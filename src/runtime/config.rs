@@ -112,7 +112,8 @@ impl TraceConfig {
     /// Serve heap profiles over HTTP at `addr` while the session runs, on a thread of the
     /// tracer's: `GET /debug/pprof/heap`, `/debug/pprof/allocs`, `/debug/pprof/peak`, with
     /// `?seconds=N` for a delta and `?format=folded` for folded stacks (see
-    /// [`crate::http_response`]); port 0 picks a free port, said on stderr. Only a loopback
+    /// [`crate::http_response`]), and `/debug/memtrace/trace?seconds=N`, a trace of the next
+    /// seconds (see docs/GUIDE.md); port 0 picks a free port, said on stderr. Only a loopback
     /// address is served unless [`TraceConfig::http_on_any_address`] allows others; an endpoint
     /// that cannot start is reported on stderr in one line, and the session runs without it.
     pub fn http(mut self, addr: SocketAddr) -> TraceConfig {

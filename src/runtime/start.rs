@@ -1,6 +1,7 @@
 //! Starting a session with its endpoint: [`start_tracing`] from code, [`trace_if_requested`]
 //! from the environment. The one module that uses both the session and the routes (which take
-//! profiles of the running session), so that the session itself knows only the server.
+//! profiles and windows of the running session), so that the session itself knows only the
+//! server.
 
 use super::config::{config_from_env, http_requested, StartError, TraceConfig, FILE_VAR, HTTP_VAR, UPSTREAM_FILE_VAR};
 use super::serve::{routes, server};

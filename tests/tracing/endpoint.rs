@@ -1,12 +1,16 @@
-//! The endpoint under load, in a serving child (`live:serve`): slow clients and a long delta
+//! The endpoint in a serving child (`live:serve`): under load, slow clients and a long delta
 //! delay no other client's profile, the connection limit answers 503, and the child's threads
-//! stay bounded throughout.
+//! stay bounded throughout; a window's trace over HTTP (curl's, read back, and `memtrace
+//! report`'s).
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
+use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use memtrace_rs::trace::{AllocSource, EventKind, Reader};
 
 use super::live_profile::{connect_at_once, get, Serving};
 
@@ -56,13 +60,14 @@ fn timed_heap_profile(addr: SocketAddr) {
     assert!(took < PROFILE_WITHIN, "a heap profile took {took:?} beside slow clients and a long delta");
 }
 
-/// 50 clients that send a byte a second, and a `?seconds=10` delta in flight: heap profiles
-/// still answer at once, and the child's threads stay within the connection limit.
+/// 50 clients that send a byte a second, and a `?seconds=10` delta and window in flight: heap
+/// profiles still answer at once, and the child's threads stay within the connection limit.
 #[test]
-fn slow_clients_and_a_long_delta_delay_no_profile() {
+fn slow_clients_and_long_requests_delay_no_profile() {
     let (_dir, serving, before) = serving_child();
     let (addr, pid) = (serving.addr, serving.process.id());
     let long = std::thread::spawn(move || get(addr, "/debug/pprof/allocs?seconds=10"));
+    let window = std::thread::spawn(move || get(addr, "/debug/memtrace/trace?seconds=10"));
     let stop = Arc::new(AtomicBool::new(false));
     let clients: Vec<_> = (0..50)
         .map(|_| {
@@ -80,8 +85,10 @@ fn slow_clients_and_a_long_delta_delay_no_profile() {
     }
     stop.store(true, Ordering::Relaxed);
     clients.into_iter().for_each(|c| c.join().unwrap());
-    let (status, body) = long.join().unwrap();
-    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+    for long in [long, window] {
+        let (status, body) = long.join().unwrap();
+        assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+    }
     serving.finish();
 }
 
@@ -108,5 +115,65 @@ fn past_the_connection_limit_a_client_gets_503() {
     }
     assert!(refused > 0 && cut > 0, "{refused} refused, {cut} cut of {} connections", 2 * MAX_CONNECTIONS);
     timed_heap_profile(addr);
+    serving.finish();
+}
+
+/// The allocations of `path`'s trace in functions ending in `site`, by whether they are
+/// the blocks live at its start (source `Major`) or allocated in it (`External`): their
+/// counts, in that order.
+fn window_allocations(path: &std::path::Path, site: &str) -> (usize, usize) {
+    let mut reader = Reader::open(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let (mut live_at_start, mut allocated) = (0, 0);
+    while let Some(event) = reader.next_event().unwrap() {
+        let EventKind::Alloc(alloc) = event.kind else { continue };
+        let at_site = alloc
+            .backtrace
+            .iter()
+            .any(|&code| event.locations.get(code).unwrap().iter().any(|l| l.defname_str().ends_with(site)));
+        match alloc.source {
+            _ if !at_site => {}
+            AllocSource::Major => live_at_start += 1,
+            _ => allocated += 1,
+        }
+    }
+    (live_at_start, allocated)
+}
+
+/// The window of a service for profiles only, fetched as docs/GUIDE.md says (`curl -o`): a
+/// trace that begins with the blocks live at its start (the live site's, marked `Major`),
+/// holds what was allocated in it (the delta site's, run during it), and `memtrace report`
+/// opens.
+#[test]
+fn a_window_of_a_service_for_profiles_only_fetched_with_curl() {
+    let (dir, mut serving, _) = serving_child();
+    let window = dir.path().join("window.ctf");
+    let mut curl = Command::new("curl")
+        .args(["-sS", "--max-time", "60", "-o"])
+        .arg(&window)
+        .arg(serving.url("/debug/memtrace/trace?seconds=3"))
+        .spawn()
+        .expect("curl");
+    std::thread::sleep(Duration::from_millis(1000));
+    serving.tell("delta");
+    serving.wait_for("live: delta done");
+    assert!(curl.wait().unwrap().success());
+    let (live_before, allocated_before) = window_allocations(&window, "::site_live_big");
+    assert!(
+        live_before > 0 && allocated_before == 0,
+        "live site: {live_before} live at start, {allocated_before} in it"
+    );
+    let (live_delta, allocated_delta) = window_allocations(&window, "::site_delta");
+    assert!(live_delta == 0 && allocated_delta > 0, "delta site: {live_delta} live at start, {allocated_delta} in it");
+    if let Some(memtrace) = option_env!("CARGO_BIN_EXE_memtrace") {
+        let report = dir.path().join("report.html");
+        let out = Command::new(memtrace).arg("report").arg(&window).arg("-o").arg(&report).output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(std::fs::metadata(&report).unwrap().len() > 0);
+    }
+    // Malformed windows are refused before anything is sent.
+    for bad in ["", "?seconds=0", "?seconds=601", "?seconds=2&rate=x", "?seconds=2&rate=0.5"] {
+        let (status, body) = get(serving.addr, &format!("/debug/memtrace/trace{bad}"));
+        assert!(matches!(status, 400 | 409), "{bad}: {status} {}", String::from_utf8_lossy(&body));
+    }
     serving.finish();
 }

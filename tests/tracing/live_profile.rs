@@ -289,7 +289,7 @@ impl Serving {
     }
 
     /// Wait (at most a minute) for a line of stderr that starts with `prefix`.
-    fn wait_for(&mut self, prefix: &str) -> String {
+    pub(super) fn wait_for(&mut self, prefix: &str) -> String {
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
@@ -308,11 +308,11 @@ impl Serving {
         }
     }
 
-    fn url(&self, path: &str) -> String {
+    pub(super) fn url(&self, path: &str) -> String {
         format!("http://{}{path}", self.addr)
     }
 
-    fn tell(&mut self, line: &str) {
+    pub(super) fn tell(&mut self, line: &str) {
         writeln!(self.process.stdin.as_mut().unwrap(), "{line}").unwrap();
     }
 
@@ -424,9 +424,15 @@ fn go_available() -> bool {
 
 /// `GET path` of the endpoint at `addr` with a plain connection: the status and body.
 pub(super) fn get(addr: SocketAddr, path: &str) -> (u16, Vec<u8>) {
+    request(addr, &format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n"))
+}
+
+/// Send `request` (head and body) to the endpoint at `addr` on a plain connection: the
+/// status and body of the answer.
+pub(super) fn request(addr: SocketAddr, request: &str) -> (u16, Vec<u8>) {
     let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(10)).unwrap();
     stream.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
-    write!(stream, "GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    stream.write_all(request.as_bytes()).unwrap();
     let mut response = Vec::new();
     stream.read_to_end(&mut response).unwrap();
     let end = response.windows(4).position(|w| w == b"\r\n\r\n").expect("a response head");

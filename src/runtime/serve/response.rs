@@ -1,8 +1,9 @@
 //! Answers: [`HttpResponse`], a whole answer (what the routes give and what a web framework's
-//! handler returns), and how one goes out on a connection. Every write is a `send` with
-//! `MSG_NOSIGNAL`.
+//! handler returns), and the two ways one goes out on a connection: at once with its length,
+//! or streamed in chunks ([`Chunked`], a trace window's, whose length is known at its end).
+//! Every write is a `send` with `MSG_NOSIGNAL`.
 
-use std::io;
+use std::io::{self, Write};
 use std::net::TcpStream;
 use std::os::fd::AsRawFd;
 
@@ -31,8 +32,8 @@ pub(crate) fn text(status: u16, message: &str) -> HttpResponse {
     }
 }
 
-/// The head of an answer of `status` and `content_type`, with a body of `length` bytes.
-fn head(status: u16, content_type: &str, length: usize) -> String {
+/// The head of an answer of `status` and `content_type`, with `length` (`None`: chunked).
+fn head(status: u16, content_type: &str, length: Option<usize>) -> String {
     let reason = match status {
         200 => "OK",
         400 => "Bad Request",
@@ -43,16 +44,70 @@ fn head(status: u16, content_type: &str, length: usize) -> String {
         413 => "Content Too Large",
         _ => "Service Unavailable",
     };
-    format!(
-        "HTTP/1.1 {status} {reason}\r\nContent-Type: {content_type}\r\nContent-Length: {length}\r\nConnection: \
-         close\r\n\r\n"
-    )
+    let length = match length {
+        Some(n) => format!("Content-Length: {n}"),
+        None => "Transfer-Encoding: chunked".to_owned(),
+    };
+    format!("HTTP/1.1 {status} {reason}\r\nContent-Type: {content_type}\r\n{length}\r\nConnection: close\r\n\r\n")
 }
 
 /// Write `response` whole to `stream`.
 pub(crate) fn send(stream: &TcpStream, response: &HttpResponse) -> io::Result<()> {
-    send_all(stream, head(response.status, response.content_type, response.body.len()).as_bytes())?;
+    send_all(stream, head(response.status, response.content_type, Some(response.body.len())).as_bytes())?;
     send_all(stream, &response.body)
+}
+
+/// A 200 answer of `content_type` streamed to a connection in chunks, its head sent with the
+/// first bytes of its body: until then the route may still answer an error instead
+/// ([`Chunked::started`]). Not [`finish`](Chunked::finish)ed, it lacks its last chunk, and a
+/// client sees the body cut short (curl: "transfer closed with outstanding read data").
+pub(crate) struct Chunked<'a> {
+    stream: &'a TcpStream,
+    content_type: &'static str,
+    started: bool,
+}
+
+impl<'a> Chunked<'a> {
+    pub(crate) fn new(stream: &'a TcpStream, content_type: &'static str) -> Chunked<'a> {
+        Chunked { stream, content_type, started: false }
+    }
+
+    /// Whether any of the answer was sent.
+    pub(crate) fn started(&self) -> bool {
+        self.started
+    }
+
+    /// Send the last chunk (and the head, for an empty body).
+    pub(crate) fn finish(mut self) -> io::Result<()> {
+        self.start()?;
+        send_all(self.stream, b"0\r\n\r\n")
+    }
+
+    fn start(&mut self) -> io::Result<()> {
+        if !self.started {
+            self.started = true;
+            send_all(self.stream, head(200, self.content_type, None).as_bytes())?;
+        }
+        Ok(())
+    }
+}
+
+impl Write for Chunked<'_> {
+    fn write(&mut self, bytes: &[u8]) -> io::Result<usize> {
+        // An empty chunk would end the body.
+        if bytes.is_empty() {
+            return Ok(0);
+        }
+        self.start()?;
+        send_all(self.stream, format!("{:x}\r\n", bytes.len()).as_bytes())?;
+        send_all(self.stream, bytes)?;
+        send_all(self.stream, b"\r\n")?;
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
 }
 
 /// Write `bytes` to `stream` with `MSG_NOSIGNAL`: a client that closed its end must not raise

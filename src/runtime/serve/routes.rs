@@ -1,30 +1,92 @@
 //! What the endpoint answers at each path: the heap profiles of `/debug/pprof/…` (GET), for
-//! the built-in server and for a web framework's handler ([`http_response`]).
+//! the built-in server and for a web framework's handler ([`http_response`]), and a trace of
+//! the next seconds (`GET /debug/memtrace/trace?seconds=N`, streamed).
 
 use std::io;
+use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
 use std::time::Duration;
 
 use super::request::params;
-use super::response::{self, text, HttpResponse};
-use super::server::{Connection, Handler};
+use super::response::{self, text, Chunked, HttpResponse};
+use super::server::{Connection, Handler, Place};
+use crate::runtime::control::{self, ControlError};
 use crate::runtime::live_profile::Mailbox;
 use crate::runtime::profile::{delta, profile_from, sleep, ProfileError, ProfileKind, MAX_DELTA};
 use crate::runtime::session;
 
-/// The built-in server's handler, for the session whose writer takes requests at `mailbox`.
-pub(crate) fn handler(mailbox: Mailbox) -> Arc<Handler> {
-    Arc::new(move |connection: &Connection<'_>| answer(&mailbox, connection))
+/// The trace of a window.
+const TRACE: &str = "/debug/memtrace/trace";
+
+/// The longest window: a longer one is refused.
+const MAX_WINDOW: Duration = Duration::from_secs(600);
+/// Windows served at once: each costs the writer a copy of every packet.
+const MAX_WINDOWS: usize = 2;
+
+/// The routes of one session's endpoint.
+struct Routes {
+    /// Where the session's writer takes requests for profiles.
+    mailbox: Mailbox,
+    /// The windows being served.
+    windows: Arc<AtomicUsize>,
 }
 
-/// Answer the request of `connection`.
-fn answer(mailbox: &Mailbox, connection: &Connection<'_>) -> io::Result<()> {
-    let head = &connection.head;
-    let response = match head.method.as_str() {
-        "GET" => profile_answer(mailbox, &head.path, &head.query, |over| connection.wait(over)),
-        _ => text(405, "only GET is served"),
+/// The built-in server's handler, for the session whose writer takes requests at `mailbox`.
+pub(crate) fn handler(mailbox: Mailbox) -> Arc<Handler> {
+    let routes = Routes { mailbox, windows: Arc::new(AtomicUsize::new(0)) };
+    Arc::new(move |connection: &Connection<'_>| routes.answer(connection))
+}
+
+impl Routes {
+    /// Answer the request of `connection`.
+    fn answer(&self, connection: &Connection<'_>) -> io::Result<()> {
+        let head = &connection.head;
+        let response = match (head.method.as_str(), head.path.trim_end_matches('/')) {
+            ("GET", TRACE) => return self.trace(connection),
+            ("GET", path) => profile_answer(&self.mailbox, path, &head.query, |over| connection.wait(over)),
+            _ => text(405, "only GET is served"),
+        };
+        response::send(connection.stream(), &response)
+    }
+
+    /// Stream the trace of the window the query asks for (`seconds=N`, optionally `rate=R`).
+    /// A window cut short (the session stopped, the client too slow) ends without its last
+    /// chunk: the client sees the body incomplete, a trace readable up to there.
+    fn trace(&self, connection: &Connection<'_>) -> io::Result<()> {
+        let (mut seconds, mut rate) = (None, Ok(None));
+        for (name, value) in params(&connection.head.query) {
+            match name {
+                "seconds" => seconds = value.parse().ok().filter(|n| (1..=MAX_WINDOW.as_secs()).contains(n)),
+                "rate" => rate = value.parse::<f64>().map(Some),
+                _ => {}
+            }
+        }
+        let (Some(seconds), Ok(rate)) = (seconds, rate) else {
+            let why = "give seconds=N, a whole number from 1 to 600, and optionally rate=R, a number in (0, 1]";
+            return response::send(connection.stream(), &text(400, why));
+        };
+        let Some(_window) = Place::take(&self.windows, MAX_WINDOWS) else {
+            let busy = format!("{MAX_WINDOWS} windows are being traced already: try later");
+            return response::send(connection.stream(), &text(503, &busy));
+        };
+        let mut out = Chunked::new(connection.stream(), "application/octet-stream");
+        match control::trace_window(&mut out, Duration::from_secs(seconds), rate) {
+            Ok(_) => out.finish(),
+            Err(e) if !out.started() => response::send(connection.stream(), &control_refusal(&e)),
+            // Cut short: no last chunk.
+            Err(_) => Ok(()),
+        }
+    }
+}
+
+/// The answer to a control that failed with `e`.
+fn control_refusal(e: &ControlError) -> HttpResponse {
+    let status = match e {
+        ControlError::InvalidRate(_) => 400,
+        ControlError::RateAboveSession { .. } | ControlError::File(_) => 409,
+        _ => 503,
     };
-    response::send(connection.stream(), &response)
+    text(status, &e.to_string())
 }
 
 /// The answer to a `GET` of `path_and_query` (`/debug/pprof/heap?seconds=10`), for a web
@@ -48,7 +110,13 @@ fn profile_answer(mailbox: &Mailbox, path: &str, query: &str, wait: impl FnOnce(
         "/debug/pprof/heap" => ProfileKind::Heap,
         "/debug/pprof/allocs" => ProfileKind::Allocs,
         "/debug/pprof/peak" => ProfileKind::Peak,
-        _ => return text(404, "no such profile: try /debug/pprof/heap, /debug/pprof/allocs or /debug/pprof/peak"),
+        _ => {
+            return text(
+                404,
+                "no such path: try /debug/pprof/heap, /debug/pprof/allocs, /debug/pprof/peak or \
+                 /debug/memtrace/trace?seconds=N",
+            )
+        }
     };
     let (mut seconds, mut folded) = (None, false);
     for (name, value) in params(query) {

@@ -119,14 +119,15 @@ impl Endpoint {
     }
 }
 
-/// One of the [`MAX_CONNECTIONS`] places, given back when dropped.
-struct Place(Arc<AtomicUsize>);
+/// One of a limited number of places (a connection's, a trace window's), given back when
+/// dropped.
+pub(crate) struct Place(Arc<AtomicUsize>);
 
 impl Place {
-    /// A place among those `taken` counts, if one is free.
-    fn take(taken: &Arc<AtomicUsize>) -> Option<Place> {
+    /// A place among the `limit` that `taken` counts, if one is free.
+    pub(crate) fn take(taken: &Arc<AtomicUsize>, limit: usize) -> Option<Place> {
         taken
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < MAX_CONNECTIONS).then_some(n + 1))
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < limit).then_some(n + 1))
             .ok()
             .map(|_| Place(Arc::clone(taken)))
     }
@@ -153,7 +154,7 @@ fn listen(listener: &TcpListener, handler: &Arc<Handler>, stopped: &Receiver<()>
             std::thread::sleep(STOP_CHECK);
             continue;
         };
-        let Some(place) = Place::take(&taken) else {
+        let Some(place) = Place::take(&taken, MAX_CONNECTIONS) else {
             refuse(&stream, "too many connections to the memtrace endpoint: try again");
             continue;
         };
@@ -171,13 +172,17 @@ fn listen(listener: &TcpListener, handler: &Arc<Handler>, stopped: &Receiver<()>
     }
 }
 
-/// Answer 503 on `stream` without waiting for the client: what it sent is read (a close with
-/// unread bytes resets the connection, and the client may lose the answer), the answer sent
-/// if it fits, and the connection closed.
+/// Answer 503 on `stream` without waiting for the client: what it sent is read, up to a
+/// request head's length (a close with unread bytes resets the connection, and the client may
+/// lose the answer), the answer sent if it fits, and the connection closed.
 fn refuse(stream: &TcpStream, why: &str) {
     let drain = || {
         let mut buf = [0u8; 1024];
-        while (&*stream).read(&mut buf).is_ok_and(|n| n > 0) {}
+        for _ in 0..MAX_HEAD / buf.len() {
+            if !(&*stream).read(&mut buf).is_ok_and(|n| n > 0) {
+                break;
+            }
+        }
     };
     if stream.set_nonblocking(true).is_ok() {
         drain();
