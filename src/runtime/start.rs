@@ -1,7 +1,7 @@
 //! Starting a session with its endpoint: [`start_tracing`] from code, [`trace_if_requested`]
 //! from the environment. The one module that uses both the session and the routes (which take
-//! profiles and windows of the running session), so that the session itself knows only the
-//! server.
+//! profiles and windows of the running session, and control it), so that the session itself
+//! knows only the server.
 
 use super::config::{config_from_env, http_requested, StartError, TraceConfig, FILE_VAR, HTTP_VAR, UPSTREAM_FILE_VAR};
 use super::serve::{routes, server};
@@ -77,7 +77,7 @@ pub fn trace_if_requested() -> Option<TraceGuard> {
 pub fn start_tracing(config: TraceConfig) -> Result<TraceGuard, StartError> {
     session::start(config, |config, mailbox| {
         let addr = config.http?;
-        server::start(addr, config.http_on_any_address, routes::handler(mailbox))
+        server::start(addr, config.http_on_any_address, routes::handler(mailbox, config.http_control_from_any_address))
             .inspect_err(|e| say(&format!("memtrace: {e}")))
             .ok()
     })

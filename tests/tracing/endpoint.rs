@@ -1,7 +1,7 @@
 //! The endpoint in a serving child (`live:serve`): under load, slow clients and a long delta
 //! delay no other client's profile, the connection limit answers 503, and the child's threads
 //! stay bounded throughout; a window's trace over HTTP (curl's, read back, and `memtrace
-//! report`'s).
+//! report`'s); control of the session (start, stop, rate, state) and who may have it.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use memtrace_rs::trace::{AllocSource, EventKind, Reader};
 
-use super::live_profile::{connect_at_once, get, Serving};
+use super::live_profile::{connect_at_once, get, request, Serving};
 
 /// The endpoint's connection limit (docs/GUIDE.md, "Live heap profiles over HTTP").
 const MAX_CONNECTIONS: usize = 64;
@@ -176,4 +176,65 @@ fn a_window_of_a_service_for_profiles_only_fetched_with_curl() {
         assert!(matches!(status, 400 | 409), "{bad}: {status} {}", String::from_utf8_lossy(&body));
     }
     serving.finish();
+}
+
+/// `method path` with `headers` (lines ending in CRLF) and `body`: the status and the body as
+/// text.
+fn send(addr: SocketAddr, method: &str, path: &str, headers: &str, body: &str) -> (u16, String) {
+    let head = format!("{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n{headers}\r\n", body.len());
+    let (status, body) = request(addr, &format!("{head}{body}"));
+    (status, String::from_utf8(body).unwrap())
+}
+
+/// The session's state (`GET /debug/memtrace/state`): its JSON.
+fn state(addr: SocketAddr) -> String {
+    let (status, state) = send(addr, "GET", "/debug/memtrace/state", "", "");
+    assert_eq!(status, 200, "{state}");
+    state
+}
+
+/// Control over HTTP of a child that starts for profiles only with a file configured
+/// (`MEMTRACE_FILE_ON_DEMAND`): start the file trace, change the rate (a new file of its
+/// series), stop it, with the state saying so at each step and the files read back at their
+/// rates; a GET of a control is 405, a browser's request 403, a bad rate 400.
+#[test]
+fn control_over_http_from_a_child_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("trace.ctf");
+    let env = [("MEMTRACE_FILE", path.to_str().unwrap()), ("MEMTRACE_FILE_ON_DEMAND", "1")];
+    let serving = Serving::start(&env, dir.path());
+    let addr = serving.addr;
+    assert!(state(addr).contains(r#""file_open":false"#), "{}", state(addr));
+    assert!(!path.exists());
+    assert_eq!(get(addr, "/debug/memtrace/start").0, 405);
+    assert_eq!(send(addr, "POST", "/debug/pprof/heap", "", "").0, 405);
+    assert_eq!(send(addr, "POST", "/debug/memtrace/start", "Origin: http://example.com\r\n", "").0, 403);
+    assert!(!path.exists(), "a browser's request started the trace");
+    let (status, said) = send(addr, "POST", "/debug/memtrace/start", "", "");
+    assert_eq!(status, 200, "{said}");
+    assert!(state(addr).contains(r#""file_open":true"#), "{}", state(addr));
+    for bad in ["rate=2", "rate=x", "", "rate=0"] {
+        let (status, said) = send(addr, "POST", "/debug/memtrace/rate", "", bad);
+        assert_eq!(status, 400, "{bad}: {said}");
+    }
+    let (status, said) = send(addr, "POST", "/debug/memtrace/rate", "", "rate=1e-4");
+    assert_eq!(status, 200, "{said}");
+    assert!(state(addr).contains(r#""rate":1e-4"#), "{}", state(addr));
+    let (status, said) = send(addr, "POST", "/debug/memtrace/stop", "", "");
+    assert_eq!(status, 200, "{said}");
+    let last = state(addr);
+    assert!(last.contains(r#""file_open":false"#), "{last}");
+    serving.finish();
+    let mut rates: Vec<f64> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "ctf"))
+        .map(|p| {
+            let mut reader = Reader::open(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+            while reader.next_event().unwrap_or_else(|e| panic!("{}: {e}", p.display())).is_some() {}
+            reader.info().sample_rate
+        })
+        .collect();
+    rates.sort_by(f64::total_cmp);
+    assert_eq!(rates, [1e-4, super::live_profile::RATE], "the files' rates; the last state: {last}");
 }

@@ -23,7 +23,7 @@ use super::{child, Trace};
 /// The sampling rate of these children: about one sample per 8 KB. The live sites' blocks are
 /// large (sampled blocks of less than 64 KiB come from a pool of bounded size classes), and the
 /// busy threads allocate a few MB/s: nothing is dropped, which would bias the estimates.
-const RATE: f64 = 1e-3;
+pub(super) const RATE: f64 = 1e-3;
 
 const LIVE_COUNT: usize = 200;
 const LIVE_SIZE: usize = 100_000;

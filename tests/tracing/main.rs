@@ -591,6 +591,7 @@ fn child_at(program: &Path, role: &str, env: &[(&str, &str)]) -> Command {
     {
         cmd.env_remove(var);
     }
+    cmd.env_remove("MEMTRACE_HTTP_ANY_ADDRESS").env_remove("MEMTRACE_HTTP_CONTROL");
     cmd.env(ROLE_VAR, role).env("RUST_BACKTRACE", "0").stdout(std::process::Stdio::null());
     for (k, v) in env {
         cmd.env(k, v);

@@ -7,7 +7,7 @@
 //! - [`server`]: the listener and the connections, each on a tracer thread of its own within a
 //!   limit, with their timeouts;
 //! - [`routes`]: what each path answers (after the session and its control: they take profiles
-//!   and windows of the running one).
+//!   and windows of the running one, and control it).
 //!
 //! The session owns the running [`server::Endpoint`] and stops it; `runtime::start` starts it
 //! with the routes' handler.

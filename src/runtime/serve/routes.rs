@@ -1,6 +1,9 @@
 //! What the endpoint answers at each path: the heap profiles of `/debug/pprof/…` (GET), for
-//! the built-in server and for a web framework's handler ([`http_response`]), and a trace of
-//! the next seconds (`GET /debug/memtrace/trace?seconds=N`, streamed).
+//! the built-in server and for a web framework's handler ([`http_response`]); a trace of the
+//! next seconds (`GET /debug/memtrace/trace?seconds=N`, streamed); the session's state (`GET
+//! /debug/memtrace/state`); and control (`POST /debug/memtrace/start`, `/stop`, `/rate`),
+//! for clients on this machine only unless the program opts in, and never a browser's.
+//! Nothing here takes a path from the network: a file trace starts at the configured one.
 
 use std::io;
 use std::sync::atomic::AtomicUsize;
@@ -10,6 +13,7 @@ use std::time::Duration;
 use super::request::params;
 use super::response::{self, text, Chunked, HttpResponse};
 use super::server::{Connection, Handler, Place};
+use crate::runtime::config::HTTP_CONTROL_VAR;
 use crate::runtime::control::{self, ControlError};
 use crate::runtime::live_profile::Mailbox;
 use crate::runtime::profile::{delta, profile_from, sleep, ProfileError, ProfileKind, MAX_DELTA};
@@ -17,6 +21,14 @@ use crate::runtime::session;
 
 /// The trace of a window.
 const TRACE: &str = "/debug/memtrace/trace";
+/// The session's state, as JSON.
+const STATE: &str = "/debug/memtrace/state";
+/// Start the file trace.
+const START: &str = "/debug/memtrace/start";
+/// Stop the file trace.
+const STOP: &str = "/debug/memtrace/stop";
+/// Change the rate.
+const RATE: &str = "/debug/memtrace/rate";
 
 /// The longest window: a longer one is refused.
 const MAX_WINDOW: Duration = Duration::from_secs(600);
@@ -27,13 +39,16 @@ const MAX_WINDOWS: usize = 2;
 struct Routes {
     /// Where the session's writer takes requests for profiles.
     mailbox: Mailbox,
+    /// Whether clients not on this machine may control the session.
+    control_from_any_address: bool,
     /// The windows being served.
     windows: Arc<AtomicUsize>,
 }
 
-/// The built-in server's handler, for the session whose writer takes requests at `mailbox`.
-pub(crate) fn handler(mailbox: Mailbox) -> Arc<Handler> {
-    let routes = Routes { mailbox, windows: Arc::new(AtomicUsize::new(0)) };
+/// The built-in server's handler, for the session whose writer takes requests at `mailbox`;
+/// `control_from_any_address`: whether clients not on this machine may control it.
+pub(crate) fn handler(mailbox: Mailbox, control_from_any_address: bool) -> Arc<Handler> {
+    let routes = Routes { mailbox, control_from_any_address, windows: Arc::new(AtomicUsize::new(0)) };
     Arc::new(move |connection: &Connection<'_>| routes.answer(connection))
 }
 
@@ -41,10 +56,38 @@ impl Routes {
     /// Answer the request of `connection`.
     fn answer(&self, connection: &Connection<'_>) -> io::Result<()> {
         let head = &connection.head;
-        let response = match (head.method.as_str(), head.path.trim_end_matches('/')) {
-            ("GET", TRACE) => return self.trace(connection),
-            ("GET", path) => profile_answer(&self.mailbox, path, &head.query, |over| connection.wait(over)),
-            _ => text(405, "only GET is served"),
+        let path = head.path.trim_end_matches('/');
+        let method = match path {
+            START | STOP | RATE => "POST",
+            _ => "GET",
+        };
+        let refusal = match method {
+            "POST" => control_refusal_of(head.from_browser, connection.from_loopback, self.control_from_any_address),
+            _ => None,
+        };
+        let response = if head.method != method {
+            text(405, &format!("{path} takes {method} only"))
+        } else if let Some(refusal) = refusal {
+            refusal
+        } else {
+            match path {
+                TRACE => return self.trace(connection),
+                STATE => match control::session_state() {
+                    Some(state) => HttpResponse {
+                        status: 200,
+                        content_type: "application/json",
+                        body: format!("{}\n", state.to_json()).into_bytes(),
+                    },
+                    None => text(503, "no memtrace session is running, or its writer is busy"),
+                },
+                START => done(control::start_file_trace().map(|path| format!("tracing into {path:?}"))),
+                STOP => done(control::stop_file_trace().map(|path| format!("closed {path:?}"))),
+                RATE => match rate_asked(connection) {
+                    Some(rate) => done(control::set_rate(rate).map(|()| format!("sampling at rate {rate:e}"))),
+                    None => text(400, "give the rate as rate=R, in the query or the body, R in (0, 1]"),
+                },
+                _ => profile_answer(&self.mailbox, path, &head.query, |over| connection.wait(over)),
+            }
         };
         response::send(connection.stream(), &response)
     }
@@ -76,6 +119,40 @@ impl Routes {
             // Cut short: no last chunk.
             Err(_) => Ok(()),
         }
+    }
+}
+
+/// Why a control request is refused: a browser's (with an `Origin` header: a page of any site
+/// can make one to a loopback address), or one from a client not on this machine unless
+/// `from_any_address`.
+fn control_refusal_of(from_browser: bool, from_loopback: bool, from_any_address: bool) -> Option<HttpResponse> {
+    if from_browser {
+        return Some(text(403, "no control from a browser (a request with an Origin header): use curl or code"));
+    }
+    (!from_loopback && !from_any_address).then(|| {
+        text(
+            403,
+            &format!(
+                "control is served to clients on this machine only, unless {HTTP_CONTROL_VAR} is 1 in the program"
+            ),
+        )
+    })
+}
+
+/// The rate a `POST` of `/debug/memtrace/rate` asks for: `rate=R` in its query or its form
+/// body, or a body that is the number alone.
+fn rate_asked(connection: &Connection<'_>) -> Option<f64> {
+    let body = std::str::from_utf8(connection.body).ok()?.trim();
+    let bare = (!body.is_empty() && !body.contains('=')).then_some(body);
+    let mut named = params(&connection.head.query).chain(params(body)).filter(|&(name, _)| name == "rate");
+    named.next().map(|(_, value)| value).or(bare)?.parse().ok()
+}
+
+/// The answer to a control that did what `outcome` says.
+fn done(outcome: Result<String, ControlError>) -> HttpResponse {
+    match outcome {
+        Ok(message) => text(200, &message),
+        Err(e) => control_refusal(&e),
     }
 }
 
@@ -113,8 +190,8 @@ fn profile_answer(mailbox: &Mailbox, path: &str, query: &str, wait: impl FnOnce(
         _ => {
             return text(
                 404,
-                "no such path: try /debug/pprof/heap, /debug/pprof/allocs, /debug/pprof/peak or \
-                 /debug/memtrace/trace?seconds=N",
+                "no such path: try /debug/pprof/heap, /debug/pprof/allocs, /debug/pprof/peak, \
+                 /debug/memtrace/trace?seconds=N or /debug/memtrace/state",
             )
         }
     };
@@ -143,5 +220,19 @@ fn profile_answer(mailbox: &Mailbox, path: &str, query: &str, wait: impl FnOnce(
         Ok(profile) => HttpResponse { status: 200, content_type: "application/octet-stream", body: profile.pprof() },
         Err(e @ ProfileError::InvalidDelta) => text(400, &e.to_string()),
         Err(e) => text(503, &e.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn who_may_control() {
+        let refused = |browser, loopback, anywhere| control_refusal_of(browser, loopback, anywhere).map(|r| r.status);
+        assert_eq!(refused(false, true, false), None);
+        assert_eq!(refused(false, false, true), None);
+        assert_eq!(refused(false, false, false), Some(403));
+        assert_eq!(refused(true, true, true), Some(403));
     }
 }

@@ -41,6 +41,9 @@ pub(crate) type Handler = dyn Fn(&Connection<'_>) -> io::Result<()> + Send + Syn
 /// A request read whole, and the connection to answer it on.
 pub(crate) struct Connection<'a> {
     pub(crate) head: Head,
+    pub(crate) body: &'a [u8],
+    /// Whether the client is on this machine (at a loopback address).
+    pub(crate) from_loopback: bool,
     stream: &'a TcpStream,
     stopped: &'a Receiver<()>,
 }
@@ -148,7 +151,7 @@ fn listen(listener: &TcpListener, handler: &Arc<Handler>, stopped: &Receiver<()>
         if unsafe { libc::poll(&mut poll, 1, STOP_CHECK.as_millis() as libc::c_int) } <= 0 {
             continue;
         }
-        let Ok((stream, _)) = listener.accept() else {
+        let Ok((stream, peer)) = listener.accept() else {
             // Out of descriptors, say: the connection waits in the backlog meanwhile, and the
             // listener, still readable, must not make this a busy loop.
             std::thread::sleep(STOP_CHECK);
@@ -161,10 +164,11 @@ fn listen(listener: &TcpListener, handler: &Arc<Handler>, stopped: &Receiver<()>
         // Shared, so that a connection whose thread cannot start still gets its 503.
         let stream = Arc::new(stream);
         let (theirs, handler, stopped) = (Arc::clone(&stream), Arc::clone(handler), stopped.clone());
+        let from_loopback = peer.ip().is_loopback();
         let started = TracerThread::spawn(c"memtrace-http-c", move || {
             let _place = place;
             // Whatever the client does, the cost is this connection's.
-            let _ = answer(&theirs, &*handler, &stopped);
+            let _ = answer(&theirs, from_loopback, &*handler, &stopped);
         });
         if started.is_err() {
             refuse(&stream, "the memtrace endpoint cannot start a thread: try again");
@@ -193,7 +197,7 @@ fn refuse(stream: &TcpStream, why: &str) {
 }
 
 /// Read one request from `stream` and have `handler` answer it.
-fn answer(stream: &TcpStream, handler: &Handler, stopped: &Receiver<()>) -> io::Result<()> {
+fn answer(stream: &TcpStream, from_loopback: bool, handler: &Handler, stopped: &Receiver<()>) -> io::Result<()> {
     stream.set_nonblocking(false)?;
     stream.set_write_timeout(Some(WRITE_TIMEOUT))?;
     let deadline = Instant::now() + REQUEST_TIMEOUT;
@@ -212,7 +216,7 @@ fn answer(stream: &TcpStream, handler: &Handler, stopped: &Receiver<()>) -> io::
     if !read_until(stream, &mut bytes, deadline, whole, |b| b.len() >= whole)? {
         return send_and_close(stream, 400, "request body too slow or cut short");
     }
-    handler(&Connection { head, stream, stopped })?;
+    handler(&Connection { head, body: &bytes[end..whole], from_loopback, stream, stopped })?;
     stream.shutdown(Shutdown::Write)
 }
 
