@@ -97,6 +97,7 @@
 
 mod format;
 mod frames;
+mod inert;
 #[cfg(feature = "tracing")]
 mod layer;
 mod naming;
@@ -119,10 +120,10 @@ pub use runtime::config::{StartError, TraceConfig};
 pub use runtime::control::{
     session_state, set_rate, start_file_trace, stop_file_trace, trace_window, ControlError, SessionState, WindowStats,
 };
-pub use runtime::profile::{
-    http_response, profile, profile_delta, HttpResponse, Profile, ProfileError, ProfileKind, MAX_DELTA,
-};
-pub use runtime::session::{start_tracing, stop_tracing, trace_if_requested, TraceGuard, TraceStats};
+pub use runtime::profile::{profile, profile_delta, Profile, ProfileError, ProfileKind, MAX_DELTA};
+pub use runtime::serve::{http_response, HttpResponse};
+pub use runtime::session::{stop_tracing, TraceGuard, TraceStats};
+pub use runtime::start::{start_tracing, trace_if_requested};
 pub use runtime::state::currently_tracing;
 pub use runtime::unwind::Unwinder;
 

@@ -4,10 +4,10 @@
 
 use std::io::{self, Write};
 
-use super::inert::inert_bytes;
 use crate::format::hash::FastMap;
 use crate::format::location_codec::Location;
 use crate::format::trace::{AllocSource, EventKind, Reader};
+use crate::inert::inert_bytes;
 use crate::Result;
 
 /// Print one line per allocation, promote and collect event of the trace at `path`.

@@ -18,7 +18,6 @@ mod copy;
 mod dump;
 mod estimate;
 pub mod filter;
-mod inert;
 mod names;
 mod pass;
 pub mod series;
@@ -26,10 +25,10 @@ mod sites;
 pub mod stacks;
 
 pub use crate::frames::{enclosing_function, is_allocator_frame, is_root_frame};
+pub use crate::inert::{inert, inert_bytes};
 pub use copy::{copy, Copied};
 pub use dump::dump;
 pub use estimate::{poisson_interval, Estimate, FEW_SAMPLES, Z};
-pub use inert::{inert, inert_bytes};
 pub use names::{frame_identity, matched_frame, short_name, UNNAMED_THREADS};
 pub use pass::{
     estimated_objects, short_path, Analysis, Bucket, Counts, Frame, FrameId, FrameKind, FrameTable, LostSamples,

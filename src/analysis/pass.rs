@@ -48,11 +48,11 @@ use std::path::Path;
 
 use super::blocks::{PeakFinder, PROGRESS_EVERY};
 use super::estimate::Estimate;
-use super::inert::inert_bytes;
 use super::stacks::{NodeId, StackInterner, StackTrie, ROOT};
 use crate::format::hash::FastMap;
 use crate::format::location_codec::Location;
 use crate::format::trace::{AllocSource, EventKind, Info, LocationTable, ObjectId, Reader, Timestamp, Warning};
+use crate::inert::inert_bytes;
 use crate::trace::{LOST_SAMPLES_FILE, SPAN_FILE_PREFIX, THREAD_FILE};
 use crate::Result;
 

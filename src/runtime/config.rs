@@ -46,6 +46,9 @@ pub(crate) const FILE_ON_DEMAND_VAR: &str = "MEMTRACE_FILE_ON_DEMAND";
 pub(crate) const QUIET_VAR: &str = "MEMTRACE_QUIET";
 /// How long stopping waits for the writer thread by default.
 pub(crate) const DEFAULT_STOP_TIMEOUT: Duration = Duration::from_secs(1);
+/// Environment variable that, `1`, lets clients not on this machine control the session over
+/// HTTP (see [`TraceConfig::http_control_from_any_address`]).
+pub(crate) const HTTP_CONTROL_VAR: &str = "MEMTRACE_HTTP_CONTROL";
 
 /// How to trace: see [`start_tracing`](crate::start_tracing).
 ///
@@ -77,6 +80,8 @@ pub struct TraceConfig {
     pub(crate) stop_timeout: Duration,
     /// Where the profile endpoint listens, if anywhere.
     pub(crate) http: Option<SocketAddr>,
+    /// Whether clients not on this machine may control the session over HTTP.
+    pub(crate) http_control_from_any_address: bool,
     /// Whether the endpoint may listen on an address other than a loopback one.
     pub(crate) http_on_any_address: bool,
     /// The size from which the trace goes on in a new numbered file, if it does.
@@ -102,6 +107,7 @@ impl TraceConfig {
             thread_frames: true,
             stop_timeout: DEFAULT_STOP_TIMEOUT,
             http: None,
+            http_control_from_any_address: false,
             http_on_any_address: false,
             file_limit: None,
             file_keep: None,
@@ -119,7 +125,9 @@ impl TraceConfig {
     /// Serve heap profiles over HTTP at `addr` while the session runs, on a thread of the
     /// tracer's: `GET /debug/pprof/heap`, `/debug/pprof/allocs`, `/debug/pprof/peak`, with
     /// `?seconds=N` for a delta and `?format=folded` for folded stacks (see
-    /// [`crate::http_response`]); port 0 picks a free port, said on stderr. Only a loopback
+    /// [`crate::http_response`]), and `/debug/memtrace/…`: a trace of the next seconds, the
+    /// session's state, and its control ([`TraceConfig::http_control_from_any_address`]; see
+    /// docs/GUIDE.md); port 0 picks a free port, said on stderr. Only a loopback
     /// address is served unless [`TraceConfig::http_on_any_address`] allows others; an endpoint
     /// that cannot start is reported on stderr in one line, and the session runs without it.
     pub fn http(mut self, addr: SocketAddr) -> TraceConfig {
@@ -132,6 +140,16 @@ impl TraceConfig {
     /// its code).
     pub fn http_on_any_address(mut self, allowed: bool) -> TraceConfig {
         self.http_on_any_address = allowed;
+        self
+    }
+
+    /// Whether clients not on this machine (not at a loopback address) may control the
+    /// session over the endpoint: `POST` to `/debug/memtrace/start`, `/stop` and `/rate` (off by
+    /// default: they start and stop a file trace and change what tracing costs). Clients on
+    /// this machine may, except a browser's requests (with an `Origin` header), which no
+    /// client is allowed: a page of any site can make them.
+    pub fn http_control_from_any_address(mut self, allowed: bool) -> TraceConfig {
+        self.http_control_from_any_address = allowed;
         self
     }
 
@@ -385,6 +403,7 @@ pub(crate) fn config_from_env(path: Option<OsString>) -> Result<TraceConfig, Sta
     }
     config.context = memtrace_var(CONTEXT_VAR).and_then(|c| c.into_string().ok()).filter(|c| !c.is_empty());
     config.http = http_from_env(http_requested().as_deref())?;
+    config.http_control_from_any_address = memtrace_var(HTTP_CONTROL_VAR).is_some_and(|v| v == "1");
     config.http_on_any_address = memtrace_var(HTTP_ANY_ADDRESS_VAR).is_some_and(|v| v == "1");
     config.file_limit = number_from_env(FILE_LIMIT_VAR, parse_size, "a size such as 64MiB (at least 1KiB)")?;
     config.file_keep =

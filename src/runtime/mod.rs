@@ -32,12 +32,14 @@
 //! - [`live_profile`]: the writer's live profile (live blocks and allocations by stack, the
 //!   peak), and the mailbox profiles are asked for through;
 //! - [`writer_thread`]: the thread that owns the trace writer;
-//! - [`http`]: the profile endpoint, which answers with `profile`'s answers (the one use of a
-//!   later module);
+//! - [`serve`]: the HTTP endpoint: `request`, `response` and `server` (the connections and
+//!   their limits, which the session owns), then, after `session`, `control` and `profile`,
+//!   `routes`;
 //! - [`session`]: starting and stopping, and the process hooks;
 //! - [`control`]: control of the running session from code: windows, rate, file, state;
 //! - [`profile`]: heap profiles on demand from the running session's writer, encoded as pprof
-//!   or folded stacks, and the answers to HTTP requests for them.
+//!   or folded stacks;
+//! - [`start`]: starting a session with its endpoint, from code or from the environment.
 
 pub(crate) mod allocator;
 pub(crate) mod config;
@@ -46,7 +48,6 @@ pub(crate) mod descriptor;
 pub(crate) mod fork_safe_lock;
 pub(crate) mod forked;
 pub(crate) mod handoff;
-pub(crate) mod http;
 pub(crate) mod late_frees;
 pub(crate) mod live_profile;
 pub(crate) mod loader;
@@ -56,9 +57,11 @@ pub(crate) mod record;
 pub(crate) mod sampled_set;
 pub(crate) mod sampler;
 pub(crate) mod series;
+pub(crate) mod serve;
 pub(crate) mod session;
 pub(crate) mod span_table;
 pub(crate) mod spans;
+pub(crate) mod start;
 pub(crate) mod state;
 pub(crate) mod symbolize;
 pub(crate) mod trace_file;

@@ -1,7 +1,6 @@
 //! Heap profiles of the running program, on demand: [`profile`] and [`profile_delta`] take
-//! one from the running session's writer (see `live_profile`), [`Profile`] encodes it as pprof
-//! or folded stacks, and [`http_response`] answers the requests of `/debug/pprof/…` for the
-//! built-in endpoint (`runtime::http`) and for a web framework's handler.
+//! one from the running session's writer (see `live_profile`), and [`Profile`] encodes it as
+//! pprof or folded stacks. (`serve::routes` answers the HTTP requests for them.)
 
 use std::borrow::Cow;
 use std::fmt;
@@ -143,9 +142,9 @@ pub fn profile_delta(kind: ProfileKind, over: Duration) -> Result<Profile, Profi
     delta(&mailbox, kind, over, || sleep(over))
 }
 
-/// Wait out `over` (never interrupted): the `wait` of [`delta`] and [`respond`] outside the
-/// built-in endpoint.
-fn sleep(over: Duration) -> bool {
+/// Wait out `over` (never interrupted): the `wait` of [`delta`] outside the built-in
+/// endpoint.
+pub(crate) fn sleep(over: Duration) -> bool {
     std::thread::sleep(over);
     true
 }
@@ -360,75 +359,6 @@ impl<'a> Names<'a> {
 /// The indexes of the kept `frames`, innermost first.
 fn kept_of<'a>(frames: &'a [Frame<'a>]) -> impl Iterator<Item = usize> + 'a {
     kept_frames(frames.len(), false, false, |i| (frames[i].function, &frames[i].file[..]))
-}
-
-/// An answer to an HTTP request for a profile (see [`http_response`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct HttpResponse {
-    /// The status code: 200, 400 (a malformed query), 404 (no such profile), 503 (no
-    /// session, or the writer busy).
-    pub status: u16,
-    /// The body's `Content-Type`.
-    pub content_type: &'static str,
-    /// The body: the profile, or a one-line explanation.
-    pub body: Vec<u8>,
-}
-
-/// The answer to a `GET` of `path_and_query` (`/debug/pprof/heap?seconds=10`), for a web
-/// framework's handler to return (see `examples/axum-profiles.rs`); the built-in endpoint
-/// (`MEMTRACE_HTTP`) answers the same. Paths: `/debug/pprof/heap` (what is live),
-/// `/debug/pprof/allocs` (what was allocated) and `/debug/pprof/peak` (what was live at the
-/// peak); `?seconds=N`: the delta over the next N seconds (heap and allocs, waits N
-/// seconds); `?format=folded`: folded stacks for a flame graph instead of pprof.
-pub fn http_response(path_and_query: &str) -> HttpResponse {
-    match session::profile_mailbox() {
-        Some(mailbox) => respond(&mailbox, path_and_query, sleep),
-        None => text(503, "no memtrace session is running"),
-    }
-}
-
-/// [`http_response`] from the writer of `mailbox`, `wait(over)` waiting out a delta's time
-/// (false: interrupted).
-pub(crate) fn respond(mailbox: &Mailbox, path_and_query: &str, wait: impl FnOnce(Duration) -> bool) -> HttpResponse {
-    let (path, query) = path_and_query.split_once('?').unwrap_or((path_and_query, ""));
-    let kind = match path.trim_end_matches('/') {
-        "/debug/pprof/heap" => ProfileKind::Heap,
-        "/debug/pprof/allocs" => ProfileKind::Allocs,
-        "/debug/pprof/peak" => ProfileKind::Peak,
-        _ => return text(404, "no such profile: try /debug/pprof/heap, /debug/pprof/allocs or /debug/pprof/peak"),
-    };
-    let (mut seconds, mut folded) = (None, false);
-    for (name, value) in query.split('&').filter_map(|pair| pair.split_once('=')) {
-        match name {
-            "seconds" => match value.parse::<u64>() {
-                Ok(n) if n > 0 && Duration::from_secs(n) <= MAX_DELTA => seconds = Some(Duration::from_secs(n)),
-                _ => return text(400, "seconds must be a whole number from 1 to 600"),
-            },
-            "format" if value == "folded" => folded = true,
-            "format" if value == "pprof" => folded = false,
-            "format" => return text(400, "format must be pprof or folded"),
-            // Go's other parameters (gc, debug) mean nothing here.
-            _ => {}
-        }
-    }
-    let profile = match seconds {
-        Some(over) => delta(mailbox, kind, over, || wait(over)),
-        None => profile_from(mailbox, kind),
-    };
-    match profile {
-        Ok(profile) if folded => {
-            HttpResponse { status: 200, content_type: "text/plain; charset=utf-8", body: profile.folded().into_bytes() }
-        }
-        Ok(profile) => HttpResponse { status: 200, content_type: "application/octet-stream", body: profile.pprof() },
-        Err(e @ ProfileError::InvalidDelta) => text(400, &e.to_string()),
-        Err(e) => text(503, &e.to_string()),
-    }
-}
-
-/// A plain-text answer of `status`: `message` on one line.
-pub(crate) fn text(status: u16, message: &str) -> HttpResponse {
-    HttpResponse { status, content_type: "text/plain; charset=utf-8", body: format!("{message}\n").into_bytes() }
 }
 
 #[cfg(test)]

@@ -24,7 +24,7 @@ use super::{child, Trace, SIGMAS};
 /// The sampling rate of these children: about one sample per 8 KB. The live sites' blocks are
 /// large (sampled blocks of less than 64 KiB come from a pool of bounded size classes), and the
 /// busy threads allocate a few MB/s: nothing is dropped, which would bias the estimates.
-const RATE: f64 = 1e-3;
+pub(super) const RATE: f64 = 1e-3;
 
 const LIVE_COUNT: usize = 200;
 const LIVE_SIZE: usize = 100_000;
@@ -258,10 +258,10 @@ pub(super) fn fork_child() {
 // Parent side
 
 /// A serving child: its process, its stdin, its stderr lines, the endpoint's address.
-struct Serving {
-    process: Child,
+pub(super) struct Serving {
+    pub(super) process: Child,
     stderr: Receiver<String>,
-    addr: SocketAddr,
+    pub(super) addr: SocketAddr,
     /// Everything it said on stderr so far.
     said: Vec<String>,
 }
@@ -269,7 +269,7 @@ struct Serving {
 impl Serving {
     /// Start the serving child with `env` (and `MEMTRACE_HTTP`, a free loopback port) in `dir`,
     /// and wait until it is ready.
-    fn start(env: &[(&str, &str)], dir: &Path) -> Serving {
+    pub(super) fn start(env: &[(&str, &str)], dir: &Path) -> Serving {
         Serving::start_as("live:serve", env, dir)
     }
 
@@ -290,7 +290,7 @@ impl Serving {
     }
 
     /// Wait (at most a minute) for a line of stderr that starts with `prefix`.
-    fn wait_for(&mut self, prefix: &str) -> String {
+    pub(super) fn wait_for(&mut self, prefix: &str) -> String {
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
@@ -309,16 +309,16 @@ impl Serving {
         }
     }
 
-    fn url(&self, path: &str) -> String {
+    pub(super) fn url(&self, path: &str) -> String {
         format!("http://{}{path}", self.addr)
     }
 
-    fn tell(&mut self, line: &str) {
+    pub(super) fn tell(&mut self, line: &str) {
         writeln!(self.process.stdin.as_mut().unwrap(), "{line}").unwrap();
     }
 
     /// Close its stdin and wait (a minute at most) for it to end well; what it said.
-    fn finish(mut self) -> Vec<String> {
+    pub(super) fn finish(mut self) -> Vec<String> {
         drop(self.process.stdin.take());
         let deadline = Instant::now() + Duration::from_secs(60);
         let status = loop {
@@ -430,10 +430,16 @@ fn go_available() -> bool {
 }
 
 /// `GET path` of the endpoint at `addr` with a plain connection: the status and body.
-fn get(addr: SocketAddr, path: &str) -> (u16, Vec<u8>) {
+pub(super) fn get(addr: SocketAddr, path: &str) -> (u16, Vec<u8>) {
+    request(addr, &format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n"))
+}
+
+/// Send `request` (head and body) to the endpoint at `addr` on a plain connection: the
+/// status and body of the answer.
+pub(super) fn request(addr: SocketAddr, request: &str) -> (u16, Vec<u8>) {
     let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(10)).unwrap();
     stream.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
-    write!(stream, "GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    stream.write_all(request.as_bytes()).unwrap();
     let mut response = Vec::new();
     stream.read_to_end(&mut response).unwrap();
     let end = response.windows(4).position(|w| w == b"\r\n\r\n").expect("a response head");
@@ -655,7 +661,7 @@ fn a_non_loopback_address_needs_opting_in() {
 
 /// Start `n` connections to `addr` at once, without waiting for them (those past the
 /// endpoint's backlog never complete).
-fn connect_at_once(addr: SocketAddr, n: usize) -> Vec<std::os::fd::OwnedFd> {
+pub(super) fn connect_at_once(addr: SocketAddr, n: usize) -> Vec<std::os::fd::OwnedFd> {
     use std::os::fd::FromRawFd;
     let SocketAddr::V4(v4) = addr else { panic!("{addr} is not IPv4") };
     let to = libc::sockaddr_in {

@@ -18,6 +18,7 @@ use memtrace_rs::{currently_tracing, start_tracing, stop_tracing, trace_if_reque
 mod busy_stop;
 mod closing;
 mod control;
+mod endpoint;
 mod estimates;
 mod faults;
 mod files;
@@ -616,6 +617,7 @@ fn child_at(program: &Path, role: &str, env: &[(&str, &str)]) -> Command {
     {
         cmd.env_remove(var);
     }
+    cmd.env_remove("MEMTRACE_HTTP_ANY_ADDRESS").env_remove("MEMTRACE_HTTP_CONTROL");
     cmd.env(ROLE_VAR, role).env("RUST_BACKTRACE", "0").stdout(std::process::Stdio::null());
     for (k, v) in env {
         cmd.env(k, v);

@@ -1,5 +1,6 @@
 //! Trace text made inert: the one rule by which every output of a trace shows the names,
-//! span descriptions and thread names it holds.
+//! span descriptions and thread names it holds (and the endpoint its messages, which may
+//! quote a path or a writer's error).
 //!
 //! A trace is untrusted input, and its strings are whatever bytes the traced program (or a
 //! hostile writer) put there: a span field value `\x1b]0;PWNED\x07` would retitle the
@@ -35,6 +36,7 @@ pub fn inert(text: &str) -> Cow<'_, str> {
 }
 
 /// `bytes` as [`inert`] text, each byte that is not part of valid UTF-8 written as `\xNN`.
+#[cfg(feature = "analysis")]
 pub fn inert_bytes(bytes: &[u8]) -> Cow<'_, str> {
     if let Ok(text) = std::str::from_utf8(bytes) {
         return inert(text);
@@ -123,6 +125,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg(feature = "analysis")]
     fn invalid_utf8_is_shown_byte_by_byte() {
         assert_eq!(inert_bytes(b"ok\xff\xfe-\xe2\x80\xae-\xc3"), "ok\\xff\\xfe-\\u{202e}-\\xc3");
         assert_eq!(inert_bytes(b"plain"), "plain");
