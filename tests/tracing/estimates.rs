@@ -232,7 +232,11 @@ fn samples_lost_with_the_writer_behind_are_recorded_and_keep_the_total() {
     let lost_samples = lost["samples"].as_u64().unwrap();
     assert!(lost_samples > 10_000, "{lost}");
     assert_eq!(lost["by_cause"][0]["cause"], "<samples lost: writer behind>", "{lost}");
-    assert!(lost["share"].as_f64().unwrap() > 0.1, "{lost}");
+    // Their share of all the trace's samples (how large it is depends on how far behind the
+    // writer fell, which depends on the machine's load).
+    let all_samples = info["allocated"]["samples"].as_f64().unwrap();
+    let share = lost["share"].as_f64().unwrap();
+    assert!(share > 0.0 && (share - lost_samples as f64 / all_samples).abs() < 1e-9, "{lost}, of {all_samples}");
     assert_eq!(info["closed_by_writer"], true);
     // Every view warns.
     let report = path.with_extension("html");
