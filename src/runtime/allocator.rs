@@ -32,7 +32,9 @@
 //! served at the first multiple of the sampled-block alignment inside an inner block larger by
 //! that alignment (an offset block, [`offset_layout`]; the offset is in its entry's tag),
 //! which costs the inner allocator no more than a plain block, where an over-aligned block
-//! costs glibc several times that. Other threads are unchanged.
+//! costs glibc several times that. While any thread measures, the others run their countdown
+//! even with no session (one out-of-line call per 4 MiB they allocate, `sampler`), and
+//! nothing else changes for them.
 //!
 //! A sample is never lost silently: where its block cannot be allocated at the sampled
 //! alignment or tracked, the block is served as unsampled and the loss recorded
