@@ -189,17 +189,22 @@ fn frees_on_other_threads_count_and_spawned_threads_are_not_measured() {
     let handed: Mutex<Option<Vec<u8>>> = Mutex::new(None);
     let freed = AtomicBool::new(false);
     std::thread::scope(|s| {
-        s.spawn(|| loop {
+        // A hang guard, many times what the hand-over takes.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        let (handed, freed) = (&handed, &freed);
+        s.spawn(move || loop {
             if let Some(block) = handed.lock().unwrap().take() {
                 drop(block);
                 freed.store(true, Ordering::SeqCst);
                 return;
             }
+            assert!(std::time::Instant::now() < deadline, "the block was never handed over");
             std::thread::yield_now();
         });
         let ((), stats) = measure(|| {
             *handed.lock().unwrap() = Some(vec![1u8; 5000]);
             while !freed.load(Ordering::SeqCst) {
+                assert!(std::time::Instant::now() < deadline, "the handed block was never freed");
                 std::thread::yield_now();
             }
         });
